@@ -1,0 +1,3 @@
+from outrider.cli import main
+
+raise SystemExit(main())

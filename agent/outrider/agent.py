@@ -1,0 +1,91 @@
+"""The agent: the sweep loop, the /metrics endpoint and OTLP export wired together, with a bounded shutdown."""
+
+from __future__ import annotations
+
+import errno
+import logging
+import signal
+import threading
+import time
+from typing import Any
+
+from outrider.config import Config, otlp_enabled
+from outrider.exporters.prometheus import MetricsServer
+from outrider.sampler import Sampler
+
+LOG = logging.getLogger("outrider.agent")
+
+
+class Agent:
+    def __init__(self, config: Config, roots: tuple[int, ...] = (), exclude_pids: frozenset[int] = frozenset(),
+                 listen_fallback: bool = False) -> None:
+        """Binds the listener at once, so a busy port is an error before anything starts.
+
+        listen_fallback: on a busy port, take a free one instead (for `outrider run`, where a sidecar or a
+        second run may already hold the default port).
+        """
+        self.config = config
+        self.sampler = Sampler(config, roots, exclude_pids)
+        host, port = config.listen_address
+        try:
+            self.server = MetricsServer(self.sampler, host, port)
+        except OSError as e:
+            if not (listen_fallback and e.errno == errno.EADDRINUSE):
+                raise OSError(e.errno, f"cannot listen on {config.listen}: {e.strerror}") from None
+            LOG.warning("%s is in use; serving /metrics on a free port instead", config.listen)
+            self.server = MetricsServer(self.sampler, host, 0)
+        self.otlp: Any = None
+        if otlp_enabled(config):
+            from outrider.exporters.otlp import OtlpExporter
+
+            self.otlp = OtlpExporter(config, self.sampler)
+        self._stopped = False
+
+    def start(self) -> None:
+        self.server.start()
+        self.sampler.start()
+        if self.otlp is not None:
+            self.otlp.start()
+        LOG.info("serving %s/metrics, sweeping every %g s with collectors %s", self.server.url,
+                 self.config.interval_s, ", ".join(c.name for c in self.sampler.collectors))
+
+    def stop(self) -> None:
+        """Final sweep and flush, bounded by shutdown_timeout_s; a stuck exporter is abandoned, not waited on."""
+        if self._stopped:
+            return
+        self._stopped = True
+        deadline = time.monotonic() + self.config.shutdown_timeout_s
+
+        def finish() -> None:
+            self.sampler.stop(timeout_s=max(0.1, (deadline - time.monotonic()) / 2))
+            if self.otlp is not None:
+                self.sampler.sweep()  # the final export carries the latest values
+                self.otlp.shutdown(timeout_s=max(0.1, deadline - time.monotonic()))
+
+        t = threading.Thread(target=finish, name="outrider-shutdown", daemon=True)
+        t.start()
+        t.join(max(0.0, deadline - time.monotonic()))
+        if t.is_alive():
+            LOG.warning("shutdown did not finish within %g s; exiting anyway", self.config.shutdown_timeout_s)
+        self.server.stop()
+
+    def run_until_signal(self) -> int:
+        """Serve until SIGTERM or SIGINT, then stop within the shutdown bound."""
+        stop = threading.Event()
+        received: list[int] = []
+
+        def handler(signum: int, frame: object) -> None:
+            received.append(signum)
+            stop.set()
+
+        previous = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            self.start()
+            while not stop.wait(3600):
+                pass
+            LOG.info("received %s, stopping", signal.Signals(received[0]).name)
+        finally:
+            self.stop()
+            for s, h in previous.items():
+                signal.signal(s, h)
+        return 0

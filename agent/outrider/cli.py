@@ -1,0 +1,172 @@
+"""The `outrider` command: agent, run, metrics, config, demo."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from outrider import __version__
+from outrider.config import ConfigError, LoadedConfig, load, to_yaml
+from outrider.logs import setup_logging
+
+LOG = logging.getLogger("outrider.cli")
+
+# Flags that set config keys: flag -> (config key, help). `action` "append" for repeatable ones.
+CONFIG_FLAGS: dict[str, tuple[str, str]] = {
+    "--interval": ("interval_s", "seconds between sweeps"),
+    "--listen": ("listen", "host:port for /metrics (default 127.0.0.1:9477; 0.0.0.0:PORT for all interfaces)"),
+    "--proc-root": ("proc_root", "procfs mount (default /proc)"),
+    "--sys-root": ("sys_root", "sysfs mount (default /sys)"),
+    "--process-top-n": ("process_top_n", "processes reported one by one, the rest summed as pid=\"other\""),
+    "--otlp-endpoint": ("otlp_endpoint", "OTLP base URL, e.g. http://collector:4318"),
+    "--otlp-protocol": ("otlp_protocol", "http/protobuf or grpc"),
+    "--otlp-interval": ("otlp_interval_s", "seconds between OTLP exports"),
+    "--log-level": ("log_level", "debug, info, warning, error"),
+}
+REPEATED_FLAGS: dict[str, tuple[str, str]] = {
+    "--filesystem": ("filesystems", "a path whose filesystem space is reported (repeatable; replaces the default /)"),
+}
+
+
+class _CollectorToggle(argparse.Action):
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        toggles = list(getattr(namespace, "collector_toggles", None) or [])
+        toggles.append(self.const)
+        namespace.collector_toggles = toggles
+
+
+def _add_config_flags(p: argparse.ArgumentParser, with_pid: bool = False) -> None:
+    from outrider.collectors import REGISTRY
+
+    p.add_argument("--config", metavar="FILE", help="YAML config file (also OUTRIDER_CONFIG)")
+    for flag, (key, text) in CONFIG_FLAGS.items():
+        p.add_argument(flag, dest=key, metavar=key.split("_")[0].upper(), help=text)
+    for flag, (key, text) in REPEATED_FLAGS.items():
+        p.add_argument(flag, dest=key, action="append", metavar="PATH", help=text)
+    if with_pid:
+        p.add_argument("--pid", dest="pids", action="append", metavar="PID",
+                       help="watch this process and its descendants (repeatable); default: all processes")
+    group = p.add_argument_group("collectors")
+    for name, cls in REGISTRY.items():
+        group.add_argument(f"--collector.{name}", nargs=0, action=_CollectorToggle, const=(name, True),
+                           help=f"enable the {name} collector: {cls.description}")
+        group.add_argument(f"--no-collector.{name}", nargs=0, action=_CollectorToggle, const=(name, False),
+                           help=f"disable the {name} collector")
+
+
+def _load(args: argparse.Namespace) -> LoadedConfig:
+    keys = [k for k, _ in CONFIG_FLAGS.values()] + [k for k, _ in REPEATED_FLAGS.values()] + ["pids"]
+    flags = {k: getattr(args, k) for k in keys if getattr(args, k, None) is not None}
+    names = {k: f for f, (k, _) in {**CONFIG_FLAGS, **REPEATED_FLAGS}.items()}
+    names["pids"] = "--pid"
+    return load(file=args.config, flags=flags, collector_toggles=getattr(args, "collector_toggles", None),
+                flag_names=names)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="outrider", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"outrider {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    p = sub.add_parser("agent", help="run the agent: sweep, serve /metrics, export OTLP, until SIGTERM")
+    _add_config_flags(p, with_pid=True)
+
+    p = sub.add_parser("run", help="run a command under watch: outrider run [options] -- CMD ...")
+    _add_config_flags(p)
+    p.add_argument("--summary-json", metavar="FILE", help="also write the end-of-run summary as JSON")
+    p.add_argument("--quiet", action="store_true", help="print no banner and no summary")
+    p.add_argument("cmd", nargs=argparse.REMAINDER, help="the command, after --")
+
+    p = sub.add_parser("metrics", help="one sweep printed as exposition text")
+    _add_config_flags(p, with_pid=True)
+    p.add_argument("--once", action="store_true", help="one sweep, then exit (the only mode for now)")
+    p.add_argument("--openmetrics", action="store_true", help="OpenMetrics instead of Prometheus text")
+
+    p = sub.add_parser("config", help="check a config file, or show the effective configuration")
+    csub = p.add_subparsers(dest="config_command", metavar="ACTION")
+    c = csub.add_parser("check", help="validate a YAML config file")
+    c.add_argument("file")
+    c = csub.add_parser("show", help="the effective configuration, each value with its source")
+    _add_config_flags(c, with_pid=True)
+
+    p = sub.add_parser("demo", help="run a bundled synthetic workload under watch and show what Outrider sees")
+    p.add_argument("--duration", type=float, default=12.0, help="seconds the workload runs (default 12)")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    try:
+        return _dispatch(parser, args)
+    except ConfigError as e:
+        print(f"outrider: configuration error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    if args.command == "config":
+        if args.config_command == "check":
+            loaded = load(file=args.file, env={})
+            print(f"{args.file}: ok ({sum(s != 'default' for s in loaded.sources.values())} keys set)")
+            return 0
+        if args.config_command == "show":
+            sys.stdout.write(to_yaml(_load(args)))
+            return 0
+        parser.parse_args(["config", "--help"])
+        return 2
+    if args.command == "demo":
+        from outrider.demo import run_demo
+
+        setup_logging("warning")
+        return run_demo(args.duration)
+
+    loaded = _load(args)
+    cfg = loaded.config
+    setup_logging(cfg.log_level)
+    if args.command == "metrics":
+        from outrider.sampler import Sampler
+
+        sampler = Sampler(cfg)
+        sampler.sweep()
+        time.sleep(0.2)  # a second sweep, so values computed between sweeps (CPU utilisation) are present
+        sampler.sweep()
+        sys.stdout.buffer.write(sampler.exposition(openmetrics=args.openmetrics))
+        sampler.stop()
+        return 0
+    if args.command == "agent":
+        from outrider.agent import Agent
+
+        try:
+            agent = Agent(cfg)
+        except OSError as e:
+            print(f"outrider agent: {e.strerror or e}", file=sys.stderr)
+            return 1
+        return agent.run_until_signal()
+    if args.command == "run":
+        from outrider.runner import run
+
+        cmd = list(args.cmd)
+        if cmd and cmd[0] == "--":
+            cmd = cmd[1:]
+        if not cmd:
+            print("outrider run: no command given: outrider run [options] -- CMD [ARGS...]", file=sys.stderr)
+            return 2
+        code, _ = run(cmd, cfg, summary_json=args.summary_json, quiet=args.quiet)
+        return code
+    parser.print_help()
+    return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,54 @@
+"""The collector interface: a name and `collect() -> list[Family]`, plus the context collectors are built with."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, ClassVar
+
+from outrider.config import Config
+from outrider.logs import LogOnce
+from outrider.metrics.family import Family
+
+if TYPE_CHECKING:
+    from outrider.sampler import SweepStats
+
+
+@dataclass
+class CollectorContext:
+    config: Config
+    stats: SweepStats
+    # Roots of the watched process trees; empty watches every process visible to the agent.
+    roots: tuple[int, ...] = ()
+    # Processes never reported as watched (the agent itself, when it wraps a command).
+    exclude_pids: frozenset[int] = field(default_factory=frozenset)
+
+
+class Collector:
+    """One source of metrics. Subclasses set `name` and implement `collect`.
+
+    A reading that fails is dropped with `drop()`: logged once per key, counted in
+    `outrider_collector_errors_total`, and the sweep goes on. An exception escaping `collect` marks the whole
+    collector failed for that sweep (`outrider_collector_success` 0); the sampler catches it.
+    """
+
+    name: ClassVar[str] = ""
+    default_enabled: ClassVar[bool] = True
+    description: ClassVar[str] = ""
+
+    def __init__(self, ctx: CollectorContext) -> None:
+        self.ctx = ctx
+        self.errors = 0
+        self.log = logging.getLogger(f"outrider.collectors.{self.name}")
+        self._once = LogOnce(self.log)
+
+    def collect(self) -> list[Family]:
+        raise NotImplementedError
+
+    def drop(self, key: str, error: BaseException | str) -> None:
+        self.errors += 1
+        self._once.warning(key, "%s: dropped reading %s: %s (logged once; counted in "
+                           "outrider_collector_errors_total)", self.name, key, error)
+
+    def close(self) -> None:
+        """Release resources (threads, handles). Idempotent."""

@@ -1,0 +1,142 @@
+"""Host collector: CPU, memory and swap, load, PSI pressure, disk and network I/O, and filesystem space."""
+
+from __future__ import annotations
+
+import os
+import re
+
+from outrider.collectors import procfs
+from outrider.collectors.base import Collector, CollectorContext
+from outrider.metrics.family import Family
+
+BUSY_EXCLUDED = ("idle", "iowait")
+
+
+class HostCollector(Collector):
+    name = "host"
+    description = "host CPU, memory, swap, load, PSI, disk and network I/O, filesystem space (from /proc)"
+
+    def __init__(self, ctx: CollectorContext) -> None:
+        super().__init__(ctx)
+        self._root = ctx.config.proc_root
+        self._disk_exclude = re.compile(ctx.config.disk_exclude)
+        self._net_exclude = re.compile(ctx.config.network_exclude)
+        self._prev_cpu: dict[str, float] | None = None
+
+    def collect(self) -> list[Family]:
+        fams: list[Family] = []
+        for part in (self._cpu, self._load, self._memory, self._pressure, self._disks, self._network,
+                     self._filesystems):
+            try:
+                fams.extend(part())
+            except FileNotFoundError as e:
+                # Optional sources (PSI on old kernels) are simply absent; say so once.
+                self._once.warning(part.__name__, "host: %s not available: %s", part.__name__.strip("_"), e)
+            except (OSError, ValueError, IndexError) as e:
+                self.drop(part.__name__.strip("_"), e)
+        return fams
+
+    def _cpu(self) -> list[Family]:
+        stat = procfs.read_stat(self._root)
+        seconds = Family("outrider_host_cpu_seconds_total")
+        for mode, value in stat.seconds.items():
+            seconds.add(value, mode)
+        fams = [seconds,
+                Family("outrider_host_logical_cpus").add(stat.logical_cpus),
+                Family("outrider_host_context_switches_total").add(stat.context_switches),
+                Family("outrider_host_procs_running").add(stat.procs_running),
+                Family("outrider_host_procs_blocked").add(stat.procs_blocked)]
+        prev, self._prev_cpu = self._prev_cpu, stat.seconds
+        if prev is not None:
+            total = sum(stat.seconds.values()) - sum(prev.values())
+            idle = sum(stat.seconds.get(m, 0.0) - prev.get(m, 0.0) for m in BUSY_EXCLUDED)
+            if total > 0:
+                fams.append(Family("outrider_host_cpu_utilization_ratio").add(min(1.0, max(0.0, 1 - idle / total))))
+        return fams
+
+    def _load(self) -> list[Family]:
+        one, five, fifteen = procfs.read_loadavg(self._root)
+        return [Family("outrider_host_load1").add(one), Family("outrider_host_load5").add(five),
+                Family("outrider_host_load15").add(fifteen)]
+
+    def _memory(self) -> list[Family]:
+        mem = procfs.read_meminfo(self._root)
+        total = mem["MemTotal"]
+        free = mem.get("MemFree", 0)
+        # MemAvailable is absent before Linux 3.14; free + page cache is the usual stand-in.
+        available = mem.get("MemAvailable", free + mem.get("Cached", 0) + mem.get("Buffers", 0))
+        usage = Family("outrider_host_memory_usage_bytes")
+        usage.add(max(0, total - available), "used").add(free, "free")
+        usage.add(mem.get("Cached", 0), "cached").add(mem.get("Buffers", 0), "buffers")
+        swap_total, swap_free = mem.get("SwapTotal", 0), mem.get("SwapFree", 0)
+        swap = Family("outrider_host_swap_usage_bytes").add(swap_total - swap_free, "used").add(swap_free, "free")
+        return [Family("outrider_host_memory_limit_bytes").add(total),
+                Family("outrider_host_memory_available_bytes").add(available), usage, swap]
+
+    def _pressure(self) -> list[Family]:
+        fam = Family("outrider_host_pressure_stalled_seconds_total")
+        missing = 0
+        for resource in ("cpu", "memory", "io"):
+            try:
+                totals = procfs.read_pressure(self._root, resource)
+            except FileNotFoundError:
+                missing += 1
+                continue
+            for kind in ("some", "full"):
+                if kind in totals:
+                    fam.add(totals[kind], resource, kind)
+        if missing == 3:
+            raise FileNotFoundError(f"{self._root}/pressure (kernel without PSI, or PSI disabled)")
+        return [fam]
+
+    def _disks(self) -> list[Family]:
+        io = Family("outrider_host_disk_io_bytes_total")
+        ops = Family("outrider_host_disk_operations_total")
+        busy = Family("outrider_host_disk_io_time_seconds_total")
+        for d in procfs.read_diskstats(self._root):
+            if self._disk_exclude.match(d.device):
+                continue
+            io.add(d.read_bytes, d.device, "read").add(d.write_bytes, d.device, "write")
+            ops.add(d.reads, d.device, "read").add(d.writes, d.device, "write")
+            busy.add(d.io_time_s, d.device)
+        return [io, ops, busy]
+
+    def _network(self) -> list[Family]:
+        nbytes = Family("outrider_host_network_io_bytes_total")
+        packets = Family("outrider_host_network_packets_total")
+        errors = Family("outrider_host_network_errors_total")
+        dropped = Family("outrider_host_network_dropped_total")
+        for n in procfs.read_netdev(self._root):
+            if self._net_exclude.match(n.interface):
+                continue
+            i = n.interface
+            nbytes.add(n.rx_bytes, i, "receive").add(n.tx_bytes, i, "transmit")
+            packets.add(n.rx_packets, i, "receive").add(n.tx_packets, i, "transmit")
+            errors.add(n.rx_errors, i, "receive").add(n.tx_errors, i, "transmit")
+            dropped.add(n.rx_dropped, i, "receive").add(n.tx_dropped, i, "transmit")
+        return [nbytes, packets, errors, dropped]
+
+    def _filesystems(self) -> list[Family]:
+        size = Family("outrider_host_filesystem_size_bytes")
+        free = Family("outrider_host_filesystem_free_bytes")
+        avail = Family("outrider_host_filesystem_avail_bytes")
+        readonly = Family("outrider_host_filesystem_readonly")
+        try:
+            mounts = procfs.read_mounts(self._root)
+        except OSError as e:
+            self.drop("mounts", e)
+            mounts = []
+        for path in self.ctx.config.filesystems:
+            try:
+                st = os.statvfs(path)
+            except OSError as e:
+                self.drop(f"filesystem {path}", e)
+                continue
+            m = procfs.mount_of(path, mounts)
+            labels = (path, m.device if m else "", m.fstype if m else "")
+            size.add(st.f_blocks * st.f_frsize, *labels)
+            free.add(st.f_bfree * st.f_frsize, *labels)
+            avail.add(st.f_bavail * st.f_frsize, *labels)
+            ro = bool(st.f_flag & os.ST_RDONLY) or bool(m and m.readonly)
+            readonly.add(1 if ro else 0, *labels)
+        return [size, free, avail, readonly]

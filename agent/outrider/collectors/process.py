@@ -1,0 +1,174 @@
+"""Process collector: the watched process tree (or every visible process), bounded to top N series plus "other".
+
+Per-process series are bounded: N slots, each held by one process until it exits (sticky, so series do not
+churn), filled by the busiest processes not yet shown. Everything else is summed under pid="other": gauges as
+sums, counters as the deltas accumulated while a process was not shown, so "other" never goes backwards. The
+tree totals (`outrider_watched_*`) keep counting processes that have exited since watching began.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from outrider.collectors import procfs
+from outrider.collectors.base import Collector, CollectorContext
+from outrider.metrics.family import Family
+
+OTHER = "other"
+
+
+@dataclass
+class _Reading:
+    stat: procfs.ProcStat
+    vol: int
+    invol: int
+    io: tuple[int, int] | None
+    fds: int | None
+
+    def counters(self) -> tuple[float, float, int, int, int, int]:
+        rd, wr = self.io if self.io is not None else (0, 0)
+        return (self.stat.user_s, self.stat.system_s, rd, wr, self.vol, self.invol)
+
+
+ZERO = (0.0, 0.0, 0, 0, 0, 0)
+
+
+class ProcessCollector(Collector):
+    name = "process"
+    description = "CPU, RSS, threads, fds, I/O and context switches of the watched process tree"
+
+    def __init__(self, ctx: CollectorContext) -> None:
+        super().__init__(ctx)
+        self._root = ctx.config.proc_root
+        self._top_n = ctx.config.process_top_n
+        self._last: dict[tuple[int, int], tuple[float, float, int, int, int, int]] = {}
+        self._slots: list[tuple[int, int]] = []  # (pid, start_ticks) of processes shown one by one
+        self._other = [0.0, 0.0, 0, 0, 0, 0]
+        self._tree = [0.0, 0.0, 0, 0, 0, 0]
+        self.last_rss_total = 0  # for the end-of-run summary's peak
+        self.peak_rss_total = 0
+
+    def _pids(self) -> list[int]:
+        roots = self.ctx.roots
+        pids = procfs.descendants(self._root, roots) if roots else procfs.list_pids(self._root)
+        excluded = self.ctx.exclude_pids
+        return [p for p in pids if p not in excluded]
+
+    def _read(self, pid: int) -> _Reading | None:
+        try:
+            stat = procfs.read_proc_stat(self._root, pid)
+        except (FileNotFoundError, ProcessLookupError):
+            return None  # exited between listing and reading: not an error
+        except (OSError, ValueError, IndexError) as e:
+            self.drop("stat", e)
+            return None
+        if stat.state in ("Z", "X"):
+            return None  # exited, waiting to be reaped: nothing left to measure
+        if not self.ctx.roots and (pid == 2 or stat.ppid == 2):
+            return None  # kernel threads
+        try:
+            vol, invol = procfs.read_proc_ctx_switches(self._root, pid)
+        except (FileNotFoundError, ProcessLookupError):
+            return None
+        except (OSError, ValueError, IndexError) as e:
+            self.drop("status", e)
+            vol = invol = 0
+        io: tuple[int, int] | None
+        try:
+            io = procfs.read_proc_io(self._root, pid)
+        except (FileNotFoundError, ProcessLookupError):
+            return None
+        except (OSError, ValueError) as e:  # PermissionError for other users' processes without CAP_SYS_PTRACE
+            self.drop("io", e)
+            io = None
+        fds: int | None
+        try:
+            fds = procfs.count_fds(self._root, pid)
+        except (FileNotFoundError, ProcessLookupError):
+            return None
+        except OSError as e:
+            self.drop("fd", e)
+            fds = None
+        return _Reading(stat, vol, invol, io, fds)
+
+    def collect(self) -> list[Family]:
+        readings: dict[tuple[int, int], _Reading] = {}
+        for pid in self._pids():
+            r = self._read(pid)
+            if r is not None:
+                readings[(pid, r.stat.start_ticks)] = r
+
+        deltas: dict[tuple[int, int], tuple[float, ...]] = {}
+        for key, r in readings.items():
+            now = r.counters()
+            before = self._last.get(key, ZERO)
+            deltas[key] = tuple(max(0, a - b) for a, b in zip(now, before))
+            self._last[key] = now
+        for key in [k for k in self._last if k not in readings]:
+            del self._last[key]
+        for d in deltas.values():
+            for i, v in enumerate(d):
+                self._tree[i] += v
+
+        self._slots = [k for k in self._slots if k in readings]
+        free = self._top_n - len(self._slots)
+        if free > 0:
+            shown = set(self._slots)
+            candidates = sorted((k for k in readings if k not in shown),
+                                key=lambda k: (deltas[k][0] + deltas[k][1], readings[k].stat.rss_bytes),
+                                reverse=True)
+            self._slots.extend(candidates[:free])
+        shown = set(self._slots)
+        other_rss = other_threads = other_fds = 0
+        for key, r in readings.items():
+            if key in shown:
+                continue
+            for i, v in enumerate(deltas[key]):
+                self._other[i] += v
+            other_rss += r.stat.rss_bytes
+            other_threads += r.stat.threads
+            other_fds += r.fds or 0
+
+        cpu = Family("outrider_process_cpu_seconds_total")
+        rss = Family("outrider_process_memory_rss_bytes")
+        threads = Family("outrider_process_threads")
+        fds = Family("outrider_process_open_fds")
+        io = Family("outrider_process_io_bytes_total")
+        ctx = Family("outrider_process_context_switches_total")
+        for key in self._slots:
+            r = readings[key]
+            p, n = str(key[0]), r.stat.name
+            cpu.add(r.stat.user_s, p, n, "user").add(r.stat.system_s, p, n, "system")
+            rss.add(r.stat.rss_bytes, p, n)
+            threads.add(r.stat.threads, p, n)
+            if r.fds is not None:
+                fds.add(r.fds, p, n)
+            if r.io is not None:
+                io.add(r.io[0], p, n, "read").add(r.io[1], p, n, "write")
+            ctx.add(r.vol, p, n, "voluntary").add(r.invol, p, n, "involuntary")
+        if len(readings) > len(self._slots) or any(self._other):
+            o = self._other
+            cpu.add(o[0], OTHER, OTHER, "user").add(o[1], OTHER, OTHER, "system")
+            rss.add(other_rss, OTHER, OTHER)
+            threads.add(other_threads, OTHER, OTHER)
+            fds.add(other_fds, OTHER, OTHER)
+            io.add(o[2], OTHER, OTHER, "read").add(o[3], OTHER, OTHER, "write")
+            ctx.add(o[4], OTHER, OTHER, "voluntary").add(o[5], OTHER, OTHER, "involuntary")
+
+        total_rss = sum(r.stat.rss_bytes for r in readings.values())
+        self.last_rss_total = total_rss
+        self.peak_rss_total = max(self.peak_rss_total, total_rss)
+        t = self._tree
+        return [
+            cpu, rss, threads, fds, io, ctx,
+            Family("outrider_watched_up").add(1 if readings else 0),
+            Family("outrider_watched_processes").add(len(readings)),
+            Family("outrider_watched_cpu_seconds_total").add(t[0], "user").add(t[1], "system"),
+            Family("outrider_watched_memory_rss_bytes").add(total_rss),
+            Family("outrider_watched_io_bytes_total").add(t[2], "read").add(t[3], "write"),
+            Family("outrider_watched_threads").add(sum(r.stat.threads for r in readings.values())),
+        ]
+
+    @property
+    def tree_io_bytes(self) -> tuple[int, int]:
+        return int(self._tree[2]), int(self._tree[3])

@@ -1,0 +1,295 @@
+"""Parsers for the procfs files the host and process collectors read.
+
+Every function takes the procfs root as a parameter, so tests point it at fixture trees. Parsers read one file
+each and return plain values; deciding what to export is the collectors' business.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+SECTOR_BYTES = 512  # /proc/diskstats counts 512-byte sectors whatever the device's sector size
+
+CPU_MODES = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
+
+
+def read_text(path: str) -> str:
+    with open(path, encoding="utf-8", errors="replace") as fh:
+        return fh.read()
+
+
+@dataclass(frozen=True)
+class CpuStat:
+    seconds: dict[str, float]  # by mode, all CPUs together (guest time is already inside user/nice)
+    logical_cpus: int
+    context_switches: int
+    procs_running: int
+    procs_blocked: int
+
+
+def read_stat(root: str) -> CpuStat:
+    seconds: dict[str, float] = {}
+    cpus = ctxt = running = blocked = 0
+    for line in read_text(f"{root}/stat").splitlines():
+        parts = line.split()
+        if not parts:
+            continue
+        key = parts[0]
+        if key == "cpu":
+            for mode, ticks in zip(CPU_MODES, parts[1:]):
+                seconds[mode] = int(ticks) / CLOCK_TICKS
+        elif key.startswith("cpu"):
+            cpus += 1
+        elif key == "ctxt":
+            ctxt = int(parts[1])
+        elif key == "procs_running":
+            running = int(parts[1])
+        elif key == "procs_blocked":
+            blocked = int(parts[1])
+    if not seconds:
+        raise ValueError(f"{root}/stat has no aggregate cpu line")
+    return CpuStat(seconds, cpus, ctxt, running, blocked)
+
+
+def read_meminfo(root: str) -> dict[str, int]:
+    """Fields of /proc/meminfo in bytes."""
+    out: dict[str, int] = {}
+    for line in read_text(f"{root}/meminfo").splitlines():
+        name, _, rest = line.partition(":")
+        fields = rest.split()
+        if not fields:
+            continue
+        value = int(fields[0])
+        if len(fields) > 1 and fields[1] == "kB":
+            value *= 1024
+        out[name.strip()] = value
+    return out
+
+
+def read_loadavg(root: str) -> tuple[float, float, float]:
+    parts = read_text(f"{root}/loadavg").split()
+    return float(parts[0]), float(parts[1]), float(parts[2])
+
+
+def read_pressure(root: str, resource: str) -> dict[str, float]:
+    """Stall totals in seconds by kind ('some', 'full') from /proc/pressure/RESOURCE."""
+    out: dict[str, float] = {}
+    for line in read_text(f"{root}/pressure/{resource}").splitlines():
+        parts = line.split()
+        if not parts:
+            continue
+        for field in parts[1:]:
+            key, _, value = field.partition("=")
+            if key == "total":
+                out[parts[0]] = int(value) / 1e6
+    return out
+
+
+@dataclass(frozen=True)
+class DiskStat:
+    device: str
+    reads: int
+    read_bytes: int
+    writes: int
+    write_bytes: int
+    io_time_s: float
+
+
+def read_diskstats(root: str) -> list[DiskStat]:
+    out = []
+    for line in read_text(f"{root}/diskstats").splitlines():
+        f = line.split()
+        if len(f) < 14:
+            continue
+        out.append(DiskStat(f[2], int(f[3]), int(f[5]) * SECTOR_BYTES, int(f[7]), int(f[9]) * SECTOR_BYTES,
+                            int(f[12]) / 1000.0))
+    return out
+
+
+@dataclass(frozen=True)
+class NetStat:
+    interface: str
+    rx_bytes: int
+    rx_packets: int
+    rx_errors: int
+    rx_dropped: int
+    tx_bytes: int
+    tx_packets: int
+    tx_errors: int
+    tx_dropped: int
+
+
+def read_netdev(root: str) -> list[NetStat]:
+    out = []
+    for line in read_text(f"{root}/net/dev").splitlines()[2:]:
+        name, sep, rest = line.partition(":")
+        if not sep:
+            continue
+        f = rest.split()
+        if len(f) < 16:
+            continue
+        out.append(NetStat(name.strip(), int(f[0]), int(f[1]), int(f[2]), int(f[3]),
+                           int(f[8]), int(f[9]), int(f[10]), int(f[11])))
+    return out
+
+
+@dataclass(frozen=True)
+class Mount:
+    device: str
+    mountpoint: str
+    fstype: str
+    readonly: bool
+
+
+def _unescape_mount(text: str) -> str:
+    # /proc/mounts escapes space, tab, newline and backslash as octal (\040 ...)
+    if "\\" not in text:
+        return text
+    out, i = [], 0
+    while i < len(text):
+        if text[i] == "\\" and i + 3 < len(text) and text[i + 1:i + 4].isdigit():
+            out.append(chr(int(text[i + 1:i + 4], 8)))
+            i += 4
+        else:
+            out.append(text[i])
+            i += 1
+    return "".join(out)
+
+
+def read_mounts(root: str) -> list[Mount]:
+    out = []
+    for line in read_text(f"{root}/mounts").splitlines():
+        f = line.split()
+        if len(f) < 4:
+            continue
+        out.append(Mount(_unescape_mount(f[0]), _unescape_mount(f[1]), f[2], "ro" in f[3].split(",")))
+    return out
+
+
+def mount_of(path: str, mounts: list[Mount]) -> Mount | None:
+    """The mount holding `path`: the longest mount point that is a prefix of it (the last one wins on ties)."""
+    best: Mount | None = None
+    real = os.path.realpath(path)
+    for m in mounts:
+        mp = m.mountpoint.rstrip("/") or "/"
+        covers = real == mp or real.startswith(mp + "/") or mp == "/"
+        if covers and (best is None or len(mp) >= len(best.mountpoint.rstrip("/") or "/")):
+            best = m
+    return best
+
+
+# --- processes -------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ProcStat:
+    pid: int
+    name: str
+    state: str  # R, S, D, Z (zombie: exited, not yet reaped), ...
+    ppid: int
+    user_s: float
+    system_s: float
+    threads: int
+    start_ticks: int  # with pid, identifies the process across pid reuse
+    rss_bytes: int
+
+
+def read_proc_stat(root: str, pid: int) -> ProcStat:
+    text = read_text(f"{root}/{pid}/stat")
+    # comm is in parentheses and may itself contain spaces and parentheses: split at the last ')'
+    lpar, rpar = text.index("("), text.rindex(")")
+    name = text[lpar + 1:rpar]
+    f = text[rpar + 2:].split()
+    # f[0] is field 3 (state) of proc(5)
+    return ProcStat(pid, name, f[0], int(f[1]), int(f[11]) / CLOCK_TICKS, int(f[12]) / CLOCK_TICKS, int(f[17]),
+                    int(f[19]), int(f[21]) * PAGE_SIZE)
+
+
+def read_proc_ctx_switches(root: str, pid: int) -> tuple[int, int]:
+    vol = invol = 0
+    for line in read_text(f"{root}/{pid}/status").splitlines():
+        if line.startswith("voluntary_ctxt_switches:"):
+            vol = int(line.split()[1])
+        elif line.startswith("nonvoluntary_ctxt_switches:"):
+            invol = int(line.split()[1])
+    return vol, invol
+
+
+def read_proc_io(root: str, pid: int) -> tuple[int, int]:
+    """(read_bytes, write_bytes): bytes the process caused to be fetched from / sent to storage."""
+    rd = wr = 0
+    for line in read_text(f"{root}/{pid}/io").splitlines():
+        key, _, value = line.partition(":")
+        if key == "read_bytes":
+            rd = int(value)
+        elif key == "write_bytes":
+            wr = int(value)
+    return rd, wr
+
+
+def count_fds(root: str, pid: int) -> int:
+    return len(os.listdir(f"{root}/{pid}/fd"))
+
+
+def list_pids(root: str) -> list[int]:
+    return [int(name) for name in os.listdir(root) if name.isdigit()]
+
+
+def children_of(root: str, pid: int) -> list[int] | None:
+    """Direct children of `pid` from /proc/PID/task/*/children; None where the kernel lacks those files."""
+    out: list[int] = []
+    try:
+        tids = os.listdir(f"{root}/{pid}/task")
+    except FileNotFoundError:
+        return []
+    found_file = False
+    for tid in tids:
+        try:
+            text = read_text(f"{root}/{pid}/task/{tid}/children")
+        except FileNotFoundError:
+            continue
+        found_file = True
+        out.extend(int(c) for c in text.split())
+    if not found_file and tids:
+        return None
+    return out
+
+
+def descendants(root: str, roots: tuple[int, ...]) -> list[int]:
+    """The roots and all their live descendants. Walks the children files; falls back to a ppid scan."""
+    seen: list[int] = []
+    seen_set: set[int] = set()
+    stack = [p for p in roots if os.path.exists(f"{root}/{p}")]
+    while stack:
+        pid = stack.pop()
+        if pid in seen_set:
+            continue
+        seen_set.add(pid)
+        seen.append(pid)
+        kids = children_of(root, pid)
+        if kids is None:
+            return _descendants_by_ppid(root, roots)
+        stack.extend(kids)
+    return seen
+
+
+def _descendants_by_ppid(root: str, roots: tuple[int, ...]) -> list[int]:
+    by_parent: dict[int, list[int]] = {}
+    for pid in list_pids(root):
+        try:
+            stat = read_proc_stat(root, pid)
+        except (OSError, ValueError, IndexError):
+            continue
+        by_parent.setdefault(stat.ppid, []).append(pid)
+    out, stack = [], [p for p in roots if os.path.exists(f"{root}/{p}")]
+    seen: set[int] = set()
+    while stack:
+        pid = stack.pop()
+        if pid in seen:
+            continue
+        seen.add(pid)
+        out.append(pid)
+        stack.extend(by_parent.get(pid, ()))
+    return out

@@ -1,0 +1,319 @@
+"""The agent's configuration: one frozen dataclass, layered defaults < YAML file < OUTRIDER_* environment < flags.
+
+Every value remembers where it came from, so `outrider config show` can say it and every error names the key,
+its source and what was expected.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+ENV_PREFIX = "OUTRIDER_"
+LOG_LEVELS = ("debug", "info", "warning", "error")
+OTLP_PROTOCOLS = ("http/protobuf", "grpc")
+
+
+class ConfigError(ValueError):
+    """A bad configuration value or key; the message names the key, its source and what was expected."""
+
+
+@dataclass(frozen=True)
+class Config:
+    interval_s: float = field(default=5.0, metadata={"help": "seconds between sweeps of all collectors"})
+    listen: str = field(default="127.0.0.1:9477", metadata={
+        "help": "host:port of /metrics, /healthz, /readyz (0.0.0.0 or [::] listens on all interfaces; port 0 "
+                "picks a free one)"})
+    collectors: tuple[str, ...] = field(default=(), metadata={
+        "help": "collectors to run (empty: every collector enabled by default)"})
+    proc_root: str = field(default="/proc", metadata={"help": "procfs mount (a fixture tree in tests)"})
+    sys_root: str = field(default="/sys", metadata={"help": "sysfs mount"})
+    filesystems: tuple[str, ...] = field(default=("/",), metadata={
+        "help": "paths whose filesystem space is reported (add checkpoint and data directories)"})
+    disk_exclude: str = field(default=r"^(ram|loop|fd|zram|(h|s|v|xv)d[a-z]+\d+|nvme\d+n\d+p\d+|dm-\d+)\d*$",
+                              metadata={"help": "regex of block devices left out (partitions, loop, ram)"})
+    network_exclude: str = field(default=r"^(lo|veth.*|docker\d*|br-.*|cali.*|flannel.*|cni.*|ifb\d+)$",
+                                 metadata={"help": "regex of network interfaces left out"})
+    process_top_n: int = field(default=10, metadata={
+        "help": "watched processes reported one by one; the rest are summed under pid=\"other\""})
+    pids: tuple[int, ...] = field(default=(), metadata={
+        "help": "roots of the process trees to watch (empty: every process visible to the agent)"})
+    otlp_endpoint: str = field(default="", metadata={
+        "help": "OTLP base URL; empty: use OTEL_EXPORTER_OTLP_[METRICS_]ENDPOINT if set, else no OTLP export"})
+    otlp_protocol: str = field(default="http/protobuf", metadata={
+        "help": "http/protobuf or grpc (grpc needs the 'grpc' extra); OTEL_EXPORTER_OTLP_PROTOCOL sets the "
+                "default"})
+    otlp_interval_s: float = field(default=15.0, metadata={
+        "help": "seconds between OTLP exports (OTEL_METRIC_EXPORT_INTERVAL, in ms, sets the default)"})
+    otlp_timeout_s: float = field(default=10.0, metadata={"help": "timeout of one OTLP export"})
+    shutdown_timeout_s: float = field(default=5.0, metadata={
+        "help": "bound on the final sweep and flush after SIGTERM/SIGINT"})
+    log_level: str = field(default="info", metadata={"help": "debug, info, warning or error"})
+
+    @property
+    def listen_address(self) -> tuple[str, int]:
+        return parse_listen(self.listen)
+
+
+FIELDS: dict[str, dataclasses.Field[Any]] = {f.name: f for f in dataclasses.fields(Config)}
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    m = re.fullmatch(r"\[([0-9a-fA-F:.]+)\]:(\d{1,5})|([^:\[\]]*):(\d{1,5})", text.strip())
+    if not m:
+        raise ValueError("host:port, e.g. 127.0.0.1:9477 or [::1]:9477")
+    host = m.group(1) if m.group(1) is not None else m.group(3)
+    port = int(m.group(2) if m.group(2) is not None else m.group(4))
+    if port > 65535:
+        raise ValueError("a port from 0 to 65535")
+    return host or "0.0.0.0", port
+
+
+# --- value conversion: each takes a raw value (str from the environment, anything from YAML) -----------------
+
+def _positive_float(raw: Any) -> float:
+    if isinstance(raw, bool):
+        raise ValueError("a positive number of seconds")
+    try:
+        value = float(raw)
+    except (TypeError, ValueError):
+        raise ValueError("a positive number of seconds") from None
+    if not value > 0 or value != value or value == float("inf"):
+        raise ValueError("a positive number of seconds")
+    return value
+
+
+def _nonneg_int(raw: Any) -> int:
+    if isinstance(raw, bool):
+        raise ValueError("a whole number >= 0")
+    try:
+        value = int(str(raw).strip()) if not isinstance(raw, int) else raw
+    except ValueError:
+        raise ValueError("a whole number >= 0") from None
+    if value < 0:
+        raise ValueError("a whole number >= 0")
+    return value
+
+
+def _str(raw: Any) -> str:
+    if isinstance(raw, (dict, list, tuple)) or raw is None:
+        raise ValueError("a string")
+    return str(raw)
+
+
+def _str_list(raw: Any) -> tuple[str, ...]:
+    if isinstance(raw, str):
+        items = [s.strip() for s in raw.split(",")]
+    elif isinstance(raw, (list, tuple)):
+        items = [_str(s).strip() for s in raw]
+    else:
+        raise ValueError("a list of strings (a comma-separated string in the environment)")
+    return tuple(s for s in items if s)
+
+
+def _pid_list(raw: Any) -> tuple[int, ...]:
+    items = _str_list(raw) if not isinstance(raw, int) else (str(raw),)
+    pids = []
+    for item in items:
+        if not item.isdigit() or int(item) <= 0:
+            raise ValueError("a list of process ids (positive integers)")
+        pids.append(int(item))
+    return tuple(pids)
+
+
+def _regex(raw: Any) -> str:
+    text = _str(raw)
+    try:
+        re.compile(text)
+    except re.error as e:
+        raise ValueError(f"a valid regular expression ({e})") from None
+    return text
+
+
+def _listen(raw: Any) -> str:
+    text = _str(raw)
+    parse_listen(text)
+    return text
+
+
+def _choice(choices: tuple[str, ...]) -> Callable[[Any], str]:
+    def convert(raw: Any) -> str:
+        text = _str(raw).strip().lower()
+        if text not in choices:
+            raise ValueError("one of " + ", ".join(choices))
+        return text
+    return convert
+
+
+def _collectors(raw: Any) -> tuple[str, ...]:
+    from outrider.collectors import REGISTRY
+
+    names = _str_list(raw)
+    for name in names:
+        if name not in REGISTRY:
+            raise ValueError("collector names from: " + ", ".join(sorted(REGISTRY)))
+    return names
+
+
+CONVERTERS: dict[str, Callable[[Any], Any]] = {
+    "interval_s": _positive_float,
+    "listen": _listen,
+    "collectors": _collectors,
+    "proc_root": _str,
+    "sys_root": _str,
+    "filesystems": _str_list,
+    "disk_exclude": _regex,
+    "network_exclude": _regex,
+    "process_top_n": _nonneg_int,
+    "pids": _pid_list,
+    "otlp_endpoint": _str,
+    "otlp_protocol": _choice(OTLP_PROTOCOLS),
+    "otlp_interval_s": _positive_float,
+    "otlp_timeout_s": _positive_float,
+    "shutdown_timeout_s": _positive_float,
+    "log_level": _choice(LOG_LEVELS),
+}
+assert set(CONVERTERS) == set(FIELDS), "every config field needs a converter"
+
+
+@dataclass(frozen=True)
+class LoadedConfig:
+    config: Config
+    sources: Mapping[str, str]  # key -> where its value came from
+
+
+def _set(values: dict[str, Any], sources: dict[str, str], key: str, raw: Any, source: str) -> None:
+    if key not in FIELDS:
+        hint = difflib.get_close_matches(key, list(FIELDS), n=1)
+        suggestion = f" (did you mean '{hint[0]}'?)" if hint else ""
+        raise ConfigError(f"{source}: unknown key '{key}'{suggestion}; known keys: {', '.join(FIELDS)}")
+    try:
+        values[key] = CONVERTERS[key](raw)
+    except ValueError as e:
+        raise ConfigError(f"{source}: key '{key}': expected {e}, got {raw!r}") from None
+    sources[key] = source
+
+
+def _otel_defaults(env: Mapping[str, str], values: dict[str, Any], sources: dict[str, str]) -> None:
+    """The standard OpenTelemetry variables set defaults; Outrider's own settings override them."""
+    proto = env.get("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL") or env.get("OTEL_EXPORTER_OTLP_PROTOCOL")
+    if proto:
+        name = ("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL" if env.get("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL")
+                else "OTEL_EXPORTER_OTLP_PROTOCOL")
+        _set(values, sources, "otlp_protocol", proto, f"environment {name}")
+    interval_ms = env.get("OTEL_METRIC_EXPORT_INTERVAL")
+    if interval_ms:
+        try:
+            seconds = float(interval_ms) / 1000.0
+        except ValueError:
+            raise ConfigError(
+                f"environment OTEL_METRIC_EXPORT_INTERVAL: expected milliseconds, got {interval_ms!r}") from None
+        _set(values, sources, "otlp_interval_s", seconds, "environment OTEL_METRIC_EXPORT_INTERVAL")
+
+
+def read_yaml_file(path: str) -> dict[str, Any]:
+    import yaml
+
+    source = f"file {path}"
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = yaml.safe_load(fh)
+    except OSError as e:
+        raise ConfigError(f"{source}: cannot read: {e.strerror or e}") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(e, "problem", None) or str(e)
+        raise ConfigError(f"{source}: not valid YAML{where}: {problem}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: expected a mapping of keys to values at the top level, "
+                          f"got {type(data).__name__}")
+    return data
+
+
+def load(
+    file: str | None = None,
+    env: Mapping[str, str] | None = None,
+    flags: Mapping[str, Any] | None = None,
+    collector_toggles: Sequence[tuple[str, bool]] | None = None,
+    flag_names: Mapping[str, str] | None = None,
+) -> LoadedConfig:
+    """Build the configuration: defaults < file < OUTRIDER_* environment < flags, then collector toggles."""
+    env = os.environ if env is None else env
+    values: dict[str, Any] = {}
+    sources: dict[str, str] = {name: "default" for name in FIELDS}
+    _otel_defaults(env, values, sources)
+
+    file = file or env.get(ENV_PREFIX + "CONFIG") or None
+    if file:
+        for key, raw in read_yaml_file(file).items():
+            _set(values, sources, str(key), raw, f"file {file}")
+
+    for name, raw in env.items():
+        if not name.startswith(ENV_PREFIX) or name in (ENV_PREFIX + "CONFIG", ENV_PREFIX + "DISABLED"):
+            continue
+        key = name[len(ENV_PREFIX):].lower()
+        _set(values, sources, key, raw, f"environment {name}")
+
+    for key, raw in (flags or {}).items():
+        if raw is None:
+            continue
+        flag = (flag_names or {}).get(key) or "--" + key.replace("_", "-")
+        _set(values, sources, key, raw, f"flag {flag}")
+
+    if collector_toggles:
+        from outrider.collectors import REGISTRY, default_collectors
+
+        enabled = list(values.get("collectors") or default_collectors())
+        for name, on in collector_toggles:
+            if name not in REGISTRY:
+                raise ConfigError(f"flag --{'' if on else 'no-'}collector.{name}: unknown collector; "
+                                  f"known: {', '.join(sorted(REGISTRY))}")
+            if on and name not in enabled:
+                enabled.append(name)
+            if not on and name in enabled:
+                enabled.remove(name)
+        values["collectors"] = tuple(enabled)
+        sources["collectors"] = "flags --collector.* / --no-collector.*"
+    return LoadedConfig(Config(**values), sources)
+
+
+def enabled_collectors(config: Config) -> tuple[str, ...]:
+    from outrider.collectors import default_collectors
+
+    return config.collectors or default_collectors()
+
+
+def otlp_enabled(config: Config, env: Mapping[str, str] | None = None) -> bool:
+    """OTLP export is on when an endpoint is configured here or in the standard OTEL_* variables, unless
+    OTEL_METRICS_EXPORTER=none."""
+    env = os.environ if env is None else env
+    if env.get("OTEL_METRICS_EXPORTER", "").strip().lower() == "none":
+        return False
+    return bool(config.otlp_endpoint or env.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+                or env.get("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"))
+
+
+def to_yaml(loaded: LoadedConfig) -> str:
+    """The effective configuration as YAML, each key with its source as a comment (for `config show`)."""
+    import yaml
+
+    lines = []
+    for name in FIELDS:
+        value = getattr(loaded.config, name)
+        if name == "collectors" and not value:
+            value = enabled_collectors(loaded.config)
+        if isinstance(value, tuple):
+            value = list(value)
+        text = yaml.safe_dump({name: value}, default_flow_style=True, width=1000).strip()
+        if text.startswith("{") and text.endswith("}"):
+            text = text[1:-1]
+        lines.append(f"{text}  # {loaded.sources[name]}")
+    return "\n".join(lines) + "\n"

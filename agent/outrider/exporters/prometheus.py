@@ -1,0 +1,106 @@
+"""The HTTP endpoint: /metrics (Prometheus text, or OpenMetrics by content negotiation, gzip on request),
+/healthz (the sweep loop is alive and current) and /readyz (the first sweep is done).
+
+Binds 127.0.0.1 unless the configuration says otherwise.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from outrider.metrics.exposition import OPENMETRICS_CONTENT_TYPE, TEXT_CONTENT_TYPE, wants_openmetrics
+from outrider.sampler import Sampler
+
+LOG = logging.getLogger("outrider.exporters.prometheus")
+
+INDEX = b"""<html><head><title>Outrider</title></head><body><h1>Outrider agent</h1>
+<p><a href="/metrics">/metrics</a> &middot; <a href="/healthz">/healthz</a> &middot;
+<a href="/readyz">/readyz</a></p></body></html>
+"""
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    sampler: Sampler
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _Server
+    protocol_version = "HTTP/1.1"
+    server_version = "outrider"
+    sys_version = ""
+
+    def do_GET(self) -> None:
+        path = self.path.split("?", 1)[0]
+        sampler = self.server.sampler
+        if path == "/metrics":
+            openmetrics = wants_openmetrics(self.headers.get("Accept"))
+            use_gzip = "gzip" in (self.headers.get("Accept-Encoding") or "")
+            sampler.stats.scrapes += 1
+            body = sampler.exposition(openmetrics, compressed=use_gzip)
+            ctype = OPENMETRICS_CONTENT_TYPE if openmetrics else TEXT_CONTENT_TYPE
+            self._send(200, body, ctype, "gzip" if use_gzip else None)
+        elif path == "/healthz":
+            ok = sampler.healthy()
+            self._send(200 if ok else 503, b"ok\n" if ok else b"sweep loop stalled\n")
+        elif path == "/readyz":
+            ready = sampler.ready.is_set()
+            self._send(200 if ready else 503, b"ready\n" if ready else b"first sweep not done\n")
+        elif path == "/":
+            self._send(200, INDEX, "text/html; charset=utf-8")
+        else:
+            self._send(404, b"not found\n")
+
+    def do_HEAD(self) -> None:
+        self.do_GET()
+
+    def _send(self, code: int, body: bytes, ctype: str = "text/plain; charset=utf-8",
+              encoding: str | None = None) -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", ctype)
+        if encoding:
+            self.send_header("Content-Encoding", encoding)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:
+        LOG.debug("%s " + format, self.client_address[0], *args)
+
+
+class MetricsServer:
+    """Serves the sampler's latest sweep. `start()` binds and serves on a daemon thread."""
+
+    def __init__(self, sampler: Sampler, host: str, port: int) -> None:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        server_cls = type("_BoundServer", (_Server,), {"address_family": family})
+        self._httpd: _Server = server_cls((host, port), _Handler)
+        self._httpd.sampler = sampler
+        self._thread: threading.Thread | None = None
+
+    @property
+    def address(self) -> tuple[str, int]:
+        host, port = self._httpd.server_address[:2]
+        return str(host), int(port)
+
+    @property
+    def url(self) -> str:
+        host, port = self.address
+        shown = f"[{host}]" if ":" in host else host
+        return f"http://{shown}:{port}"
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.5},
+                                        name="outrider-http", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        if self._thread is not None:
+            self._httpd.shutdown()
+            self._thread = None
+        self._httpd.server_close()

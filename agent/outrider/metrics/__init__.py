@@ -1,0 +1,1 @@
+"""Metric definitions (the catalog), sweep families, and exposition formats."""

@@ -1,0 +1,200 @@
+"""The one table of metric definitions.
+
+Every metric Outrider exports is declared here once: its Prometheus name (as it appears in the text format,
+counters ending in ``_total``), its OpenTelemetry name (a semantic-convention name where one exists, otherwise
+``outrider.*``), its unit, its type, its help text and its labels with their OpenTelemetry attribute names.
+Collectors refer to definitions by Prometheus name; the exporters and the metrics reference (docs/metrics.md)
+are derived from this table, so the three cannot drift apart.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+MetricType = Literal["counter", "gauge"]
+
+
+@dataclass(frozen=True)
+class Label:
+    """A label: its Prometheus name and the OpenTelemetry attribute it becomes on OTLP."""
+
+    prom: str
+    otel: str
+
+
+@dataclass(frozen=True)
+class MetricDef:
+    name: str
+    otel_name: str
+    unit: str  # UCUM, as OpenTelemetry writes it: "s", "By", "1", "{process}"
+    type: MetricType
+    help: str
+    labels: tuple[Label, ...]
+    collector: str
+    semconv: bool = False  # True where otel_name is an OpenTelemetry semantic-convention name
+
+    @property
+    def label_names(self) -> tuple[str, ...]:
+        return tuple(label.prom for label in self.labels)
+
+    @property
+    def family_name(self) -> str:
+        """The OpenMetrics family name: a counter's name without its ``_total`` suffix."""
+        if self.type == "counter" and self.name.endswith("_total"):
+            return self.name[: -len("_total")]
+        return self.name
+
+    @property
+    def prom_unit(self) -> str:
+        """The OpenMetrics ``# UNIT``, only where the family name ends with it (as the spec requires)."""
+        for unit in ("seconds", "bytes", "ratio", "joules", "celsius", "watts", "hertz"):
+            if self.family_name.endswith("_" + unit):
+                return unit
+        return ""
+
+
+# Labels shared by several definitions.
+MODE = Label("mode", "cpu.mode")
+DEVICE = Label("device", "system.device")
+DISK_DIRECTION = Label("direction", "disk.io.direction")
+NET_DIRECTION = Label("direction", "network.io.direction")
+INTERFACE = Label("interface", "network.interface.name")
+MOUNTPOINT = Label("mountpoint", "system.filesystem.mountpoint")
+FSTYPE = Label("fstype", "system.filesystem.type")
+PID = Label("pid", "process.pid")
+PNAME = Label("name", "process.executable.name")
+COLLECTOR = Label("collector", "outrider.collector")
+
+_DEFS: tuple[MetricDef, ...] = (
+    # --- host -----------------------------------------------------------------------------------------------
+    MetricDef("outrider_host_cpu_seconds_total", "system.cpu.time", "s", "counter",
+              "CPU time spent by all CPUs of the host, by mode (from /proc/stat).", (MODE,), "host", True),
+    MetricDef("outrider_host_cpu_utilization_ratio", "system.cpu.utilization", "1", "gauge",
+              "Fraction of host CPU time not idle or waiting for I/O, averaged over all CPUs since the previous "
+              "sweep.", (), "host", True),
+    MetricDef("outrider_host_logical_cpus", "system.cpu.logical.count", "{cpu}", "gauge",
+              "Number of logical CPUs online.", (), "host", True),
+    MetricDef("outrider_host_context_switches_total", "outrider.host.context_switches", "{switch}", "counter",
+              "Context switches on the host.", (), "host"),
+    MetricDef("outrider_host_procs_running", "outrider.host.procs.running", "{process}", "gauge",
+              "Runnable threads on the host right now (a run queue longer than the CPU count means CPU "
+              "saturation).", (), "host"),
+    MetricDef("outrider_host_procs_blocked", "outrider.host.procs.blocked", "{process}", "gauge",
+              "Threads blocked waiting for I/O.", (), "host"),
+    MetricDef("outrider_host_load1", "system.cpu.load_average.1m", "{thread}", "gauge",
+              "1-minute load average.", (), "host"),
+    MetricDef("outrider_host_load5", "system.cpu.load_average.5m", "{thread}", "gauge",
+              "5-minute load average.", (), "host"),
+    MetricDef("outrider_host_load15", "system.cpu.load_average.15m", "{thread}", "gauge",
+              "15-minute load average.", (), "host"),
+    MetricDef("outrider_host_memory_limit_bytes", "system.memory.limit", "By", "gauge",
+              "Total usable host memory (MemTotal).", (), "host", True),
+    MetricDef("outrider_host_memory_available_bytes", "system.linux.memory.available", "By", "gauge",
+              "Memory available for new work without swapping (MemAvailable): the number to alert on.", (),
+              "host", True),
+    MetricDef("outrider_host_memory_usage_bytes", "system.memory.usage", "By", "gauge",
+              "Host memory by state: used (total - available), free, cached, buffers.",
+              (Label("state", "system.memory.state"),), "host", True),
+    MetricDef("outrider_host_swap_usage_bytes", "system.paging.usage", "By", "gauge",
+              "Swap space by state: used, free.", (Label("state", "system.paging.state"),), "host", True),
+    MetricDef("outrider_host_pressure_stalled_seconds_total", "outrider.host.pressure.stall_time", "s", "counter",
+              "Pressure stall information: time some (or all, kind=full) runnable tasks were stalled on a "
+              "resource (from /proc/pressure). Its rate is the stalled fraction.",
+              (Label("resource", "outrider.pressure.resource"), Label("kind", "outrider.pressure.kind")),
+              "host"),
+    MetricDef("outrider_host_disk_io_bytes_total", "system.disk.io", "By", "counter",
+              "Bytes read from and written to each block device.", (DEVICE, DISK_DIRECTION), "host", True),
+    MetricDef("outrider_host_disk_operations_total", "system.disk.operations", "{operation}", "counter",
+              "Completed read and write operations per block device.", (DEVICE, DISK_DIRECTION), "host", True),
+    MetricDef("outrider_host_disk_io_time_seconds_total", "system.disk.io_time", "s", "counter",
+              "Time each block device had I/O in flight (its rate is the device's busy fraction).", (DEVICE,),
+              "host", True),
+    MetricDef("outrider_host_network_io_bytes_total", "system.network.io", "By", "counter",
+              "Bytes received and transmitted per network interface.", (INTERFACE, NET_DIRECTION), "host", True),
+    MetricDef("outrider_host_network_packets_total", "system.network.packets", "{packet}", "counter",
+              "Packets received and transmitted per network interface.", (INTERFACE, NET_DIRECTION), "host",
+              True),
+    MetricDef("outrider_host_network_errors_total", "system.network.errors", "{error}", "counter",
+              "Receive and transmit errors per network interface.", (INTERFACE, NET_DIRECTION), "host", True),
+    MetricDef("outrider_host_network_dropped_total", "system.network.packet.dropped", "{packet}", "counter",
+              "Packets dropped per network interface.", (INTERFACE, NET_DIRECTION), "host", True),
+    MetricDef("outrider_host_filesystem_size_bytes", "system.filesystem.limit", "By", "gauge",
+              "Size of the filesystem holding each configured path (checkpoint and data directories).",
+              (MOUNTPOINT, DEVICE, FSTYPE), "host", True),
+    MetricDef("outrider_host_filesystem_free_bytes", "outrider.host.filesystem.free", "By", "gauge",
+              "Free bytes on the filesystem, including blocks reserved for root.", (MOUNTPOINT, DEVICE, FSTYPE),
+              "host"),
+    MetricDef("outrider_host_filesystem_avail_bytes", "outrider.host.filesystem.available", "By", "gauge",
+              "Bytes available to unprivileged users: what a checkpoint writer can still use.",
+              (MOUNTPOINT, DEVICE, FSTYPE), "host"),
+    MetricDef("outrider_host_filesystem_readonly", "outrider.host.filesystem.readonly", "1", "gauge",
+              "1 where the filesystem is mounted read-only.", (MOUNTPOINT, DEVICE, FSTYPE), "host"),
+    # --- process (the watched tree) -------------------------------------------------------------------------
+    MetricDef("outrider_process_cpu_seconds_total", "process.cpu.time", "s", "counter",
+              "CPU time of each watched process (top N; pid=\"other\" accumulates the rest while they are not "
+              "in the top N).", (PID, PNAME, MODE), "process", True),
+    MetricDef("outrider_process_memory_rss_bytes", "process.memory.usage", "By", "gauge",
+              "Resident set size of each watched process (top N; pid=\"other\" sums the rest).", (PID, PNAME),
+              "process", True),
+    MetricDef("outrider_process_threads", "process.thread.count", "{thread}", "gauge",
+              "Threads of each watched process.", (PID, PNAME), "process", True),
+    MetricDef("outrider_process_open_fds", "process.unix.file_descriptor.count", "{file_descriptor}", "gauge",
+              "Open file descriptors of each watched process.", (PID, PNAME), "process", True),
+    MetricDef("outrider_process_io_bytes_total", "process.disk.io", "By", "counter",
+              "Bytes each watched process caused to be read from and written to storage.",
+              (PID, PNAME, DISK_DIRECTION), "process", True),
+    MetricDef("outrider_process_context_switches_total", "process.context_switches", "{context_switch}",
+              "counter", "Voluntary and involuntary context switches of each watched process.",
+              (PID, PNAME, Label("type", "process.context_switch_type")), "process", True),
+    MetricDef("outrider_watched_up", "outrider.watched.up", "1", "gauge",
+              "1 while the root of the watched process tree is alive (always 1 when the whole host is "
+              "watched).", (), "process"),
+    MetricDef("outrider_watched_processes", "outrider.watched.processes", "{process}", "gauge",
+              "Live processes in the watched tree.", (), "process"),
+    MetricDef("outrider_watched_cpu_seconds_total", "outrider.watched.cpu.time", "s", "counter",
+              "CPU time of the whole watched tree, including processes that have exited since watching began.",
+              (MODE,), "process"),
+    MetricDef("outrider_watched_memory_rss_bytes", "outrider.watched.memory.usage", "By", "gauge",
+              "Sum of the resident set sizes of the live processes in the watched tree.", (), "process"),
+    MetricDef("outrider_watched_io_bytes_total", "outrider.watched.disk.io", "By", "counter",
+              "Storage bytes read and written by the whole watched tree, including exited processes.",
+              (DISK_DIRECTION,), "process"),
+    MetricDef("outrider_watched_threads", "outrider.watched.thread.count", "{thread}", "gauge",
+              "Threads of the live processes in the watched tree.", (), "process"),
+    # --- self ----------------------------------------------------------------------------------------------
+    MetricDef("outrider_agent_info", "outrider.agent.info", "1", "gauge",
+              "Constant 1, labelled with the agent's version.", (Label("version", "service.version"),), "self"),
+    MetricDef("outrider_agent_start_time_seconds", "outrider.agent.start_time", "s", "gauge",
+              "Unix time the agent started.", (), "self"),
+    MetricDef("outrider_agent_cpu_seconds_total", "outrider.agent.cpu.time", "s", "counter",
+              "CPU time used by the agent itself.", (MODE,), "self"),
+    MetricDef("outrider_agent_memory_rss_bytes", "outrider.agent.memory.usage", "By", "gauge",
+              "Resident set size of the agent itself.", (), "self"),
+    MetricDef("outrider_agent_sweeps_total", "outrider.agent.sweeps", "{sweep}", "counter",
+              "Sweeps completed.", (), "self"),
+    MetricDef("outrider_agent_sweep_duration_seconds", "outrider.agent.sweep.duration", "s", "gauge",
+              "Wall time of the previous sweep over all collectors.", (), "self"),
+    MetricDef("outrider_agent_scrapes_total", "outrider.agent.scrapes", "{scrape}", "counter",
+              "Requests served on /metrics.", (), "self"),
+    MetricDef("outrider_agent_otlp_exports_total", "outrider.agent.otlp.exports", "{export}", "counter",
+              "OTLP export attempts by result: success, failure, or skipped while backing off after a failure.",
+              (Label("result", "outrider.result"),), "self"),
+    MetricDef("outrider_collector_success", "outrider.collector.success", "1", "gauge",
+              "1 if the collector's last sweep succeeded, 0 if it failed (and was skipped).", (COLLECTOR,),
+              "self"),
+    MetricDef("outrider_collector_duration_seconds", "outrider.collector.duration", "s", "gauge",
+              "Wall time of the collector's last sweep.", (COLLECTOR,), "self"),
+    MetricDef("outrider_collector_errors_total", "outrider.collector.errors", "{error}", "counter",
+              "Readings a collector could not take (a file it could not read, a value it could not parse): "
+              "dropped and counted, never fatal.", (COLLECTOR,), "self"),
+)
+
+CATALOG: dict[str, MetricDef] = {d.name: d for d in _DEFS}
+if len(CATALOG) != len(_DEFS):  # pragma: no cover - guards the table itself
+    raise RuntimeError("duplicate metric name in the catalog")
+
+
+def definitions(collector: str | None = None) -> list[MetricDef]:
+    """All definitions, or those of one collector, in table order."""
+    return [d for d in _DEFS if collector is None or d.collector == collector]

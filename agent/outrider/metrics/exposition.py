@@ -1,0 +1,94 @@
+"""Prometheus text format 0.0.4 and OpenMetrics 1.0 rendering of a sweep's families.
+
+Written here rather than through prometheus_client: rendering a sweep is the only per-scrape work the agent
+does, and building prometheus_client metric objects for it measured 4.5 us per sample against about 1 us for
+this direct writer (see benchmarks/). The output is checked by promtool, prometheus_client's parser and a real
+Prometheus server in the tests.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+from outrider.metrics.family import Family
+
+TEXT_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+OPENMETRICS_CONTENT_TYPE = "application/openmetrics-text; version=1.0.0; charset=utf-8"
+
+
+def format_value(value: float) -> str:
+    if value != value:
+        return "NaN"
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    if value.is_integer() and abs(value) < 1e15:
+        return str(int(value))
+    return repr(value)
+
+
+def escape_label_value(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def escape_help(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("\n", "\\n")
+
+
+def _label_block(names: tuple[str, ...], values: tuple[str, ...]) -> str:
+    if not names:
+        return ""
+    return "{" + ",".join(f'{n}="{escape_label_value(v)}"' for n, v in zip(names, values)) + "}"
+
+
+def render(families: Iterable[Family], openmetrics: bool = False) -> bytes:
+    """Render families; one family name appears once (samples of equal names are merged in order)."""
+    merged: dict[str, Family] = {}
+    for fam in families:
+        if not fam.samples:
+            continue
+        seen = merged.get(fam.defn.name)
+        if seen is None:
+            merged[fam.defn.name] = fam
+        else:
+            combined = Family(fam.defn.name)
+            combined.samples = seen.samples + fam.samples
+            merged[fam.defn.name] = combined
+    out: list[str] = []
+    for fam in merged.values():
+        d = fam.defn
+        head = d.family_name if openmetrics else d.name
+        out.append(f"# HELP {head} {escape_help(d.help)}\n")
+        out.append(f"# TYPE {head} {d.type}\n")
+        if openmetrics and d.prom_unit:
+            out.append(f"# UNIT {head} {d.prom_unit}\n")
+        names = d.label_names
+        seen_series: set[tuple[str, ...]] = set()
+        for values, value in fam.samples:
+            if values in seen_series:  # a duplicate series would make the whole scrape fail
+                continue
+            seen_series.add(values)
+            out.append(f"{d.name}{_label_block(names, values)} {format_value(value)}\n")
+    if openmetrics:
+        out.append("# EOF\n")
+    return "".join(out).encode("utf-8")
+
+
+def wants_openmetrics(accept_header: str | None) -> bool:
+    """Content negotiation: OpenMetrics when the client lists it (Prometheus does, preferring it)."""
+    if not accept_header:
+        return False
+    for part in accept_header.split(","):
+        media, _, params = part.strip().partition(";")
+        if media.strip() == "application/openmetrics-text":
+            q = 1.0
+            for p in params.split(";"):
+                k, _, v = p.strip().partition("=")
+                if k == "q":
+                    try:
+                        q = float(v)
+                    except ValueError:
+                        q = 0.0
+            if q > 0:
+                return True
+    return False

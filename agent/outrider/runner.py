@@ -1,0 +1,202 @@
+"""`outrider run -- CMD ...`: start CMD, watch it and all its descendants for its whole life, forward signals,
+serve /metrics while it runs, and exit with CMD's exit code after a short summary.
+
+How:
+- CMD is started with posix_spawnp from an argument list: never through a shell.
+- Outrider makes itself a child subreaper (prctl PR_SET_CHILD_SUBREAPER), so descendants whose parent exits
+  (daemonised helpers, data-loader workers orphaned by a crash) are re-parented to it and stay in the watched
+  tree; it reaps them.
+- Signals are handled synchronously: the main thread blocks them (every agent thread inherits the mask) and
+  takes them with sigtimedwait, which says who sent each one. A SIGINT sent by the kernel (Ctrl-C at the
+  terminal) already reached CMD through the shared process group and is not sent twice; any other SIGINT,
+  SIGTERM, SIGHUP, SIGQUIT, SIGUSR1 or SIGUSR2 is forwarded to CMD. CMD starts with an empty signal mask.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import logging
+import os
+import resource
+import signal
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+
+from outrider.agent import Agent
+from outrider.collectors.process import ProcessCollector
+from outrider.config import Config
+from outrider.metrics.family import Family
+
+LOG = logging.getLogger("outrider.run")
+
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+PR_SET_CHILD_SUBREAPER = 36
+
+
+@dataclass
+class RunSummary:
+    command: list[str]
+    pid: int
+    exit_code: int
+    wall_s: float
+    cpu_user_s: float
+    cpu_system_s: float
+    peak_tree_rss_bytes: int
+    peak_process_rss_bytes: int
+    read_bytes: int
+    written_bytes: int
+    max_processes: int
+    signals_forwarded: list[str]
+    metrics_url: str
+
+    def text(self) -> str:
+        cores = (self.cpu_user_s + self.cpu_system_s) / self.wall_s if self.wall_s > 0 else 0.0
+        how = (f"exited with code {self.exit_code}" if self.exit_code < 128
+               else f"ended by signal {_signal_name(self.exit_code - 128)} (exit code {self.exit_code})")
+        return "\n".join([
+            f"outrider: {' '.join(self.command)} {how} after {self.wall_s:.1f} s",
+            f"  cpu        user {self.cpu_user_s:.2f} s, system {self.cpu_system_s:.2f} s "
+            f"({cores:.2f} cores on average)",
+            f"  memory     peak RSS {_mib(self.peak_tree_rss_bytes)} (whole tree, sampled), "
+            f"largest process {_mib(self.peak_process_rss_bytes)}",
+            f"  storage    read {_mib(self.read_bytes)}, written {_mib(self.written_bytes)}",
+            f"  processes  up to {self.max_processes} at once",
+        ])
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB"
+
+
+def _signal_name(num: int) -> str:
+    try:
+        return signal.Signals(num).name
+    except ValueError:
+        return str(num)
+
+
+def _become_subreaper() -> bool:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return bool(libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0)
+    except (OSError, AttributeError):
+        return False
+
+
+def _spawn(cmd: Sequence[str]) -> int:
+    return os.posix_spawnp(cmd[0], list(cmd), dict(os.environ), setsigmask=())
+
+
+def run(cmd: Sequence[str], config: Config, on_exit: Callable[[list[Family]], None] | None = None,
+        summary_json: str | None = None, quiet: bool = False,
+        listeners: Sequence[Callable[[list[Family]], None]] = ()) -> tuple[int, RunSummary | None]:
+    """Run CMD under watch. Returns (exit code, summary). on_exit gets the last sweep taken while CMD lived;
+    listeners get every sweep."""
+    if not cmd:
+        raise ValueError("no command given: outrider run [options] -- CMD [ARGS...]")
+    subreaper = _become_subreaper()
+    if not subreaper:
+        LOG.warning("could not become a child subreaper: orphaned descendants will leave the watched tree")
+    me = os.getpid()
+    waited = set(FORWARDED) | {signal.SIGCHLD}
+    old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, waited)
+    try:
+        agent = Agent(config, roots=(me,), exclude_pids=frozenset({me}), listen_fallback=True)
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        started = time.monotonic()
+        try:
+            child = _spawn(cmd)
+        except FileNotFoundError:
+            print(f"outrider run: command not found: {cmd[0]}", file=sys.stderr)
+            agent.server.stop()
+            return 127, None
+        except PermissionError:
+            print(f"outrider run: permission denied: {cmd[0]}", file=sys.stderr)
+            agent.server.stop()
+            return 126, None
+        agent.sampler.listeners.extend(listeners)
+        agent.start()
+        if not quiet:
+            print(f"outrider: watching {cmd[0]} (pid {child}); metrics at {agent.server.url}/metrics",
+                  file=sys.stderr)
+        process_collectors = [c for c in agent.sampler.collectors if isinstance(c, ProcessCollector)]
+        max_procs = 0
+
+        def note_sweep(fams: list[Family]) -> None:
+            nonlocal max_procs
+            for fam in fams:
+                if fam.defn.name == "outrider_watched_processes" and fam.samples:
+                    max_procs = max(max_procs, int(fam.samples[0][1]))
+
+        agent.sampler.listeners.append(note_sweep)
+        status: int | None = None
+        forwarded: list[str] = []
+        last_alive: list[Family] = []
+        while status is None:
+            info = signal.sigtimedwait(waited, 0.5)
+            if info is not None and info.si_signo != signal.SIGCHLD:
+                sig = info.si_signo
+                # si_pid 0: sent by the kernel, i.e. typed at the terminal; the child's process group got it too.
+                from_terminal = info.si_pid == 0 and os.getpgid(0) == _pgid(child)
+                if not (sig == signal.SIGINT and from_terminal):
+                    try:
+                        os.kill(child, sig)
+                        forwarded.append(_signal_name(sig))
+                    except ProcessLookupError:
+                        pass
+                continue
+            last_alive = agent.sampler.families
+            status = _reap(child)
+        wall = time.monotonic() - started
+        if on_exit is not None:
+            on_exit(last_alive)
+        agent.stop()
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+    code = os.waitstatus_to_exitcode(status)
+    if code < 0:  # killed by a signal: report it as a shell would
+        code = 128 - code
+    sampled_peak = max((c.peak_rss_total for c in process_collectors), default=0)
+    sampled_io = [c.tree_io_bytes for c in process_collectors]
+    summary = RunSummary(
+        command=list(cmd), pid=child, exit_code=code, wall_s=wall,
+        cpu_user_s=after.ru_utime - before.ru_utime, cpu_system_s=after.ru_stime - before.ru_stime,
+        peak_tree_rss_bytes=max(sampled_peak, after.ru_maxrss * 1024),
+        peak_process_rss_bytes=after.ru_maxrss * 1024,
+        read_bytes=max((after.ru_inblock - before.ru_inblock) * 512, max((r for r, _ in sampled_io), default=0)),
+        written_bytes=max((after.ru_oublock - before.ru_oublock) * 512,
+                          max((w for _, w in sampled_io), default=0)),
+        max_processes=max(max_procs, 1), signals_forwarded=forwarded, metrics_url=agent.server.url + "/metrics",
+    )
+    if not quiet:
+        print(summary.text(), file=sys.stderr)
+    if summary_json:
+        with open(summary_json, "w", encoding="utf-8") as fh:
+            json.dump(asdict(summary), fh, indent=2)
+    return code, summary
+
+
+def _pgid(pid: int) -> int:
+    try:
+        return os.getpgid(pid)
+    except ProcessLookupError:
+        return -1
+
+
+def _reap(child: int) -> int | None:
+    """Reap every exited child (orphans included, as the subreaper must); return CMD's wait status if it ended."""
+    status: int | None = None
+    while True:
+        try:
+            pid, st = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            break
+        if pid == 0:
+            break
+        if pid == child:
+            status = st
+    return status

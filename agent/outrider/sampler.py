@@ -1,0 +1,143 @@
+"""The sweep loop: runs every enabled collector each interval and keeps the latest sweep for the exporters.
+
+Exporters never trigger collection; they read the latest sweep. Rendering for /metrics is cached per sweep, so a
+scrape costs a dictionary lookup and a socket write.
+"""
+
+from __future__ import annotations
+
+import gzip
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from outrider.collectors import REGISTRY, Collector, CollectorContext
+from outrider.config import Config, enabled_collectors
+from outrider.metrics.exposition import render
+from outrider.metrics.family import Family
+
+LOG = logging.getLogger("outrider.sampler")
+
+
+@dataclass
+class CollectorStatus:
+    success: bool = True
+    duration_s: float = 0.0
+    errors: int = 0
+
+
+@dataclass
+class SweepStats:
+    sweeps: int = 0
+    last_sweep_s: float = 0.0
+    last_sweep_monotonic: float = 0.0
+    scrapes: int = 0
+    otlp_results: dict[str, int] = field(default_factory=dict)
+    collectors: dict[str, CollectorStatus] = field(default_factory=dict)
+
+
+class Sampler:
+    def __init__(self, config: Config, roots: tuple[int, ...] = (), exclude_pids: frozenset[int] = frozenset(),
+                 collectors: list[Collector] | None = None) -> None:
+        self.config = config
+        self.stats = SweepStats()
+        self.ctx = CollectorContext(config, self.stats, roots or config.pids, exclude_pids)
+        self.collectors = collectors if collectors is not None else [
+            REGISTRY[name](self.ctx) for name in enabled_collectors(config)]
+        self._families: list[Family] = []
+        self._generation = 0
+        self._rendered: dict[tuple[bool, bool], tuple[int, bytes]] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.ready = threading.Event()
+        self.listeners: list[Callable[[list[Family]], None]] = []
+
+    def sweep(self) -> list[Family]:
+        """Run every collector once. A collector that raises is marked failed and skipped; the sweep goes on."""
+        t0 = time.perf_counter()
+        fams: list[Family] = []
+        for c in self.collectors:
+            c0 = time.perf_counter()
+            status = self.stats.collectors.setdefault(c.name, CollectorStatus())
+            try:
+                got = c.collect()
+                status.success = True
+                fams.extend(got)
+            except Exception as e:
+                status.success = False
+                if c.errors == 0 or LOG.isEnabledFor(logging.DEBUG):
+                    LOG.warning("collector %s failed: %s: %s (reported in outrider_collector_success)",
+                                c.name, type(e).__name__, e)
+                c.errors += 1
+            status.duration_s = time.perf_counter() - c0
+            status.errors = c.errors
+        self.stats.sweeps += 1
+        self.stats.last_sweep_s = time.perf_counter() - t0
+        self.stats.last_sweep_monotonic = time.monotonic()
+        with self._lock:
+            self._families = fams
+            self._generation += 1
+        for listener in self.listeners:
+            try:
+                listener(fams)
+            except Exception:
+                LOG.exception("sweep listener failed")
+        self.ready.set()
+        return fams
+
+    @property
+    def families(self) -> list[Family]:
+        with self._lock:
+            return self._families
+
+    def exposition(self, openmetrics: bool, compressed: bool = False) -> bytes:
+        """The latest sweep rendered (and gzipped if asked), computed once per sweep and format."""
+        key = (openmetrics, compressed)
+        with self._lock:
+            gen, fams = self._generation, self._families
+            cached = self._rendered.get(key)
+        if cached is not None and cached[0] == gen:
+            return cached[1]
+        body = render(fams, openmetrics)
+        if compressed:
+            body = gzip.compress(body, compresslevel=1)
+        with self._lock:
+            self._rendered[key] = (gen, body)
+        return body
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="outrider-sampler", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        interval = self.config.interval_s
+        next_at = time.monotonic()
+        while not self._stop.is_set():
+            try:
+                self.sweep()
+            except Exception:  # never let the loop die
+                LOG.exception("sweep failed")
+            next_at += interval
+            now = time.monotonic()
+            if next_at < now:  # fell behind (suspended, or a slow sweep): skip, don't burst
+                next_at = now + interval
+            self._stop.wait(next_at - now)
+
+    def healthy(self) -> bool:
+        """Alive, and the last sweep is no older than three intervals."""
+        if self._thread is None or not self._thread.is_alive():
+            return False
+        return time.monotonic() - self.stats.last_sweep_monotonic <= 3 * self.config.interval_s + 1
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout_s)
+        for c in self.collectors:
+            try:
+                c.close()
+            except Exception:
+                LOG.exception("closing collector %s failed", c.name)
