@@ -35,7 +35,7 @@ class Config:
     sys_root: str = field(default="/sys", metadata={"help": "sysfs mount"})
     filesystems: tuple[str, ...] = field(default=("/",), metadata={
         "help": "paths whose filesystem space is reported (add checkpoint and data directories)"})
-    disk_exclude: str = field(default=r"^(ram|loop|fd|zram|(h|s|v|xv)d[a-z]+\d+|nvme\d+n\d+p\d+|dm-\d+)\d*$",
+    disk_exclude: str = field(default=r"^(z?ram|loop|fd|(h|s|v|xv)d[a-z]+|nvme\d+n\d+p)\d+$",
                               metadata={"help": "regex of block devices left out (partitions, loop, ram)"})
     network_exclude: str = field(default=r"^(lo|veth.*|docker\d*|br-.*|cali.*|flannel.*|cni.*|ifb\d+)$",
                                  metadata={"help": "regex of network interfaces left out"})

@@ -112,7 +112,7 @@ _DEFS: tuple[MetricDef, ...] = (
               "host", True),
     MetricDef("outrider_host_network_io_bytes_total", "system.network.io", "By", "counter",
               "Bytes received and transmitted per network interface.", (INTERFACE, NET_DIRECTION), "host", True),
-    MetricDef("outrider_host_network_packets_total", "system.network.packets", "{packet}", "counter",
+    MetricDef("outrider_host_network_packets_total", "system.network.packet.count", "{packet}", "counter",
               "Packets received and transmitted per network interface.", (INTERFACE, NET_DIRECTION), "host",
               True),
     MetricDef("outrider_host_network_errors_total", "system.network.errors", "{error}", "counter",
@@ -146,7 +146,7 @@ _DEFS: tuple[MetricDef, ...] = (
               (PID, PNAME, DISK_DIRECTION), "process", True),
     MetricDef("outrider_process_context_switches_total", "process.context_switches", "{context_switch}",
               "counter", "Voluntary and involuntary context switches of each watched process.",
-              (PID, PNAME, Label("type", "process.context_switch_type")), "process", True),
+              (PID, PNAME, Label("type", "process.context_switch.type")), "process", True),
     MetricDef("outrider_watched_up", "outrider.watched.up", "1", "gauge",
               "1 while the root of the watched process tree is alive (always 1 when the whole host is "
               "watched).", (), "process"),

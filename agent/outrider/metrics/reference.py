@@ -1,0 +1,46 @@
+"""Generates the metrics reference (docs/metrics.md) from the catalog: `python -m outrider.metrics.reference`."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from outrider.metrics.catalog import definitions
+
+HEADER = """# Metrics reference
+
+Generated from `agent/outrider/metrics/catalog.py` by `python -m outrider.metrics.reference > docs/metrics.md`;
+a test fails when this file drifts from the table. Prometheus names follow Prometheus conventions (base units,
+`_total` on counters); OpenTelemetry names are semantic-convention names where one exists (marked *semconv*),
+`outrider.*` otherwise. Labels are given as `prometheus label` → `OpenTelemetry attribute`.
+"""
+
+
+def render_reference() -> str:
+    out = [HEADER]
+    collectors: list[str] = []
+    for d in definitions():
+        if d.collector not in collectors:
+            collectors.append(d.collector)
+    for collector in collectors:
+        out.append(f"\n## Collector `{collector}`\n")
+        out.append("| Prometheus | type | OpenTelemetry | unit | labels | help |")
+        out.append("|---|---|---|---|---|---|")
+        for d in definitions(collector):
+            labels = ", ".join(f"`{lb.prom}`→`{lb.otel}`" for lb in d.labels) or "—"
+            otel = f"`{d.otel_name}`" + (" *semconv*" if d.semconv else "")
+            text = d.help.replace("|", "\\|")
+            out.append(f"| `{d.name}` | {d.type} | {otel} | `{d.unit}` | {labels} | {text} |")
+    return "\n".join(out) + "\n"
+
+
+def main() -> int:
+    if len(sys.argv) > 1:
+        Path(sys.argv[1]).write_text(render_reference(), encoding="utf-8")
+    else:
+        sys.stdout.write(render_reference())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

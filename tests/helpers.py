@@ -1,0 +1,122 @@
+"""Shared test helpers: free ports, polling, HTTP, starting the real agent as a subprocess, parsing exposition."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TypeVar
+
+from prometheus_client.parser import text_string_to_metric_families
+
+T = TypeVar("T")
+REPO = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_until(fn: Callable[[], T | None], timeout_s: float = 30.0, interval_s: float = 0.1,
+               what: str = "condition") -> T:
+    """Poll fn until it returns something truthy; fail with `what` after timeout_s (a bound, not a speed test)."""
+    deadline = time.monotonic() + timeout_s
+    last_exc: BaseException | None = None
+    while time.monotonic() < deadline:
+        try:
+            value = fn()
+            if value:
+                return value
+        except Exception as e:  # noqa: BLE001 - keep polling; report the last error on timeout
+            last_exc = e
+        time.sleep(interval_s)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}" +
+                         (f" (last error: {last_exc!r})" if last_exc else ""))
+
+
+def http_get(url: str, headers: dict[str, str] | None = None, timeout_s: float = 5.0) -> tuple[int, dict[str, str], bytes]:
+    req = urllib.request.Request(url, headers=headers or {})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+            return resp.status, dict(resp.headers), resp.read()
+    except urllib.error.HTTPError as e:
+        return e.code, dict(e.headers), e.read()
+
+
+def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Parse Prometheus text exposition into {(sample name, sorted labels): value}."""
+    out = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def value(parsed: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str, **labels: str) -> float | None:
+    key = (name, tuple(sorted(labels.items())))
+    return parsed.get(key)
+
+
+def outrider_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "outrider", *args]
+
+
+class AgentProcess:
+    """The real `outrider agent` in a subprocess on a free 127.0.0.1 port, ready when /readyz says so."""
+
+    def __init__(self, *args: str, env: dict[str, str] | None = None, interval_s: float = 0.5) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        full_env = {k: v for k, v in os.environ.items() if not k.startswith(("OUTRIDER_", "OTEL_"))}
+        full_env.update(env or {})
+        self.proc = subprocess.Popen(
+            outrider_cmd("agent", "--listen", f"127.0.0.1:{self.port}", "--interval", str(interval_s), *args),
+            env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            wait_until(lambda: self._ready(), timeout_s=30, what="the agent's /readyz")
+        except AssertionError:
+            self.stop()
+            raise AssertionError(f"agent did not become ready; stderr:\n{self.stderr}") from None
+
+    def _ready(self) -> bool:
+        if self.proc.poll() is not None:
+            raise AssertionError(f"agent exited with {self.proc.returncode}: {self.proc.stderr.read() if self.proc.stderr else ''}")
+        return http_get(self.url + "/readyz", timeout_s=1)[0] == 200
+
+    def metrics(self, accept: str | None = None) -> str:
+        status, _, body = http_get(self.url + "/metrics", headers={"Accept": accept} if accept else None)
+        assert status == 200
+        return body.decode()
+
+    stderr = ""
+
+    def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 20.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            _, err = self.proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            _, err = self.proc.communicate()
+        self.stderr = err or ""
+        return self.proc.returncode
+
+    def __enter__(self) -> AgentProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def sleeper(seconds: float = 60.0, extra: Sequence[str] = ()) -> subprocess.Popen[bytes]:
+    """A watched workload: a Python process that sleeps."""
+    return subprocess.Popen([sys.executable, "-c", f"import time; time.sleep({seconds})", *extra])

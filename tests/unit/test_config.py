@@ -1,0 +1,141 @@
+"""Config: defaults < YAML file < OUTRIDER_* environment < flags; every error names key, source, expectation."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from outrider.config import Config, ConfigError, load, otlp_enabled, to_yaml
+from tests.helpers import outrider_cmd
+
+
+def write(tmp_path: Path, text: str) -> str:
+    p = tmp_path / "outrider.yaml"
+    p.write_text(text)
+    return str(p)
+
+
+def test_defaults_when_nothing_is_set() -> None:
+    loaded = load(env={})
+    assert loaded.config == Config()
+    assert loaded.config.listen_address == ("127.0.0.1", 9477), "listens on loopback unless told otherwise"
+    assert set(loaded.sources.values()) == {"default"}
+
+
+def test_precedence_defaults_file_environment_flags(tmp_path: Path) -> None:
+    f = write(tmp_path, "interval_s: 2\nprocess_top_n: 3\nlisten: 127.0.0.1:1234\n")
+    env = {"OUTRIDER_PROCESS_TOP_N": "7", "OUTRIDER_LISTEN": "127.0.0.1:2345"}
+    loaded = load(file=f, env=env, flags={"listen": "0.0.0.0:3456"}, flag_names={"listen": "--listen"})
+    c = loaded.config
+    assert (c.interval_s, c.process_top_n, c.listen) == (2.0, 7, "0.0.0.0:3456")
+    assert loaded.sources["interval_s"] == f"file {f}"
+    assert loaded.sources["process_top_n"] == "environment OUTRIDER_PROCESS_TOP_N"
+    assert loaded.sources["listen"] == "flag --listen"
+    assert loaded.sources["log_level"] == "default"
+
+
+def test_config_file_from_environment(tmp_path: Path) -> None:
+    f = write(tmp_path, "filesystems: [/, /data]\n")
+    assert load(env={"OUTRIDER_CONFIG": f}).config.filesystems == ("/", "/data")
+
+
+def test_unknown_key_names_it_its_source_and_a_suggestion(tmp_path: Path) -> None:
+    f = write(tmp_path, "intervl_s: 3\n")
+    with pytest.raises(ConfigError) as e:
+        load(file=f, env={})
+    msg = str(e.value)
+    assert f"file {f}" in msg and "'intervl_s'" in msg and "did you mean 'interval_s'" in msg
+
+
+@pytest.mark.parametrize(("key", "raw", "expected"), [
+    ("interval_s", "-1", "a positive number of seconds"),
+    ("interval_s", "soon", "a positive number of seconds"),
+    ("listen", "9477", "host:port"),
+    ("listen", "127.0.0.1:99999", "a port from 0 to 65535"),
+    ("process_top_n", "ten", "a whole number >= 0"),
+    ("otlp_protocol", "udp", "one of http/protobuf, grpc"),
+    ("log_level", "loud", "one of debug, info, warning, error"),
+    ("disk_exclude", "([", "a valid regular expression"),
+    ("collectors", "host,gpu2", "collector names from"),
+    ("pids", "12,abc", "a list of process ids"),
+])
+def test_bad_environment_value_names_key_source_and_expectation(key: str, raw: str, expected: str) -> None:
+    name = "OUTRIDER_" + key.upper()
+    with pytest.raises(ConfigError) as e:
+        load(env={name: raw})
+    msg = str(e.value)
+    assert f"environment {name}" in msg and f"'{key}'" in msg and expected in msg and repr(raw) in msg
+
+
+def test_bad_file_value_and_wrong_type(tmp_path: Path) -> None:
+    f = write(tmp_path, "filesystems: {a: 1}\n")
+    with pytest.raises(ConfigError, match=r"file .*: key 'filesystems': expected a list of strings"):
+        load(file=f, env={})
+
+
+def test_yaml_syntax_error_gives_line(tmp_path: Path) -> None:
+    f = write(tmp_path, "interval_s: 2\nlisten: [unclosed\n")
+    with pytest.raises(ConfigError, match=r"not valid YAML at line \d+"):
+        load(file=f, env={})
+
+
+def test_top_level_must_be_a_mapping(tmp_path: Path) -> None:
+    f = write(tmp_path, "- interval_s\n")
+    with pytest.raises(ConfigError, match="expected a mapping"):
+        load(file=f, env={})
+
+
+def test_missing_file_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read"):
+        load(file=str(tmp_path / "nope.yaml"), env={})
+
+
+def test_collector_toggles_apply_over_the_configured_set() -> None:
+    loaded = load(env={"OUTRIDER_COLLECTORS": "host,self"}, collector_toggles=[("process", True), ("host", False)])
+    assert loaded.config.collectors == ("self", "process")
+    with pytest.raises(ConfigError, match="unknown collector"):
+        load(env={}, collector_toggles=[("nvidia", True)])
+
+
+def test_standard_otel_variables_set_defaults_that_outrider_settings_override() -> None:
+    env = {"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc", "OTEL_METRIC_EXPORT_INTERVAL": "2500"}
+    c = load(env=env).config
+    assert (c.otlp_protocol, c.otlp_interval_s) == ("grpc", 2.5)
+    c = load(env={**env, "OUTRIDER_OTLP_PROTOCOL": "http/protobuf"}).config
+    assert c.otlp_protocol == "http/protobuf"
+
+
+def test_otlp_is_on_only_with_an_endpoint_and_off_with_exporter_none() -> None:
+    assert not otlp_enabled(Config(), env={})
+    assert otlp_enabled(Config(), env={"OTEL_EXPORTER_OTLP_ENDPOINT": "http://x:4318"})
+    assert otlp_enabled(Config(otlp_endpoint="http://x:4318"), env={})
+    assert not otlp_enabled(Config(otlp_endpoint="http://x:4318"), env={"OTEL_METRICS_EXPORTER": "none"})
+
+
+def test_show_lists_every_key_with_its_source(tmp_path: Path) -> None:
+    f = write(tmp_path, "interval_s: 2\n")
+    text = to_yaml(load(file=f, env={"OUTRIDER_LOG_LEVEL": "debug"}))
+    assert f"interval_s: 2.0  # file {f}" in text
+    assert "log_level: debug  # environment OUTRIDER_LOG_LEVEL" in text
+    assert "collectors: [host, process, self]  # default" in text
+
+
+def test_cli_config_check_exit_codes(tmp_path: Path) -> None:
+    good = write(tmp_path, "interval_s: 2\n")
+    r = subprocess.run(outrider_cmd("config", "check", good), capture_output=True, text=True)
+    assert r.returncode == 0 and "ok" in r.stdout
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("interval_s: never\n")
+    r = subprocess.run(outrider_cmd("config", "check", str(bad)), capture_output=True, text=True)
+    assert r.returncode == 2
+    assert "key 'interval_s'" in r.stderr and "positive number" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_cli_flag_errors_name_the_flag() -> None:
+    r = subprocess.run(outrider_cmd("config", "show", "--interval", "0"), capture_output=True, text=True)
+    assert r.returncode == 2 and "flag --interval" in r.stderr
+    r = subprocess.run(outrider_cmd("config", "show", "--no-collector.process", "--collector.host"),
+                       capture_output=True, text=True)
+    assert r.returncode == 0 and "collectors: [host, self]" in r.stdout

@@ -1,0 +1,135 @@
+"""Host collector against fixture procfs trees (tests/fixtures/proc), node_exporter style."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from outrider.collectors.base import CollectorContext
+from outrider.collectors.host import HostCollector
+from outrider.config import Config
+from outrider.metrics.exposition import render
+from outrider.metrics.family import Family
+from outrider.sampler import SweepStats
+
+GOLDEN = Path(__file__).parent.parent / "fixtures" / "host.prom"
+
+
+def collector(root: Path, **cfg: object) -> HostCollector:
+    config = Config(proc_root=str(root), **{"filesystems": (), **cfg})  # type: ignore[arg-type]
+    return HostCollector(CollectorContext(config, SweepStats()))
+
+
+def by_name(fams: list[Family]) -> dict[str, dict[tuple[str, ...], float]]:
+    out: dict[str, dict[tuple[str, ...], float]] = {}
+    for f in fams:
+        out.setdefault(f.defn.name, {}).update(dict(f.samples))
+    return out
+
+
+def test_exposition_matches_golden_file(proc_fixture: Path) -> None:
+    text = render(collector(proc_fixture).collect()).decode()
+    if os.environ.get("UPDATE_GOLDEN"):
+        GOLDEN.write_text(text)
+    assert text == GOLDEN.read_text(), "host exposition drifted from tests/fixtures/host.prom (UPDATE_GOLDEN=1)"
+
+
+def test_cpu_seconds_are_ticks_over_clock_rate(proc_fixture: Path) -> None:
+    m = by_name(collector(proc_fixture).collect())
+    ticks = os.sysconf("SC_CLK_TCK")
+    assert m["outrider_host_cpu_seconds_total"][("user",)] == pytest.approx(10132153 / ticks)
+    assert m["outrider_host_cpu_seconds_total"][("iowait",)] == pytest.approx(16683 / ticks)
+    assert m["outrider_host_logical_cpus"][()] == 4
+    assert m["outrider_host_procs_running"][()] == 3
+    assert m["outrider_host_context_switches_total"][()] == 2543524001
+
+
+def test_utilisation_is_busy_share_between_two_sweeps(proc_fixture: Path) -> None:
+    c = collector(proc_fixture)
+    first = by_name(c.collect())
+    assert "outrider_host_cpu_utilization_ratio" not in first, "no utilisation without a previous sweep"
+    # 400 ticks pass: 300 user, 60 idle, 40 iowait -> busy 300/400
+    stat = (proc_fixture / "stat").read_text().splitlines()
+    stat[0] = "cpu  10132453 290696 3084719 46828543 16723 0 25195 0 0 0"
+    (proc_fixture / "stat").write_text("\n".join(stat) + "\n")
+    second = by_name(c.collect())
+    assert second["outrider_host_cpu_utilization_ratio"][()] == pytest.approx(0.75)
+
+
+def test_memory_used_is_total_minus_available(proc_fixture: Path) -> None:
+    m = by_name(collector(proc_fixture).collect())
+    assert m["outrider_host_memory_limit_bytes"][()] == 65799224 * 1024
+    assert m["outrider_host_memory_available_bytes"][()] == 40188100 * 1024
+    assert m["outrider_host_memory_usage_bytes"][("used",)] == (65799224 - 40188100) * 1024
+    assert m["outrider_host_swap_usage_bytes"][("used",)] == (8388604 - 6291452) * 1024
+
+
+def test_pressure_totals_are_seconds_by_resource_and_kind(proc_fixture: Path) -> None:
+    m = by_name(collector(proc_fixture).collect())["outrider_host_pressure_stalled_seconds_total"]
+    assert m[("memory", "full")] == pytest.approx(1.25)
+    assert m[("cpu", "some")] == pytest.approx(1.5)
+    assert len(m) == 6
+
+
+def test_missing_psi_is_absent_not_an_error(proc_fixture: Path) -> None:
+    for f in (proc_fixture / "pressure").iterdir():
+        f.unlink()
+    c = collector(proc_fixture)
+    m = by_name(c.collect())
+    assert "outrider_host_pressure_stalled_seconds_total" not in m
+    assert "outrider_host_memory_limit_bytes" in m
+    assert c.errors == 0
+
+
+def test_disks_exclude_partitions_and_loop_devices(proc_fixture: Path) -> None:
+    m = by_name(collector(proc_fixture).collect())
+    io = m["outrider_host_disk_io_bytes_total"]
+    assert {labels[0] for labels in io} == {"nvme0n1", "sda"}
+    assert io[("nvme0n1", "read")] == 9600000 * 512
+    assert io[("nvme0n1", "write")] == 24000000 * 512
+    assert m["outrider_host_disk_operations_total"][("sda", "write")] == 1000
+    assert m["outrider_host_disk_io_time_seconds_total"][("nvme0n1",)] == pytest.approx(654.321)
+
+
+def test_network_excludes_loopback_and_veth(proc_fixture: Path) -> None:
+    m = by_name(collector(proc_fixture).collect())
+    nbytes = m["outrider_host_network_io_bytes_total"]
+    assert {labels[0] for labels in nbytes} == {"eth0", "ib0"}
+    assert nbytes[("ib0", "receive")] == 9000000000
+    assert m["outrider_host_network_errors_total"][("eth0", "receive")] == 3
+    assert m["outrider_host_network_dropped_total"][("eth0", "transmit")] == 2
+
+
+def test_malformed_file_is_a_counted_drop_and_the_rest_survives(proc_fixture: Path) -> None:
+    (proc_fixture / "meminfo").write_text("MemTotal: lots kB\n")
+    c = collector(proc_fixture)
+    m = by_name(c.collect())
+    assert "outrider_host_memory_limit_bytes" not in m
+    assert "outrider_host_cpu_seconds_total" in m and "outrider_host_load1" in m
+    assert c.errors == 1
+    c.collect()
+    assert c.errors == 2, "every failed reading is counted"
+
+
+def test_filesystem_space_matches_statvfs_and_names_its_mount(proc_fixture: Path, tmp_path: Path) -> None:
+    data = tmp_path / "ckpt"
+    data.mkdir()
+    (proc_fixture / "mounts").write_text(f"/dev/root / ext4 rw 0 0\ntmpfs {tmp_path} tmpfs ro,nosuid 0 0\n")
+    c = collector(proc_fixture, filesystems=(str(data), str(tmp_path / "missing")))
+    m = by_name(c.collect())
+    st = os.statvfs(data)
+    labels = (str(data), "tmpfs", "tmpfs")
+    assert m["outrider_host_filesystem_size_bytes"][labels] == st.f_blocks * st.f_frsize
+    assert m["outrider_host_filesystem_readonly"][labels] == 1, "the mount table says ro"
+    assert c.errors == 1, "a configured path that does not exist is a counted drop"
+
+
+def test_mount_paths_with_escaped_spaces(proc_fixture: Path) -> None:
+    from outrider.collectors.procfs import mount_of, read_mounts
+
+    mounts = read_mounts(str(proc_fixture))
+    assert mounts[3].mountpoint == "/mnt/check points"
+    assert mounts[2].readonly and not mounts[0].readonly
+    assert mount_of("/", mounts) == mounts[0]

@@ -1,0 +1,56 @@
+"""The sweep loop: a failing collector is reported and skipped; the rest of the sweep survives."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from outrider.collectors.base import Collector
+from outrider.collectors.host import HostCollector
+from outrider.config import Config
+from outrider.metrics.family import Family
+from outrider.sampler import Sampler
+from tests.helpers import samples, value
+
+
+class Broken(Collector):
+    name = "broken"
+
+    def collect(self) -> list[Family]:
+        raise RuntimeError("NVML exploded")
+
+
+def sampler_with_broken(proc_fixture: Path) -> Sampler:
+    from outrider.collectors.agent_self import SelfCollector
+
+    s = Sampler(Config(proc_root=str(proc_fixture), filesystems=()), collectors=[])
+    s.collectors = [Broken(s.ctx), HostCollector(s.ctx), SelfCollector(s.ctx)]
+    return s
+
+
+def test_a_failing_collector_reports_zero_and_the_sweep_goes_on(proc_fixture: Path) -> None:
+    s = sampler_with_broken(proc_fixture)
+    s.sweep()
+    s.sweep()  # self reports the status of the previous sweep's collectors
+    parsed = samples(s.exposition(openmetrics=False).decode())
+    assert value(parsed, "outrider_collector_success", collector="broken") == 0
+    assert value(parsed, "outrider_collector_success", collector="host") == 1
+    assert value(parsed, "outrider_collector_errors_total", collector="broken") == 2
+    assert value(parsed, "outrider_host_load1") == 1.25
+    assert value(parsed, "outrider_agent_sweeps_total") == 1
+
+
+def test_exposition_is_rendered_once_per_sweep(proc_fixture: Path) -> None:
+    s = sampler_with_broken(proc_fixture)
+    s.sweep()
+    first = s.exposition(openmetrics=False)
+    assert s.exposition(openmetrics=False) is first, "a second scrape of the same sweep reuses the bytes"
+    s.sweep()
+    assert s.exposition(openmetrics=False) is not first
+
+
+def test_gzip_variant_decompresses_to_the_same_text(proc_fixture: Path) -> None:
+    import gzip
+
+    s = sampler_with_broken(proc_fixture)
+    s.sweep()
+    assert gzip.decompress(s.exposition(False, compressed=True)) == s.exposition(False)
