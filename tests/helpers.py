@@ -7,6 +7,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -36,14 +37,15 @@ def wait_until(fn: Callable[[], T | None], timeout_s: float = 30.0, interval_s: 
             value = fn()
             if value:
                 return value
-        except Exception as e:  # noqa: BLE001 - keep polling; report the last error on timeout
+        except Exception as e:
             last_exc = e
         time.sleep(interval_s)
     raise AssertionError(f"timed out after {timeout_s} s waiting for {what}" +
                          (f" (last error: {last_exc!r})" if last_exc else ""))
 
 
-def http_get(url: str, headers: dict[str, str] | None = None, timeout_s: float = 5.0) -> tuple[int, dict[str, str], bytes]:
+def http_get(url: str, headers: dict[str, str] | None = None,
+             timeout_s: float = 5.0) -> tuple[int, dict[str, str], bytes]:
     req = urllib.request.Request(url, headers=headers or {})
     try:
         with urllib.request.urlopen(req, timeout=timeout_s) as resp:
@@ -78,36 +80,37 @@ class AgentProcess:
         self.url = f"http://127.0.0.1:{self.port}"
         full_env = {k: v for k, v in os.environ.items() if not k.startswith(("OUTRIDER_", "OTEL_"))}
         full_env.update(env or {})
+        # Output goes to a file, not a pipe: a chatty agent must never block on a full pipe.
+        self._log = tempfile.TemporaryFile()  # noqa: SIM115 - lives as long as the agent
         self.proc = subprocess.Popen(
             outrider_cmd("agent", "--listen", f"127.0.0.1:{self.port}", "--interval", str(interval_s), *args),
-            env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            env=full_env, stdout=self._log, stderr=subprocess.STDOUT)
         try:
-            wait_until(lambda: self._ready(), timeout_s=30, what="the agent's /readyz")
+            wait_until(lambda: self.proc.poll() is None and http_get(self.url + "/readyz", timeout_s=1)[0] == 200,
+                       timeout_s=30, what="the agent's /readyz")
         except AssertionError:
             self.stop()
-            raise AssertionError(f"agent did not become ready; stderr:\n{self.stderr}") from None
+            raise AssertionError(f"agent did not become ready (exit {self.proc.returncode}); output:\n"
+                                 f"{self.output}") from None
 
-    def _ready(self) -> bool:
-        if self.proc.poll() is not None:
-            raise AssertionError(f"agent exited with {self.proc.returncode}: {self.proc.stderr.read() if self.proc.stderr else ''}")
-        return http_get(self.url + "/readyz", timeout_s=1)[0] == 200
+    @property
+    def output(self) -> str:
+        self._log.seek(0)
+        return self._log.read().decode(errors="replace")
 
     def metrics(self, accept: str | None = None) -> str:
         status, _, body = http_get(self.url + "/metrics", headers={"Accept": accept} if accept else None)
         assert status == 200
         return body.decode()
 
-    stderr = ""
-
     def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 20.0) -> int:
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
         try:
-            _, err = self.proc.communicate(timeout=timeout_s)
+            self.proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             self.proc.kill()
-            _, err = self.proc.communicate()
-        self.stderr = err or ""
+            self.proc.wait()
         return self.proc.returncode
 
     def __enter__(self) -> AgentProcess:

@@ -149,7 +149,7 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
         try:
             agent = Agent(cfg)
-        except OSError as e:
+        except OSError as e:  # the listen address is taken or not ours
             print(f"outrider agent: {e.strerror or e}", file=sys.stderr)
             return 1
         return agent.run_until_signal()

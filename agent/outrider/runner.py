@@ -41,6 +41,7 @@ class RunSummary:
     command: list[str]
     pid: int
     exit_code: int
+    signal: str | None  # the signal that ended CMD, if one did
     wall_s: float
     cpu_user_s: float
     cpu_system_s: float
@@ -54,8 +55,8 @@ class RunSummary:
 
     def text(self) -> str:
         cores = (self.cpu_user_s + self.cpu_system_s) / self.wall_s if self.wall_s > 0 else 0.0
-        how = (f"exited with code {self.exit_code}" if self.exit_code < 128
-               else f"ended by signal {_signal_name(self.exit_code - 128)} (exit code {self.exit_code})")
+        how = (f"exited with code {self.exit_code}" if self.signal is None
+               else f"ended by signal {self.signal} (exit code {self.exit_code})")
         return "\n".join([
             f"outrider: {' '.join(self.command)} {how} after {self.wall_s:.1f} s",
             f"  cpu        user {self.cpu_user_s:.2f} s, system {self.cpu_system_s:.2f} s "
@@ -158,12 +159,13 @@ def run(cmd: Sequence[str], config: Config, on_exit: Callable[[list[Family]], No
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
     code = os.waitstatus_to_exitcode(status)
+    ended_by = _signal_name(-code) if code < 0 else None
     if code < 0:  # killed by a signal: report it as a shell would
         code = 128 - code
     sampled_peak = max((c.peak_rss_total for c in process_collectors), default=0)
     sampled_io = [c.tree_io_bytes for c in process_collectors]
     summary = RunSummary(
-        command=list(cmd), pid=child, exit_code=code, wall_s=wall,
+        command=list(cmd), pid=child, exit_code=code, signal=ended_by, wall_s=wall,
         cpu_user_s=after.ru_utime - before.ru_utime, cpu_system_s=after.ru_stime - before.ru_stime,
         peak_tree_rss_bytes=max(sampled_peak, after.ru_maxrss * 1024),
         peak_process_rss_bytes=after.ru_maxrss * 1024,

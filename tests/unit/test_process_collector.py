@@ -127,7 +127,7 @@ def test_other_and_tree_counters_never_go_backwards_as_processes_come_and_go(fak
     c = make(fake.root, top_n=1)
     first = by_name(c.collect())
     other_before = first["outrider_process_cpu_seconds_total"][("other", "other", "user")]
-    tree_before = first["outrider_watched_cpu_seconds_total"][("user",)]
+    assert first["outrider_watched_cpu_seconds_total"][("user",)] == pytest.approx(1800 / TICKS)
     assert other_before == pytest.approx(800 / TICKS)
     # the shown process exits; a hidden one takes its slot; the other hidden one keeps running
     fake.remove(100)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import random
+import socket
 import threading
 import time
 from collections.abc import Iterable
@@ -31,7 +32,7 @@ from opentelemetry.sdk.metrics.export import (
 from opentelemetry.sdk.resources import Resource
 
 from outrider import __version__
-from outrider.config import Config
+from outrider.config import Config, ConfigError
 from outrider.metrics.catalog import MetricDef, definitions
 from outrider.metrics.family import Family
 from outrider.sampler import Sampler
@@ -52,6 +53,25 @@ def _attributes(defn: MetricDef, values: tuple[str, ...]) -> dict[str, str | int
     return out
 
 
+def _resource() -> Resource:
+    """OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES win; Outrider fills in only what they leave unset."""
+    detected = Resource.create()
+    attrs = detected.attributes
+    defaults: dict[str, str] = {}
+    if str(attrs.get("service.name", "unknown_service")).startswith("unknown_service"):
+        defaults["service.name"] = "outrider"
+    if "service.version" not in attrs:
+        defaults["service.version"] = __version__
+    if "host.name" not in attrs:
+        defaults["host.name"] = socket.gethostname()
+    return detected.merge(Resource(defaults))
+
+
+def quiet_sdk_logging(debug: bool) -> None:
+    """The SDK logs every transient retry; Outrider counts failures and logs them itself, with backoff."""
+    logging.getLogger("opentelemetry").setLevel(logging.DEBUG if debug else logging.CRITICAL)
+
+
 class OtlpExporter:
     def __init__(self, config: Config, sampler: Sampler) -> None:
         self.config = config
@@ -60,6 +80,7 @@ class OtlpExporter:
         self._lock = threading.Lock()
         self._provider: Any = None
         self._exporter: _BackoffExporter | None = None
+        self._inner = self._make_exporter()  # fails now, not in a background thread, if the protocol is missing
         sampler.listeners.append(self._on_sweep)
 
     def _on_sweep(self, families: list[Family]) -> None:
@@ -84,8 +105,8 @@ class OtlpExporter:
                     OTLPMetricExporter as GrpcExporter,
                 )
             except ImportError as e:
-                raise RuntimeError("otlp_protocol grpc needs the gRPC exporter: pip install 'outrider[grpc]' "
-                                   f"({e})") from None
+                raise ConfigError(f"otlp_protocol 'grpc' needs the gRPC exporter: pip install 'outrider[grpc]' "
+                                  f"({e})") from None
             return GrpcExporter(endpoint=self.config.otlp_endpoint or None, timeout=timeout)
         from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
 
@@ -93,13 +114,12 @@ class OtlpExporter:
         return OTLPMetricExporter(endpoint=endpoint, timeout=timeout)
 
     def start(self) -> None:
-        self._exporter = exporter = _BackoffExporter(self._make_exporter(), self.sampler)
+        quiet_sdk_logging(self.config.log_level == "debug")
+        self._exporter = exporter = _BackoffExporter(self._inner, self.sampler)
         reader = PeriodicExportingMetricReader(
             exporter, export_interval_millis=self.config.otlp_interval_s * 1000,
             export_timeout_millis=self.config.otlp_timeout_s * 1000)
-        # Resource.create() merges OTEL_RESOURCE_ATTRIBUTES and OTEL_SERVICE_NAME over these defaults.
-        resource = Resource.create({"service.name": "outrider", "service.version": __version__})
-        self._provider = MeterProvider(metric_readers=[reader], resource=resource)
+        self._provider = MeterProvider(metric_readers=[reader], resource=_resource(), shutdown_on_exit=False)
         meter = self._provider.get_meter("outrider", __version__)
         enabled = {type(c).name for c in self.sampler.collectors}
         for defn in definitions():

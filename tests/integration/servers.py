@@ -1,0 +1,170 @@
+"""Real servers for integration tests, on 127.0.0.1 free ports, polled for readiness, stopped by process id.
+
+- PrometheusServer: Debian's `prometheus` binary.
+- OtlpHttpReceiver / OtlpGrpcReceiver: OTLP receivers built from `opentelemetry-proto` (the protocol's own
+  message and service definitions), standing in for an OpenTelemetry Collector.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import subprocess
+import threading
+import urllib.parse
+from concurrent import futures
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+
+from tests.conftest import need_binary
+from tests.helpers import free_port, http_get, wait_until
+
+
+class PrometheusServer:
+    def __init__(self, workdir: Path, targets: list[str], scrape_interval_s: int = 1,
+                 rule_files: list[str] | None = None, extra_config: str = "") -> None:
+        binary = need_binary("prometheus")
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        workdir.mkdir(parents=True, exist_ok=True)
+        config = {
+            "global": {"scrape_interval": f"{scrape_interval_s}s", "evaluation_interval": f"{scrape_interval_s}s"},
+            "scrape_configs": [{"job_name": "outrider", "static_configs": [{"targets": targets}]}],
+        }
+        if rule_files:
+            config["rule_files"] = rule_files
+        (workdir / "prometheus.yml").write_text(json.dumps(config) + "\n" + extra_config)
+        self.log = open(workdir / "prometheus.log", "wb")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            [binary, f"--config.file={workdir / 'prometheus.yml'}", f"--storage.tsdb.path={workdir / 'data'}",
+             f"--web.listen-address=127.0.0.1:{self.port}", "--web.enable-lifecycle"],
+            stdout=self.log, stderr=subprocess.STDOUT)
+        self.workdir = workdir
+        wait_until(lambda: self._alive() and http_get(self.url + "/-/ready", timeout_s=1)[0] == 200,
+                   timeout_s=60, what="Prometheus /-/ready")
+
+    def _alive(self) -> bool:
+        if self.proc.poll() is not None:
+            raise AssertionError("prometheus exited: " + (self.workdir / "prometheus.log").read_text()[-2000:])
+        return True
+
+    def query(self, promql: str) -> list[dict[str, Any]]:
+        status, _, body = http_get(self.url + "/api/v1/query?" + urllib.parse.urlencode({"query": promql}))
+        data = json.loads(body)
+        assert status == 200 and data["status"] == "success", data
+        return list(data["data"]["result"])
+
+    def wait_for(self, promql: str, timeout_s: float = 60.0) -> list[dict[str, Any]]:
+        """Prometheus needs about 5 s for its first sample even at a 1 s interval: poll generously."""
+        return wait_until(lambda: self.query(promql), timeout_s=timeout_s, interval_s=0.5, what=promql)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+
+    def __enter__(self) -> PrometheusServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class OtlpHttpReceiver:
+    """OTLP/HTTP with protobuf bodies on POST /v1/metrics. `fail_with` makes it answer that status instead."""
+
+    def __init__(self, port: int | None = None) -> None:
+        self.requests: list[ExportMetricsServiceRequest] = []
+        self.headers: list[dict[str, str]] = []
+        self.fail_with: int | None = None
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                if self.headers.get("Content-Encoding") == "gzip":
+                    body = gzip.decompress(body)
+                if receiver.fail_with:
+                    self.send_response(receiver.fail_with)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                ok = self.path == "/v1/metrics" and self.headers.get("Content-Type") == "application/x-protobuf"
+                if ok:
+                    receiver.requests.append(ExportMetricsServiceRequest.FromString(body))
+                    receiver.headers.append(dict(self.headers))
+                reply = metrics_service_pb2.ExportMetricsServiceResponse().SerializeToString()
+                self.send_response(200 if ok else 400)
+                self.send_header("Content-Type", "application/x-protobuf")
+                self.send_header("Content-Length", str(len(reply)))
+                self.end_headers()
+                self.wfile.write(reply)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.port = port or free_port()
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self._server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+    def __enter__(self) -> OtlpHttpReceiver:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class OtlpGrpcReceiver(metrics_service_pb2_grpc.MetricsServiceServicer):
+    def __init__(self) -> None:
+        import grpc
+
+        self.requests: list[ExportMetricsServiceRequest] = []
+        self.port = free_port()
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+        metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(self, self._server)
+        self._server.add_insecure_port(f"127.0.0.1:{self.port}")
+        self._server.start()
+
+    def Export(self, request: ExportMetricsServiceRequest, context: Any) -> Any:
+        self.requests.append(request)
+        return metrics_service_pb2.ExportMetricsServiceResponse()
+
+    def stop(self) -> None:
+        self._server.stop(grace=1)
+
+
+def otlp_points(requests: list[ExportMetricsServiceRequest]) -> dict[str, list[tuple[Any, Any]]]:
+    """{metric name: [(metric, data point)]} over all requests, in arrival order."""
+    out: dict[str, list[tuple[Any, Any]]] = {}
+    for req in requests:
+        for rm in req.resource_metrics:
+            for sm in rm.scope_metrics:
+                for m in sm.metrics:
+                    kind = m.WhichOneof("data")
+                    for p in getattr(m, kind).data_points:
+                        out.setdefault(m.name, []).append((m, p))
+    return out
+
+
+def attributes(kv_list: Any) -> dict[str, Any]:
+    out = {}
+    for kv in kv_list:
+        v = kv.value
+        out[kv.key] = getattr(v, v.WhichOneof("value"))
+    return out

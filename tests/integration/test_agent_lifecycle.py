@@ -1,0 +1,83 @@
+"""The agent process: endpoints, content negotiation, clean stop on SIGTERM/SIGINT, clear start-up errors."""
+
+from __future__ import annotations
+
+import gzip
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
+
+from tests.helpers import AgentProcess, http_get, outrider_cmd, samples
+
+pytestmark = pytest.mark.integration
+
+
+def test_endpoints_and_content_negotiation() -> None:
+    with AgentProcess() as agent:
+        status, headers, body = http_get(agent.url + "/metrics")
+        assert status == 200 and headers["Content-Type"].startswith("text/plain; version=0.0.4")
+        assert ("outrider_agent_info", (("version", "0.1.0"),)) in samples(body.decode())
+        prom_accept = "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5,*/*;q=0.1"
+        status, headers, body = http_get(agent.url + "/metrics", {"Accept": prom_accept})
+        assert headers["Content-Type"].startswith("application/openmetrics-text; version=1.0.0")
+        names = {f.name for f in parse_openmetrics(body.decode())}
+        assert "outrider_host_cpu_seconds" in names
+        status, headers, body = http_get(agent.url + "/metrics", {"Accept-Encoding": "gzip"})
+        assert headers["Content-Encoding"] == "gzip"
+        assert b"outrider_host_load1" in gzip.decompress(body)
+        assert http_get(agent.url + "/healthz")[0] == 200
+        assert http_get(agent.url + "/readyz")[0] == 200
+        assert http_get(agent.url + "/nope")[0] == 404
+        # a scrape is counted on the next sweep
+        time.sleep(1.2)
+        assert (samples(agent.metrics()).get(("outrider_agent_scrapes_total", ())) or 0) >= 3
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_stops_cleanly_on_signal_within_the_bound(sig: signal.Signals) -> None:
+    agent = AgentProcess()
+    started = time.monotonic()
+    code = agent.stop(sig, timeout_s=20)
+    assert code == 0, agent.output
+    assert time.monotonic() - started < 20, "shutdown_timeout_s (5 s) bounds the stop"
+    assert "Traceback" not in agent.output
+
+
+def test_a_busy_port_is_a_clear_error() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        r = subprocess.run(outrider_cmd("agent", "--listen", f"127.0.0.1:{port}"), capture_output=True, text=True,
+                           timeout=30)
+    assert r.returncode == 1
+    assert f"cannot listen on 127.0.0.1:{port}" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_grpc_without_its_extra_or_bad_config_is_a_configuration_error() -> None:
+    r = subprocess.run(outrider_cmd("agent", "--otlp-protocol", "carrier-pigeon"), capture_output=True, text=True,
+                       timeout=30)
+    assert r.returncode == 2 and "flag --otlp-protocol" in r.stderr
+
+
+def test_metrics_once_prints_one_sweep() -> None:
+    r = subprocess.run(outrider_cmd("metrics", "--once", "--pid", str(1)), capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stderr
+    parsed = samples(r.stdout)
+    assert parsed[("outrider_collector_success", (("collector", "host"),))] == 1
+    assert ("outrider_host_cpu_utilization_ratio", ()) in parsed, "primed by a first sweep"
+
+
+def test_demo_runs_the_synthetic_workload_and_reports(tmp_path: object) -> None:
+    r = subprocess.run([sys.executable, "-m", "outrider", "demo", "--duration", "3"], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "exited with code 0" in r.stderr
+    assert "processes  up to 3 at once" in r.stderr, "the trainer and its two data-loader workers"
+    assert "cores" in r.stderr and "peak RSS" in r.stderr
