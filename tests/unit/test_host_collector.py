@@ -133,3 +133,47 @@ def test_mount_paths_with_escaped_spaces(proc_fixture: Path) -> None:
     assert mounts[3].mountpoint == "/mnt/check points"
     assert mounts[2].readonly and not mounts[0].readonly
     assert mount_of("/", mounts) == mounts[0]
+
+
+def test_vmstat_oom_kills_faults_and_swapping(proc_fixture: Path) -> None:
+    m = by_name(collector(proc_fixture).collect())
+    assert m["outrider_host_oom_kills_total"][()] == 2
+    assert m["outrider_host_page_faults_total"][("major",)] == 4321
+    assert m["outrider_host_page_faults_total"][("minor",)] == 987654321 - 4321
+    assert m["outrider_host_paging_operations_total"][("out",)] == 340
+
+
+def test_old_kernel_without_oom_kill_counter_omits_it(proc_fixture: Path) -> None:
+    (proc_fixture / "vmstat").write_text("pgfault 10\npgmajfault 1\n")
+    m = by_name(collector(proc_fixture).collect())
+    assert "outrider_host_oom_kills_total" not in m, "absent, not a misleading zero"
+    assert m["outrider_host_page_faults_total"][("minor",)] == 9
+
+
+def test_shared_and_dirty_memory(proc_fixture: Path) -> None:
+    m = by_name(collector(proc_fixture).collect())
+    assert m["outrider_host_memory_shared_bytes"][()] == 2097152 * 1024
+    assert m["outrider_host_memory_dirty_bytes"][()] == (10240 + 2048) * 1024
+
+
+def test_disk_latency_inputs(proc_fixture: Path) -> None:
+    m = by_name(collector(proc_fixture).collect())
+    assert m["outrider_host_disk_operation_time_seconds_total"][("nvme0n1", "read")] == pytest.approx(40.0)
+    assert m["outrider_host_disk_operation_time_seconds_total"][("nvme0n1", "write")] == pytest.approx(900.0)
+    assert m["outrider_host_disk_io_in_progress"][("sda",)] == 2
+
+
+def test_kept_open_reader_rereads_live_procfs() -> None:
+    import time
+
+    from outrider.collectors.procfs import KeptOpenReader
+
+    def ctxt(text: str) -> int:
+        return next(int(line.split()[1]) for line in text.splitlines() if line.startswith("ctxt"))
+
+    r = KeptOpenReader("/proc")
+    first = ctxt(r.read("stat"))
+    time.sleep(0.05)
+    assert ctxt(r.read("stat")) > first, "the same descriptor yields fresh content"
+    assert r.read("self/mounts").strip(), "larger seq files are read whole"
+    r.close()

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import os
 import re
+import time
 
 from outrider.collectors import procfs
 from outrider.collectors.base import Collector, CollectorContext
 from outrider.metrics.family import Family
 
 BUSY_EXCLUDED = ("idle", "iowait")
+MOUNTS_TTL_S = 60.0
 
 
 class HostCollector(Collector):
@@ -22,11 +24,14 @@ class HostCollector(Collector):
         self._disk_exclude = re.compile(ctx.config.disk_exclude)
         self._net_exclude = re.compile(ctx.config.network_exclude)
         self._prev_cpu: dict[str, float] | None = None
+        self._reader = procfs.KeptOpenReader(self._root)
+        self._mount_cache: tuple[float, list[procfs.Mount]] | None = None
+        self._r = self._reader.read
 
     def collect(self) -> list[Family]:
         fams: list[Family] = []
-        for part in (self._cpu, self._load, self._memory, self._pressure, self._disks, self._network,
-                     self._filesystems):
+        for part in (self._cpu, self._load, self._memory, self._vmstat, self._pressure, self._disks,
+                     self._network, self._filesystems):
             try:
                 fams.extend(part())
             except FileNotFoundError as e:
@@ -36,8 +41,11 @@ class HostCollector(Collector):
                 self.drop(part.__name__.strip("_"), e)
         return fams
 
+    def close(self) -> None:
+        self._reader.close()
+
     def _cpu(self) -> list[Family]:
-        stat = procfs.read_stat(self._root)
+        stat = procfs.read_stat(self._root, self._r)
         seconds = Family("outrider_host_cpu_seconds_total")
         for mode, value in stat.seconds.items():
             seconds.add(value, mode)
@@ -55,12 +63,12 @@ class HostCollector(Collector):
         return fams
 
     def _load(self) -> list[Family]:
-        one, five, fifteen = procfs.read_loadavg(self._root)
+        one, five, fifteen = procfs.read_loadavg(self._root, self._r)
         return [Family("outrider_host_load1").add(one), Family("outrider_host_load5").add(five),
                 Family("outrider_host_load15").add(fifteen)]
 
     def _memory(self) -> list[Family]:
-        mem = procfs.read_meminfo(self._root)
+        mem = procfs.read_meminfo(self._root, self._r)
         total = mem["MemTotal"]
         free = mem.get("MemFree", 0)
         # MemAvailable is absent before Linux 3.14; free + page cache is the usual stand-in.
@@ -71,14 +79,28 @@ class HostCollector(Collector):
         swap_total, swap_free = mem.get("SwapTotal", 0), mem.get("SwapFree", 0)
         swap = Family("outrider_host_swap_usage_bytes").add(swap_total - swap_free, "used").add(swap_free, "free")
         return [Family("outrider_host_memory_limit_bytes").add(total),
-                Family("outrider_host_memory_available_bytes").add(available), usage, swap]
+                Family("outrider_host_memory_available_bytes").add(available), usage, swap,
+                Family("outrider_host_memory_shared_bytes").add(mem.get("Shmem", 0)),
+                Family("outrider_host_memory_dirty_bytes").add(mem.get("Dirty", 0) + mem.get("Writeback", 0))]
+
+    def _vmstat(self) -> list[Family]:
+        vm = procfs.read_vmstat(self._root, self._r)
+        fams = []
+        if "oom_kill" in vm:  # Linux >= 4.13
+            fams.append(Family("outrider_host_oom_kills_total").add(vm["oom_kill"]))
+        major = vm.get("pgmajfault", 0)
+        fams.append(Family("outrider_host_page_faults_total").add(major, "major")
+                    .add(max(0, vm.get("pgfault", 0) - major), "minor"))
+        fams.append(Family("outrider_host_paging_operations_total").add(vm.get("pswpin", 0), "in")
+                    .add(vm.get("pswpout", 0), "out"))
+        return fams
 
     def _pressure(self) -> list[Family]:
         fam = Family("outrider_host_pressure_stalled_seconds_total")
         missing = 0
         for resource in ("cpu", "memory", "io"):
             try:
-                totals = procfs.read_pressure(self._root, resource)
+                totals = procfs.read_pressure(self._root, resource, self._r)
             except FileNotFoundError:
                 missing += 1
                 continue
@@ -93,20 +115,24 @@ class HostCollector(Collector):
         io = Family("outrider_host_disk_io_bytes_total")
         ops = Family("outrider_host_disk_operations_total")
         busy = Family("outrider_host_disk_io_time_seconds_total")
-        for d in procfs.read_diskstats(self._root):
+        op_time = Family("outrider_host_disk_operation_time_seconds_total")
+        in_progress = Family("outrider_host_disk_io_in_progress")
+        for d in procfs.read_diskstats(self._root, self._r):
             if self._disk_exclude.match(d.device):
                 continue
             io.add(d.read_bytes, d.device, "read").add(d.write_bytes, d.device, "write")
             ops.add(d.reads, d.device, "read").add(d.writes, d.device, "write")
             busy.add(d.io_time_s, d.device)
-        return [io, ops, busy]
+            op_time.add(d.read_time_s, d.device, "read").add(d.write_time_s, d.device, "write")
+            in_progress.add(d.in_progress, d.device)
+        return [io, ops, op_time, in_progress, busy]
 
     def _network(self) -> list[Family]:
         nbytes = Family("outrider_host_network_io_bytes_total")
         packets = Family("outrider_host_network_packets_total")
         errors = Family("outrider_host_network_errors_total")
         dropped = Family("outrider_host_network_dropped_total")
-        for n in procfs.read_netdev(self._root):
+        for n in procfs.read_netdev(self._root, self._r):
             if self._net_exclude.match(n.interface):
                 continue
             i = n.interface
@@ -116,16 +142,23 @@ class HostCollector(Collector):
             dropped.add(n.rx_dropped, i, "receive").add(n.tx_dropped, i, "transmit")
         return [nbytes, packets, errors, dropped]
 
+    def _mounts(self) -> list[procfs.Mount]:
+        """The mount table, re-read at most every MOUNTS_TTL_S: it changes rarely and is the largest read."""
+        now = time.monotonic()
+        if self._mount_cache is None or now - self._mount_cache[0] > MOUNTS_TTL_S:
+            try:
+                self._mount_cache = (now, procfs.read_mounts(self._root, self._r))
+            except OSError as e:
+                self.drop("mounts", e)
+                return []
+        return self._mount_cache[1]
+
     def _filesystems(self) -> list[Family]:
         size = Family("outrider_host_filesystem_size_bytes")
         free = Family("outrider_host_filesystem_free_bytes")
         avail = Family("outrider_host_filesystem_avail_bytes")
         readonly = Family("outrider_host_filesystem_readonly")
-        try:
-            mounts = procfs.read_mounts(self._root)
-        except OSError as e:
-            self.drop("mounts", e)
-            mounts = []
+        mounts = self._mounts()
         for path in self.ctx.config.filesystems:
             try:
                 st = os.statvfs(path)

@@ -41,6 +41,22 @@ def _label_block(names: tuple[str, ...], values: tuple[str, ...]) -> str:
     return "{" + ",".join(f'{n}="{escape_label_value(v)}"' for n, v in zip(names, values)) + "}"
 
 
+# Sample-line prefixes ("name{labels} ") keyed by name and label values: label sets repeat sweep after sweep,
+# so escaping and formatting them once saves most of the rendering. Cleared when it grows past the bound.
+_PREFIXES: dict[tuple[str, tuple[str, ...]], str] = {}
+_PREFIX_BOUND = 50_000
+
+
+def _prefix(name: str, names: tuple[str, ...], values: tuple[str, ...]) -> str:
+    key = (name, values)
+    hit = _PREFIXES.get(key)
+    if hit is None:
+        if len(_PREFIXES) >= _PREFIX_BOUND:
+            _PREFIXES.clear()
+        hit = _PREFIXES[key] = f"{name}{_label_block(names, values)} "
+    return hit
+
+
 def render(families: Iterable[Family], openmetrics: bool = False) -> bytes:
     """Render families; one family name appears once (samples of equal names are merged in order)."""
     merged: dict[str, Family] = {}
@@ -68,7 +84,7 @@ def render(families: Iterable[Family], openmetrics: bool = False) -> bytes:
             if values in seen_series:  # a duplicate series would make the whole scrape fail
                 continue
             seen_series.add(values)
-            out.append(f"{d.name}{_label_block(names, values)} {format_value(value)}\n")
+            out.append(_prefix(d.name, names, values) + format_value(value) + "\n")
     if openmetrics:
         out.append("# EOF\n")
     return "".join(out).encode("utf-8")

@@ -1,0 +1,187 @@
+"""CPU per sweep, per scrape and per exported sample, idle CPU, and RSS of `outrider agent`, side by side in one
+run with Debian's prometheus-node-exporter restricted to comparable collectors.
+
+Not a test: it prints figures (and writes them as JSON with --json). Both exporters run at the same time on the
+same machine and are scraped alternately at the same rate, so machine noise hits both alike; compare the ratios.
+
+    python benchmarks/agent_vs_node_exporter.py [--seconds 30] [--scrape-interval 0.5] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import http.client
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+NODE_EXPORTER_COLLECTORS = ["cpu", "stat", "meminfo", "loadavg", "pressure", "diskstats", "netdev", "filesystem"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as fh:
+        text = fh.read()
+    f = text[text.rindex(")") + 2:].split()
+    return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def rss_bytes(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as fh:
+        for line in fh:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def scrape(url: str) -> int:
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        body = resp.read().decode()
+    return count_samples(body)
+
+
+def count_samples(body: str) -> int:
+    return sum(1 for line in body.splitlines() if line and not line.startswith("#"))
+
+
+class Scraper:
+    """Scrapes over one kept-alive connection, as Prometheus does, asking for gzip as Prometheus does."""
+
+    def __init__(self, port: int) -> None:
+        self.conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+
+    def __call__(self) -> int:
+        self.conn.request("GET", "/metrics", headers={"Accept-Encoding": "gzip"})
+        resp = self.conn.getresponse()
+        body = resp.read()
+        if resp.getheader("Content-Encoding") == "gzip":
+            body = gzip.decompress(body)
+        return count_samples(body.decode())
+
+
+def wait_ready(url: str, timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            scrape(url)
+            return
+        except OSError:
+            time.sleep(0.1)
+    raise SystemExit(f"{url} never answered")
+
+
+def start(cmd: list[str]) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seconds", type=float, default=30.0, help="length of the scraped window")
+    ap.add_argument("--scrape-interval", type=float, default=0.5)
+    ap.add_argument("--idle-seconds", type=float, default=30.0, help="window for idle CPU at the default interval")
+    ap.add_argument("--json", help="write the figures here too")
+    args = ap.parse_args()
+    node_exporter = shutil.which("prometheus-node-exporter") or shutil.which("node_exporter")
+    if not node_exporter:
+        raise SystemExit("install Debian's prometheus-node-exporter (apt-get install prometheus-node-exporter)")
+
+    ne_port, ag_port, idle_port, otlp_port = free_port(), free_port(), free_port(), free_port()
+    ne = start([node_exporter, f"--web.listen-address=127.0.0.1:{ne_port}", "--collector.disable-defaults",
+                *[f"--collector.{c}" for c in NODE_EXPORTER_COLLECTORS],
+                "--collector.filesystem.mount-points-exclude=^/.+"])  # only "/", as the agent's default
+    outrider = [sys.executable, "-m", "outrider", "agent"]
+    # Host + self: what node_exporter's collectors above cover. The interval equals the scrape interval, so every
+    # scrape sees a fresh sweep and the agent pays one full sweep per scrape, as node_exporter does.
+    agent = start([*outrider, "--listen", f"127.0.0.1:{ag_port}", "--interval", str(args.scrape_interval),
+                   "--no-collector.process"])
+    idle = start([*outrider, "--listen", f"127.0.0.1:{idle_port}"])  # defaults: 5 s interval, all collectors
+    env = {**os.environ, "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{free_port()}"}
+    with_otlp = subprocess.Popen([*outrider, "--listen", f"127.0.0.1:{otlp_port}"], env=env,
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    procs = [ne, agent, idle, with_otlp]
+    try:
+        ne_url, ag_url = f"http://127.0.0.1:{ne_port}/metrics", f"http://127.0.0.1:{ag_port}/metrics"
+        for url in (ne_url, ag_url, f"http://127.0.0.1:{idle_port}/metrics", f"http://127.0.0.1:{otlp_port}/metrics"):
+            wait_ready(url)
+        time.sleep(2)  # past start-up work (imports, first sweeps)
+        for url in (ne_url, ag_url):
+            scrape(url)
+
+        cpu0 = {p.pid: cpu_seconds(p.pid) for p in procs}
+        idle_start = time.monotonic()
+        scrapes, samples = 0, {ne_url: 0, ag_url: 0}
+        scrapers = {ne_url: Scraper(ne_port), ag_url: Scraper(ag_port)}
+        end = time.monotonic() + args.seconds
+        next_at = time.monotonic()
+        while time.monotonic() < end:
+            for url in (ne_url, ag_url):
+                samples[url] += scrapers[url]()
+            scrapes += 1
+            next_at += args.scrape_interval
+            time.sleep(max(0.0, next_at - time.monotonic()))
+        cpu1 = {p.pid: cpu_seconds(p.pid) for p in procs}
+        remaining_idle = args.idle_seconds - (time.monotonic() - idle_start)
+        if remaining_idle > 0:
+            time.sleep(remaining_idle)
+        idle_window = time.monotonic() - idle_start
+        cpu_idle_end = cpu_seconds(idle.pid)
+
+        ne_cpu, ag_cpu = cpu1[ne.pid] - cpu0[ne.pid], cpu1[agent.pid] - cpu0[agent.pid]
+        ne_per_sample = ne_cpu / samples[ne_url]
+        ag_per_sample = ag_cpu / samples[ag_url]
+        ne_rss, ag_rss, otlp_rss = rss_bytes(ne.pid), rss_bytes(agent.pid), rss_bytes(with_otlp.pid)
+        idle_cpu = (cpu_idle_end - cpu0[idle.pid]) / idle_window
+        figures = {
+            "scrapes": scrapes, "scrape_interval_s": args.scrape_interval,
+            "samples_per_scrape": {"node_exporter": samples[ne_url] / scrapes, "outrider": samples[ag_url] / scrapes},
+            "cpu_ms_per_scrape": {"node_exporter": 1e3 * ne_cpu / scrapes, "outrider_sweep_plus_scrape":
+                                  1e3 * ag_cpu / scrapes},
+            "cpu_us_per_sample": {"node_exporter": 1e6 * ne_per_sample, "outrider": 1e6 * ag_per_sample},
+            "cpu_per_sample_ratio_outrider_over_node_exporter": ag_per_sample / ne_per_sample,
+            "rss_mib": {"node_exporter": ne_rss / 2**20, "outrider": ag_rss / 2**20,
+                        "outrider_with_otlp": otlp_rss / 2**20},
+            "rss_ratio_outrider_over_node_exporter": ag_rss / ne_rss,
+            "idle_cpu_percent_at_default_interval": 100 * idle_cpu,
+        }
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            p.wait()
+
+    print(f"window: {scrapes} scrapes every {args.scrape_interval} s of each exporter, concurrently, "
+          f"kept-alive connections, gzip")
+    print(f"{'':34}{'node_exporter':>15}{'outrider':>12}{'ratio':>8}")
+    spp = figures["samples_per_scrape"]
+    print(f"{'samples per scrape':34}{spp['node_exporter']:>15.0f}{spp['outrider']:>12.0f}")
+    cps = figures["cpu_ms_per_scrape"]
+    print(f"{'CPU ms per scrape (agent: +sweep)':34}{cps['node_exporter']:>15.2f}"
+          f"{cps['outrider_sweep_plus_scrape']:>12.2f}{cps['outrider_sweep_plus_scrape'] / cps['node_exporter']:>8.2f}")
+    cus = figures["cpu_us_per_sample"]
+    print(f"{'CPU us per exported sample':34}{cus['node_exporter']:>15.2f}{cus['outrider']:>12.2f}"
+          f"{figures['cpu_per_sample_ratio_outrider_over_node_exporter']:>8.2f}")
+    rss = figures["rss_mib"]
+    print(f"{'RSS MiB':34}{rss['node_exporter']:>15.1f}{rss['outrider']:>12.1f}"
+          f"{figures['rss_ratio_outrider_over_node_exporter']:>8.2f}")
+    print(f"{'RSS MiB with OTLP export on':34}{'':>15}{rss['outrider_with_otlp']:>12.1f}")
+    print(f"idle CPU of `outrider agent` at its default 5 s interval, unscraped: "
+          f"{figures['idle_cpu_percent_at_default_interval']:.3f}% of one core")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(figures, fh, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
