@@ -130,7 +130,9 @@ def run(cmd: Sequence[str], config: Config, on_exit: Callable[[list[Family]], No
             nonlocal max_procs
             for fam in fams:
                 if fam.defn.name == "outrider_watched_processes" and fam.samples:
-                    max_procs = max(max_procs, int(fam.samples[0][1]))
+                    count = fam.samples[0][1]
+                    if isinstance(count, float):
+                        max_procs = max(max_procs, int(count))
 
         agent.sampler.listeners.append(note_sweep)
         status: int | None = None

@@ -75,3 +75,24 @@ def test_wrong_label_count_is_refused() -> None:
 ])
 def test_content_negotiation(accept: str | None, om: bool) -> None:
     assert wants_openmetrics(accept) is om
+
+
+def test_histograms_in_both_formats() -> None:
+    from dataclasses import replace
+
+    from outrider.metrics.catalog import CATALOG
+    from outrider.metrics.family import HistogramValue
+
+    defn = replace(CATALOG["outrider_host_load1"], name="outrider_test_step_seconds", type="histogram")
+    h = HistogramValue(bounds=(0.1, 1.0), counts=(3, 2, 1), sum=4.5)
+    fam = Family(defn).add(h)
+    text = render([fam]).decode()
+    parsed = {s.name + str(sorted(s.labels.items())): s.value for f in parse_text(text) for s in f.samples}
+    assert parsed["outrider_test_step_seconds_bucket[('le', '0.1')]"] == 3
+    assert parsed["outrider_test_step_seconds_bucket[('le', '1.0')]"] == 5
+    assert parsed["outrider_test_step_seconds_bucket[('le', '+Inf')]"] == 6
+    assert parsed["outrider_test_step_seconds_count[]"] == 6 and parsed["outrider_test_step_seconds_sum[]"] == 4.5
+    om = list(parse_openmetrics(render([fam], openmetrics=True).decode()))
+    assert om[0].type == "histogram" and om[0].unit == "seconds"
+    with pytest.raises(TypeError):
+        Family(defn).add(1.0)

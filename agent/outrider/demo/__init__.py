@@ -12,7 +12,7 @@ from outrider.metrics.family import Family
 
 
 def _values(fams: list[Family]) -> dict[tuple[str, tuple[str, ...]], float]:
-    return {(f.defn.name, labels): value for f in fams for labels, value in f.samples}
+    return {(f.defn.name, labels): value for f in fams for labels, value in f.samples if isinstance(value, float)}
 
 
 class LiveLine:

@@ -1,15 +1,18 @@
-"""OTLP push through the OpenTelemetry SDK (http/protobuf; gRPC with the 'grpc' extra).
+"""OTLP push (http/protobuf; gRPC with the 'grpc' extra), built on the OpenTelemetry SDK's exporters.
 
-Each catalog metric becomes an observable instrument whose callback reads the sampler's latest sweep, under its
-OpenTelemetry name, unit and attribute names. The standard variables are honoured: OTEL_EXPORTER_OTLP_ENDPOINT /
-_METRICS_ENDPOINT, _HEADERS, _TIMEOUT, _COMPRESSION, _CERTIFICATE (read by the SDK's exporter),
-OTEL_EXPORTER_OTLP_PROTOCOL and OTEL_METRIC_EXPORT_INTERVAL (read into the config), OTEL_SERVICE_NAME and
-OTEL_RESOURCE_ATTRIBUTES (read by the SDK's Resource), and OTEL_METRICS_EXPORTER=none turns export off.
+Each sweep's families are converted at export time into the SDK's MetricsData, under the catalog's
+OpenTelemetry names, units and attribute names: counters as cumulative monotonic sums, gauges as gauges,
+histograms as cumulative explicit-bucket histograms (the SDK's instruments offer no asynchronous histogram, so the
+agent builds the data points itself and hands them to the SDK's OTLP exporter).
+
+The standard variables are honoured: OTEL_EXPORTER_OTLP_ENDPOINT / _METRICS_ENDPOINT, _HEADERS, _TIMEOUT,
+_COMPRESSION, _CERTIFICATE (read by the SDK's exporter), OTEL_EXPORTER_OTLP_PROTOCOL and
+OTEL_METRIC_EXPORT_INTERVAL (read into the config), OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES (read by the
+SDK's Resource); OTEL_METRICS_EXPORTER=none turns export off (config.otlp_enabled).
 
 An unreachable endpoint is never fatal: a failed export is counted and the next attempts back off exponentially
-(with jitter) up to a ceiling. Counters are cumulative, so the first export that gets through carries everything.
-This module imports the SDK; the agent imports this module only when OTLP export is on (config.otlp_enabled),
-keeping the default agent small.
+(with jitter) up to a ceiling. Everything is cumulative, so the first export that gets through carries it all.
+This module imports the SDK; the agent imports it only when OTLP export is on, keeping the default agent small.
 """
 
 from __future__ import annotations
@@ -19,26 +22,33 @@ import random
 import socket
 import threading
 import time
-from collections.abc import Iterable
 from typing import Any
 
-from opentelemetry.metrics import CallbackOptions, Observation
-from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import (
-    MetricExporter,
+    AggregationTemporality,
+    Gauge,
+    Histogram,
+    HistogramDataPoint,
+    Metric,
     MetricExportResult,
-    PeriodicExportingMetricReader,
+    MetricsData,
+    NumberDataPoint,
+    ResourceMetrics,
+    ScopeMetrics,
+    Sum,
 )
 from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from outrider import __version__
 from outrider.config import Config, ConfigError
-from outrider.metrics.catalog import MetricDef, definitions
-from outrider.metrics.family import Family
+from outrider.metrics.catalog import MetricDef
+from outrider.metrics.family import Family, HistogramValue
 from outrider.sampler import Sampler
 
 LOG = logging.getLogger("outrider.exporters.otlp")
 MAX_BACKOFF_S = 300.0
+CUMULATIVE = AggregationTemporality.CUMULATIVE
 
 
 def _http_endpoint(base: str) -> str:
@@ -67,6 +77,34 @@ def _resource() -> Resource:
     return detected.merge(Resource(defaults))
 
 
+def to_metrics_data(families: list[Family], resource: Resource, start_ns: int, now_ns: int) -> MetricsData:
+    """One sweep as OTLP data: one Metric per metric name, its samples as data points."""
+    by_name: dict[str, tuple[MetricDef, list[tuple[tuple[str, ...], Any]]]] = {}
+    for fam in families:
+        if fam.samples:
+            by_name.setdefault(fam.defn.name, (fam.defn, []))[1].extend(fam.samples)
+    metrics = []
+    for defn, samples in by_name.values():
+        data: Any
+        if defn.type == "histogram":
+            points = [HistogramDataPoint(
+                attributes=_attributes(defn, labels), start_time_unix_nano=start_ns, time_unix_nano=now_ns,
+                count=h.count, sum=h.sum, bucket_counts=list(h.counts), explicit_bounds=list(h.bounds),
+                min=None, max=None)  # type: ignore[arg-type]  # unknown: left unset in the protobuf
+                for labels, h in samples if isinstance(h, HistogramValue)]
+            data = Histogram(data_points=points, aggregation_temporality=CUMULATIVE)
+        else:
+            numbers = [NumberDataPoint(attributes=_attributes(defn, labels), start_time_unix_nano=start_ns,
+                                       time_unix_nano=now_ns, value=v) for labels, v in samples]
+            data = (Sum(data_points=numbers, aggregation_temporality=CUMULATIVE, is_monotonic=True)
+                    if defn.type == "counter" else Gauge(data_points=numbers))
+        metrics.append(Metric(name=defn.otel_name, description=defn.help, unit=defn.unit, data=data))
+    scope = InstrumentationScope("outrider", __version__)
+    return MetricsData(resource_metrics=[ResourceMetrics(
+        resource=resource, scope_metrics=[ScopeMetrics(scope=scope, metrics=metrics, schema_url="")],
+        schema_url="")])
+
+
 def quiet_sdk_logging(debug: bool) -> None:
     """The SDK logs every transient retry; Outrider counts failures and logs them itself, with backoff."""
     logging.getLogger("opentelemetry").setLevel(logging.DEBUG if debug else logging.CRITICAL)
@@ -76,26 +114,13 @@ class OtlpExporter:
     def __init__(self, config: Config, sampler: Sampler) -> None:
         self.config = config
         self.sampler = sampler
-        self._latest: dict[str, list[Family]] = {}
-        self._lock = threading.Lock()
-        self._provider: Any = None
-        self._exporter: _BackoffExporter | None = None
         self._inner = self._make_exporter()  # fails now, not in a background thread, if the protocol is missing
-        sampler.listeners.append(self._on_sweep)
-
-    def _on_sweep(self, families: list[Family]) -> None:
-        latest: dict[str, list[Family]] = {}
-        for fam in families:
-            latest.setdefault(fam.defn.name, []).append(fam)
-        with self._lock:
-            self._latest = latest
-
-    def _observe(self, defn: MetricDef) -> Iterable[Any]:
-        with self._lock:
-            fams = self._latest.get(defn.name, [])
-        for fam in fams:
-            for values, value in fam.samples:
-                yield Observation(value, _attributes(defn, values))
+        self._resource = _resource()
+        self._start_ns = time.time_ns()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._failures = 0
+        self._retry_at = 0.0
 
     def _make_exporter(self) -> Any:
         timeout = self.config.otlp_timeout_s
@@ -115,86 +140,57 @@ class OtlpExporter:
 
     def start(self) -> None:
         quiet_sdk_logging(self.config.log_level == "debug")
-        self._exporter = exporter = _BackoffExporter(self._inner, self.sampler)
-        reader = PeriodicExportingMetricReader(
-            exporter, export_interval_millis=self.config.otlp_interval_s * 1000,
-            export_timeout_millis=self.config.otlp_timeout_s * 1000)
-        self._provider = MeterProvider(metric_readers=[reader], resource=_resource(), shutdown_on_exit=False)
-        meter = self._provider.get_meter("outrider", __version__)
-        enabled = {type(c).name for c in self.sampler.collectors}
-        for defn in definitions():
-            if defn.collector not in enabled:
+        self._thread = threading.Thread(target=self._loop, name="outrider-otlp", daemon=True)
+        self._thread.start()
+        LOG.info("OTLP export every %g s over %s", self.config.otlp_interval_s, self.config.otlp_protocol)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.config.otlp_interval_s):
+            if time.monotonic() < self._retry_at:
+                self._count("skipped")
                 continue
-
-            def callback(options: CallbackOptions, defn: MetricDef = defn) -> Iterable[Any]:
-                return list(self._observe(defn))
-
-            make = meter.create_observable_counter if defn.type == "counter" else meter.create_observable_gauge
-            make(defn.otel_name, callbacks=[callback], unit=defn.unit, description=defn.help)
-        LOG.info("OTLP export every %.0f s over %s", self.config.otlp_interval_s, self.config.otlp_protocol)
-
-    def shutdown(self, timeout_s: float) -> None:
-        """Final export of the latest sweep, then stop; bounded by timeout_s."""
-        if self._provider is None:
-            return
-        provider, self._provider = self._provider, None
-        if self._exporter is not None:
-            self._exporter.final = True  # the last flush is attempted even while backing off
-        try:
-            provider.force_flush(timeout_millis=timeout_s * 1000)
-        except Exception as e:  # never let a flush failure block shutdown
-            LOG.warning("final OTLP flush failed: %s", e)
-        try:
-            provider.shutdown(timeout_millis=max(100.0, timeout_s * 1000))
-        except Exception as e:
-            LOG.warning("OTLP shutdown failed: %s", e)
-
-
-class _BackoffExporter(MetricExporter):
-    """Counts every attempt by result and, after a failure, skips exports for an exponentially growing,
-    jittered pause (the SDK's reader would otherwise retry a dead endpoint every interval)."""
-
-    def __init__(self, inner: Any, sampler: Sampler) -> None:
-        super().__init__(preferred_temporality=inner._preferred_temporality,
-                         preferred_aggregation=inner._preferred_aggregation)
-        self._inner = inner
-        self._stats = sampler.stats
-        self._failures = 0
-        self._retry_at = 0.0
-        self.final = False
+            self.export_once()
 
     def _count(self, result: str) -> None:
-        self._stats.otlp_results[result] = self._stats.otlp_results.get(result, 0) + 1
+        stats = self.sampler.stats
+        stats.otlp_results[result] = stats.otlp_results.get(result, 0) + 1
 
-    def export(self, metrics_data: Any, timeout_millis: float = 10_000, **kwargs: Any) -> Any:
-        if time.monotonic() < self._retry_at and not self.final:
-            self._count("skipped")
-            return MetricExportResult.FAILURE
+    def export_once(self, timeout_s: float | None = None) -> bool:
+        """Export the latest sweep now. Never raises; returns whether the receiver took it."""
+        families = self.sampler.families
+        if not families:
+            return False
+        err: object = "endpoint refused or unreachable"
         try:
-            result = self._inner.export(metrics_data, timeout_millis=timeout_millis)
-        except Exception as e:  # the exporter must never take the reader thread down
+            data = to_metrics_data(families, self._resource, self._start_ns, time.time_ns())
+            timeout_ms = 1000 * (timeout_s if timeout_s is not None else self.config.otlp_timeout_s)
+            ok = self._inner.export(data, timeout_millis=timeout_ms) == MetricExportResult.SUCCESS
+        except Exception as e:  # the export thread must never die
             LOG.debug("OTLP export raised", exc_info=True)
-            result = MetricExportResult.FAILURE
-            err: object = e
-        else:
-            err = "endpoint refused or unreachable"
-        if result == MetricExportResult.SUCCESS:
+            ok, err = False, e
+        if ok:
             if self._failures:
                 LOG.info("OTLP export recovered after %d failed attempts", self._failures)
             self._failures = 0
             self._retry_at = 0.0
             self._count("success")
-            return result
+            return True
         self._failures += 1
         pause = min(MAX_BACKOFF_S, 2.0 ** min(self._failures, 16)) * random.uniform(0.5, 1.0)
         self._retry_at = time.monotonic() + pause
         self._count("failure")
         if self._failures in (1, 10, 100) or self._failures % 1000 == 0:
             LOG.warning("OTLP export failed (%d in a row): %s; next attempt in %.0f s", self._failures, err, pause)
-        return result
+        return False
 
-    def force_flush(self, timeout_millis: float = 10_000) -> bool:
-        return bool(self._inner.force_flush(timeout_millis=timeout_millis))
-
-    def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
-        self._inner.shutdown(timeout_millis=timeout_millis)
+    def shutdown(self, timeout_s: float) -> None:
+        """A final export of the latest sweep (even while backing off), then stop; bounded by timeout_s."""
+        deadline = time.monotonic() + timeout_s
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(max(0.0, min(1.0, deadline - time.monotonic())))
+        self.export_once(timeout_s=max(0.1, deadline - time.monotonic()))
+        try:
+            self._inner.shutdown(timeout_millis=max(100.0, 1000 * (deadline - time.monotonic())))
+        except Exception as e:
+            LOG.warning("OTLP shutdown failed: %s", e)

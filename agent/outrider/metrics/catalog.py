@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-MetricType = Literal["counter", "gauge"]
+MetricType = Literal["counter", "gauge", "histogram"]
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
-from outrider.metrics.family import Family
+from outrider.metrics.family import Family, HistogramValue
 
 TEXT_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 OPENMETRICS_CONTENT_TYPE = "application/openmetrics-text; version=1.0.0; charset=utf-8"
@@ -84,10 +84,24 @@ def render(families: Iterable[Family], openmetrics: bool = False) -> bytes:
             if values in seen_series:  # a duplicate series would make the whole scrape fail
                 continue
             seen_series.add(values)
-            out.append(_prefix(d.name, names, values) + format_value(value) + "\n")
+            if isinstance(value, HistogramValue):
+                _histogram_lines(out, d.name, names, values, value)
+            else:
+                out.append(_prefix(d.name, names, values) + format_value(value) + "\n")
     if openmetrics:
         out.append("# EOF\n")
     return "".join(out).encode("utf-8")
+
+
+def _histogram_lines(out: list[str], name: str, names: tuple[str, ...], values: tuple[str, ...],
+                     h: HistogramValue) -> None:
+    bucket_names = (*names, "le")
+    cumulative = h.cumulative()
+    for bound, count in zip((*h.bounds, math.inf), cumulative):
+        le = "+Inf" if bound == math.inf else repr(float(bound))  # "1.0", as prometheus_client writes it
+        out.append(_prefix(name + "_bucket", bucket_names, (*values, le)) + str(count) + "\n")
+    out.append(_prefix(name + "_sum", names, values) + format_value(h.sum) + "\n")
+    out.append(_prefix(name + "_count", names, values) + str(cumulative[-1]) + "\n")
 
 
 def wants_openmetrics(accept_header: str | None) -> bool:

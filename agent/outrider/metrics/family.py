@@ -2,7 +2,32 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from outrider.metrics.catalog import CATALOG, MetricDef
+
+
+@dataclass(frozen=True)
+class HistogramValue:
+    """A histogram's state: per-bucket counts (not cumulative; the last bucket is +Inf) and the sum."""
+
+    bounds: tuple[float, ...]
+    counts: tuple[int, ...]
+    sum: float
+
+    @property
+    def count(self) -> int:
+        return sum(self.counts)
+
+    def cumulative(self) -> list[int]:
+        out, total = [], 0
+        for c in self.counts:
+            total += c
+            out.append(total)
+        return out
+
+
+SampleValue = float | HistogramValue
 
 
 class Family:
@@ -10,14 +35,19 @@ class Family:
 
     __slots__ = ("defn", "samples")
 
-    def __init__(self, name: str) -> None:
-        self.defn: MetricDef = CATALOG[name]
-        self.samples: list[tuple[tuple[str, ...], float]] = []
+    def __init__(self, name: str | MetricDef) -> None:
+        self.defn: MetricDef = CATALOG[name] if isinstance(name, str) else name
+        self.samples: list[tuple[tuple[str, ...], SampleValue]] = []
 
-    def add(self, value: float, *label_values: str) -> Family:
+    def add(self, value: SampleValue, *label_values: str) -> Family:
         if len(label_values) != len(self.defn.labels):
             raise ValueError(f"{self.defn.name}: expected labels {self.defn.label_names}, got {label_values!r}")
-        self.samples.append((label_values, float(value)))
+        if self.defn.type == "histogram":
+            if not isinstance(value, HistogramValue):
+                raise TypeError(f"{self.defn.name} is a histogram: add a HistogramValue")
+            self.samples.append((label_values, value))
+        else:
+            self.samples.append((label_values, float(value)))  # type: ignore[arg-type]
         return self
 
     def __repr__(self) -> str:
