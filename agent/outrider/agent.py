@@ -18,14 +18,14 @@ LOG = logging.getLogger("outrider.agent")
 
 class Agent:
     def __init__(self, config: Config, roots: tuple[int, ...] = (), exclude_pids: frozenset[int] = frozenset(),
-                 listen_fallback: bool = False) -> None:
+                 listen_fallback: bool = False, hold_spool_lock: bool = True) -> None:
         """Binds the listener at once, so a busy port is an error before anything starts.
 
         listen_fallback: on a busy port, take a free one instead (for `outrider run`, where a sidecar or a
         second run may already hold the default port).
         """
         self.config = config
-        self.sampler = Sampler(config, roots, exclude_pids)
+        self.sampler = Sampler(config, roots, exclude_pids, hold_spool_lock=hold_spool_lock)
         host, port = config.listen_address
         try:
             self.server = MetricsServer(self.sampler, host, port)

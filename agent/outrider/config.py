@@ -54,6 +54,17 @@ class Config:
     shutdown_timeout_s: float = field(default=5.0, metadata={
         "help": "bound on the final sweep and flush after SIGTERM/SIGINT"})
     log_level: str = field(default="info", metadata={"help": "debug, info, warning or error"})
+    spool_dir: str = field(default="", metadata={
+        "help": "directory of the hook's per-process shards (a shared emptyDir in a pod); empty: "
+                "/tmp/outrider-spool-UID, or a fresh one per `outrider run`"})
+    flush_interval_s: float = field(default=1.0, metadata={"help": "seconds between the hook's shard updates"})
+    hook_max_series_per_metric: int = field(default=100, metadata={
+        "help": "label sets one hook metric may have per process; more are dropped and counted"})
+    stall_factor: float = field(default=10.0, metadata={
+        "help": "a step is stalled after stall_factor x the recent median step time (and stall_floor_s)"})
+    stall_floor_s: float = field(default=300.0, metadata={"help": "never call a stall before this many seconds"})
+    standalone: bool = field(default=True, metadata={
+        "help": "with no agent on the spool, the instrumented process runs one in-process"})
 
     @property
     def listen_address(self) -> tuple[str, int]:
@@ -98,6 +109,17 @@ def _nonneg_int(raw: Any) -> int:
     if value < 0:
         raise ValueError("a whole number >= 0")
     return value
+
+
+def _bool(raw: Any) -> bool:
+    if isinstance(raw, bool):
+        return raw
+    text = str(raw).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise ValueError("true or false")
 
 
 def _str(raw: Any) -> str:
@@ -177,6 +199,12 @@ CONVERTERS: dict[str, Callable[[Any], Any]] = {
     "otlp_timeout_s": _positive_float,
     "shutdown_timeout_s": _positive_float,
     "log_level": _choice(LOG_LEVELS),
+    "spool_dir": _str,
+    "flush_interval_s": _positive_float,
+    "hook_max_series_per_metric": _nonneg_int,
+    "stall_factor": _positive_float,
+    "stall_floor_s": _positive_float,
+    "standalone": _bool,
 }
 assert set(CONVERTERS) == set(FIELDS), "every config field needs a converter"
 

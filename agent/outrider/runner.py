@@ -15,12 +15,15 @@ How:
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import json
 import logging
 import os
 import resource
+import shutil
 import signal
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -87,8 +90,8 @@ def _become_subreaper() -> bool:
         return False
 
 
-def _spawn(cmd: Sequence[str]) -> int:
-    return os.posix_spawnp(cmd[0], list(cmd), dict(os.environ), setsigmask=())
+def _spawn(cmd: Sequence[str], env: dict[str, str]) -> int:
+    return os.posix_spawnp(cmd[0], list(cmd), env, setsigmask=())
 
 
 def run(cmd: Sequence[str], config: Config, on_exit: Callable[[list[Family]], None] | None = None,
@@ -102,6 +105,11 @@ def run(cmd: Sequence[str], config: Config, on_exit: Callable[[list[Family]], No
     if not subreaper:
         LOG.warning("could not become a child subreaper: orphaned descendants will leave the watched tree")
     me = os.getpid()
+    own_spool = None
+    if not config.spool_dir:  # a spool of this run's own, so the command's hooked processes publish to us
+        own_spool = tempfile.mkdtemp(prefix="outrider-run-")
+        config = dataclasses.replace(config, spool_dir=own_spool)
+    env = {**os.environ, "OUTRIDER_SPOOL_DIR": config.spool_dir}
     waited = set(FORWARDED) | {signal.SIGCHLD}
     old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, waited)
     try:
@@ -109,7 +117,7 @@ def run(cmd: Sequence[str], config: Config, on_exit: Callable[[list[Family]], No
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         started = time.monotonic()
         try:
-            child = _spawn(cmd)
+            child = _spawn(cmd, env)
         except FileNotFoundError:
             print(f"outrider run: command not found: {cmd[0]}", file=sys.stderr)
             agent.server.stop()
@@ -160,6 +168,8 @@ def run(cmd: Sequence[str], config: Config, on_exit: Callable[[list[Family]], No
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+        if own_spool:
+            shutil.rmtree(own_spool, ignore_errors=True)
     code = os.waitstatus_to_exitcode(status)
     ended_by = _signal_name(-code) if code < 0 else None
     if code < 0:  # killed by a signal: report it as a shell would

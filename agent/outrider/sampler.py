@@ -40,10 +40,10 @@ class SweepStats:
 
 class Sampler:
     def __init__(self, config: Config, roots: tuple[int, ...] = (), exclude_pids: frozenset[int] = frozenset(),
-                 collectors: list[Collector] | None = None) -> None:
+                 collectors: list[Collector] | None = None, hold_spool_lock: bool = True) -> None:
         self.config = config
         self.stats = SweepStats()
-        self.ctx = CollectorContext(config, self.stats, roots or config.pids, exclude_pids)
+        self.ctx = CollectorContext(config, self.stats, roots or config.pids, exclude_pids, hold_spool_lock)
         self.collectors = collectors if collectors is not None else [
             REGISTRY[name](self.ctx) for name in enabled_collectors(config)]
         self._families: list[Family] = []

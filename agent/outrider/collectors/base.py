@@ -22,6 +22,9 @@ class CollectorContext:
     roots: tuple[int, ...] = ()
     # Processes never reported as watched (the agent itself, when it wraps a command).
     exclude_pids: frozenset[int] = field(default_factory=frozenset)
+    # The hook collector takes the spool's agent lock, telling instrumented processes an agent is present.
+    # False for the agent a hooked process runs itself (the hook already holds the lock).
+    hold_spool_lock: bool = True
 
 
 class Collector:

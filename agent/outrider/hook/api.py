@@ -1,0 +1,315 @@
+"""The public hook API (re-exported by `outrider`): instrument(), step timing, data-loader wait, latency, counters.
+
+Every function is safe to call before instrument() (it does nothing) and never raises into user code. With
+OUTRIDER_DISABLED=1 every call is a no-op. The hot-path functions touch one or two series and no lock.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import sys
+from collections.abc import Callable, Iterable, Iterator
+from time import perf_counter
+from typing import Any, TypeVar
+
+from outrider.hook.series import DURATION_BOUNDS, NoopSeries
+
+LOG = logging.getLogger("outrider.hook")
+F = TypeVar("F", bound=Callable[..., Any])
+T = TypeVar("T")
+NOOP = NoopSeries("noop", {}, 1, lambda reason: None)
+
+
+def _disabled() -> bool:
+    return os.environ.get("OUTRIDER_DISABLED", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+class _State:
+    """Module state: the hook and the built-in series handles (no-ops until instrument())."""
+
+    def __init__(self) -> None:
+        self.hook: Any = None
+        self.step_h: Any = NOOP
+        self.steps_c: Any = NOOP
+        self.samples_c: Any = NOOP
+        self.tokens_c: Any = NOOP
+        self.data_wait_h: Any = NOOP
+        self.first_step_g: Any = NOOP
+        self.batch_h: Any = NOOP
+        self.begin = 0.0
+        self.last_end = 0.0
+        self.explicit = False  # the user times steps: framework hooks stop counting them
+        self.process_start_s = 0.0
+        self.step_listeners: list[Callable[[], None]] = []
+        self.cached: dict[tuple[str, str, tuple[tuple[str, str], ...]], Any] = {}
+
+
+S = _State()
+
+
+def instrument(spool_dir: str | None = None, standalone: bool | None = None) -> bool:
+    """Start publishing this process's metrics. Zero-config: reads OUTRIDER_* (spool directory, limits).
+
+    With an agent on the spool (a sidecar, `outrider run`, or another process of this job) it only publishes;
+    with none, this process runs the agent itself and serves /metrics. Hooks into PyTorch if it is imported.
+    Idempotent. Returns whether the hook is active."""
+    if S.hook is not None:
+        return True
+    if _disabled():
+        return False
+    try:
+        import time
+
+        from outrider.hook.runtime import BUILTIN, make_hook_from_env, register_exit
+
+        hook = make_hook_from_env()
+        if spool_dir:
+            hook.spool_dir = spool_dir
+        if standalone is not None:
+            hook.standalone = standalone
+        handles = {key: hook.series(kind, name, bounds=bounds or DURATION_BOUNDS, builtin=True)
+                   for key, (kind, name, bounds) in BUILTIN.items()}
+        S.step_h, S.steps_c = handles["step"], handles["steps"]
+        S.samples_c, S.tokens_c = handles["samples"], handles["tokens"]
+        S.data_wait_h, S.first_step_g, S.batch_h = handles["data_wait"], handles["first_step"], handles["batch_size"]
+        S.process_start_s = _process_start_time() or time.time()
+        S.hook = hook
+        register_exit(lambda: S.hook)
+        os.register_at_fork(after_in_child=_after_fork_in_child)
+        hook.start()
+        if "torch" in sys.modules:
+            from outrider.hook.torch_integration import attach
+
+            attach(hook, S)
+        return True
+    except Exception as e:
+        LOG.warning("outrider: instrument() failed, continuing without the hook: %s", e)
+        return False
+
+
+def _after_fork_in_child() -> None:
+    if S.hook is not None:
+        S.hook.after_fork_in_child()
+        S.begin = S.last_end = 0.0
+
+
+def _process_start_time() -> float | None:
+    """Wall-clock start of this process (for time to first step), from /proc."""
+    try:
+        import time
+
+        with open("/proc/self/stat", "rb") as fh:
+            text = fh.read().decode()
+        start_ticks = int(text[text.rindex(")") + 2:].split()[19])
+        with open("/proc/uptime", "rb") as fh:
+            uptime = float(fh.read().split()[0])
+        return time.time() - (uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def shutdown() -> None:
+    """Final flush (marked closed) now, instead of at interpreter exit."""
+    if S.hook is not None:
+        S.hook.close()
+
+
+# --- training steps --------------------------------------------------------------------------------------------
+
+def step_begin() -> None:
+    S.explicit = True
+    S.begin = perf_counter()
+
+
+def step_end(samples: int | None = None, tokens: int | None = None) -> None:
+    """Marks a step done. Its duration runs from step_begin(), or else from the previous step's end."""
+    S.explicit = True
+    _step_done(samples, tokens)
+
+
+def _step_done(samples: int | None = None, tokens: int | None = None) -> None:
+    hook = S.hook
+    if hook is None:
+        return
+    try:
+        now = perf_counter()
+        begin = S.begin or S.last_end
+        S.begin = 0.0
+        S.last_end = now
+        duration = now - begin if begin else 0.0
+        if begin:
+            S.step_h.observe(duration)
+        if not hook.steps:
+            import time
+
+            S.first_step_g.set(time.time() - S.process_start_s)
+        S.steps_c.inc()
+        if samples:
+            S.samples_c.inc(samples)
+        if tokens:
+            S.tokens_c.inc(tokens)
+        hook.step_completed(duration)
+        for listener in S.step_listeners:
+            listener()
+    except Exception:
+        if hook is not None:
+            hook.drop("step_error")
+
+
+class step:
+    """Times one training step: `with outrider.step(samples=len(batch)): ...`. A step that raises is not counted."""
+
+    __slots__ = ("samples", "tokens")
+
+    def __init__(self, samples: int | None = None, tokens: int | None = None) -> None:
+        self.samples = samples
+        self.tokens = tokens
+
+    def __enter__(self) -> step:
+        S.explicit = True
+        S.begin = perf_counter()
+        return self
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        if exc_type is None:
+            _step_done(self.samples, self.tokens)
+        else:
+            S.begin = 0.0
+
+
+class dataloader:
+    """Wraps an iterable of batches and measures how long each `next()` waits: the data-loader wait."""
+
+    def __init__(self, iterable: Iterable[T]) -> None:
+        self._iterable = iterable
+
+    def __iter__(self) -> Iterator[Any]:
+        it = iter(self._iterable)
+        while True:
+            t0 = perf_counter()
+            try:
+                batch = next(it)
+            except StopIteration:
+                return
+            S.data_wait_h.observe(perf_counter() - t0)
+            yield batch
+
+    def __len__(self) -> int:
+        return len(self._iterable)  # type: ignore[arg-type]
+
+    def __getattr__(self, name: str) -> Any:  # loader.dataset, loader.sampler.set_epoch(...) keep working
+        return getattr(self._iterable, name)
+
+
+# --- counters ----------------------------------------------------------------------------------------------------
+
+def count_samples(n: int = 1) -> None:
+    S.samples_c.inc(n)
+
+
+def count_tokens(n: int = 1) -> None:
+    S.tokens_c.inc(n)
+
+
+def record_batch_size(n: int) -> None:
+    S.batch_h.observe(n)
+
+
+# --- latency -----------------------------------------------------------------------------------------------------
+
+def _cached(kind: str, name: str, labels: dict[str, str], bounds: tuple[float, ...] = DURATION_BOUNDS) -> Any:
+    key = (kind, name, tuple(labels.items()))
+    hit = S.cached.get(key)
+    if hit is None:
+        if S.hook is None:
+            return NOOP
+        hit = S.hook.series(kind, name, labels, bounds=bounds, builtin=name.startswith("outrider_"))
+        if len(S.cached) < 10_000:
+            S.cached[key] = hit
+    return hit
+
+
+def record_latency(seconds: float, name: str = "request") -> None:
+    """One latency observation into outrider_latency_seconds{name}."""
+    _cached("histogram", "outrider_latency_seconds", {"name": name}).observe(seconds)
+
+
+class latency:
+    __slots__ = ("_t0", "name")
+
+    def __init__(self, name: str = "request") -> None:
+        self.name = name
+        self._t0 = 0.0
+
+    def __enter__(self) -> latency:
+        self._t0 = perf_counter()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        record_latency(perf_counter() - self._t0, self.name)
+
+
+def timed(name: str | None = None) -> Callable[[F], F]:
+    """Decorator: each call's duration goes to outrider_latency_seconds{name} (default: the function's name)."""
+    def wrap(fn: F) -> F:
+        label = str(name or getattr(fn, "__qualname__", "function"))
+
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            t0 = perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                record_latency(perf_counter() - t0, label)
+        return wrapper  # type: ignore[return-value]
+    return wrap
+
+
+def record_request(seconds: float, route: str = "", status: int | str = 200) -> None:
+    """One finished request: its duration by route template and status class, and the request count."""
+    status_class = f"{str(status)[:1]}xx" if str(status)[:1].isdigit() else "other"
+    labels = {"route": route, "status_class": status_class}
+    _cached("histogram", "outrider_request_duration_seconds", labels).observe(seconds)
+    _cached("counter", "outrider_requests_total", labels).inc()
+
+
+def record_phase(phase: str, seconds: float) -> None:
+    """Time a request spent in one phase (queue, compute, ...), as the server reports it."""
+    _cached("histogram", "outrider_request_phase_duration_seconds", {"phase": phase}).observe(seconds)
+
+
+def record_time_to_first_token(seconds: float, route: str = "") -> None:
+    _cached("histogram", "outrider_inference_time_to_first_token_seconds", {"route": route}).observe(seconds)
+
+
+def record_inter_token_latency(seconds: float, route: str = "") -> None:
+    _cached("histogram", "outrider_inference_inter_token_latency_seconds", {"route": route}).observe(seconds)
+
+
+def in_flight(route: str = "") -> Any:
+    """The in-flight gauge of a route: .add(1) when a request starts, .add(-1) when it ends."""
+    return _cached("gauge", "outrider_requests_in_flight", {"route": route})
+
+
+# --- custom metrics ----------------------------------------------------------------------------------------------
+
+def histogram(name: str, labels: dict[str, str] | None = None, bounds: tuple[float, ...] | None = None) -> Any:
+    """A custom histogram series (`.observe(v)`); bounds default to durations in seconds."""
+    instrument()
+    return _cached("histogram", name, dict(labels or {}), tuple(bounds) if bounds else DURATION_BOUNDS)
+
+
+def counter(name: str, labels: dict[str, str] | None = None) -> Any:
+    """A custom counter series (`.inc(n)`); exported as NAME_total."""
+    instrument()
+    if isinstance(name, str) and not name.endswith("_total"):
+        name += "_total"
+    return _cached("counter", name, dict(labels or {}))
+
+
+def gauge(name: str, labels: dict[str, str] | None = None) -> Any:
+    """A custom gauge series (`.set(v)`, `.add(d)`)."""
+    instrument()
+    return _cached("gauge", name, dict(labels or {}))
