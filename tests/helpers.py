@@ -63,8 +63,9 @@ def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     return out
 
 
-def value(parsed: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str, **labels: str) -> float | None:
-    key = (name, tuple(sorted(labels.items())))
+def value(parsed: dict[tuple[str, tuple[tuple[str, str], ...]], float], metric: str, /,
+          **labels: str) -> float | None:
+    key = (metric, tuple(sorted(labels.items())))
     return parsed.get(key)
 
 

@@ -21,7 +21,6 @@ from outrider.hook.runtime import shard_stack_path, try_lock
 from outrider.metrics.catalog import CATALOG, Label, MetricDef
 from outrider.metrics.family import Family, HistogramValue
 
-
 SeriesKey = tuple[str, str, tuple[tuple[str, str], ...], tuple[float, ...]]  # name, kind, labels (+rank), bounds
 
 

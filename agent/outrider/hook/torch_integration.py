@@ -35,7 +35,9 @@ class TorchIntegration:
         self.pending: collections.deque[Any] = collections.deque(maxlen=MAX_PENDING_EVENTS)
         self.last_done: Any = None
         self.last_ooms: dict[int, float] = {}
-        self.handle = torch.optim.Optimizer.register_optimizer_step_post_hook(self.on_optimizer_step)
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+
+        self.handle = register_optimizer_step_post_hook(self.on_optimizer_step)
         state.step_listeners.append(self.on_step)
         hook.samplers.append(self.sample)
 

@@ -1,0 +1,219 @@
+"""Framework integrations: ASGI and WSGI middleware driven through their protocols, and the PyTorch CUDA paths
+against a stand-in for torch.cuda (no GPU here; the gpu-marked run on real hardware covers the device)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import types
+import urllib.request
+from pathlib import Path
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, make_server
+
+import pytest
+
+import outrider
+from outrider.collectors.base import CollectorContext
+from outrider.collectors.hook import HookCollector
+from outrider.config import Config
+from outrider.hook import api
+from outrider.hook.asgi import OutriderMiddleware
+from outrider.hook.runtime import Hook
+from outrider.hook.wsgi import OutriderWSGIMiddleware
+from outrider.metrics.exposition import render
+from outrider.sampler import SweepStats
+from tests.helpers import samples, value
+
+
+@pytest.fixture
+def live_hook(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """A fresh hook publishing to tmp_path, installed as the process's hook for the test's duration."""
+    monkeypatch.setattr(api, "S", api._State())
+    monkeypatch.setenv("OUTRIDER_SPOOL_DIR", str(tmp_path))
+    monkeypatch.setenv("OUTRIDER_STANDALONE", "false")
+    assert outrider.instrument()
+    yield api.S.hook
+    api.S.hook._stop.set()
+
+
+def read(tmp_path: Path, hook: Hook) -> dict:  # type: ignore[type-arg]
+    hook.flush()
+    c = HookCollector(CollectorContext(Config(spool_dir=str(tmp_path)), SweepStats(), hold_spool_lock=False))
+    return samples(render(c.collect()).decode())
+
+
+class Route:
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+
+async def streaming_app(scope: dict, receive: Any, send: Any) -> None:  # type: ignore[type-arg]
+    scope["route"] = Route("/v1/items/{item_id}")  # what Starlette's router does
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    for i in range(3):
+        await asyncio.sleep(0.01)
+        await send({"type": "http.response.body", "body": b"tok", "more_body": i < 2})
+
+
+async def failing_app(scope: dict, receive: Any, send: Any) -> None:  # type: ignore[type-arg]
+    await send({"type": "http.response.start", "status": 503, "headers": []})
+    await send({"type": "http.response.body", "body": b""})
+
+
+def drive(app: Any, path: str) -> None:
+    async def receive() -> dict:  # type: ignore[type-arg]
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: dict) -> None:  # type: ignore[type-arg]
+        pass
+
+    asyncio.run(app({"type": "http", "path": path, "method": "GET"}, receive, send))
+
+
+def test_asgi_route_template_status_class_and_streaming(tmp_path: Path, live_hook: Hook) -> None:
+    app = OutriderMiddleware(streaming_app)
+    for item in ("1", "2", "3"):
+        drive(app, f"/v1/items/{item}")
+    drive(OutriderMiddleware(failing_app), "/nope/123")
+    parsed = read(tmp_path, live_hook)
+    route = "/v1/items/{item_id}"
+    assert value(parsed, "outrider_requests_total", route=route, status_class="2xx", rank="") == 3
+    assert value(parsed, "outrider_requests_total", route="unmatched", status_class="5xx", rank="") == 1
+    assert not any("/v1/items/1" in str(k) for k in parsed), "never the raw path"
+    assert value(parsed, "outrider_inference_time_to_first_token_seconds_count", route=route, rank="") == 3
+    assert value(parsed, "outrider_inference_inter_token_latency_seconds_count", route=route, rank="") == 6
+    assert value(parsed, "outrider_requests_in_flight", route="all", rank="") == 0
+    assert value(parsed, "outrider_request_duration_seconds_sum", route=route, status_class="2xx", rank="") > 0.05
+
+
+def test_wsgi_through_a_real_server(tmp_path: Path, live_hook: Hook) -> None:
+    def app(environ: dict, start_response: Any) -> Any:  # type: ignore[type-arg]
+        environ["outrider.route"] = "/predict/{model}"
+        start_response("200 OK", [("Content-Type", "text/plain")])
+        return iter([b"a", b"b", b"c"])
+
+    class Quiet(WSGIRequestHandler):
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = make_server("127.0.0.1", 0, OutriderWSGIMiddleware(app), handler_class=Quiet)
+    t = threading.Thread(target=server.serve_forever, daemon=True)
+    t.start()
+    try:
+        for m in ("x", "y"):
+            assert urllib.request.urlopen(f"http://127.0.0.1:{server.server_port}/predict/{m}").read() == b"abc"
+    finally:
+        server.shutdown()
+    parsed = read(tmp_path, live_hook)
+    assert value(parsed, "outrider_requests_total", route="/predict/{model}", status_class="2xx", rank="") == 2
+    assert value(parsed, "outrider_inference_inter_token_latency_seconds_count", route="/predict/{model}",
+                 rank="") == 4
+
+
+def test_latency_helpers(tmp_path: Path, live_hook: Hook) -> None:
+    @outrider.timed("tokenize")
+    def tokenize() -> int:
+        return 1
+
+    tokenize()
+    with outrider.latency("decode"):
+        pass
+    outrider.record_batch_size(8)
+    outrider.record_phase("queue", 0.01)
+    parsed = read(tmp_path, live_hook)
+    assert value(parsed, "outrider_latency_seconds_count", name="tokenize", rank="") == 1
+    assert value(parsed, "outrider_latency_seconds_count", name="decode", rank="") == 1
+    assert value(parsed, "outrider_inference_batch_size_count", rank="") == 1
+    assert value(parsed, "outrider_request_phase_duration_seconds_count", phase="queue", rank="") == 1
+
+
+def test_disabled_makes_every_call_a_noop(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(api, "S", api._State())
+    monkeypatch.setenv("OUTRIDER_DISABLED", "1")
+    assert outrider.instrument() is False
+    with outrider.step(samples=3):
+        pass
+    outrider.step_end()
+    outrider.count_tokens(5)
+    outrider.histogram("x_seconds").observe(1.0)
+    assert list(outrider.dataloader([1, 2])) == [1, 2]
+    assert api.S.hook is None
+
+
+class FakeEvent:
+    """Stands in for torch.cuda.Event: completes when the test says so, 30 ms apart."""
+
+    clock = 0.0
+
+    def __init__(self, enable_timing: bool = False) -> None:
+        self.t: float | None = None
+        self.done = False
+
+    def record(self) -> None:
+        FakeEvent.clock += 30.0
+        self.t = FakeEvent.clock
+
+    def query(self) -> bool:
+        return self.done
+
+    def elapsed_time(self, end: FakeEvent) -> float:
+        assert self.done and end.done, "elapsed_time needs both events complete: the hook must not wait"
+        return float(end.t - self.t)  # type: ignore[operator]
+
+
+def test_cuda_allocator_and_event_timing_without_synchronising(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    from outrider.hook.torch_integration import TorchIntegration
+
+    stats = {"allocated_bytes.all.current": 5 << 30, "reserved_bytes.all.current": 6 << 30,
+             "active_bytes.all.current": 5 << 30, "inactive_split_bytes.all.current": 1 << 20,
+             "allocated_bytes.all.peak": 7 << 30, "num_alloc_retries": 3, "num_ooms": 0}
+    cuda = types.SimpleNamespace(
+        is_initialized=lambda: True, is_current_stream_capturing=lambda: False, Event=FakeEvent,
+        device_count=lambda: 1, memory_stats=lambda device: dict(stats),
+        synchronize=lambda: pytest.fail("the hook must never synchronise the device"))
+    torch = types.SimpleNamespace(cuda=cuda)
+    import torch as real_torch
+
+    torch.optim = real_torch.optim  # type: ignore[attr-defined]
+    hook = Hook(spool_dir=str(tmp_path), standalone=False)
+    state = api._State()
+    state.hook = hook
+    integ = TorchIntegration(hook, state, torch)
+    try:
+        for _ in range(4):
+            integ.on_step()
+        for e in list(integ.pending)[:3]:
+            e.done = True  # the GPU finished three steps; the fourth is still running
+        hook.steps = 41
+        stats["num_ooms"] = 1
+        integ.sample()
+        assert len(integ.pending) == 1, "the unfinished event is left for later, not waited on"
+        parsed = read(tmp_path, hook)
+        assert value(parsed, "outrider_train_gpu_step_duration_seconds_count", rank="") == 2
+        assert value(parsed, "outrider_train_gpu_step_duration_seconds_sum", rank="") == pytest.approx(0.06)
+        assert value(parsed, "outrider_torch_cuda_memory_bytes", rank="", device="0", kind="reserved") == 6 << 30
+        assert value(parsed, "outrider_torch_cuda_memory_peak_bytes", rank="", device="0") == 7 << 30
+        assert value(parsed, "outrider_torch_cuda_alloc_retries_total", rank="", device="0") == 3
+        assert value(parsed, "outrider_torch_cuda_ooms_total", rank="", device="0") == 1
+        assert value(parsed, "outrider_torch_cuda_oom_step", rank="", device="0") == 41
+    finally:
+        integ.handle.remove()
+
+
+def test_no_event_is_recorded_during_cuda_graph_capture(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    from outrider.hook.torch_integration import TorchIntegration
+
+    cuda = types.SimpleNamespace(is_initialized=lambda: True, is_current_stream_capturing=lambda: True,
+                                 Event=lambda **kw: pytest.fail("recorded an event inside a graph capture"))
+    import torch as real_torch
+
+    integ = TorchIntegration(Hook(spool_dir=str(tmp_path), standalone=False), api._State(),
+                             types.SimpleNamespace(cuda=cuda, optim=real_torch.optim))
+    try:
+        integ.on_step()
+        assert not integ.pending
+    finally:
+        integ.handle.remove()
