@@ -11,7 +11,7 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Iterable, Iterator
-from time import perf_counter
+from time import perf_counter, time
 from typing import Any, TypeVar
 
 from outrider.hook.series import DURATION_BOUNDS, NoopSeries
@@ -32,7 +32,6 @@ class _State:
     def __init__(self) -> None:
         self.hook: Any = None
         self.step_h: Any = NOOP
-        self.steps_c: Any = NOOP
         self.samples_c: Any = NOOP
         self.tokens_c: Any = NOOP
         self.data_wait_h: Any = NOOP
@@ -44,8 +43,21 @@ class _State:
         self.process_start_s = 0.0
         self.step_listeners: list[Callable[[], None]] = []
         self.cached: dict[tuple[str, str, tuple[tuple[str, str], ...]], Any] = {}
+        # Step and data-wait rings: the hot path stores raw numbers and bumps a count; the publisher thread drains
+        # them into the histograms and counters once a flush. Written by one training thread.
+        self.ends = [0.0] * RING
+        self.begins = [0.0] * RING
+        self.samples = [0] * RING
+        self.tokens = [0] * RING
+        self.n = 0
+        self.drained = 0
+        self.waits = [0.0] * RING
+        self.nw = 0
+        self.drained_w = 0
 
 
+RING = 4096  # more steps (or batches) than this between two flushes (1 s) lose their durations, not their count
+MASK = RING - 1
 S = _State()
 
 
@@ -60,8 +72,6 @@ def instrument(spool_dir: str | None = None, standalone: bool | None = None) -> 
     if _disabled():
         return False
     try:
-        import time
-
         from outrider.hook.runtime import BUILTIN, make_hook_from_env, register_exit
 
         hook = make_hook_from_env()
@@ -71,13 +81,14 @@ def instrument(spool_dir: str | None = None, standalone: bool | None = None) -> 
             hook.standalone = standalone
         handles = {key: hook.series(kind, name, bounds=bounds or DURATION_BOUNDS, builtin=True)
                    for key, (kind, name, bounds) in BUILTIN.items()}
-        S.step_h, S.steps_c = handles["step"], handles["steps"]
+        S.step_h = handles["step"]
         S.samples_c, S.tokens_c = handles["samples"], handles["tokens"]
         S.data_wait_h, S.first_step_g, S.batch_h = handles["data_wait"], handles["first_step"], handles["batch_size"]
-        S.process_start_s = _process_start_time() or time.time()
+        S.process_start_s = _process_start_time() or time()
         S.hook = hook
         register_exit(lambda: S.hook)
         os.register_at_fork(after_in_child=_after_fork_in_child)
+        hook.samplers.append(_drain)
         hook.start()
         if "torch" in sys.modules:
             from outrider.hook.torch_integration import attach
@@ -91,6 +102,7 @@ def instrument(spool_dir: str | None = None, standalone: bool | None = None) -> 
 
 def _after_fork_in_child() -> None:
     if S.hook is not None:
+        S.drained, S.drained_w = S.n, S.nw  # the parent's steps and waits are the parent's
         S.hook.after_fork_in_child()
         S.begin = S.last_end = 0.0
 
@@ -98,14 +110,12 @@ def _after_fork_in_child() -> None:
 def _process_start_time() -> float | None:
     """Wall-clock start of this process (for time to first step), from /proc."""
     try:
-        import time
-
         with open("/proc/self/stat", "rb") as fh:
             text = fh.read().decode()
         start_ticks = int(text[text.rindex(")") + 2:].split()[19])
         with open("/proc/uptime", "rb") as fh:
             uptime = float(fh.read().split()[0])
-        return time.time() - (uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
+        return time() - (uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
     except (OSError, ValueError, IndexError):
         return None
 
@@ -130,32 +140,57 @@ def step_end(samples: int | None = None, tokens: int | None = None) -> None:
 
 
 def _step_done(samples: int | None = None, tokens: int | None = None) -> None:
-    hook = S.hook
-    if hook is None:
+    """The hot path of a step: the time and the counts into the ring; the publisher does the arithmetic."""
+    if S.hook is None:
         return
     try:
-        now = perf_counter()
-        begin = S.begin or S.last_end
+        i = S.n & MASK
+        S.ends[i] = perf_counter()
+        S.begins[i] = S.begin
+        S.samples[i] = samples or 0
+        S.tokens[i] = tokens or 0
         S.begin = 0.0
-        S.last_end = now
-        duration = now - begin if begin else 0.0
-        if begin:
-            S.step_h.observe(duration)
-        if not hook.steps:
-            import time
-
-            S.first_step_g.set(time.time() - S.process_start_s)
-        S.steps_c.inc()
-        if samples:
-            S.samples_c.inc(samples)
-        if tokens:
-            S.tokens_c.inc(tokens)
-        hook.step_completed(duration)
+        S.n += 1
         for listener in S.step_listeners:
             listener()
     except Exception:
-        if hook is not None:
-            hook.drop("step_error")
+        S.hook.drop("step_error")
+
+
+def _drain() -> None:
+    """Publisher thread: turns the rings' new entries into step durations, counts and data waits."""
+    hook = S.hook
+    n, start = S.n, S.drained
+    if n - start > RING:
+        hook.drop("step_ring_overflow")
+        start = n - RING
+    prev = S.last_end
+    for k in range(start, n):
+        i = k & MASK
+        end, begin = S.ends[i], S.begins[i] or prev
+        if begin:
+            duration = end - begin
+            S.step_h.observe(duration)
+            hook.recent_steps[k & 31] = duration
+        if k == 0:
+            S.first_step_g.set(time() - (perf_counter() - end) - S.process_start_s)
+        if S.samples[i]:
+            S.samples_c.inc(S.samples[i])
+        if S.tokens[i]:
+            S.tokens_c.inc(S.tokens[i])
+        prev = end
+    if n > start:
+        S.last_end = prev
+        hook.steps += n - start
+        hook.last_step_perf = prev
+    S.drained = n
+    nw, start_w = S.nw, S.drained_w
+    if nw - start_w > RING:
+        hook.drop("wait_ring_overflow")
+        start_w = nw - RING
+    for k in range(start_w, nw):
+        S.data_wait_h.observe(S.waits[k & MASK])
+    S.drained_w = nw
 
 
 class step:
@@ -193,7 +228,8 @@ class dataloader:
                 batch = next(it)
             except StopIteration:
                 return
-            S.data_wait_h.observe(perf_counter() - t0)
+            S.waits[S.nw & MASK] = perf_counter() - t0
+            S.nw += 1
             yield batch
 
     def __len__(self) -> int:

@@ -142,10 +142,8 @@ class Hook:
         self._writer: ShardWriter | None = None
         self._writer_failed = False
         self.steps = 0
-        self.last_step_ns = 0
         self.last_step_perf = 0.0
         self.recent_steps: list[float] = [0.0] * 32
-        self.recent_i = 0
         self.stalled_since_ns = 0
         self.stalls = 0
 
@@ -207,15 +205,19 @@ class Hook:
             return "series_limit"
         return ""
 
-    # --- steps (called by the step timer and framework integrations) -----------------------------------------
+    # --- steps ----------------------------------------------------------------------------------------------
     def step_completed(self, duration_s: float) -> None:
+        """What the step timer does inline (api._step_done), for integrations and tests."""
+        if duration_s:
+            self.recent_steps[self.steps & 31] = duration_s
         self.steps += 1
         self.last_step_perf = time.perf_counter()
-        self.last_step_ns = time.time_ns()
-        self.recent_steps[self.recent_i & 31] = duration_s
-        self.recent_i += 1
-        if self.stalled_since_ns:
-            self.stalled_since_ns = 0
+
+    def _last_step_wall_ns(self) -> int:
+        """Wall time of the last step, derived at flush time so the hot path reads one clock only."""
+        if not self.steps:
+            return 0
+        return time.time_ns() - int((time.perf_counter() - self.last_step_perf) * 1e9)
 
     # --- publishing ------------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -245,6 +247,8 @@ class Hook:
             except Exception:
                 self.drop("sampler_error")
         with self._lock:
+            if self.steps:
+                self._steps_series().set_total(self.steps)
             series = list(self._series.values())
             if self.drop.counts:
                 for reason in list(self.drop.counts):
@@ -274,10 +278,19 @@ class Hook:
         flags = (shard.FLAG_CLOSED if closing else 0) | (shard.FLAG_STALLED if stalled else 0)
         try:
             self._writer.write(directory, values, flags=flags, pid=self.pid, stalls=self.stalls,
-                               start_ns=self.start_ns, heartbeat_ns=time.time_ns(), last_step_ns=self.last_step_ns,
+                               start_ns=self.start_ns, heartbeat_ns=time.time_ns(),
+                               last_step_ns=self._last_step_wall_ns(),
                                steps=self.steps, stalled_since_ns=self.stalled_since_ns)
         except ValueError:
             self.drop("shard_full")
+
+    def _steps_series(self) -> Counter:
+        key = ("outrider_train_steps_total", ())
+        s = self._series.get(key)
+        if not isinstance(s, Counter):
+            s = Counter("outrider_train_steps_total", {}, 1, self.drop)
+            self._series[key] = s
+        return s
 
     def _dropped_series(self, reason: str) -> None:
         """Drop counts travel in the shard as outrider_hook_dropped_total{reason}."""
@@ -297,6 +310,7 @@ class Hook:
         threshold = max(self.stall_factor * median, self.stall_floor_s)
         since = time.perf_counter() - self.last_step_perf
         if since <= threshold:
+            self.stalled_since_ns = 0  # progress again
             return False
         if not self.stalled_since_ns:
             self.stalled_since_ns = time.time_ns()

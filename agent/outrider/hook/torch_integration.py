@@ -38,7 +38,10 @@ class TorchIntegration:
         from torch.optim.optimizer import register_optimizer_step_post_hook
 
         self.handle = register_optimizer_step_post_hook(self.on_optimizer_step)
-        state.step_listeners.append(self.on_step)
+        from outrider.hook.api import _step_done
+
+        self._step_done = _step_done
+        self.listening = False  # on_step joins the step path only once CUDA is initialised (never on CPU)
         hook.samplers.append(self.sample)
 
     # hot-ish path: once per optimizer step
@@ -50,16 +53,12 @@ class TorchIntegration:
                 self.first_optimizer = id(optimizer)
             elif id(optimizer) != self.first_optimizer:
                 return
-            from outrider.hook.api import _step_done
-
-            _step_done()
+            self._step_done()
         except Exception:
             self.hook.drop("torch_hook_error")
 
     def on_step(self) -> None:
         cuda = self.torch.cuda
-        if not cuda.is_initialized():
-            return
         try:
             if cuda.is_current_stream_capturing():
                 return
@@ -74,6 +73,9 @@ class TorchIntegration:
         cuda = self.torch.cuda
         if not cuda.is_initialized():
             return
+        if not self.listening:
+            self.listening = True
+            self.state.step_listeners.append(self.on_step)
         self._poll_events()
         for device in range(cuda.device_count()):
             stats = cuda.memory_stats(device)
