@@ -97,8 +97,8 @@ def _spawn(cmd: Sequence[str], env: dict[str, str]) -> int:
 def run(cmd: Sequence[str], config: Config, on_exit: Callable[[list[Family]], None] | None = None,
         summary_json: str | None = None, quiet: bool = False,
         listeners: Sequence[Callable[[list[Family]], None]] = ()) -> tuple[int, RunSummary | None]:
-    """Run CMD under watch. Returns (exit code, summary). on_exit gets the last sweep taken while CMD lived;
-    listeners get every sweep."""
+    """Run CMD under watch. Returns (exit code, summary). on_exit gets a final sweep taken after CMD ended (its
+    hooked processes' closing flushes included); listeners get every sweep."""
     if not cmd:
         raise ValueError("no command given: outrider run [options] -- CMD [ARGS...]")
     subreaper = _become_subreaper()
@@ -145,7 +145,6 @@ def run(cmd: Sequence[str], config: Config, on_exit: Callable[[list[Family]], No
         agent.sampler.listeners.append(note_sweep)
         status: int | None = None
         forwarded: list[str] = []
-        last_alive: list[Family] = []
         while status is None:
             info = signal.sigtimedwait(waited, 0.5)
             if info is not None and info.si_signo != signal.SIGCHLD:
@@ -159,11 +158,10 @@ def run(cmd: Sequence[str], config: Config, on_exit: Callable[[list[Family]], No
                     except ProcessLookupError:
                         pass
                 continue
-            last_alive = agent.sampler.families
             status = _reap(child)
         wall = time.monotonic() - started
         if on_exit is not None:
-            on_exit(last_alive)
+            on_exit(agent.sampler.sweep())
         agent.stop()
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
     finally:

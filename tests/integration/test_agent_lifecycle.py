@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import re
 import signal
 import socket
 import subprocess
@@ -75,9 +76,18 @@ def test_metrics_once_prints_one_sweep() -> None:
 
 
 def test_demo_runs_the_synthetic_workload_and_reports(tmp_path: object) -> None:
-    r = subprocess.run([sys.executable, "-m", "outrider", "demo", "--duration", "3"], capture_output=True,
-                       text=True, timeout=120)
+    r = subprocess.run([sys.executable, "-m", "outrider", "demo", "--duration", "6"], capture_output=True,
+                       text=True, timeout=180)
     assert r.returncode == 0, r.stderr
     assert "exited with code 0" in r.stderr
-    assert "processes  up to 3 at once" in r.stderr, "the trainer and its two data-loader workers"
     assert "cores" in r.stderr and "peak RSS" in r.stderr
+    training = re.search(r"training\s+(\d+) steps, step time p50 ([\d.]+) ms, p99 ([\d.]+) ms, (\d+) samples/s",
+                         r.stderr)
+    assert training, r.stderr
+    steps, p50, p99, _ = (float(g) for g in training.groups())
+    assert steps > 5 and 0 < p50 <= p99
+    assert re.search(r"data-loader wait p50 [\d.]+ ms, \d+% of the loop waiting for data", r.stderr), r.stderr
+    inference = re.search(r"inference\s+(\d+) requests on /predict/\{model\}, latency p50 ([\d.]+) ms, "
+                          r"p90 ([\d.]+) ms, p99 ([\d.]+) ms; (\d+) errors", r.stderr)
+    assert inference, r.stderr
+    assert int(inference.group(1)) > 10 and float(inference.group(2)) <= float(inference.group(4))

@@ -1,5 +1,6 @@
-"""`outrider demo`: a bundled synthetic workload run under `outrider run` on the embedded defaults, with a live
-line of what the agent sees and the end-of-run summary. Needs nothing but Outrider itself."""
+"""`outrider demo`: a bundled synthetic workload (a PyTorch training job with data-loader workers, then an inference
+service under load) instrumented with the hook and run under `outrider run` on the embedded defaults. It prints a
+live line of what the agent sees, the end-of-run summary, and the job's KPIs as the agent computed them."""
 
 from __future__ import annotations
 
@@ -8,11 +9,45 @@ import tempfile
 import time
 
 from outrider.config import Config
-from outrider.metrics.family import Family
+from outrider.metrics.family import Family, HistogramValue
+from outrider.metrics.quantile import histogram_quantile
+
+Key = tuple[str, tuple[str, ...]]
 
 
-def _values(fams: list[Family]) -> dict[tuple[str, tuple[str, ...]], float]:
+def _values(fams: list[Family]) -> dict[Key, float]:
     return {(f.defn.name, labels): value for f in fams for labels, value in f.samples if isinstance(value, float)}
+
+
+def _sum_where(vals: dict[Key, float], name: str, **match: str) -> float:
+    """Sum of a metric's samples whose labels include `match` (label positions from the metric definition)."""
+    from outrider.metrics.catalog import CATALOG
+
+    names = CATALOG[name].label_names
+    total = 0.0
+    for (n, labels), v in vals.items():
+        if n == name and all(labels[names.index(k)] == want for k, want in match.items()):
+            total += v
+    return total
+
+
+def _histogram(fams: list[Family], name: str, **match: str) -> HistogramValue | None:
+    """The merged histogram of a metric over the samples matching `match`."""
+    merged: HistogramValue | None = None
+    for f in fams:
+        if f.defn.name != name:
+            continue
+        for labels, value in f.samples:
+            if not isinstance(value, HistogramValue):
+                continue
+            if any(labels[f.defn.label_names.index(k)] != want for k, want in match.items()):
+                continue
+            if merged is None:
+                merged = value
+            else:
+                merged = HistogramValue(value.bounds, tuple(a + b for a, b in zip(merged.counts, value.counts)),
+                                        merged.sum + value.sum)
+    return merged
 
 
 class LiveLine:
@@ -20,7 +55,7 @@ class LiveLine:
 
     def __init__(self, every_s: float = 2.0) -> None:
         self.every_s = every_s
-        self._prev: tuple[float, dict[tuple[str, tuple[str, ...]], float]] | None = None
+        self._prev: tuple[float, dict[Key, float]] | None = None
         self._started = time.monotonic()
 
     def __call__(self, fams: list[Family]) -> None:
@@ -32,38 +67,60 @@ class LiveLine:
             return
         dt = now - prev[0]
 
-        def rate(name: str, labels: tuple[str, ...]) -> float:
-            return max(0.0, vals.get((name, labels), 0.0) - prev[1].get((name, labels), 0.0)) / dt
+        def rate(name: str) -> float:
+            return max(0.0, _sum_where(vals, name) - _sum_where(prev[1], name)) / dt
 
-        cpu = rate("outrider_watched_cpu_seconds_total", ("user",)) + rate(
-            "outrider_watched_cpu_seconds_total", ("system",))
-        print(f"  t={now - self._started:5.1f}s  processes {vals.get(('outrider_watched_processes', ()), 0):.0f}"
-              f"  cpu {cpu:4.2f} cores"
-              f"  rss {vals.get(('outrider_watched_memory_rss_bytes', ()), 0) / 2**20:6.1f} MiB"
-              f"  writes {rate('outrider_watched_io_bytes_total', ('write',)) / 2**20:5.2f} MiB/s"
-              f"  host cpu {100 * vals.get(('outrider_host_cpu_utilization_ratio', ()), 0):3.0f}%"
-              f"  host mem avail {vals.get(('outrider_host_memory_available_bytes', ()), 0) / 2**30:5.1f} GiB",
-              file=sys.stderr)
+        cpu = rate("outrider_watched_cpu_seconds_total")
+        print(f"  t={now - self._started:5.1f}s  procs {_sum_where(vals, 'outrider_watched_processes'):.0f}"
+              f"  cpu {cpu:4.2f} cores  rss {_sum_where(vals, 'outrider_watched_memory_rss_bytes') / 2**20:5.0f} MiB"
+              f"  steps/s {rate('outrider_train_steps_total'):6.1f}  samples/s {rate('outrider_samples_total'):8.0f}"
+              f"  req/s {rate('outrider_requests_total'):6.1f}"
+              f"  host cpu {100 * _sum_where(vals, 'outrider_host_cpu_utilization_ratio'):3.0f}%", file=sys.stderr)
+
+
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{1000 * seconds:.1f} ms"
+
+
+def kpi_report(fams: list[Family]) -> str:
+    vals = _values(fams)
+    lines = ["", "what the agent measured (from the hook):"]
+    step = _histogram(fams, "outrider_train_step_duration_seconds")
+    wait = _histogram(fams, "outrider_train_data_wait_seconds")
+    if step is not None and step.count:
+        samples = _sum_where(vals, "outrider_samples_total")
+        lines.append(f"  training   {_sum_where(vals, 'outrider_train_steps_total'):.0f} steps, step time p50 "
+                     f"{_ms(histogram_quantile(0.5, step))}, p99 {_ms(histogram_quantile(0.99, step))}, "
+                     f"{samples / (step.sum + (wait.sum if wait else 0)):.0f} samples/s")
+        if wait is not None and wait.count:
+            frac = wait.sum / (wait.sum + step.sum)
+            lines.append(f"             data-loader wait p50 {_ms(histogram_quantile(0.5, wait))}, "
+                         f"{100 * frac:.0f}% of the loop waiting for data")
+    req = _histogram(fams, "outrider_request_duration_seconds")
+    if req is not None and req.count:
+        errors = _sum_where(vals, "outrider_requests_total", status_class="4xx") + _sum_where(
+            vals, "outrider_requests_total", status_class="5xx")
+        lines.append(f"  inference  {req.count} requests on /predict/{{model}}, latency p50 "
+                     f"{_ms(histogram_quantile(0.5, req))}, p90 {_ms(histogram_quantile(0.9, req))}, "
+                     f"p99 {_ms(histogram_quantile(0.99, req))}; {errors:.0f} errors")
+    return "\n".join(lines)
 
 
 def run_demo(duration_s: float = 12.0) -> int:
     from outrider.runner import run
 
+    train_s = max(1.0, duration_s * 2 / 3)
+    serve_s = max(1.0, duration_s - train_s)
     with tempfile.TemporaryDirectory(prefix="outrider-demo-") as ckpt:
-        config = Config(interval_s=1.0, listen="127.0.0.1:0", filesystems=("/", ckpt))
-        cmd = [sys.executable, "-m", "outrider.demo.workload", "--duration", str(duration_s),
-               "--checkpoint-dir", ckpt]
-        print(f"outrider demo: a synthetic training job (2 data-loader workers, checkpoints to {ckpt}) for "
-              f"{duration_s:g} s, under `outrider run`, sweeping every second:", file=sys.stderr)
+        config = Config(interval_s=1.0, listen="127.0.0.1:0", filesystems=("/", ckpt), flush_interval_s=0.5)
+        cmd = [sys.executable, "-m", "outrider.demo.workload", "--train-seconds", str(train_s),
+               "--serve-seconds", str(serve_s), "--checkpoint-dir", ckpt]
+        print(f"outrider demo: a synthetic training job ({train_s:g} s, 2 data-loader workers, checkpoints to "
+              f"{ckpt}), then an inference service under load ({serve_s:g} s), instrumented with the hook, "
+              f"under `outrider run`:", file=sys.stderr)
         seen: list[Family] = []
         code, summary = run(cmd, config, on_exit=seen.extend, listeners=[LiveLine()])
-    vals = _values(seen)
-    procs = sorted({labels[:2] for (name, labels) in vals if name == "outrider_process_memory_rss_bytes"})
-    print("\nlast sweep before the job ended, per process (top N):", file=sys.stderr)
-    for pid, pname in procs:
-        rss = vals.get(("outrider_process_memory_rss_bytes", (pid, pname)), 0)
-        cpu = sum(vals.get(("outrider_process_cpu_seconds_total", (pid, pname, m)), 0) for m in ("user", "system"))
-        print(f"  pid {pid:>7}  {pname:<16} cpu {cpu:7.2f} s  rss {rss / 2**20:7.1f} MiB", file=sys.stderr)
+    print(kpi_report(seen), file=sys.stderr)
     if summary is not None:
         print(f"\nThe agent served {summary.metrics_url} while the job ran; `outrider agent` serves the same "
               f"continuously.", file=sys.stderr)

@@ -1,0 +1,25 @@
+"""Quantiles from bucketed histograms, as Prometheus's histogram_quantile() computes them: linear interpolation
+inside the bucket that holds the rank; the highest finite bound when the rank falls in the +Inf bucket."""
+
+from __future__ import annotations
+
+from outrider.metrics.family import HistogramValue
+
+
+def histogram_quantile(q: float, h: HistogramValue) -> float | None:
+    total = h.count
+    if total == 0 or not 0 <= q <= 1:
+        return None
+    rank = q * total
+    cumulative = h.cumulative()
+    for i, cum in enumerate(cumulative):
+        if cum >= rank:
+            if i == len(h.bounds):  # the +Inf bucket
+                return h.bounds[-1] if h.bounds else None
+            lower = h.bounds[i - 1] if i > 0 else 0.0
+            below = cumulative[i - 1] if i > 0 else 0
+            in_bucket = cum - below
+            if in_bucket == 0:
+                return h.bounds[i]
+            return lower + (h.bounds[i] - lower) * (rank - below) / in_bucket
+    return None
