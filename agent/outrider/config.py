@@ -63,6 +63,8 @@ class Config:
     stall_factor: float = field(default=10.0, metadata={
         "help": "a step is stalled after stall_factor x the recent median step time (and stall_floor_s)"})
     stall_floor_s: float = field(default=300.0, metadata={"help": "never call a stall before this many seconds"})
+    nvml_library: str = field(default="", metadata={
+        "help": "path of libnvidia-ml.so.1 to load; empty: the driver's, found by soname"})
     standalone: bool = field(default=True, metadata={
         "help": "with no agent on the spool, the instrumented process runs one in-process"})
 
@@ -205,6 +207,7 @@ CONVERTERS: dict[str, Callable[[Any], Any]] = {
     "stall_factor": _positive_float,
     "stall_floor_s": _positive_float,
     "standalone": _bool,
+    "nvml_library": _str,
 }
 assert set(CONVERTERS) == set(FIELDS), "every config field needs a converter"
 

@@ -1,0 +1,342 @@
+"""GPU collector: every NVIDIA GPU through NVML (agent/outrider/nvml.py is the only NVML caller).
+
+Per GPU (labels gpu index, uuid, model): utilisation, memory, temperatures, power and energy, clocks, P-state, fan,
+clock event reasons and violation times, PCIe and NVLink traffic, ECC and row remapping, XID errors (from an NVML
+event set on a background thread), GPM activity where the GPU supports it, MIG mode, and per compute process the
+device memory and SM share. A reading the GPU or driver does not offer is left out, never reported as 0. A lost
+GPU reports outrider_gpu_up 0; with no NVML at all the collector reports outrider_gpu_nvml_up 0 and says why, once.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import Any
+
+from outrider.collectors.base import Collector, CollectorContext
+from outrider.collectors.procfs import read_proc_stat, read_text
+from outrider.metrics.family import Family
+from outrider.nvml import NA, GpuLost, Nvml
+
+CLOCK_EVENT_REASONS = (  # bit -> reason, as nvml.h names them
+    (0x1, "gpu_idle"), (0x2, "applications_clocks_setting"), (0x4, "sw_power_cap"), (0x8, "hw_slowdown"),
+    (0x10, "sync_boost"), (0x20, "sw_thermal_slowdown"), (0x40, "hw_thermal_slowdown"),
+    (0x80, "hw_power_brake_slowdown"), (0x100, "display_clock_setting"),
+)
+VIOLATION_POLICIES = ((0, "power"), (1, "thermal"), (2, "sync_boost"), (3, "board_limit"), (4, "low_utilization"),
+                      (5, "reliability"))
+GPM_METRICS = ((2, "outrider_gpu_sm_activity_ratio"), (3, "outrider_gpu_sm_occupancy_ratio"),
+               (5, "outrider_gpu_tensor_activity_ratio"), (10, "outrider_gpu_dram_activity_ratio"))
+FIELD_MEMORY_TEMP, FIELD_NVLINK_TX, FIELD_NVLINK_RX = 82, 138, 139
+XID_EVENT = 0x0000000000000008  # nvmlEventTypeXidCriticalError
+
+
+def xid_class(code: int) -> str:
+    """A coarse class per XID code, for alert routing (NVIDIA's XID catalogue has the details)."""
+    if code == 79:
+        return "gpu_lost"
+    if code in (48, 63, 64, 92, 94, 95, 140):
+        return "memory"
+    if code in (74, 144, 145, 146, 147, 148, 149, 150):
+        return "nvlink"
+    if code in (13, 31, 43, 45, 68, 69):
+        return "application"
+    if code in (61, 62, 119, 120, 121, 154):
+        return "hardware"
+    return "other"
+
+
+class XidWatcher:
+    """Waits on an NVML event set for XID errors; counts them per GPU and code, with the time of the last one."""
+
+    WAIT_MS = 1000  # how long one wait blocks: also how long stop() may take to be noticed
+
+    def __init__(self, nvml: Nvml, handles: dict[int, Any]) -> None:
+        self.nvml = nvml
+        self.counts: dict[tuple[int, int], int] = {}
+        self.last: dict[int, float] = {}
+        self._stop = threading.Event()
+        self._handles = handles
+        self._thread = threading.Thread(target=self._run, name="outrider-xid", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        lib = self.nvml.lib
+        try:
+            event_set = lib.nvmlEventSetCreate()
+            for index, handle in self._handles.items():
+                try:
+                    lib.nvmlDeviceRegisterEvents(handle, XID_EVENT, event_set)
+                except lib.NVMLError as e:
+                    self.nvml._once.warning(f"xid{index}", "GPU %d: XID events unavailable: %s", index, e)
+        except Exception as e:
+            self.nvml._once.warning("xid", "XID events unavailable: %s", e)
+            return
+        while not self._stop.is_set():
+            try:
+                data = lib.nvmlEventSetWait(event_set, self.WAIT_MS)
+            except lib.NVMLError_Timeout:
+                continue
+            except Exception:  # a lost GPU or a driver failure: the sweep reports it; keep listening, slowly
+                self._stop.wait(5.0)
+                continue
+            if not data.eventType & XID_EVENT:
+                continue
+            try:
+                index = int(lib.nvmlDeviceGetIndex(data.device))
+            except Exception:
+                index = -1
+            code = int(data.eventData)
+            self.counts[(index, code)] = self.counts.get((index, code), 0) + 1
+            self.last[index] = time.time()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+class GpuCollector(Collector):
+    name = "gpu"
+    description = "NVIDIA GPUs through NVML: utilisation, memory, power, clocks, throttling, ECC, XID, processes"
+
+    def __init__(self, ctx: CollectorContext) -> None:
+        super().__init__(ctx)
+        self.nvml = Nvml(ctx.config.nvml_library or None)
+        self._xid: XidWatcher | None = None
+        self._lost: set[int] = set()
+        self._lost_counts: dict[int, int] = {}
+        self._util_ts: dict[int, int] = {}
+        self._gpm: dict[int, Any] = {}  # index -> previous GPM sample
+        self._gpm_supported: dict[int, bool] = {}
+        self._ns_depth: int | None = None
+
+    def collect(self) -> list[Family]:
+        if not self.nvml.init():
+            return [Family("outrider_gpu_nvml_up").add(0)]
+        count = self.nvml.device_count()
+        out: dict[str, Family] = {}
+
+        def fam(name: str) -> Family:
+            f = out.get(name)
+            if f is None:
+                f = out[name] = Family(name)
+            return f
+
+        fam("outrider_gpu_nvml_up").add(1 if self.nvml.initialized else 0)
+        fam("outrider_gpu_count").add(count)
+        handles = {}
+        for index in range(count):
+            h = self.nvml.handle(index)
+            if h is NA:
+                continue
+            handles[index] = h
+            labels = (str(index), f"index-{index}", "unknown")
+            try:
+                facts = self.nvml.facts(index)
+                labels = (str(index), facts.uuid, facts.name)
+                self._device(index, h, facts, labels, fam)
+                self._lost.discard(index)
+                fam("outrider_gpu_up").add(1, *labels)
+            except GpuLost:
+                if index not in self._lost:
+                    self._lost.add(index)
+                    self._lost_counts[index] = self._lost_counts.get(index, 0) + 1
+                    self.log.error("GPU %d (%s) is lost: fallen off the bus or in need of a reset", index,
+                                   facts.uuid)
+                fam("outrider_gpu_up").add(0, *labels)
+            fam("outrider_gpu_lost_total").add(self._lost_counts.get(index, 0), *labels)
+        if self._xid is None and handles and self.nvml.has("nvmlEventSetCreate"):
+            self._xid = XidWatcher(self.nvml, dict(handles))
+        if self._xid is not None:
+            for (index, code), n in sorted(self._xid.counts.items()):
+                if index in handles:
+                    f = self.nvml.facts(index)
+                    fam("outrider_gpu_xid_errors_total").add(n, str(index), f.uuid, f.name, str(code),
+                                                            xid_class(code))
+            for index, ts in sorted(self._xid.last.items()):
+                if index in handles:
+                    f = self.nvml.facts(index)
+                    fam("outrider_gpu_last_xid_timestamp_seconds").add(ts, str(index), f.uuid, f.name)
+        self.errors = self.nvml.errors
+        return list(out.values())
+
+    def _device(self, i: int, h: Any, facts: Any, labels: tuple[str, ...], fam: Any) -> None:
+        q, lib = self.nvml.query, self.nvml.lib
+        util = q("nvmlDeviceGetUtilizationRates", h, device=i)
+        if util is not NA:
+            fam("outrider_gpu_utilization_ratio").add(util.gpu / 100.0, *labels, "general")
+            fam("outrider_gpu_memory_bandwidth_utilization_ratio").add(util.memory / 100.0, *labels)
+        for fn, task in (("nvmlDeviceGetEncoderUtilization", "encoder"),
+                         ("nvmlDeviceGetDecoderUtilization", "decoder")):
+            v = q(fn, h, device=i)
+            if v is not NA:
+                fam("outrider_gpu_utilization_ratio").add(v[0] / 100.0, *labels, task)
+        mem = q("nvmlDeviceGetMemoryInfo", h, lib.nvmlMemory_v2, device=i, key="nvmlDeviceGetMemoryInfo_v2")
+        if mem is NA:
+            mem = q("nvmlDeviceGetMemoryInfo", h, device=i)
+        if mem is not NA:
+            fam("outrider_gpu_memory_total_bytes").add(mem.total, *labels)
+            fam("outrider_gpu_memory_used_bytes").add(mem.used, *labels)
+            fam("outrider_gpu_memory_free_bytes").add(mem.free, *labels)
+            if hasattr(mem, "reserved"):
+                fam("outrider_gpu_memory_reserved_bytes").add(mem.reserved, *labels)
+        temp = q("nvmlDeviceGetTemperature", h, lib.NVML_TEMPERATURE_GPU, device=i)
+        if temp is not NA:
+            fam("outrider_gpu_temperature_celsius").add(temp, *labels, "gpu")
+        fields = self._fields(i, h)
+        if FIELD_MEMORY_TEMP in fields:
+            fam("outrider_gpu_temperature_celsius").add(fields[FIELD_MEMORY_TEMP], *labels, "memory")
+        if FIELD_NVLINK_TX in fields:
+            fam("outrider_gpu_nvlink_bytes_total").add(fields[FIELD_NVLINK_TX] * 1024, *labels, "transmit")
+        if FIELD_NVLINK_RX in fields:
+            fam("outrider_gpu_nvlink_bytes_total").add(fields[FIELD_NVLINK_RX] * 1024, *labels, "receive")
+        power = q("nvmlDeviceGetPowerUsage", h, device=i)
+        if power is not NA:
+            fam("outrider_gpu_power_watts").add(power / 1000.0, *labels)
+        if facts.power_limit_w is not NA:
+            fam("outrider_gpu_power_limit_watts").add(facts.power_limit_w, *labels)
+        energy = q("nvmlDeviceGetTotalEnergyConsumption", h, device=i)
+        if energy is not NA:
+            fam("outrider_gpu_energy_joules_total").add(energy / 1000.0, *labels)
+        for clock_type, clock in ((lib.NVML_CLOCK_SM, "sm"), (lib.NVML_CLOCK_MEM, "memory")):
+            v = q("nvmlDeviceGetClockInfo", h, clock_type, device=i, key=f"nvmlDeviceGetClockInfo:{clock}")
+            if v is not NA:
+                fam("outrider_gpu_clock_hertz").add(v * 1e6, *labels, clock)
+        if facts.max_sm_clock_hz is not NA:
+            fam("outrider_gpu_clock_max_hertz").add(facts.max_sm_clock_hz, *labels, "sm")
+        if facts.max_mem_clock_hz is not NA:
+            fam("outrider_gpu_clock_max_hertz").add(facts.max_mem_clock_hz, *labels, "memory")
+        pstate = q("nvmlDeviceGetPerformanceState", h, device=i)
+        if pstate is not NA:
+            fam("outrider_gpu_performance_state").add(pstate, *labels)
+        fan = q("nvmlDeviceGetFanSpeed", h, device=i)
+        if fan is not NA:
+            fam("outrider_gpu_fan_speed_ratio").add(fan / 100.0, *labels)
+        reasons = self.nvml.probe(("nvmlDeviceGetCurrentClocksEventReasons",
+                                   "nvmlDeviceGetCurrentClocksThrottleReasons"), h, device=i)
+        if reasons is not NA:
+            for bit, reason in CLOCK_EVENT_REASONS:
+                fam("outrider_gpu_clock_event_active").add(1 if reasons & bit else 0, *labels, reason)
+        for policy, reason in VIOLATION_POLICIES:
+            v = q("nvmlDeviceGetViolationStatus", h, policy, device=i, key=f"nvmlDeviceGetViolationStatus:{reason}")
+            if v is not NA:
+                fam("outrider_gpu_violation_seconds_total").add(v.violationTime / 1e9, *labels, reason)
+        for counter, direction in ((lib.NVML_PCIE_UTIL_TX_BYTES, "transmit"), (lib.NVML_PCIE_UTIL_RX_BYTES, "receive")):
+            v = q("nvmlDeviceGetPcieThroughput", h, counter, device=i, key=f"nvmlDeviceGetPcieThroughput:{direction}")
+            if v is not NA:
+                fam("outrider_gpu_pcie_throughput_bytes_per_second").add(v * 1024, *labels, direction)
+        replay = q("nvmlDeviceGetPcieReplayCounter", h, device=i)
+        if replay is not NA:
+            fam("outrider_gpu_pcie_replays_total").add(replay, *labels)
+        for err_type, type_name in ((lib.NVML_MEMORY_ERROR_TYPE_CORRECTED, "corrected"),
+                                    (lib.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, "uncorrected")):
+            for counter, counter_name in ((lib.NVML_VOLATILE_ECC, "volatile"), (lib.NVML_AGGREGATE_ECC, "aggregate")):
+                v = q("nvmlDeviceGetTotalEccErrors", h, err_type, counter, device=i,
+                      key=f"nvmlDeviceGetTotalEccErrors:{type_name}:{counter_name}")
+                if v is not NA:
+                    fam("outrider_gpu_ecc_errors_total").add(v, *labels, type_name, counter_name)
+        rows = q("nvmlDeviceGetRemappedRows", h, device=i)
+        if rows is not NA:
+            corr, unc, pending, failure = rows
+            fam("outrider_gpu_remapped_rows").add(corr, *labels, "correctable").add(unc, *labels, "uncorrectable")
+            fam("outrider_gpu_row_remap_pending").add(1 if pending else 0, *labels)
+            fam("outrider_gpu_row_remap_failure").add(1 if failure else 0, *labels)
+        mig = q("nvmlDeviceGetMigMode", h, device=i)
+        if mig is not NA:
+            fam("outrider_gpu_mig_mode").add(1 if mig[0] else 0, *labels)
+        self._gpm_metrics(i, h, labels, fam)
+        self._processes(i, h, labels, fam)
+
+    def _fields(self, i: int, h: Any) -> dict[int, float]:
+        values = self.nvml.query("nvmlDeviceGetFieldValues", h, [FIELD_MEMORY_TEMP, FIELD_NVLINK_TX, FIELD_NVLINK_RX],
+                                 device=i)
+        out: dict[int, float] = {}
+        if values is NA:
+            return out
+        for v in values:
+            if v.nvmlReturn == 0:
+                out[int(v.fieldId)] = float(v.value.ullVal)
+        return out
+
+    def _gpm_metrics(self, i: int, h: Any, labels: tuple[str, ...], fam: Any) -> None:
+        """GPM needs two samples: the previous sweep's and this one's. No exclusive profiling lock is taken."""
+        nv, lib = self.nvml, self.nvml.lib
+        if not nv.has("nvmlGpmQueryDeviceSupport") or self._gpm_supported.get(i) is False:
+            return
+        if i not in self._gpm_supported:
+            support = nv.query("nvmlGpmQueryDeviceSupport", h, device=i)
+            self._gpm_supported[i] = bool(support is not NA and support.isSupportedDevice)
+            if not self._gpm_supported[i]:
+                return
+        sample = nv.query("nvmlGpmSampleAlloc")
+        if sample is NA or nv.query("nvmlGpmSampleGet", h, sample, device=i) is NA:
+            return
+        previous, self._gpm[i] = self._gpm.get(i), sample
+        if previous is None:
+            return
+        request = lib.c_nvmlGpmMetricsGet_t()
+        request.version = lib.NVML_GPM_METRICS_GET_VERSION
+        request.numMetrics = len(GPM_METRICS)
+        request.sample1, request.sample2 = previous, sample
+        for k, (metric_id, _) in enumerate(GPM_METRICS):
+            request.metrics[k].metricId = metric_id
+        result = nv.query("nvmlGpmMetricsGet", request, device=i)
+        nv.query("nvmlGpmSampleFree", previous)
+        if result is NA:
+            return
+        for k, (_, name) in enumerate(GPM_METRICS):
+            if result.metrics[k].nvmlReturn == 0:
+                fam(name).add(result.metrics[k].value / 100.0, *labels)
+
+    def _processes(self, i: int, h: Any, labels: tuple[str, ...], fam: Any) -> None:
+        nv = self.nvml
+        procs = nv.probe(("nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetComputeRunningProcesses_v2"), h,
+                         device=i)
+        if procs is NA:
+            return
+        since = self._util_ts.get(i, 0)
+        samples = nv.query("nvmlDeviceGetProcessUtilization", h, since, device=i)
+        sm: dict[int, float] = {}
+        if samples is not NA:
+            for s in samples:
+                sm[int(s.pid)] = s.smUtil / 100.0
+                self._util_ts[i] = max(self._util_ts.get(i, 0), int(s.timeStamp))
+        for p in procs:
+            pid, name = self._translate(int(p.pid))
+            if p.usedGpuMemory is not None:
+                fam("outrider_gpu_process_memory_bytes").add(p.usedGpuMemory, *labels, pid, name)
+            if int(p.pid) in sm:
+                fam("outrider_gpu_process_sm_utilization_ratio").add(sm[int(p.pid)], *labels, pid, name)
+
+    def _translate(self, nvml_pid: int) -> tuple[str, str]:
+        """NVML reports PIDs as the procfs mount we read sees them (the host's, for a node agent given the host's
+        /proc). NSpid in /proc/PID/status lists the PID in each nested namespace; the entry at the agent's own
+        depth is the PID in the agent's namespace (a sidecar sharing its pod's namespace sees its workload's)."""
+        root = self.ctx.config.proc_root
+        if self._ns_depth is None:
+            own = _nspid(root, "self")
+            self._ns_depth = len(own) - 1 if own else 0
+        chain = _nspid(root, str(nvml_pid))
+        if not chain:
+            return str(nvml_pid), ""  # not visible from here: reported as NVML gave it
+        local = chain[self._ns_depth] if self._ns_depth < len(chain) else chain[-1]
+        try:
+            name = read_proc_stat(root, nvml_pid).name
+        except (OSError, ValueError, IndexError):
+            name = ""
+        return str(local), name
+
+    def close(self) -> None:
+        if self._xid is not None:
+            self._xid.stop()
+        self.nvml.shutdown()
+
+
+def _nspid(root: str, pid: str) -> list[int]:
+    try:
+        for line in read_text(os.path.join(root, pid, "status")).splitlines():
+            if line.startswith("NSpid:"):
+                return [int(x) for x in line.split()[1:]]
+    except (OSError, ValueError):
+        pass
+    return []

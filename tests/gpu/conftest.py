@@ -1,0 +1,96 @@
+"""Builds the fake libnvidia-ml.so.1 (tests/fakes/fake_nvml.c) against the real nvml.h from nvidia-nvml-dev.
+
+The fake stands in for the NVIDIA driver: the collector goes through the real nvidia-ml-py bindings into it.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from outrider.collectors.base import CollectorContext
+from outrider.collectors.gpu import GpuCollector
+from outrider.config import Config
+from outrider.metrics.exposition import render
+from outrider.sampler import SweepStats
+from tests.helpers import REPO, samples
+
+
+def nvml_include_dir() -> str:
+    import nvidia  # the namespace package nvidia-nvml-dev installs into
+
+    for base in nvidia.__path__:
+        for header in glob.glob(os.path.join(base, "*", "include", "nvml.h")):
+            return os.path.dirname(header)
+    pytest.fail("nvml.h not found: pip install nvidia-nvml-dev (a dev dependency; .ci/run installs it)")
+
+
+@pytest.fixture(scope="session")
+def fake_nvml(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """{"full": path, "old": path}: a current driver, and one without the newer symbols."""
+    out = tmp_path_factory.mktemp("fake-nvml")
+    libs = {}
+    for variant, flags in (("full", []), ("old", ["-DOLD_DRIVER"])):
+        (out / variant).mkdir()
+        lib = out / variant / "libnvidia-ml.so.1"
+        subprocess.run(["gcc", "-shared", "-fPIC", "-O1", "-Wall", "-Wno-deprecated-declarations",
+                        "-Wno-format-truncation", "-fvisibility=hidden", *flags, "-I", nvml_include_dir(),
+                        "-o", str(lib), str(REPO / "tests" / "fakes" / "fake_nvml.c"), "-lpthread"],
+                       check=True, capture_output=True, text=True)
+        libs[variant] = str(lib)
+    return libs
+
+
+class Scenario:
+    """The fake's scenario file; every write changes size or mtime, so the fake re-reads it."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.version = 0
+
+    def write(self, text: str) -> None:
+        """Atomically (rename), so the fake never reads a half-written scenario."""
+        self.version += 1
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(text + f"\n# version {self.version}\n")
+        os.replace(tmp, self.path)
+
+
+@pytest.fixture
+def scenario(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Scenario:
+    s = Scenario(tmp_path / "scenario.txt")
+    s.write("device_count 0")
+    monkeypatch.setenv("FAKE_NVML_SCENARIO", str(s.path))
+    return s
+
+
+_open: list[GpuCollector] = []
+
+
+def make_collector(lib: str, proc_root: str = "/proc") -> GpuCollector:
+    c = GpuCollector(CollectorContext(Config(nvml_library=lib, proc_root=proc_root), SweepStats()))
+    _open.append(c)
+    return c
+
+
+@pytest.fixture(autouse=True)
+def _close_collectors(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Each test's XID watcher threads end with it, so none steals the next test's events."""
+    from outrider.collectors.gpu import XidWatcher
+
+    monkeypatch.setattr(XidWatcher, "WAIT_MS", 50)
+    yield
+    while _open:
+        c = _open.pop()
+        c.close()
+        if c._xid is not None:
+            c._xid._thread.join(timeout=5)
+
+
+def sweep(c: GpuCollector) -> dict:  # type: ignore[type-arg]
+    return samples(render(c.collect()).decode())
