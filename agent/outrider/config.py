@@ -63,6 +63,9 @@ class Config:
     stall_factor: float = field(default=10.0, metadata={
         "help": "a step is stalled after stall_factor x the recent median step time (and stall_floor_s)"})
     stall_floor_s: float = field(default=300.0, metadata={"help": "never call a stall before this many seconds"})
+    k8s_labels: tuple[str, ...] = field(default=("pod", "namespace", "node", "container"), metadata={
+        "help": "Kubernetes identity labels exported (from the Downward API variables POD_NAME, POD_NAMESPACE, "
+                "NODE_NAME, CONTAINER_NAME) on outrider_k8s_info and as OTLP resource attributes; an allow-list"})
     nvml_library: str = field(default="", metadata={
         "help": "path of libnvidia-ml.so.1 to load; empty: the driver's, found by soname"})
     standalone: bool = field(default=True, metadata={
@@ -174,6 +177,23 @@ def _choice(choices: tuple[str, ...]) -> Callable[[Any], str]:
     return convert
 
 
+K8S_ENV = {"pod": "POD_NAME", "namespace": "POD_NAMESPACE", "node": "NODE_NAME", "container": "CONTAINER_NAME"}
+
+
+def _k8s_labels(raw: Any) -> tuple[str, ...]:
+    names = _str_list(raw)
+    for name in names:
+        if name not in K8S_ENV:
+            raise ValueError("label names from: " + ", ".join(K8S_ENV))
+    return names
+
+
+def k8s_identity(config: Config, env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The allowed Kubernetes identity labels that the Downward API variables give (empty where unset)."""
+    env = os.environ if env is None else env
+    return {name: env.get(K8S_ENV[name], "") for name in config.k8s_labels}
+
+
 def _collectors(raw: Any) -> tuple[str, ...]:
     from outrider.collectors import REGISTRY
 
@@ -208,6 +228,7 @@ CONVERTERS: dict[str, Callable[[Any], Any]] = {
     "stall_floor_s": _positive_float,
     "standalone": _bool,
     "nvml_library": _str,
+    "k8s_labels": _k8s_labels,
 }
 assert set(CONVERTERS) == set(FIELDS), "every config field needs a converter"
 

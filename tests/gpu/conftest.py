@@ -5,9 +5,7 @@ The fake stands in for the NVIDIA driver: the collector goes through the real nv
 
 from __future__ import annotations
 
-import glob
 import os
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,32 +16,17 @@ from outrider.collectors.gpu import GpuCollector
 from outrider.config import Config
 from outrider.metrics.exposition import render
 from outrider.sampler import SweepStats
-from tests.helpers import REPO, samples
-
-
-def nvml_include_dir() -> str:
-    import nvidia  # the namespace package nvidia-nvml-dev installs into
-
-    for base in nvidia.__path__:
-        for header in glob.glob(os.path.join(base, "*", "include", "nvml.h")):
-            return os.path.dirname(header)
-    pytest.fail("nvml.h not found: pip install nvidia-nvml-dev (a dev dependency; .ci/run installs it)")
+from tests.fakes.build import build
+from tests.helpers import samples
 
 
 @pytest.fixture(scope="session")
 def fake_nvml(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     """{"full": path, "old": path}: a current driver, and one without the newer symbols."""
-    out = tmp_path_factory.mktemp("fake-nvml")
-    libs = {}
-    for variant, flags in (("full", []), ("old", ["-DOLD_DRIVER"])):
-        (out / variant).mkdir()
-        lib = out / variant / "libnvidia-ml.so.1"
-        subprocess.run(["gcc", "-shared", "-fPIC", "-O1", "-Wall", "-Wno-deprecated-declarations",
-                        "-Wno-format-truncation", "-fvisibility=hidden", *flags, "-I", nvml_include_dir(),
-                        "-o", str(lib), str(REPO / "tests" / "fakes" / "fake_nvml.c"), "-lpthread"],
-                       check=True, capture_output=True, text=True)
-        libs[variant] = str(lib)
-    return libs
+    try:
+        return build(tmp_path_factory.mktemp("fake-nvml"))
+    except FileNotFoundError as e:
+        pytest.fail(str(e))
 
 
 class Scenario:

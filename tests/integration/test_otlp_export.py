@@ -21,7 +21,8 @@ def mem_total_bytes() -> int:
 
 def otel_env(endpoint: str, **extra: str) -> dict[str, str]:
     return {"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint, "OTEL_METRIC_EXPORT_INTERVAL": "500",
-            "OTEL_SERVICE_NAME": "trainer-7", "OTEL_RESOURCE_ATTRIBUTES": "k8s.pod.name=train-0,team=ml", **extra}
+            "OTEL_SERVICE_NAME": "trainer-7", "OTEL_RESOURCE_ATTRIBUTES": "k8s.pod.name=train-0,team=ml",
+            "POD_NAME": "ignored-the-standard-variable-wins", "POD_NAMESPACE": "research", **extra}
 
 
 def check_export(requests: list, watched_pid: int) -> None:  # type: ignore[type-arg]
@@ -41,6 +42,7 @@ def check_export(requests: list, watched_pid: int) -> None:  # type: ignore[type
     res = attributes(requests[-1].resource_metrics[0].resource.attributes)
     assert res["service.name"] == "trainer-7"
     assert res["k8s.pod.name"] == "train-0" and res["team"] == "ml"
+    assert res["k8s.namespace.name"] == "research", "filled in from the Downward API variable"
     assert res["telemetry.sdk.name"] == "opentelemetry"
 
 

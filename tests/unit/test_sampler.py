@@ -54,3 +54,17 @@ def test_gzip_variant_decompresses_to_the_same_text(proc_fixture: Path) -> None:
     s = sampler_with_broken(proc_fixture)
     s.sweep()
     assert gzip.decompress(s.exposition(False, compressed=True)) == s.exposition(False)
+
+
+def test_k8s_identity_from_the_downward_api_behind_an_allow_list(monkeypatch: object) -> None:
+    from outrider.collectors.agent_self import SelfCollector
+    from outrider.collectors.base import CollectorContext
+    from outrider.metrics.exposition import render
+    from outrider.sampler import SweepStats
+
+    env = {"POD_NAME": "train-0", "POD_NAMESPACE": "ml", "NODE_NAME": "gpu-node-7", "CONTAINER_NAME": "trainer"}
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)  # type: ignore[attr-defined]
+    c = SelfCollector(CollectorContext(Config(k8s_labels=("pod", "namespace")), SweepStats()))
+    parsed = samples(render(c.collect()).decode())
+    assert value(parsed, "outrider_k8s_info", pod="train-0", namespace="ml", node="", container="") == 1

@@ -9,6 +9,7 @@ import psutil
 
 from outrider import __version__
 from outrider.collectors.base import Collector, CollectorContext
+from outrider.config import k8s_identity
 from outrider.metrics.family import Family
 
 
@@ -32,6 +33,10 @@ class SelfCollector(Collector):
             Family("outrider_agent_sweeps_total").add(stats.sweeps),
             Family("outrider_agent_scrapes_total").add(stats.scrapes),
         ]
+        k8s = k8s_identity(self.ctx.config)
+        if any(k8s.values()):
+            fams.append(Family("outrider_k8s_info").add(1, *(k8s.get(n, "") for n in ("pod", "namespace", "node",
+                                                                                   "container"))))
         if stats.sweeps:
             fams.append(Family("outrider_agent_sweep_duration_seconds").add(stats.last_sweep_s))
         if stats.otlp_results:

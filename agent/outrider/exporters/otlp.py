@@ -41,7 +41,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from outrider import __version__
-from outrider.config import Config, ConfigError
+from outrider.config import Config, ConfigError, k8s_identity
 from outrider.metrics.catalog import MetricDef
 from outrider.metrics.family import Family, HistogramValue
 from outrider.sampler import Sampler
@@ -63,11 +63,19 @@ def _attributes(defn: MetricDef, values: tuple[str, ...]) -> dict[str, str | int
     return out
 
 
-def _resource() -> Resource:
-    """OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES win; Outrider fills in only what they leave unset."""
+K8S_ATTRIBUTES = {"pod": "k8s.pod.name", "namespace": "k8s.namespace.name", "node": "k8s.node.name",
+                  "container": "k8s.container.name"}
+
+
+def _resource(config: Config) -> Resource:
+    """OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES win; Outrider fills in only what they leave unset (service,
+    host, and the allowed Kubernetes identity from the Downward API variables)."""
     detected = Resource.create()
     attrs = detected.attributes
     defaults: dict[str, str] = {}
+    for name, value in k8s_identity(config).items():
+        if value and K8S_ATTRIBUTES[name] not in attrs:
+            defaults[K8S_ATTRIBUTES[name]] = value
     if str(attrs.get("service.name", "unknown_service")).startswith("unknown_service"):
         defaults["service.name"] = "outrider"
     if "service.version" not in attrs:
@@ -115,7 +123,7 @@ class OtlpExporter:
         self.config = config
         self.sampler = sampler
         self._inner = self._make_exporter()  # fails now, not in a background thread, if the protocol is missing
-        self._resource = _resource()
+        self._resource = _resource(config)
         self._start_ns = time.time_ns()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None

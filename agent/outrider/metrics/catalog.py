@@ -340,6 +340,11 @@ _DEFS: tuple[MetricDef, ...] = (
     # --- self ----------------------------------------------------------------------------------------------
     MetricDef("outrider_agent_info", "outrider.agent.info", "1", "gauge",
               "Constant 1, labelled with the agent's version.", (Label("version", "service.version"),), "self"),
+    MetricDef("outrider_k8s_info", "outrider.k8s.info", "1", "gauge",
+              "Constant 1, labelled with the pod, namespace, node and container the agent runs in (Downward API "
+              "variables; labels outside the k8s_labels allow-list stay empty). Join on instance.",
+              (Label("pod", "k8s.pod.name"), Label("namespace", "k8s.namespace.name"), Label("node", "k8s.node.name"),
+               Label("container", "k8s.container.name")), "self", True),
     MetricDef("outrider_agent_start_time_seconds", "outrider.agent.start_time", "s", "gauge",
               "Unix time the agent started.", (), "self"),
     MetricDef("outrider_agent_cpu_seconds_total", "outrider.agent.cpu.time", "s", "counter",

@@ -1,0 +1,103 @@
+"""The same collector against a real NVIDIA driver. Marked `gpu`: skipped where no GPU is present; run on a GPU
+machine with `bash scripts/gpu-check.sh`."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+
+import pytest
+
+from outrider.collectors.base import CollectorContext
+from outrider.collectors.gpu import GpuCollector
+from outrider.config import Config
+from outrider.metrics.exposition import render
+from outrider.sampler import SweepStats
+from tests.helpers import samples
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture
+def real() -> GpuCollector:
+    if not os.path.exists("/dev/nvidiactl"):
+        pytest.skip("no NVIDIA GPU here (/dev/nvidiactl absent)")
+    import pynvml
+
+    pynvml.nvmlLib = None  # other tests in this process may have loaded the fake: load the driver's by soname
+    pynvml._nvmlGetFunctionPointer_cache.clear()
+    c = GpuCollector(CollectorContext(Config(), SweepStats()))
+    if not c.nvml.init():
+        pytest.skip(f"no NVIDIA GPU here: {c.nvml.unavailable_reason}")
+    yield c
+    c.close()
+
+
+def by(parsed: dict, name: str) -> dict:  # type: ignore[type-arg]
+    return {dict(labels).get("gpu"): v for (n, labels), v in parsed.items() if n == name}
+
+
+def test_real_driver_readings_are_sane(real: GpuCollector) -> None:
+    real.collect()
+    time.sleep(0.5)
+    parsed = samples(render(real.collect()).decode())
+    count = int(parsed[("outrider_gpu_count", ())])
+    assert count >= 1
+    total, used = by(parsed, "outrider_gpu_memory_total_bytes"), by(parsed, "outrider_gpu_memory_used_bytes")
+    assert len(total) == count and all(t > 1 << 30 for t in total.values())
+    assert all(0 <= used[g] <= total[g] for g in total)
+    util = {dict(k[1])["gpu"]: v for k, v in parsed.items()
+            if k[0] == "outrider_gpu_utilization_ratio" and dict(k[1])["task"] == "general"}
+    assert all(0 <= u <= 1 for u in util.values())
+    assert all(0 < t < 120 for t in by(parsed, "outrider_gpu_temperature_celsius").values())
+    assert all(v == 1 for v in by(parsed, "outrider_gpu_up").values())
+    if shutil.which("nvidia-smi"):
+        out = subprocess.run(["nvidia-smi", "--query-gpu=index,uuid,memory.total", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, check=True).stdout
+        uuids = {line.split(",")[1].strip() for line in out.strip().splitlines()}
+        seen = {dict(labels)["uuid"] for (n, labels) in parsed if n == "outrider_gpu_up"}
+        assert seen == uuids, "the same GPUs nvidia-smi lists"
+
+
+def test_real_sweep_cost(real: GpuCollector) -> None:
+    real.collect()
+    calls, t0 = real.nvml.calls, time.process_time()
+    for _ in range(20):
+        real.collect()
+    per_sweep_ms = (time.process_time() - t0) / 20 * 1000
+    count = real.nvml.device_count()
+    print(f"real driver: {count} GPUs, {per_sweep_ms:.2f} ms CPU per sweep, "
+          f"{(real.nvml.calls - calls) / 20 / max(count, 1):.0f} NVML calls per GPU per sweep")
+
+
+def test_cuda_events_and_allocator_on_a_real_gpu(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch without CUDA")
+    from outrider.hook import api
+    from outrider.hook.runtime import Hook
+    from outrider.hook.torch_integration import TorchIntegration
+
+    hook = Hook(spool_dir=str(tmp_path), standalone=False)
+    state = api._State()
+    state.hook = hook
+    integ = TorchIntegration(hook, state, torch)
+    try:
+        x = torch.randn(4096, 4096, device="cuda")
+        integ.sample()  # CUDA is initialised now: the step listener joins
+        for _ in range(20):
+            y = x @ x
+            integ.on_step()
+        torch.cuda.synchronize()  # the test waits for the GPU; the hook never does
+        integ.sample()
+        gpu_step = hook.series("histogram", "outrider_train_gpu_step_duration_seconds", builtin=True)
+        total = gpu_step.total()
+        assert sum(total[:-1]) == 19 and total[-1] > 0, "19 intervals between 20 events"
+        reserved = hook.series("gauge", "outrider_torch_cuda_memory_bytes", {"device": "0", "kind": "reserved"},
+                               builtin=True).total()[0]
+        assert reserved >= 3 * 4096 * 4096 * 4
+        del y
+    finally:
+        integ.handle.remove()
