@@ -94,6 +94,16 @@ def build_parser() -> argparse.ArgumentParser:
     c = csub.add_parser("show", help="the effective configuration, each value with its source")
     _add_config_flags(c, with_pid=True)
 
+    p = sub.add_parser("rules", help="the alert rules: export them as a rule file, a PrometheusRule or for Grafana")
+    rsub = p.add_subparsers(dest="rules_command", metavar="ACTION")
+    r = rsub.add_parser("export", help="print the rules in a format, with thresholds tuned by --set")
+    r.add_argument("--format", default="prometheus", choices=("prometheus", "prometheusrule", "grafana"))
+    r.add_argument("--set", dest="settings", action="append", default=[], metavar="RULE.NAME=VALUE",
+                   help="tune a threshold, or RULE.for / RULE.severity (see alerts/tunables.yaml); repeatable")
+    r.add_argument("--rules", metavar="FILE", help="rule file (default: alerts/outrider.rules.yaml)")
+    r.add_argument("--datasource-uid", default="prometheus", help="Grafana's Prometheus datasource UID")
+    r.add_argument("--namespace", help="namespace of the PrometheusRule")
+
     p = sub.add_parser("demo", help="run a bundled synthetic workload under watch and show what Outrider sees")
     p.add_argument("--duration", type=float, default=12.0, help="seconds the workload runs (default 12)")
     return parser
@@ -125,6 +135,21 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             return 0
         parser.parse_args(["config", "--help"])
         return 2
+    if args.command == "rules":
+        from pathlib import Path
+
+        from outrider.rules.export import RulesError, export
+
+        if args.rules_command != "export":
+            parser.parse_args(["rules", "--help"])
+            return 2
+        try:
+            sys.stdout.write(export(args.format, args.settings, Path(args.rules) if args.rules else None,
+                                    args.datasource_uid, args.namespace))
+        except RulesError as e:
+            print(f"outrider rules export: {e}", file=sys.stderr)
+            return 2
+        return 0
     if args.command == "demo":
         from outrider.demo import run_demo
 
