@@ -21,6 +21,7 @@ def main() -> None:
     ap.add_argument("--hold", help="after the work, wait until this file exists")
     ap.add_argument("--step-sleep", type=float, default=0.001)
     ap.add_argument("--hang-after", type=int, default=0, help="stop stepping after this many steps and sleep")
+    ap.add_argument("--hang-seconds", type=float, default=3600.0, help="how long the hang lasts")
     ap.add_argument("--torch", action="store_true", help="a real CPU torch training loop counted by the optimizer")
     args = ap.parse_args()
     if args.torch:
@@ -38,7 +39,7 @@ def main() -> None:
     else:
         for i, _ in enumerate(outrider.dataloader(range(args.steps))):
             if args.hang_after and i == args.hang_after:
-                time.sleep(3600)
+                time.sleep(args.hang_seconds)
             with outrider.step(samples=4, tokens=64):
                 time.sleep(args.step_sleep)
     outrider.histogram("workload_phase_seconds", {"phase": "main"}).observe(0.5)

@@ -26,7 +26,7 @@ from tests.helpers import free_port, http_get, wait_until
 
 class PrometheusServer:
     def __init__(self, workdir: Path, targets: list[str], scrape_interval_s: int = 1,
-                 rule_files: list[str] | None = None, extra_config: str = "") -> None:
+                 rule_files: list[str] | None = None, alertmanager: str | None = None) -> None:
         binary = need_binary("prometheus")
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -37,11 +37,14 @@ class PrometheusServer:
         }
         if rule_files:
             config["rule_files"] = rule_files
-        (workdir / "prometheus.yml").write_text(json.dumps(config) + "\n" + extra_config)
+        if alertmanager:
+            config["alerting"] = {"alertmanagers": [{"static_configs": [{"targets": [alertmanager]}]}]}
+        (workdir / "prometheus.yml").write_text(json.dumps(config))
         self.log = open(workdir / "prometheus.log", "wb")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
             [binary, f"--config.file={workdir / 'prometheus.yml'}", f"--storage.tsdb.path={workdir / 'data'}",
-             f"--web.listen-address=127.0.0.1:{self.port}", "--web.enable-lifecycle"],
+             f"--web.listen-address=127.0.0.1:{self.port}", "--web.enable-lifecycle",
+             "--rules.alert.resend-delay=1s"],
             stdout=self.log, stderr=subprocess.STDOUT)
         self.workdir = workdir
         wait_until(lambda: self._alive() and http_get(self.url + "/-/ready", timeout_s=1)[0] == 200,
@@ -73,6 +76,85 @@ class PrometheusServer:
         self.log.close()
 
     def __enter__(self) -> PrometheusServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class AlertmanagerServer:
+    """Debian's prometheus-alertmanager, routing everything to one webhook, fast (1 s group wait and interval)."""
+
+    def __init__(self, workdir: Path, webhook_url: str) -> None:
+        binary = need_binary("prometheus-alertmanager")
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        workdir.mkdir(parents=True, exist_ok=True)
+        config = {
+            "route": {"receiver": "test", "group_by": ["alertname", "instance"], "group_wait": "1s",
+                      "group_interval": "1s", "repeat_interval": "1h"},
+            "receivers": [{"name": "test", "webhook_configs": [{"url": webhook_url, "send_resolved": True}]}],
+        }
+        (workdir / "alertmanager.yml").write_text(json.dumps(config))
+        self.log = open(workdir / "alertmanager.log", "wb")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            [binary, f"--config.file={workdir / 'alertmanager.yml'}", f"--storage.path={workdir / 'data'}",
+             f"--web.listen-address=127.0.0.1:{self.port}", "--cluster.listen-address="],
+            stdout=self.log, stderr=subprocess.STDOUT)
+        self.workdir = workdir
+        wait_until(lambda: self._alive() and http_get(self.url + "/-/ready", timeout_s=1)[0] == 200,
+                   timeout_s=60, what="Alertmanager /-/ready")
+
+    def _alive(self) -> bool:
+        if self.proc.poll() is not None:
+            raise AssertionError("alertmanager exited: " + (self.workdir / "alertmanager.log").read_text()[-2000:])
+        return True
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+
+    def __enter__(self) -> AlertmanagerServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class WebhookReceiver:
+    """A local HTTP server recording every JSON body POSTed to it."""
+
+    def __init__(self) -> None:
+        self.bodies: list[Any] = []
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                receiver.bodies.append(json.loads(body))
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}/"
+        self._server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+    def __enter__(self) -> WebhookReceiver:
         return self
 
     def __exit__(self, *exc: object) -> None:
