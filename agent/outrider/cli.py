@@ -104,6 +104,16 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--datasource-uid", default="prometheus", help="Grafana's Prometheus datasource UID")
     r.add_argument("--namespace", help="namespace of the PrometheusRule")
 
+    p = sub.add_parser("dashboards", help="the Grafana dashboards: export them to files or push them to Grafana")
+    dsub = p.add_subparsers(dest="dashboards_command", metavar="ACTION")
+    d = dsub.add_parser("export", help="write the dashboards' JSON and a Grafana file-provisioning provider")
+    d.add_argument("dir")
+    d.add_argument("--provider-path", help="the path Grafana will read them from (default: DIR)")
+    d = dsub.add_parser("push", help="create the Outrider folder and upsert the dashboards through Grafana's API")
+    d.add_argument("--url", required=True, help="Grafana's URL, e.g. https://grafana.example.com")
+    d.add_argument("--token-file", help="file holding a service account token (default: $GRAFANA_TOKEN)")
+    d.add_argument("--datasource-uid", help="Prometheus datasource to select by default (checked to exist)")
+
     p = sub.add_parser("demo", help="run a bundled synthetic workload under watch and show what Outrider sees")
     p.add_argument("--duration", type=float, default=12.0, help="seconds the workload runs (default 12)")
     return parser
@@ -150,6 +160,29 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             print(f"outrider rules export: {e}", file=sys.stderr)
             return 2
         return 0
+    if args.command == "dashboards":
+        from pathlib import Path
+
+        try:
+            from outrider.dashboards import provision
+        except ImportError as e:
+            print(f"outrider dashboards: needs the grafana extra: pip install 'outrider[grafana]' ({e})",
+                  file=sys.stderr)
+            return 2
+        if args.dashboards_command == "export":
+            for path in provision.export(Path(args.dir), args.provider_path):
+                print(path)
+            return 0
+        if args.dashboards_command == "push":
+            try:
+                for url in provision.push(args.url, provision.read_token(args.token_file), args.datasource_uid):
+                    print(url)
+            except provision.PushError as e:
+                print(f"outrider dashboards push: {e}", file=sys.stderr)
+                return 1
+            return 0
+        parser.parse_args(["dashboards", "--help"])
+        return 2
     if args.command == "demo":
         from outrider.demo import run_demo
 

@@ -1,0 +1,158 @@
+"""Shared pieces of Outrider's dashboards: template variables, query and panel factories, thresholds, runbook links.
+
+Built with grafana-foundation-sdk (the Grafana 11.6 build). Every panel has a unit and a description; queries use
+the template variables, so one dashboard serves every job, pod, rank and GPU.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+from grafana_foundation_sdk.builders import heatmap as heatmap_panel
+from grafana_foundation_sdk.builders import stat as stat_panel
+from grafana_foundation_sdk.builders import table as table_panel
+from grafana_foundation_sdk.builders import timeseries
+from grafana_foundation_sdk.builders.common import ReduceDataOptions, VizLegendOptions, VizTooltipOptions
+from grafana_foundation_sdk.builders.dashboard import (
+    Dashboard,
+    DashboardLink,
+    DatasourceVariable,
+    QueryVariable,
+    ThresholdsConfig,
+)
+from grafana_foundation_sdk.builders.prometheus import Dataquery
+from grafana_foundation_sdk.models.common import (
+    BigValueColorMode,
+    BigValueGraphMode,
+    BigValueJustifyMode,
+    BigValueTextMode,
+    LegendDisplayMode,
+    LegendPlacement,
+    PercentChangeColorMode,
+    SortOrder,
+    TooltipDisplayMode,
+    VizOrientation,
+)
+from grafana_foundation_sdk.models.dashboard import (
+    DashboardCursorSync,
+    DashboardLinkType,
+    DataSourceRef,
+    Threshold,
+    ThresholdsMode,
+    VariableRefresh,
+    VariableSort,
+)
+
+DATASOURCE = DataSourceRef(type_val="prometheus", uid="${datasource}")
+SEL = 'namespace=~"$namespace", job=~"$job", instance=~"$instance"'
+RUNBOOKS = "https://github.com/outrider-dev/outrider/blob/main/alerts/runbooks/"
+
+
+def variable(name: str, label: str, query: str, multi: bool = True) -> QueryVariable:
+    return (QueryVariable(name).label(label).datasource(DATASOURCE).query(query)
+            .refresh(VariableRefresh.ON_TIME_RANGE_CHANGED).sort(VariableSort.ALPHABETICAL_ASC).multi(multi)
+            .include_all(True).all_value(".*"))
+
+
+def dashboard(uid: str, title: str, description: str, tags: list[str], variables: list[str]) -> Dashboard:
+    """A dashboard with the datasource variable and the identity variables asked for, in a fixed order."""
+    d = (Dashboard(title).uid(uid).description(description).tags(["outrider", *tags]).refresh("30s")
+         .time("now-1h", "now").timezone("browser").tooltip(DashboardCursorSync.CROSSHAIR)
+         .with_variable(DatasourceVariable("datasource").label("Data source").type("prometheus"))
+         .link(DashboardLink("Outrider dashboards").type(DashboardLinkType.DASHBOARDS).tags(["outrider"])
+               .as_dropdown(True).include_vars(True).keep_time(True)))
+    base = "outrider_agent_info"
+    known = {
+        "namespace": ("Namespace", f"label_values({base}, namespace)"),
+        "job": ("Job", f'label_values({base}{{namespace=~"$namespace"}}, job)'),
+        "instance": ("Pod / instance", f'label_values({base}{{namespace=~"$namespace", job=~"$job"}}, instance)'),
+        "rank": ("Rank", f"label_values(outrider_train_steps_total{{{SEL}}}, rank)"),
+        "gpu": ("GPU", f"label_values(outrider_gpu_up{{{SEL}}}, gpu)"),
+        "route": ("Route", f"label_values(outrider_requests_total{{{SEL}}}, route)"),
+    }
+    for name in variables:
+        label, query = known[name]
+        d = d.with_variable(variable(name, label, query))
+    return d
+
+
+def query(expr: str, legend: str = "", ref: str = "A", instant: bool = False, table: bool = False) -> Dataquery:
+    q = Dataquery().expr(expr).legend_format(legend or "__auto").ref_id(ref)
+    if instant:
+        q = q.instant()
+    if table:
+        from grafana_foundation_sdk.models.prometheus import PromQueryFormat
+
+        q = q.format(PromQueryFormat.TABLE)
+    return q
+
+
+def thresholds(*steps: tuple[float | None, str]) -> ThresholdsConfig:
+    return ThresholdsConfig().mode(ThresholdsMode.ABSOLUTE).steps([Threshold(v, c) for v, c in steps])
+
+
+GREEN = (None, "green")
+
+
+def runbook(anchor_file: str, anchor: str, title: str) -> DashboardLink:
+    return (DashboardLink(f"Runbook: {title}").type(DashboardLinkType.LINK).url(f"{RUNBOOKS}{anchor_file}#{anchor}")
+            .target_blank(True))
+
+
+_ids = itertools.count(1)
+
+
+def _common(p: Any, title: str, description: str, unit: str, queries: list[Dataquery], width: int,
+            height: int, th: ThresholdsConfig | None, links: list[DashboardLink] | None) -> Any:
+    p = p.id(next(_ids)).title(title).description(description).unit(unit).datasource(DATASOURCE).span(width)
+    p = p.height(height)
+    for i, q in enumerate(queries):
+        p = p.with_target(q.ref_id(chr(ord("A") + i)))
+    p = p.thresholds(th or thresholds(GREEN))
+    if links:
+        p = p.links(links)
+    return p
+
+
+def ts(title: str, description: str, unit: str, *queries: Dataquery, width: int = 12, height: int = 8,
+       th: ThresholdsConfig | None = None, links: list[DashboardLink] | None = None, min_val: float | None = None,
+       max_val: float | None = None) -> Any:
+    p = _common(timeseries.Panel(), title, description, unit, list(queries), width, height, th, links)
+    p = p.fill_opacity(10).line_width(1).legend(
+        VizLegendOptions().display_mode(LegendDisplayMode.LIST).placement(LegendPlacement.BOTTOM).show_legend(True)
+        .calcs([])).tooltip(VizTooltipOptions().mode(TooltipDisplayMode.MULTI).sort(SortOrder.DESCENDING))
+    if min_val is not None:
+        p = p.min(min_val)
+    if max_val is not None:
+        p = p.max(max_val)
+    return p
+
+
+def stat(title: str, description: str, unit: str, q: Dataquery, width: int = 6, height: int = 4,
+         th: ThresholdsConfig | None = None, links: list[DashboardLink] | None = None) -> Any:
+    p = _common(stat_panel.Panel(), title, description, unit, [q], width, height, th, links)
+    return (p.graph_mode(BigValueGraphMode.AREA).color_mode(BigValueColorMode.VALUE)
+            .justify_mode(BigValueJustifyMode.AUTO).text_mode(BigValueTextMode.AUTO).wide_layout(True)
+            .show_percent_change(False).percent_change_color_mode(PercentChangeColorMode.STANDARD)
+            .orientation(VizOrientation.AUTO).reduce_options(ReduceDataOptions().calcs(["lastNotNull"])))
+
+
+def table(title: str, description: str, unit: str, *queries: Dataquery, width: int = 24, height: int = 8,
+          th: ThresholdsConfig | None = None, links: list[DashboardLink] | None = None) -> Any:
+    return _common(table_panel.Panel(), title, description, unit, list(queries), width, height, th, links)
+
+
+def heatmap(title: str, description: str, unit: str, q: Dataquery, width: int = 12,
+            height: int = 8) -> Any:
+    from grafana_foundation_sdk.builders.heatmap import YAxisConfig
+    from grafana_foundation_sdk.models.prometheus import PromQueryFormat
+
+    q = q.format(PromQueryFormat.HEATMAP)
+    p = _common(heatmap_panel.Panel(), title, description, unit, [q], width, height, None, None)
+    return p.calculate(False).y_axis(YAxisConfig().unit(unit))
+
+
+def reset_ids() -> None:
+    global _ids
+    _ids = itertools.count(1)

@@ -1,0 +1,94 @@
+"""Training job dashboard: step time, throughput, data wait, GPU use and memory, allocator, stragglers, alerts."""
+
+from __future__ import annotations
+
+from grafana_foundation_sdk.builders.dashboard import AnnotationQuery, Dashboard, Row
+
+from outrider.dashboards.panels import DATASOURCE, GREEN, SEL, dashboard, query, runbook, stat, thresholds, ts
+
+R = f'{SEL}, rank=~"$rank"'
+G = f'{SEL}, gpu=~"$gpu"'
+
+
+def firing_alerts_annotation() -> AnnotationQuery:
+    return (AnnotationQuery().name("Firing alerts").datasource(DATASOURCE).enable(True).icon_color("red")
+            .expr(f'ALERTS{{alertstate="firing", {SEL}}}'))
+
+
+def build() -> Dashboard:
+    d = dashboard("outrider-training", "Outrider / Training job",
+                  "Step time, throughput, input pipeline, GPU use and memory of a training job, per rank.",
+                  ["training"], ["namespace", "job", "instance", "rank", "gpu"]).annotation(firing_alerts_annotation())
+    step = f"outrider_train_step_duration_seconds_bucket{{{R}}}"
+    d = d.with_row(Row("Progress"))
+    d = d.with_panel(stat("Steps/s", "Training steps completed per second, all selected ranks.", "ops",
+                          query(f"sum(rate(outrider_train_steps_total{{{R}}}[$__rate_interval]))", instant=True)))
+    d = d.with_panel(stat("Samples/s", "Samples processed per second (outrider.step(samples=...) or count_samples).",
+                          "short", query(f"sum(rate(outrider_samples_total{{{R}}}[$__rate_interval]))", instant=True)))
+    d = d.with_panel(stat("Data-wait fraction", "Share of the loop spent waiting for the next batch: above 20% the "
+                          "job is input-bound.", "percentunit",
+                          query(f"sum(rate(outrider_train_data_wait_seconds_sum{{{R}}}[$__rate_interval])) / "
+                                f"(sum(rate(outrider_train_data_wait_seconds_sum{{{R}}}[$__rate_interval])) + "
+                                f"sum(rate(outrider_train_step_duration_seconds_sum{{{R}}}[$__rate_interval])))",
+                                instant=True),
+                          th=thresholds(GREEN, (0.2, "orange"), (0.3, "red")),
+                          links=[runbook("degradation.md", "inputpipelinebound", "input-bound")]))
+    d = d.with_panel(stat("Last step", "Seconds since the last completed step (a stall shows here first).", "s",
+                          query(f"time() - max(outrider_train_last_step_timestamp_seconds{{{R}}})", instant=True),
+                          th=thresholds(GREEN, (300, "orange"), (1800, "red")),
+                          links=[runbook("degradation.md", "trainingstalled", "stalled")]))
+    d = d.with_row(Row("Step time"))
+    d = d.with_panel(ts("Step time p50 / p99", "Step time percentiles from the hook's histogram.", "s",
+                        query(f"histogram_quantile(0.5, sum by (le) (rate({step}[$__rate_interval])))", "p50"),
+                        query(f"histogram_quantile(0.99, sum by (le) (rate({step}[$__rate_interval])))", "p99"),
+                        links=[runbook("degradation.md", "steptimeregression", "step-time regression")]))
+    d = d.with_panel(ts("Step time per rank", "Mean step time of each rank: a rank above the others is a "
+                        "straggler the whole job waits for.", "s",
+                        query(f"sum by (rank) (rate(outrider_train_step_duration_seconds_sum{{{R}}}[$__rate_interval]))"
+                              f" / sum by (rank) (rate(outrider_train_step_duration_seconds_count{{{R}}}"
+                              f"[$__rate_interval]))", "rank {{rank}}"),
+                        links=[runbook("degradation.md", "stragglerrank", "straggler")]))
+    d = d.with_panel(ts("GPU time per step", "GPU time between step ends from CUDA events (no synchronisation); "
+                        "far below the step time means the GPU waits.", "s",
+                        query("histogram_quantile(0.5, sum by (le) (rate("
+                              f"outrider_train_gpu_step_duration_seconds_bucket{{{R}}}[$__rate_interval])))", "p50")))
+    d = d.with_panel(ts("Data-loader wait p50 / p99", "Time the loop waited for each batch.", "s",
+                        query("histogram_quantile(0.5, sum by (le) (rate(outrider_train_data_wait_seconds_bucket"
+                              f"{{{R}}}[$__rate_interval])))", "p50"),
+                        query("histogram_quantile(0.99, sum by (le) (rate(outrider_train_data_wait_seconds_bucket"
+                              f"{{{R}}}[$__rate_interval])))", "p99")))
+    d = d.with_row(Row("Throughput"))
+    d = d.with_panel(ts("Samples/s and tokens/s", "Throughput per rank.", "short",
+                        query(f"sum by (rank) (rate(outrider_samples_total{{{R}}}[$__rate_interval]))",
+                              "samples/s rank {{rank}}"),
+                        query(f"sum by (rank) (rate(outrider_tokens_total{{{R}}}[$__rate_interval]))",
+                              "tokens/s rank {{rank}}"),
+                        links=[runbook("degradation.md", "throughputdrop", "throughput drop")]))
+    d = d.with_panel(ts("Time to first step", "Seconds from process start to the first completed step.", "s",
+                        query(f"max by (rank) (outrider_train_time_to_first_step_seconds{{{R}}})", "rank {{rank}}")))
+    d = d.with_row(Row("GPU"))
+    d = d.with_panel(ts("GPU utilisation and SM activity", "Kernel-time utilisation (NVML) and SM activity (GPM, "
+                        "Hopper+): high utilisation with low SM activity means small kernels.", "percentunit",
+                        query(f'avg by (gpu) (outrider_gpu_utilization_ratio{{{G}, task="general"}})',
+                              "util GPU {{gpu}}"),
+                        query(f"avg by (gpu) (outrider_gpu_sm_activity_ratio{{{G}}})", "SM activity GPU {{gpu}}"),
+                        min_val=0, max_val=1))
+    d = d.with_panel(ts("GPU memory used / total", "Device memory in use against capacity.", "bytes",
+                        query(f"sum by (gpu) (outrider_gpu_memory_used_bytes{{{G}}})", "used GPU {{gpu}}"),
+                        query(f"sum by (gpu) (outrider_gpu_memory_total_bytes{{{G}}})", "total GPU {{gpu}}"),
+                        links=[runbook("exhaustion.md", "gpumemorynearlyfull", "GPU memory")]))
+    d = d.with_panel(ts("PyTorch allocator", "The CUDA caching allocator: allocated by tensors, reserved from the "
+                        "device, and the peak.", "bytes",
+                        query(f"sum by (rank, kind) (outrider_torch_cuda_memory_bytes{{{R}, "
+                              f'kind=~"allocated|reserved"}})', "{{kind}} rank {{rank}}"),
+                        query(f"sum by (rank) (outrider_torch_cuda_memory_peak_bytes{{{R}}})", "peak rank {{rank}}"),
+                        links=[runbook("exhaustion.md", "gpuoompredicted", "OOM predicted")]))
+    d = d.with_panel(ts("Allocation retries and OOMs", "cudaMalloc retries (fragmentation) and out-of-memory "
+                        "errors, per rank.", "short",
+                        query(f"sum by (rank) (increase(outrider_torch_cuda_alloc_retries_total{{{R}}}"
+                              "[$__rate_interval]))", "retries rank {{rank}}"),
+                        query(f"sum by (rank) (increase(outrider_torch_cuda_ooms_total{{{R}}}[$__rate_interval]))",
+                              "OOMs rank {{rank}}"),
+                        th=thresholds(GREEN, (1, "red")),
+                        links=[runbook("exhaustion.md", "gpuallocatorretries", "allocator retries")]))
+    return d

@@ -1,0 +1,45 @@
+"""A hooked process that publishes every hook metric the dashboards query, until a file appears.
+
+The CUDA allocator and GPU step series are published through the hook's own series API: they stand in for a GPU,
+which this machine lacks (the gpu-marked tests cover the real CUDA path).
+"""
+
+from __future__ import annotations
+
+import pathlib
+import random
+import sys
+import time
+
+import outrider
+from outrider.hook import api
+
+hold = pathlib.Path(sys.argv[1])
+outrider.instrument()
+hook = api.S.hook
+rng = random.Random(1)
+for kind in ("allocated", "reserved", "active", "inactive_split"):
+    hook.series("gauge", "outrider_torch_cuda_memory_bytes", {"device": "0", "kind": kind}, builtin=True).set(2 << 30)
+hook.series("gauge", "outrider_torch_cuda_memory_peak_bytes", {"device": "0"}, builtin=True).set(3 << 30)
+retries = hook.series("counter", "outrider_torch_cuda_alloc_retries_total", {"device": "0"}, builtin=True)
+ooms = hook.series("counter", "outrider_torch_cuda_ooms_total", {"device": "0"}, builtin=True)
+gpu_step = hook.series("histogram", "outrider_train_gpu_step_duration_seconds", builtin=True)
+in_flight = outrider.in_flight("all")
+in_flight.add(1)
+batches = iter(range(10**9))
+for i, _ in enumerate(outrider.dataloader(batches)):
+    with outrider.step(samples=32, tokens=4096):
+        time.sleep(0.02)
+    gpu_step.observe(0.015)
+    retries.inc(0)
+    ooms.inc(0)
+    route = "/v1/chat" if i % 2 else "/v1/embed"
+    outrider.record_request(rng.uniform(0.01, 0.3), route=route, status=500 if i % 20 == 0 else 200)
+    outrider.record_phase("queue", rng.uniform(0.001, 0.01))
+    outrider.record_phase("compute", rng.uniform(0.01, 0.2))
+    outrider.record_batch_size(rng.randint(1, 16))
+    outrider.record_time_to_first_token(rng.uniform(0.05, 0.2), route="/v1/chat")
+    outrider.record_inter_token_latency(rng.uniform(0.01, 0.03), route="/v1/chat")
+    if hold.exists():
+        break
+outrider.shutdown()
