@@ -9,11 +9,34 @@ import threading
 import time
 from typing import Any
 
-from outrider.config import Config, otlp_enabled
+from outrider.config import Config, ConfigError, otlp_enabled
 from outrider.exporters.prometheus import MetricsServer
 from outrider.sampler import Sampler
 
 LOG = logging.getLogger("outrider.agent")
+
+
+def _endpoint_security(config: Config) -> tuple[tuple[str, str] | None, tuple[str, str] | None]:
+    """TLS files and basic-auth credentials for /metrics, checked now so a mistake stops the start, clearly."""
+    tls = None
+    if config.tls_cert_file or config.tls_key_file:
+        if not (config.tls_cert_file and config.tls_key_file):
+            raise ConfigError("tls_cert_file and tls_key_file go together: set both or neither")
+        tls = (config.tls_cert_file, config.tls_key_file)
+    auth = None
+    if config.basic_auth_username or config.basic_auth_password_file:
+        if not (config.basic_auth_username and config.basic_auth_password_file):
+            raise ConfigError("basic_auth_username and basic_auth_password_file go together: set both or neither")
+        try:
+            with open(config.basic_auth_password_file, encoding="utf-8") as fh:
+                password = fh.read().strip()
+        except OSError as e:
+            raise ConfigError(f"basic_auth_password_file: cannot read {config.basic_auth_password_file}: "
+                              f"{e.strerror}") from None
+        if not password:
+            raise ConfigError(f"basic_auth_password_file: {config.basic_auth_password_file} is empty")
+        auth = (config.basic_auth_username, password)
+    return tls, auth
 
 
 class Agent:
@@ -25,15 +48,16 @@ class Agent:
         second run may already hold the default port).
         """
         self.config = config
+        tls, basic_auth = _endpoint_security(config)
         self.sampler = Sampler(config, roots, exclude_pids, hold_spool_lock=hold_spool_lock)
         host, port = config.listen_address
         try:
-            self.server = MetricsServer(self.sampler, host, port)
+            self.server = MetricsServer(self.sampler, host, port, tls, basic_auth)
         except OSError as e:
             if not (listen_fallback and e.errno == errno.EADDRINUSE):
-                raise OSError(e.errno, f"cannot listen on {config.listen}: {e.strerror}") from None
+                raise OSError(e.errno, f"cannot listen on {config.listen}: {e.strerror or e}") from None
             LOG.warning("%s is in use; serving /metrics on a free port instead", config.listen)
-            self.server = MetricsServer(self.sampler, host, 0)
+            self.server = MetricsServer(self.sampler, host, 0, tls, basic_auth)
         self.otlp: Any = None
         if otlp_enabled(config):
             from outrider.exporters.otlp import OtlpExporter

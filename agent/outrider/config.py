@@ -66,6 +66,12 @@ class Config:
     k8s_labels: tuple[str, ...] = field(default=("pod", "namespace", "node", "container"), metadata={
         "help": "Kubernetes identity labels exported (from the Downward API variables POD_NAME, POD_NAMESPACE, "
                 "NODE_NAME, CONTAINER_NAME) on outrider_k8s_info and as OTLP resource attributes; an allow-list"})
+    tls_cert_file: str = field(default="", metadata={"help": "serve /metrics over TLS with this certificate (PEM)"})
+    tls_key_file: str = field(default="", metadata={"help": "the TLS certificate's private key (PEM)"})
+    basic_auth_username: str = field(default="", metadata={
+        "help": "require HTTP basic auth on /metrics with this user (health endpoints stay open for probes)"})
+    basic_auth_password_file: str = field(default="", metadata={
+        "help": "file holding the basic-auth password (a mounted Secret; never the password itself)"})
     nvml_library: str = field(default="", metadata={
         "help": "path of libnvidia-ml.so.1 to load; empty: the driver's, found by soname"})
     standalone: bool = field(default=True, metadata={
@@ -228,6 +234,10 @@ CONVERTERS: dict[str, Callable[[Any], Any]] = {
     "stall_floor_s": _positive_float,
     "standalone": _bool,
     "nvml_library": _str,
+    "tls_cert_file": _str,
+    "tls_key_file": _str,
+    "basic_auth_username": _str,
+    "basic_auth_password_file": _str,
     "k8s_labels": _k8s_labels,
 }
 assert set(CONVERTERS) == set(FIELDS), "every config field needs a converter"

@@ -6,8 +6,12 @@ Binds 127.0.0.1 unless the configuration says otherwise.
 
 from __future__ import annotations
 
+import base64
+import binascii
+import hmac
 import logging
 import socket
+import ssl
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -26,6 +30,7 @@ class _Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
     sampler: Sampler
+    basic_auth: tuple[str, str] | None = None  # (user, password)
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -37,6 +42,12 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         path = self.path.split("?", 1)[0]
         sampler = self.server.sampler
+        if path == "/metrics" and not self._authorised():
+            self.send_response(401)
+            self.send_header("WWW-Authenticate", 'Basic realm="outrider"')
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
         if path == "/metrics":
             openmetrics = wants_openmetrics(self.headers.get("Accept"))
             use_gzip = "gzip" in (self.headers.get("Accept-Encoding") or "")
@@ -54,6 +65,23 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(200, INDEX, "text/html; charset=utf-8")
         else:
             self._send(404, b"not found\n")
+
+    def _authorised(self) -> bool:
+        expected = self.server.basic_auth
+        if expected is None:
+            return True
+        header = self.headers.get("Authorization") or ""
+        scheme, _, encoded = header.partition(" ")
+        if scheme.lower() != "basic":
+            return False
+        try:
+            user, _, password = base64.b64decode(encoded, validate=True).decode().partition(":")
+        except (binascii.Error, UnicodeDecodeError):
+            return False
+        # compare both in constant time, so neither the user nor the password leaks through timing
+        ok_user = hmac.compare_digest(user.encode(), expected[0].encode())
+        ok_password = hmac.compare_digest(password.encode(), expected[1].encode())
+        return ok_user and ok_password
 
     def do_HEAD(self) -> None:
         self.do_GET()
@@ -76,11 +104,25 @@ class _Handler(BaseHTTPRequestHandler):
 class MetricsServer:
     """Serves the sampler's latest sweep. `start()` binds and serves on a daemon thread."""
 
-    def __init__(self, sampler: Sampler, host: str, port: int) -> None:
+    def __init__(self, sampler: Sampler, host: str, port: int, tls: tuple[str, str] | None = None,
+                 basic_auth: tuple[str, str] | None = None) -> None:
+        """tls: (certificate file, key file); basic_auth: (user, password) required on /metrics."""
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         server_cls = type("_BoundServer", (_Server,), {"address_family": family})
         self._httpd: _Server = server_cls((host, port), _Handler)
         self._httpd.sampler = sampler
+        self._httpd.basic_auth = basic_auth
+        self.scheme = "http"
+        if tls is not None:
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.minimum_version = ssl.TLSVersion.TLSv1_2
+            try:
+                context.load_cert_chain(*tls)
+            except (OSError, ssl.SSLError) as e:
+                self._httpd.server_close()
+                raise OSError(getattr(e, "errno", None), f"cannot load TLS certificate {tls[0]}: {e}") from None
+            self._httpd.socket = context.wrap_socket(self._httpd.socket, server_side=True)
+            self.scheme = "https"
         self._thread: threading.Thread | None = None
 
     @property
@@ -92,7 +134,7 @@ class MetricsServer:
     def url(self) -> str:
         host, port = self.address
         shown = f"[{host}]" if ":" in host else host
-        return f"http://{shown}:{port}"
+        return f"{self.scheme}://{shown}:{port}"
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.5},
