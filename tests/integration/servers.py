@@ -24,7 +24,43 @@ from tests.conftest import need_binary
 from tests.helpers import free_port, http_get, wait_until
 
 
-class PrometheusServer:
+class _ServerProcess:
+    """A real server binary run by a test: its log in the work directory, stopped by its process id."""
+
+    name = "server"
+    proc: subprocess.Popen[bytes]
+    workdir: Path
+
+    def _start(self, argv: list[str], workdir: Path) -> None:
+        self.workdir = workdir
+        self.log = open(workdir / f"{self.name}.log", "wb")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT)
+
+    def _alive(self) -> bool:
+        if self.proc.poll() is not None:
+            raise AssertionError(f"{self.name} exited: " + (self.workdir / f"{self.name}.log").read_text()[-2000:])
+        return True
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+
+    def __enter__(self) -> Any:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class PrometheusServer(_ServerProcess):
+    name = "prometheus"
+
     def __init__(self, workdir: Path, targets: list[str], scrape_interval_s: int = 1,
                  rule_files: list[str] | None = None, alertmanager: str | None = None) -> None:
         binary = need_binary("prometheus")
@@ -40,20 +76,11 @@ class PrometheusServer:
         if alertmanager:
             config["alerting"] = {"alertmanagers": [{"static_configs": [{"targets": [alertmanager]}]}]}
         (workdir / "prometheus.yml").write_text(json.dumps(config))
-        self.log = open(workdir / "prometheus.log", "wb")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(
-            [binary, f"--config.file={workdir / 'prometheus.yml'}", f"--storage.tsdb.path={workdir / 'data'}",
-             f"--web.listen-address=127.0.0.1:{self.port}", "--web.enable-lifecycle",
-             "--rules.alert.resend-delay=1s"],
-            stdout=self.log, stderr=subprocess.STDOUT)
-        self.workdir = workdir
+        self._start([binary, f"--config.file={workdir / 'prometheus.yml'}", f"--storage.tsdb.path={workdir / 'data'}",
+                     f"--web.listen-address=127.0.0.1:{self.port}", "--web.enable-lifecycle",
+                     "--rules.alert.resend-delay=1s"], workdir)
         wait_until(lambda: self._alive() and http_get(self.url + "/-/ready", timeout_s=1)[0] == 200,
                    timeout_s=60, what="Prometheus /-/ready")
-
-    def _alive(self) -> bool:
-        if self.proc.poll() is not None:
-            raise AssertionError("prometheus exited: " + (self.workdir / "prometheus.log").read_text()[-2000:])
-        return True
 
     def query(self, promql: str) -> list[dict[str, Any]]:
         status, _, body = http_get(self.url + "/api/v1/query?" + urllib.parse.urlencode({"query": promql}))
@@ -65,25 +92,12 @@ class PrometheusServer:
         """Prometheus needs about 5 s for its first sample even at a 1 s interval: poll generously."""
         return wait_until(lambda: self.query(promql), timeout_s=timeout_s, interval_s=0.5, what=promql)
 
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.log.close()
-
-    def __enter__(self) -> PrometheusServer:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
 
-class AlertmanagerServer:
+class AlertmanagerServer(_ServerProcess):
     """Debian's prometheus-alertmanager, routing everything to one webhook, fast (1 s group wait and interval)."""
+
+    name = "alertmanager"
 
     def __init__(self, workdir: Path, webhook_url: str) -> None:
         binary = need_binary("prometheus-alertmanager")
@@ -96,35 +110,10 @@ class AlertmanagerServer:
             "receivers": [{"name": "test", "webhook_configs": [{"url": webhook_url, "send_resolved": True}]}],
         }
         (workdir / "alertmanager.yml").write_text(json.dumps(config))
-        self.log = open(workdir / "alertmanager.log", "wb")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(
-            [binary, f"--config.file={workdir / 'alertmanager.yml'}", f"--storage.path={workdir / 'data'}",
-             f"--web.listen-address=127.0.0.1:{self.port}", "--cluster.listen-address="],
-            stdout=self.log, stderr=subprocess.STDOUT)
-        self.workdir = workdir
+        self._start([binary, f"--config.file={workdir / 'alertmanager.yml'}", f"--storage.path={workdir / 'data'}",
+                     f"--web.listen-address=127.0.0.1:{self.port}", "--cluster.listen-address="], workdir)
         wait_until(lambda: self._alive() and http_get(self.url + "/-/ready", timeout_s=1)[0] == 200,
                    timeout_s=60, what="Alertmanager /-/ready")
-
-    def _alive(self) -> bool:
-        if self.proc.poll() is not None:
-            raise AssertionError("alertmanager exited: " + (self.workdir / "alertmanager.log").read_text()[-2000:])
-        return True
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.log.close()
-
-    def __enter__(self) -> AlertmanagerServer:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
 
 class WebhookReceiver:

@@ -5,7 +5,18 @@ from __future__ import annotations
 
 from grafana_foundation_sdk.builders.dashboard import Dashboard, Row
 
-from outrider.dashboards.panels import GREEN, SEL, dashboard, heatmap, query, runbook, stat, thresholds, ts
+from outrider.dashboards.panels import (
+    GREEN,
+    SEL,
+    dashboard,
+    heatmap,
+    percentiles,
+    query,
+    runbook,
+    stat,
+    thresholds,
+    ts,
+)
 from outrider.dashboards.training import firing_alerts_annotation
 
 S = f'{SEL}, route=~"$route"'
@@ -41,37 +52,22 @@ def build() -> Dashboard:
                         th=thresholds(GREEN, (1, "red"))))
     d = d.with_row(Row("Latency"))
     d = d.with_panel(ts("Latency p50 / p90 / p99", "Request latency percentiles.", "s",
-                        *[query(f"histogram_quantile({q}, sum by (le) (rate({DUR}[$__rate_interval])))", f"p{p}")
-                          for q, p in ((0.5, 50), (0.9, 90), (0.99, 99))],
+                        *percentiles(DUR, 0.5, 0.9, 0.99),
                         th=thresholds(GREEN, (0.5, "red")),
                         links=[runbook("degradation.md", "inferencelatencyp99regression", "latency regression")]))
     d = d.with_panel(heatmap("Latency heatmap", "Requests per latency bucket over time.", "s",
                              query(f"sum by (le) (increase({DUR}[$__rate_interval]))", "{{le}}")))
     d = d.with_panel(ts("Queue against compute", "Time requests spent queued and computing, as the server reports "
                         "them (outrider.record_phase).", "s",
-                        query("histogram_quantile(0.5, sum by (le, phase) (rate("
-                              f"outrider_request_phase_duration_seconds_bucket{{{SEL}}}[$__rate_interval])))",
-                              "p50 {{phase}}")))
+                        *percentiles(f"outrider_request_phase_duration_seconds_bucket{{{SEL}}}", 0.5, by="le, phase",
+                                     legend=" {{phase}}")))
     d = d.with_panel(ts("Batch size", "Requests per batch in a batching server (p50, p99).", "short",
-                        query("histogram_quantile(0.5, sum by (le) (rate(outrider_inference_batch_size_bucket"
-                              f"{{{SEL}}}[$__rate_interval])))", "p50"),
-                        query("histogram_quantile(0.99, sum by (le) (rate(outrider_inference_batch_size_bucket"
-                              f"{{{SEL}}}[$__rate_interval])))", "p99")))
+                        *percentiles(f"outrider_inference_batch_size_bucket{{{SEL}}}", 0.5, 0.99)))
     d = d.with_row(Row("Streaming"))
     d = d.with_panel(ts("Time to first token", "Time from request start to the first streamed chunk (p50, p99).",
-                        "s", query("histogram_quantile(0.5, sum by (le) (rate("
-                                   f"outrider_inference_time_to_first_token_seconds_bucket{{{S}}}[$__rate_interval])))",
-                                   "p50"),
-                        query("histogram_quantile(0.99, sum by (le) (rate("
-                              f"outrider_inference_time_to_first_token_seconds_bucket{{{S}}}[$__rate_interval])))",
-                              "p99")))
+                        "s", *percentiles(f"outrider_inference_time_to_first_token_seconds_bucket{{{S}}}", 0.5, 0.99)))
     d = d.with_panel(ts("Inter-token latency", "Time between streamed chunks (p50, p99).", "s",
-                        query("histogram_quantile(0.5, sum by (le) (rate("
-                              f"outrider_inference_inter_token_latency_seconds_bucket{{{S}}}[$__rate_interval])))",
-                              "p50"),
-                        query("histogram_quantile(0.99, sum by (le) (rate("
-                              f"outrider_inference_inter_token_latency_seconds_bucket{{{S}}}[$__rate_interval])))",
-                              "p99")))
+                        *percentiles(f"outrider_inference_inter_token_latency_seconds_bucket{{{S}}}", 0.5, 0.99)))
     d = d.with_row(Row("GPU"))
     d = d.with_panel(ts("GPU utilisation", "Kernel-time utilisation of the service's GPUs.", "percentunit",
                         query(f'avg by (gpu) (outrider_gpu_utilization_ratio{{{SEL}, task="general"}})',

@@ -88,6 +88,12 @@ def query(expr: str, legend: str = "", ref: str = "A", instant: bool = False, ta
     return q
 
 
+def percentiles(bucket_selector: str, *quantiles: float, by: str = "le", legend: str = "") -> list[Dataquery]:
+    """histogram_quantile queries over a histogram's buckets, one per quantile, legends "p50", "p99"..."""
+    return [query(f"histogram_quantile({q}, sum by ({by}) (rate({bucket_selector}[$__rate_interval])))",
+                  f"p{round(q * 100)}{legend}") for q in quantiles]
+
+
 def thresholds(*steps: tuple[float | None, str]) -> ThresholdsConfig:
     return ThresholdsConfig().mode(ThresholdsMode.ABSOLUTE).steps([Threshold(v, c) for v, c in steps])
 

@@ -4,7 +4,18 @@ from __future__ import annotations
 
 from grafana_foundation_sdk.builders.dashboard import AnnotationQuery, Dashboard, Row
 
-from outrider.dashboards.panels import DATASOURCE, GREEN, SEL, dashboard, query, runbook, stat, thresholds, ts
+from outrider.dashboards.panels import (
+    DATASOURCE,
+    GREEN,
+    SEL,
+    dashboard,
+    percentiles,
+    query,
+    runbook,
+    stat,
+    thresholds,
+    ts,
+)
 
 R = f'{SEL}, rank=~"$rank"'
 G = f'{SEL}, gpu=~"$gpu"'
@@ -39,8 +50,7 @@ def build() -> Dashboard:
                           links=[runbook("degradation.md", "trainingstalled", "stalled")]))
     d = d.with_row(Row("Step time"))
     d = d.with_panel(ts("Step time p50 / p99", "Step time percentiles from the hook's histogram.", "s",
-                        query(f"histogram_quantile(0.5, sum by (le) (rate({step}[$__rate_interval])))", "p50"),
-                        query(f"histogram_quantile(0.99, sum by (le) (rate({step}[$__rate_interval])))", "p99"),
+                        *percentiles(step, 0.5, 0.99),
                         links=[runbook("degradation.md", "steptimeregression", "step-time regression")]))
     d = d.with_panel(ts("Step time per rank", "Mean step time of each rank: a rank above the others is a "
                         "straggler the whole job waits for.", "s",
@@ -50,13 +60,9 @@ def build() -> Dashboard:
                         links=[runbook("degradation.md", "stragglerrank", "straggler")]))
     d = d.with_panel(ts("GPU time per step", "GPU time between step ends from CUDA events (no synchronisation); "
                         "far below the step time means the GPU waits.", "s",
-                        query("histogram_quantile(0.5, sum by (le) (rate("
-                              f"outrider_train_gpu_step_duration_seconds_bucket{{{R}}}[$__rate_interval])))", "p50")))
+                        *percentiles(f"outrider_train_gpu_step_duration_seconds_bucket{{{R}}}", 0.5)))
     d = d.with_panel(ts("Data-loader wait p50 / p99", "Time the loop waited for each batch.", "s",
-                        query("histogram_quantile(0.5, sum by (le) (rate(outrider_train_data_wait_seconds_bucket"
-                              f"{{{R}}}[$__rate_interval])))", "p50"),
-                        query("histogram_quantile(0.99, sum by (le) (rate(outrider_train_data_wait_seconds_bucket"
-                              f"{{{R}}}[$__rate_interval])))", "p99")))
+                        *percentiles(f"outrider_train_data_wait_seconds_bucket{{{R}}}", 0.5, 0.99)))
     d = d.with_row(Row("Throughput"))
     d = d.with_panel(ts("Samples/s and tokens/s", "Throughput per rank.", "short",
                         query(f"sum by (rank) (rate(outrider_samples_total{{{R}}}[$__rate_interval]))",
