@@ -114,6 +114,22 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--token-file", help="file holding a service account token (default: $GRAFANA_TOKEN)")
     d.add_argument("--datasource-uid", help="Prometheus datasource to select by default (checked to exist)")
 
+    p = sub.add_parser("top", help="a live terminal view of an agent: GPUs, KPIs, the verdict, stalls")
+    p.add_argument("--url", default="http://127.0.0.1:9477", help="the agent (default http://127.0.0.1:9477)")
+    p.add_argument("--interval", type=float, default=2.0, help="seconds between screens")
+    p.add_argument("--once", action="store_true", help="draw one screen and exit")
+
+    p = sub.add_parser("runs", help="list the runs `outrider run` recorded")
+    p.add_argument("--runs-dir", help="where the records are (default: the runs_dir setting)")
+    p = sub.add_parser("report", help="write the HTML report of a recorded run")
+    p.add_argument("run", help="a run id, a unique prefix of one, or 'last'")
+    p.add_argument("-o", "--output", help="file to write (default: outrider-report-RUN.html)")
+    p.add_argument("--runs-dir", help="where the records are")
+    p = sub.add_parser("compare", help="compare two recorded runs: KPI deltas with confidence intervals")
+    p.add_argument("run_a")
+    p.add_argument("run_b")
+    p.add_argument("--runs-dir", help="where the records are")
+
     p = sub.add_parser("demo", help="run a bundled synthetic workload under watch and show what Outrider sees")
     p.add_argument("--duration", type=float, default=12.0, help="seconds the workload runs (default 12)")
     return parser
@@ -183,6 +199,12 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             return 0
         parser.parse_args(["dashboards", "--help"])
         return 2
+    if args.command == "top":
+        from outrider.top import run_top
+
+        return run_top(args.url, args.interval, args.once)
+    if args.command in ("runs", "report", "compare"):
+        return _runs_command(args)
     if args.command == "demo":
         from outrider.demo import run_demo
 
@@ -224,6 +246,44 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         return code
     parser.print_help()
     return 2
+
+
+def _runs_command(args: argparse.Namespace) -> int:
+    from outrider.runs.store import RunNotFound, RunStore
+
+    runs_dir = args.runs_dir or load().config.runs_dir or None
+    store = RunStore(runs_dir)
+    try:
+        if args.command == "runs":
+            for run_id, started, ended, code, command in store.list_runs():
+                length = f"{ended - started:7.0f} s" if ended else "  running"
+                print(f"{run_id}  {time.strftime('%Y-%m-%d %H:%M', time.localtime(started))}  {length}  "
+                      f"exit {code if code is not None else '-':>3}  {' '.join(command)[:80]}")
+            return 0
+        if args.command == "report":
+            from outrider.runs.report import render
+
+            rec = store.load(args.run)
+            out = args.output or f"outrider-report-{rec.id}.html"
+            with open(out, "w", encoding="utf-8") as fh:
+                fh.write(render(rec))
+            print(out)
+            return 0
+        from outrider.runs.compare import compare
+
+        a, b = store.load(args.run_a), store.load(args.run_b)
+        results = compare(a, b)
+        print(f"A = {a.id} ({' '.join(a.command)[:60]})\nB = {b.id} ({' '.join(b.command)[:60]})")
+        if not results:
+            print("no KPI with enough samples in both runs (at least 5 sweeps after warm-up)")
+        for r in results:
+            print("  " + r.sentence())
+        return 0
+    except RunNotFound as e:
+        print(f"outrider {args.command}: {e}", file=sys.stderr)
+        return 2
+    finally:
+        store.close()
 
 
 if __name__ == "__main__":

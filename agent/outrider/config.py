@@ -66,6 +66,10 @@ class Config:
     k8s_labels: tuple[str, ...] = field(default=("pod", "namespace", "node", "container"), metadata={
         "help": "Kubernetes identity labels exported (from the Downward API variables POD_NAME, POD_NAMESPACE, "
                 "NODE_NAME, CONTAINER_NAME) on outrider_k8s_info and as OTLP resource attributes; an allow-list"})
+    diagnosis_window_s: float = field(default=30.0, metadata={
+        "help": "seconds of sweeps the bottleneck diagnosis looks at"})
+    runs_dir: str = field(default="", metadata={
+        "help": "where `outrider run` keeps run records; empty: $XDG_DATA_HOME/outrider or ~/.local/share/outrider"})
     tls_cert_file: str = field(default="", metadata={"help": "serve /metrics over TLS with this certificate (PEM)"})
     tls_key_file: str = field(default="", metadata={"help": "the TLS certificate's private key (PEM)"})
     basic_auth_username: str = field(default="", metadata={
@@ -235,6 +239,8 @@ CONVERTERS: dict[str, Callable[[Any], Any]] = {
     "standalone": _bool,
     "nvml_library": _str,
     "tls_cert_file": _str,
+    "diagnosis_window_s": _positive_float,
+    "runs_dir": _str,
     "tls_key_file": _str,
     "basic_auth_username": _str,
     "basic_auth_password_file": _str,

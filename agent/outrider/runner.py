@@ -27,6 +27,7 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
+from typing import Any
 
 from outrider.agent import Agent
 from outrider.collectors.process import ProcessCollector
@@ -55,6 +56,7 @@ class RunSummary:
     max_processes: int
     signals_forwarded: list[str]
     metrics_url: str
+    run_id: str = ""
 
     def text(self) -> str:
         cores = (self.cpu_user_s + self.cpu_system_s) / self.wall_s if self.wall_s > 0 else 0.0
@@ -127,6 +129,7 @@ def run(cmd: Sequence[str], config: Config, on_exit: Callable[[list[Family]], No
             agent.server.stop()
             return 126, None
         agent.sampler.listeners.extend(listeners)
+        store, run_id = _open_run_record(config, cmd, agent)
         agent.start()
         if not quiet:
             print(f"outrider: watching {cmd[0]} (pid {child}); metrics at {agent.server.url}/metrics",
@@ -184,12 +187,37 @@ def run(cmd: Sequence[str], config: Config, on_exit: Callable[[list[Family]], No
                           max((w for _, w in sampled_io), default=0)),
         max_processes=max(max_procs, 1), signals_forwarded=forwarded, metrics_url=agent.server.url + "/metrics",
     )
+    if store is not None:
+        summary.run_id = run_id
+        try:
+            store.finish_run(run_id, code, asdict(summary))
+        except Exception as e:  # a record is a convenience: never fail the run over it
+            LOG.warning("could not finish the run record: %s", e)
     if not quiet:
         print(summary.text(), file=sys.stderr)
+        if store is not None:
+            print(f"  record     {run_id}: outrider report {run_id}", file=sys.stderr)
     if summary_json:
         with open(summary_json, "w", encoding="utf-8") as fh:
             json.dump(asdict(summary), fh, indent=2)
     return code, summary
+
+
+def _open_run_record(config: Config, cmd: Sequence[str], agent: Agent) -> tuple[Any, str]:
+    """The run store and this run's id, with a recorder on the sweeps; (None, "") if the store cannot be opened."""
+    try:
+        from outrider.collectors.diagnosis import DiagnosisCollector
+        from outrider.runs.recorder import RunRecorder
+        from outrider.runs.store import RunStore
+
+        store = RunStore(config.runs_dir or None)
+        run_id = store.start_run(list(cmd))
+        diagnosis = next((c for c in agent.sampler.collectors if isinstance(c, DiagnosisCollector)), None)
+        agent.sampler.listeners.append(RunRecorder(store, run_id, diagnosis))
+        return store, run_id
+    except Exception as e:
+        LOG.warning("not keeping a record of this run: %s", e)
+        return None, ""
 
 
 def _pgid(pid: int) -> int:

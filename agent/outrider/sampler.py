@@ -53,7 +53,7 @@ class Sampler:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.ready = threading.Event()
-        self.listeners: list[Callable[[list[Family]], None]] = []
+        self.listeners: list[Callable[[list[Family]], None]] = self.ctx.listeners
 
     def sweep(self) -> list[Family]:
         """Run every collector once. A collector that raises is marked failed and skipped; the sweep goes on."""

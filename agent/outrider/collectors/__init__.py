@@ -7,13 +7,15 @@ from __future__ import annotations
 
 from outrider.collectors.agent_self import SelfCollector
 from outrider.collectors.base import Collector, CollectorContext
+from outrider.collectors.diagnosis import DiagnosisCollector
 from outrider.collectors.gpu import GpuCollector
 from outrider.collectors.hook import HookCollector
 from outrider.collectors.host import HostCollector
 from outrider.collectors.process import ProcessCollector
 
 REGISTRY: dict[str, type[Collector]] = {
-    cls.name: cls for cls in (HostCollector, ProcessCollector, GpuCollector, HookCollector, SelfCollector)
+    cls.name: cls
+    for cls in (HostCollector, ProcessCollector, GpuCollector, HookCollector, DiagnosisCollector, SelfCollector)
 }
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar
 
@@ -25,6 +26,8 @@ class CollectorContext:
     # The hook collector takes the spool's agent lock, telling instrumented processes an agent is present.
     # False for the agent a hooked process runs itself (the hook already holds the lock).
     hold_spool_lock: bool = True
+    # Called with every finished sweep (the sampler's listeners): collectors that reason over sweeps join here.
+    listeners: list[Callable[[list[Family]], None]] = field(default_factory=list)
 
 
 class Collector:

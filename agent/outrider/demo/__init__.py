@@ -121,7 +121,30 @@ def run_demo(duration_s: float = 12.0) -> int:
         seen: list[Family] = []
         code, summary = run(cmd, config, on_exit=seen.extend, listeners=[LiveLine()])
     print(kpi_report(seen), file=sys.stderr)
+    if summary is not None and summary.run_id:
+        print(verdict_and_report(summary.run_id, config), file=sys.stderr)
     if summary is not None:
         print(f"\nThe agent served {summary.metrics_url} while the job ran; `outrider agent` serves the same "
               f"continuously.", file=sys.stderr)
     return code
+
+
+def verdict_and_report(run_id: str, config: Config) -> str:
+    """The run's dominant bottleneck verdict and its advice, and the HTML report written for it."""
+    from outrider.runs.report import dominant_verdict, render
+    from outrider.runs.store import RunStore
+
+    store = RunStore(config.runs_dir or None)
+    try:
+        rec = store.load(run_id)
+        verdict = dominant_verdict(rec)
+        reports = store.directory / "reports"
+        reports.mkdir(exist_ok=True)
+        path = reports / f"outrider-report-{run_id}.html"
+        path.write_text(render(rec), encoding="utf-8")
+    finally:
+        store.close()
+    from outrider.diagnosis.bottleneck import RECOMMENDATIONS
+
+    return (f"\nverdict: {verdict or 'none'}: {RECOMMENDATIONS.get(verdict or '', '')}\n"
+            f"report:  {path} (outrider report {run_id}; outrider compare {run_id} ANOTHER_RUN)")

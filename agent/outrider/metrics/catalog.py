@@ -337,6 +337,14 @@ _DEFS: tuple[MetricDef, ...] = (
     MetricDef("outrider_hook_shard_errors_total", "outrider.hook.shard_errors", "{shard}", "counter",
               "Shards the agent could not read (corrupt, truncated, newer format), by reason.",
               (Label("reason", "outrider.reason"),), "hook"),
+    # --- diagnosis ----------------------------------------------------------------------------------------------
+    MetricDef("outrider_bottleneck", "outrider.bottleneck", "1", "gauge",
+              "1 for the bottleneck class of the last window (idle, throttled, memory_pressure, input_bound, "
+              "memory_bandwidth_bound, compute_bound, host_bound, balanced), 0 for the others.",
+              (Label("class", "outrider.bottleneck.class"),), "diagnosis"),
+    MetricDef("outrider_diagnosis_signal", "outrider.diagnosis.signal", "1", "gauge",
+              "The evidence behind the verdict: data-wait fraction, GPU utilisation, process CPU cores, step time, "
+              "... over the diagnosis window.", (Label("signal", "outrider.diagnosis.signal"),), "diagnosis"),
     # --- self ----------------------------------------------------------------------------------------------
     MetricDef("outrider_agent_info", "outrider.agent.info", "1", "gauge",
               "Constant 1, labelled with the agent's version.", (Label("version", "service.version"),), "self"),
