@@ -17,6 +17,8 @@
  *   gpu I xid SEQ CODE                 an XID event, delivered once by nvmlEventSetWait_v2
  *   gpu I field ID VALUE               a field value (nvmlDeviceGetFieldValues)
  *   gpu I gpm METRIC_ID VALUE          a GPM metric (nvmlGpmMetricsGet); gpm_supported 1 enables GPM
+ *   gpu I mig SLOT J                   MIG device SLOT of GPU I is the device described as "gpu J" (J beyond
+ *                                      device_count: its uuid, memory_*, gpu_instance); max_mig sets the slots
  *
  * Built twice by the tests: as a current driver, and with -DOLD_DRIVER, which leaves out the symbols an old
  * driver lacks (compute processes v3, remapped rows, GPM, memory info v2), to test "function not found".
@@ -41,7 +43,7 @@ enum key {
     K_PSTATE, K_FAN, K_CLOCK_REASONS, K_VIOL_POWER_NS, K_VIOL_THERMAL_NS, K_VIOL_SYNC_BOOST_NS, K_VIOL_BOARD_NS,
     K_VIOL_LOW_UTIL_NS, K_VIOL_RELIABILITY_NS, K_PCIE_TX_KBPS, K_PCIE_RX_KBPS, K_PCIE_REPLAY, K_ECC_CORR_VOLATILE,
     K_ECC_UNC_VOLATILE, K_ECC_CORR_AGGREGATE, K_ECC_UNC_AGGREGATE, K_REMAP_CORR, K_REMAP_UNC, K_REMAP_PENDING,
-    K_REMAP_FAILURE, K_MIG_MODE, K_LOST, K_GPM_SUPPORTED, K_COUNT
+    K_REMAP_FAILURE, K_MIG_MODE, K_LOST, K_GPM_SUPPORTED, K_GPU_INSTANCE, K_MAX_MIG, K_COUNT
 };
 static const char *KEY_NAMES[K_COUNT] = {
     "memory_total", "memory_used", "memory_free", "memory_reserved", "util_gpu", "util_mem", "enc_util", "dec_util",
@@ -49,7 +51,7 @@ static const char *KEY_NAMES[K_COUNT] = {
     "pstate", "fan", "clock_reasons", "violation_power_ns", "violation_thermal_ns", "violation_sync_boost_ns",
     "violation_board_limit_ns", "violation_low_util_ns", "violation_reliability_ns", "pcie_tx_kbps", "pcie_rx_kbps",
     "pcie_replay", "ecc_corr_volatile", "ecc_unc_volatile", "ecc_corr_aggregate", "ecc_unc_aggregate", "remap_corr",
-    "remap_unc", "remap_pending", "remap_failure", "mig_mode", "lost", "gpm_supported",
+    "remap_unc", "remap_pending", "remap_failure", "mig_mode", "lost", "gpm_supported", "gpu_instance", "max_mig",
 };
 
 struct named_code { char fn[64]; int code; };
@@ -67,6 +69,7 @@ struct gpu {
     struct pair xids[MAX_LIST]; int n_xids;  /* id = sequence number, value = XID code */
     struct pair fields[MAX_LIST]; int n_fields;
     struct pair gpm[MAX_LIST]; int n_gpm;
+    struct pair migs[MAX_LIST]; int n_migs;  /* id = slot, value = index of the MIG device's struct */
 };
 
 static struct gpu gpus[MAX_GPUS];
@@ -114,9 +117,11 @@ static void parse(FILE *f) {
         } else if (!strcmp(w1, "proc") && g->n_procs < MAX_LIST) {
             struct proc *p = &g->procs[g->n_procs];
             if (sscanf(line, "gpu %*d %*s %u %llu %d", &p->pid, &p->used, &p->sm) == 3) g->n_procs++;
-        } else if ((!strcmp(w1, "xid") || !strcmp(w1, "field") || !strcmp(w1, "gpm"))) {
-            struct pair *list = !strcmp(w1, "xid") ? g->xids : !strcmp(w1, "field") ? g->fields : g->gpm;
-            int *n = !strcmp(w1, "xid") ? &g->n_xids : !strcmp(w1, "field") ? &g->n_fields : &g->n_gpm;
+        } else if ((!strcmp(w1, "xid") || !strcmp(w1, "field") || !strcmp(w1, "gpm") || !strcmp(w1, "mig"))) {
+            struct pair *list = !strcmp(w1, "xid") ? g->xids : !strcmp(w1, "field") ? g->fields
+                              : !strcmp(w1, "gpm") ? g->gpm : g->migs;
+            int *n = !strcmp(w1, "xid") ? &g->n_xids : !strcmp(w1, "field") ? &g->n_fields
+                   : !strcmp(w1, "gpm") ? &g->n_gpm : &g->n_migs;
             if (*n < MAX_LIST && sscanf(line, "gpu %*d %*s %llu %lf", &list[*n].id, &list[*n].value) == 2) (*n)++;
         } else {
             for (int k = 0; k < K_COUNT; k++) {
@@ -160,7 +165,7 @@ static nvmlReturn_t enter(const char *fn, nvmlDevice_t device, struct gpu **out)
     for (int i = 0; i < n_hangs; i++) if (!strcmp(hangs[i].fn, fn)) hang_ms = hangs[i].code;
     struct gpu *g = (struct gpu *)device;
     nvmlReturn_t ret = NVML_SUCCESS;
-    if (!g || g < gpus || g >= gpus + n_gpus) ret = NVML_ERROR_INVALID_ARGUMENT;
+    if (!g || g < gpus || g >= gpus + MAX_GPUS) ret = NVML_ERROR_INVALID_ARGUMENT;  /* MIG devices lie beyond n_gpus */
     else if (g->has[K_LOST] && g->v[K_LOST]) ret = NVML_ERROR_GPU_IS_LOST;
     else {
         for (int i = 0; i < g->n_errors; i++)
@@ -340,6 +345,25 @@ API nvmlReturn_t nvmlDeviceGetRemappedRows(nvmlDevice_t device, unsigned int *co
           *pending = (unsigned int)g->v[K_REMAP_PENDING], *failure = (unsigned int)g->v[K_REMAP_FAILURE]));
 }
 #endif
+API nvmlReturn_t nvmlDeviceGetMaxMigDeviceCount(nvmlDevice_t device, unsigned int *count) {
+    READ(K_MAX_MIG, "nvmlDeviceGetMaxMigDeviceCount", device, *count = (unsigned int)g->v[K_MAX_MIG]);
+}
+API nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t device, unsigned int index, nvmlDevice_t *mig) {
+    struct gpu *g;
+    nvmlReturn_t r = enter("nvmlDeviceGetMigDeviceHandleByIndex", device, &g);
+    if (r != NVML_SUCCESS) return r;
+    for (int i = 0; i < g->n_migs; i++) {
+        int target = (int)g->migs[i].value;
+        if (g->migs[i].id == index && target >= 0 && target < MAX_GPUS) {
+            *mig = (nvmlDevice_t)&gpus[target];
+            return NVML_SUCCESS;
+        }
+    }
+    return NVML_ERROR_NOT_FOUND;  /* an empty slot */
+}
+API nvmlReturn_t nvmlDeviceGetGpuInstanceId(nvmlDevice_t device, unsigned int *id) {
+    READ(K_GPU_INSTANCE, "nvmlDeviceGetGpuInstanceId", device, *id = (unsigned int)g->v[K_GPU_INSTANCE]);
+}
 API nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *current, unsigned int *pending) {
     READ(K_MIG_MODE, "nvmlDeviceGetMigMode", device,
          (*current = (unsigned int)g->v[K_MIG_MODE], *pending = (unsigned int)g->v[K_MIG_MODE]));

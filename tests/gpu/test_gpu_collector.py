@@ -254,3 +254,29 @@ def test_processes_translated_into_the_agents_pid_namespace(fake_nvml: dict[str,
     assert value(parsed, "outrider_gpu_process_sm_utilization_ratio", **G0, pid="5200", name="other-pod") is None, \
         "no utilisation invented where NVML gives no sample"
     assert value(parsed, "outrider_gpu_process_memory_bytes", **G0, pid="7777", name="") == 4096, "not visible here"
+
+
+def test_mig_devices_report_memory_per_gpu_instance(fake_nvml: dict[str, str], scenario: Scenario) -> None:
+    scenario.write(FULL.replace("gpu 0 mig_mode 0", "gpu 0 mig_mode 1") + """
+gpu 0 max_mig 7
+gpu 0 mig 0 8
+gpu 0 mig 2 9
+gpu 8 uuid MIG-aaaa
+gpu 8 gpu_instance 1
+gpu 8 memory_total 42949672960
+gpu 8 memory_used 1073741824
+gpu 8 memory_free 41875931136
+gpu 9 uuid MIG-bbbb
+gpu 9 gpu_instance 5
+gpu 9 memory_total 21474836480
+gpu 9 memory_used 0
+gpu 9 memory_free 21474836480
+""")
+    c = make_collector(fake_nvml["full"])
+    parsed = sweep(c)
+    assert value(parsed, "outrider_gpu_mig_mode", **G0) == 1
+    assert value(parsed, "outrider_gpu_mig_memory_used_bytes", **G0, mig_uuid="MIG-aaaa", gpu_instance="1") == 1 << 30
+    assert value(parsed, "outrider_gpu_mig_memory_total_bytes", **G0, mig_uuid="MIG-bbbb", gpu_instance="5") == 20 << 30
+    migs = {dict(labels)["mig_uuid"] for (name, labels) in parsed if name == "outrider_gpu_mig_memory_used_bytes"}
+    assert migs == {"MIG-aaaa", "MIG-bbbb"}, "empty slots are skipped"
+    assert value(parsed, "outrider_gpu_mig_memory_used_bytes", **G1, mig_uuid="MIG-aaaa", gpu_instance="1") is None

@@ -244,8 +244,28 @@ class GpuCollector(Collector):
         mig = q("nvmlDeviceGetMigMode", h, device=i)
         if mig is not NA:
             fam("outrider_gpu_mig_mode").add(1 if mig[0] else 0, *labels)
+            if mig[0]:
+                self._mig_devices(i, h, labels, fam)
         self._gpm_metrics(i, h, labels, fam)
         self._processes(i, h, labels, fam)
+
+    def _mig_devices(self, i: int, h: Any, labels: tuple[str, ...], fam: Any) -> None:
+        """With MIG on, memory per MIG device (GPU instance); device-wide utilisation is not defined there."""
+        q = self.nvml.query
+        slots = q("nvmlDeviceGetMaxMigDeviceCount", h, device=i)
+        for slot in range(slots if slots is not NA else 0):
+            ref = -(1000 * (i + 1) + slot)  # the MIG device's own key for unsupported readings
+            mh = q("nvmlDeviceGetMigDeviceHandleByIndex", h, slot, device=ref)
+            if mh is NA:
+                continue  # an empty slot
+            uuid = q("nvmlDeviceGetUUID", mh, device=ref)
+            instance = q("nvmlDeviceGetGpuInstanceId", mh, device=ref)
+            mem = q("nvmlDeviceGetMemoryInfo", mh, device=ref)
+            mig_labels = (*labels, str(uuid if uuid is not NA else f"slot-{slot}"),
+                          str(instance) if instance is not NA else "")
+            if mem is not NA:
+                fam("outrider_gpu_mig_memory_used_bytes").add(mem.used, *mig_labels)
+                fam("outrider_gpu_mig_memory_total_bytes").add(mem.total, *mig_labels)
 
     def _fields(self, i: int, h: Any) -> dict[int, float]:
         values = self.nvml.query("nvmlDeviceGetFieldValues", h, [FIELD_MEMORY_TEMP, FIELD_NVLINK_TX, FIELD_NVLINK_RX],
