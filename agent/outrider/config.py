@@ -66,6 +66,8 @@ class Config:
     k8s_labels: tuple[str, ...] = field(default=("pod", "namespace", "node", "container"), metadata={
         "help": "Kubernetes identity labels exported (from the Downward API variables POD_NAME, POD_NAMESPACE, "
                 "NODE_NAME, CONTAINER_NAME) on outrider_k8s_info and as OTLP resource attributes; an allow-list"})
+    collector_timeout_s: float = field(default=3.0, metadata={
+        "help": "how long a sweep waits for a collector that may block (NVML) before going on without it"})
     diagnosis_window_s: float = field(default=30.0, metadata={
         "help": "seconds of sweeps the bottleneck diagnosis looks at"})
     runs_dir: str = field(default="", metadata={
@@ -240,6 +242,7 @@ CONVERTERS: dict[str, Callable[[Any], Any]] = {
     "nvml_library": _str,
     "tls_cert_file": _str,
     "diagnosis_window_s": _positive_float,
+    "collector_timeout_s": _positive_float,
     "runs_dir": _str,
     "tls_key_file": _str,
     "basic_auth_username": _str,

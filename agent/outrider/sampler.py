@@ -26,6 +26,41 @@ class CollectorStatus:
     success: bool = True
     duration_s: float = 0.0
     errors: int = 0
+    hung: bool = False
+
+
+class _Guarded:
+    """Runs a collector that may block on its own thread; a sweep waits for it at most timeout_s."""
+
+    def __init__(self, collector: Collector, timeout_s: float) -> None:
+        self.collector = collector
+        self.timeout_s = timeout_s
+        self._thread: threading.Thread | None = None
+        self._done = threading.Event()
+        self._result: list[Family] = []
+        self._error: BaseException | None = None
+
+    def _run(self) -> None:
+        try:
+            self._result = self.collector.collect()
+            self._error = None
+        except BaseException as e:
+            self._result, self._error = [], e
+        finally:
+            self._done.set()
+
+    def collect(self) -> list[Family] | None:
+        """The collector's families; None while it is hung (still inside the previous or this call)."""
+        if self._thread is not None and self._thread.is_alive():
+            return None
+        self._done.clear()
+        self._thread = threading.Thread(target=self._run, name=f"outrider-{self.collector.name}", daemon=True)
+        self._thread.start()
+        if not self._done.wait(self.timeout_s):
+            return None
+        if self._error is not None:
+            raise self._error
+        return self._result
 
 
 @dataclass
@@ -46,6 +81,7 @@ class Sampler:
         self.ctx = CollectorContext(config, self.stats, roots or config.pids, exclude_pids, hold_spool_lock)
         self.collectors = collectors if collectors is not None else [
             REGISTRY[name](self.ctx) for name in enabled_collectors(config)]
+        self._guards: dict[str, _Guarded] = {}
         self._families: list[Family] = []
         self._generation = 0
         self._rendered: dict[tuple[bool, bool], tuple[int, bytes]] = {}
@@ -63,9 +99,19 @@ class Sampler:
             c0 = time.perf_counter()
             status = self.stats.collectors.setdefault(c.name, CollectorStatus())
             try:
-                got = c.collect()
-                status.success = True
-                fams.extend(got)
+                got = self._collect(c)
+                if got is None:
+                    status.success = False
+                    if not status.hung:
+                        LOG.warning("collector %s has not answered within %g s (a hung driver call?): the sweep "
+                                    "goes on without it; reported in outrider_collector_hung", c.name,
+                                    self.config.collector_timeout_s)
+                    status.hung = True
+                else:
+                    if status.hung:
+                        LOG.info("collector %s answers again", c.name)
+                    status.success, status.hung = True, False
+                    fams.extend(got)
             except Exception as e:
                 status.success = False
                 if c.errors == 0 or LOG.isEnabledFor(logging.DEBUG):
@@ -87,6 +133,14 @@ class Sampler:
                 LOG.exception("sweep listener failed")
         self.ready.set()
         return fams
+
+    def _collect(self, c: Collector) -> list[Family] | None:
+        if not c.may_block:
+            return c.collect()
+        guard = self._guards.get(c.name)
+        if guard is None:
+            guard = self._guards[c.name] = _Guarded(c, self.config.collector_timeout_s)
+        return guard.collect()
 
     @property
     def families(self) -> list[Family]:

@@ -280,3 +280,30 @@ gpu 9 memory_free 21474836480
     migs = {dict(labels)["mig_uuid"] for (name, labels) in parsed if name == "outrider_gpu_mig_memory_used_bytes"}
     assert migs == {"MIG-aaaa", "MIG-bbbb"}, "empty slots are skipped"
     assert value(parsed, "outrider_gpu_mig_memory_used_bytes", **G1, mig_uuid="MIG-aaaa", gpu_instance="1") is None
+
+
+def test_a_hung_nvml_call_does_not_stop_the_sweep(fake_nvml: dict[str, str], scenario: Scenario,
+                                                  tmp_path: Path) -> None:
+    from outrider.collectors.agent_self import SelfCollector
+    from outrider.collectors.host import HostCollector
+    from outrider.config import Config
+    from outrider.metrics.exposition import render
+    from outrider.sampler import Sampler
+    from tests.helpers import samples
+
+    scenario.write(FULL + "hang nvmlDeviceGetPowerUsage 4000\n")
+    config = Config(nvml_library=fake_nvml["full"], collector_timeout_s=0.3, filesystems=())
+    s = Sampler(config, collectors=[])
+    gpu = make_collector(fake_nvml["full"])
+    s.collectors = [gpu, HostCollector(s.ctx), SelfCollector(s.ctx)]
+    gpu.ctx = s.ctx
+    s.sweep()  # the GPU collector hangs in nvmlDeviceGetPowerUsage; the sweep goes on
+    parsed = samples(render(s.sweep()).decode())  # still hung: not even started again
+    assert value(parsed, "outrider_collector_hung", collector="gpu") == 1
+    assert value(parsed, "outrider_collector_success", collector="gpu") == 0
+    assert value(parsed, "outrider_collector_success", collector="host") == 1
+    assert ("outrider_host_load1", ()) in parsed, "the rest of the sweep is there"
+    scenario.write(FULL)
+    wait_until(lambda: value(samples(render(s.sweep()).decode()), "outrider_collector_hung", collector="gpu") == 0
+               and value(samples(render(s.sweep()).decode()), "outrider_gpu_power_watts", **G0) == 612.345,
+               timeout_s=30, what="the GPU collector back after the hang")

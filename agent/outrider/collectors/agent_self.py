@@ -47,8 +47,10 @@ class SelfCollector(Collector):
         success = Family("outrider_collector_success")
         duration = Family("outrider_collector_duration_seconds")
         errors = Family("outrider_collector_errors_total")
+        hung = Family("outrider_collector_hung")
         for name, c in stats.collectors.items():
             success.add(1 if c.success else 0, name)
             duration.add(c.duration_s, name)
             errors.add(c.errors, name)
-        return [*fams, success, duration, errors]
+            hung.add(1 if c.hung else 0, name)
+        return [*fams, success, duration, errors, hung]

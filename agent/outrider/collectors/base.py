@@ -41,6 +41,9 @@ class Collector:
     name: ClassVar[str] = ""
     default_enabled: ClassVar[bool] = True
     description: ClassVar[str] = ""
+    # A collector calling into something that can hang (a driver) runs on its own thread, and a sweep waits for it
+    # at most collector_timeout_s: the sweep goes on without it and reports it hung.
+    may_block: ClassVar[bool] = False
 
     def __init__(self, ctx: CollectorContext) -> None:
         self.ctx = ctx

@@ -97,6 +97,7 @@ class XidWatcher:
 
 class GpuCollector(Collector):
     name = "gpu"
+    may_block = True  # an NVML call can hang (a wedged driver, a GPU falling off the bus)
     description = "NVIDIA GPUs through NVML: utilisation, memory, power, clocks, throttling, ECC, XID, processes"
 
     def __init__(self, ctx: CollectorContext) -> None:

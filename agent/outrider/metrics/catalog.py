@@ -381,6 +381,9 @@ _DEFS: tuple[MetricDef, ...] = (
               "self"),
     MetricDef("outrider_collector_duration_seconds", "outrider.collector.duration", "s", "gauge",
               "Wall time of the collector's last sweep.", (COLLECTOR,), "self"),
+    MetricDef("outrider_collector_hung", "outrider.collector.hung", "1", "gauge",
+              "1 while a collector that may block (NVML) has not answered within collector_timeout_s: the sweeps "
+              "go on without it.", (COLLECTOR,), "self"),
     MetricDef("outrider_collector_errors_total", "outrider.collector.errors", "{error}", "counter",
               "Readings a collector could not take (a file it could not read, a value it could not parse): "
               "dropped and counted, never fatal.", (COLLECTOR,), "self"),
