@@ -9,7 +9,7 @@ import tempfile
 import time
 
 from outrider.config import Config
-from outrider.metrics.family import Family, HistogramValue
+from outrider.metrics.family import Family, merged_histogram
 from outrider.metrics.quantile import histogram_quantile
 
 Key = tuple[str, tuple[str, ...]]
@@ -29,25 +29,6 @@ def _sum_where(vals: dict[Key, float], name: str, **match: str) -> float:
         if n == name and all(labels[names.index(k)] == want for k, want in match.items()):
             total += v
     return total
-
-
-def _histogram(fams: list[Family], name: str, **match: str) -> HistogramValue | None:
-    """The merged histogram of a metric over the samples matching `match`."""
-    merged: HistogramValue | None = None
-    for f in fams:
-        if f.defn.name != name:
-            continue
-        for labels, value in f.samples:
-            if not isinstance(value, HistogramValue):
-                continue
-            if any(labels[f.defn.label_names.index(k)] != want for k, want in match.items()):
-                continue
-            if merged is None:
-                merged = value
-            else:
-                merged = HistogramValue(value.bounds, tuple(a + b for a, b in zip(merged.counts, value.counts)),
-                                        merged.sum + value.sum)
-    return merged
 
 
 class LiveLine:
@@ -85,8 +66,8 @@ def _ms(seconds: float | None) -> str:
 def kpi_report(fams: list[Family]) -> str:
     vals = _values(fams)
     lines = ["", "what the agent measured (from the hook):"]
-    step = _histogram(fams, "outrider_train_step_duration_seconds")
-    wait = _histogram(fams, "outrider_train_data_wait_seconds")
+    step = merged_histogram(fams, "outrider_train_step_duration_seconds")
+    wait = merged_histogram(fams, "outrider_train_data_wait_seconds")
     if step is not None and step.count:
         samples = _sum_where(vals, "outrider_samples_total")
         lines.append(f"  training   {_sum_where(vals, 'outrider_train_steps_total'):.0f} steps, step time p50 "
@@ -96,7 +77,7 @@ def kpi_report(fams: list[Family]) -> str:
             frac = wait.sum / (wait.sum + step.sum)
             lines.append(f"             data-loader wait p50 {_ms(histogram_quantile(0.5, wait))}, "
                          f"{100 * frac:.0f}% of the loop waiting for data")
-    req = _histogram(fams, "outrider_request_duration_seconds")
+    req = merged_histogram(fams, "outrider_request_duration_seconds")
     if req is not None and req.count:
         errors = _sum_where(vals, "outrider_requests_total", status_class="4xx") + _sum_where(
             vals, "outrider_requests_total", status_class="5xx")

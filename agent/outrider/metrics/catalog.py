@@ -67,6 +67,7 @@ PNAME = Label("name", "process.executable.name")
 COLLECTOR = Label("collector", "outrider.collector")
 RANK = Label("rank", "outrider.rank")
 GPU = (Label("gpu", "outrider.gpu.index"), Label("uuid", "hw.id"), Label("model", "hw.model"))
+MIG_DEVICE = (*GPU, Label("mig_uuid", "outrider.gpu.mig.uuid"), Label("gpu_instance", "outrider.gpu.mig.instance"))
 ROUTE = Label("route", "http.route")
 STATUS_CLASS = Label("status_class", "outrider.http.status_class")
 
@@ -255,12 +256,9 @@ _DEFS: tuple[MetricDef, ...] = (
     MetricDef("outrider_gpu_mig_mode", "outrider.gpu.mig_mode", "1", "gauge", "1 where MIG is enabled.", GPU, "gpu"),
     MetricDef("outrider_gpu_mig_memory_used_bytes", "outrider.gpu.mig.memory.usage", "By", "gauge",
               "Memory in use on each MIG device (GPU instance) of a GPU with MIG on.",
-              (*GPU, Label("mig_uuid", "outrider.gpu.mig.uuid"), Label("gpu_instance", "outrider.gpu.mig.instance")),
-              "gpu"),
+              MIG_DEVICE, "gpu"),
     MetricDef("outrider_gpu_mig_memory_total_bytes", "outrider.gpu.mig.memory.limit", "By", "gauge",
-              "Memory of each MIG device (GPU instance).",
-              (*GPU, Label("mig_uuid", "outrider.gpu.mig.uuid"), Label("gpu_instance", "outrider.gpu.mig.instance")),
-              "gpu"),
+              "Memory of each MIG device (GPU instance).", MIG_DEVICE, "gpu"),
     MetricDef("outrider_gpu_sm_activity_ratio", "outrider.gpu.sm.activity", "1", "gauge",
               "Fraction of SMs busy (GPM, Hopper and later).", GPU, "gpu"),
     MetricDef("outrider_gpu_sm_occupancy_ratio", "outrider.gpu.sm.occupancy", "1", "gauge",

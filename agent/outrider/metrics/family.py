@@ -30,6 +30,23 @@ class HistogramValue:
 SampleValue = float | HistogramValue
 
 
+def merged_histogram(families: list[Family], name: str, **match: str) -> HistogramValue | None:
+    """The sum of a histogram metric's samples whose labels include `match` (over ranks, routes, processes)."""
+    merged: HistogramValue | None = None
+    for f in families:
+        if f.defn.name != name:
+            continue
+        names = f.defn.label_names
+        for labels, v in f.samples:
+            if not isinstance(v, HistogramValue):
+                continue
+            if any(labels[names.index(k)] != want for k, want in match.items()):
+                continue
+            merged = v if merged is None else HistogramValue(
+                v.bounds, tuple(a + b for a, b in zip(merged.counts, v.counts)), merged.sum + v.sum)
+    return merged
+
+
 class Family:
     """The samples of one metric from one sweep. Built fresh every sweep (departed series simply vanish)."""
 

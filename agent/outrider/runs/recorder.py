@@ -7,21 +7,9 @@ import time
 from typing import Any
 
 from outrider.diagnosis.signals import signals, snapshot
-from outrider.metrics.family import Family, HistogramValue
+from outrider.metrics.family import Family, HistogramValue, merged_histogram
 from outrider.metrics.quantile import histogram_quantile
 from outrider.runs.store import RunStore
-
-
-def _merged(families: list[Family], name: str) -> HistogramValue | None:
-    merged: HistogramValue | None = None
-    for f in families:
-        if f.defn.name != name:
-            continue
-        for _, v in f.samples:
-            if isinstance(v, HistogramValue):
-                merged = v if merged is None else HistogramValue(
-                    v.bounds, tuple(a + b for a, b in zip(merged.counts, v.counts)), merged.sum + v.sum)
-    return merged
 
 
 def _delta(new: HistogramValue | None, old: HistogramValue | None) -> HistogramValue | None:
@@ -45,7 +33,7 @@ class RunRecorder:
     def __call__(self, families: list[Family]) -> None:
         now = time.monotonic()
         snap = snapshot(families)
-        hists = {name: _merged(families, name) for name in
+        hists = {name: merged_histogram(families, name) for name in
                  ("outrider_train_step_duration_seconds", "outrider_request_duration_seconds")}
         t = time.time()
         prev, self._prev = self._prev, (now, snap, hists)
