@@ -104,7 +104,8 @@ def main() -> int:
     # Host + self: what node_exporter's collectors above cover. The interval equals the scrape interval, so every
     # scrape sees a fresh sweep and the agent pays one full sweep per scrape, as node_exporter does.
     agent = start([*outrider, "--listen", f"127.0.0.1:{ag_port}", "--interval", str(args.scrape_interval),
-                   "--no-collector.process"])
+                   "--no-collector.process", "--no-collector.gpu", "--no-collector.hook",
+                   "--no-collector.diagnosis"])
     idle = start([*outrider, "--listen", f"127.0.0.1:{idle_port}"])  # defaults: 5 s interval, all collectors
     env = {**os.environ, "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{free_port()}"}
     with_otlp = subprocess.Popen([*outrider, "--listen", f"127.0.0.1:{otlp_port}"], env=env,

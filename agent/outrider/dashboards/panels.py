@@ -138,8 +138,10 @@ def ts(title: str, description: str, unit: str, *queries: Dataquery, width: int 
 def stat(title: str, description: str, unit: str, q: Dataquery, width: int = 6, height: int = 4,
          th: ThresholdsConfig | None = None, links: list[DashboardLink] | None = None) -> Any:
     p = _common(stat_panel.Panel(), title, description, unit, [q], width, height, th, links)
+    text_mode = BigValueTextMode.NAME if "{{" in (q.build().legend_format or "") and "__auto" not in (
+        q.build().legend_format or "") else BigValueTextMode.AUTO
     return (p.graph_mode(BigValueGraphMode.AREA).color_mode(BigValueColorMode.VALUE)
-            .justify_mode(BigValueJustifyMode.AUTO).text_mode(BigValueTextMode.AUTO).wide_layout(True)
+            .justify_mode(BigValueJustifyMode.AUTO).text_mode(text_mode).wide_layout(True)
             .show_percent_change(False).percent_change_color_mode(PercentChangeColorMode.STANDARD)
             .orientation(VizOrientation.AUTO).reduce_options(ReduceDataOptions().calcs(["lastNotNull"])))
 

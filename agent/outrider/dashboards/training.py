@@ -48,6 +48,12 @@ def build() -> Dashboard:
                           query(f"time() - max(outrider_train_last_step_timestamp_seconds{{{R}}})", instant=True),
                           th=thresholds(GREEN, (300, "orange"), (1800, "red")),
                           links=[runbook("degradation.md", "trainingstalled", "stalled")]))
+    d = d.with_panel(stat("Bottleneck", "The agent's verdict on why the job is slow (outrider_bottleneck): "
+                          "input_bound, host_bound, compute_bound, memory_pressure, memory_bandwidth_bound, "
+                          "throttled, idle or balanced; outrider top and outrider report show the evidence and "
+                          "the advice.", "short",
+                          query(f"max by (class) (outrider_bottleneck{{{SEL}}}) == 1", "{{class}}", instant=True),
+                          width=24, height=3))
     d = d.with_row(Row("Step time"))
     d = d.with_panel(ts("Step time p50 / p99", "Step time percentiles from the hook's histogram.", "s",
                         *percentiles(step, 0.5, 0.99),
