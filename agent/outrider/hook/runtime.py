@@ -65,7 +65,10 @@ class ShardWriter:
     def __init__(self, spool_dir: str, pid: int, start_ns: int) -> None:
         os.makedirs(spool_dir, mode=0o700, exist_ok=True)
         self.path = os.path.join(spool_dir, f"outrider-{pid}-{start_ns}.shard")
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        # Written under a temporary name and renamed after the first complete write: a reader never sees a
+        # shard whose header is not there yet.
+        self._pending: str | None = self.path + ".new"
+        fd = os.open(self._pending, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         try:
             os.ftruncate(fd, shard.SHARD_BYTES)
             self._mm = mmap.mmap(fd, shard.SHARD_BYTES)
@@ -89,6 +92,9 @@ class ShardWriter:
         shard.pack_header(mm, seq=self._seq, directory_len=len(directory), value_count=len(values), **header)
         self._seq += 1  # even: consistent
         mm[shard.SEQ_OFFSET:shard.SEQ_OFFSET + 8] = self._seq.to_bytes(8, "little")
+        if self._pending is not None:
+            os.rename(self._pending, self.path)
+            self._pending = None
 
     def close(self) -> None:
         with contextlib.suppress(BufferError, ValueError):
