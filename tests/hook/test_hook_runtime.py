@@ -6,6 +6,8 @@ import os
 import time
 from pathlib import Path
 
+import pytest
+
 from outrider.collectors.base import CollectorContext
 from outrider.collectors.hook import HookCollector
 from outrider.config import Config
@@ -85,8 +87,10 @@ def test_a_killed_process_is_detected_by_pid_and_heartbeat(tmp_path: Path) -> No
     h.pid = 2**22 + 12345  # no such process
     h.series("counter", "work_total").inc(4)
     h.flush()
-    time.sleep(0.2)  # more than three flush intervals without a heartbeat
-    _, parsed = agent_view(tmp_path, flush_s=0.05)
+    c, parsed = agent_view(tmp_path, flush_s=0.05)
+    assert value(parsed, "outrider_hook_processes", state="running") == 1, "just seen: not judged yet"
+    time.sleep(0.2)  # more than three flush intervals without a new heartbeat, on the agent's own clock
+    parsed = samples(render(c.collect()).decode())
     assert value(parsed, "work_total", rank="") == 4
     assert value(parsed, "outrider_hook_processes", state="running") == 0
     assert list(tmp_path.glob("*.shard")) == []
@@ -111,6 +115,42 @@ def test_stall_dumps_python_stacks_once_and_clears_on_progress(tmp_path: Path) -
     h.flush()
     parsed = samples(render(c.collect()).decode())
     assert value(parsed, "outrider_hook_stalled", rank="") == 0
+
+
+def test_a_wall_clock_jump_neither_retires_a_live_process_nor_stalls_it(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    import outrider.hook.runtime as runtime
+
+    real = time.time_ns
+    monkeypatch.setattr(runtime.time, "time_ns", lambda: real() - 2 * 3600 * 10**9)  # the node's clock jumped
+    h = hook(tmp_path, flush_interval_s=0.05)
+    h.pid = 2**22 + 777  # a pid the agent cannot see: only the heartbeat tells it the process lives
+    h.series("counter", "work_total").inc(1)
+    h.flush()
+    c, _ = agent_view(tmp_path, flush_s=0.05)
+    for _ in range(6):
+        time.sleep(0.05)
+        h.flush()  # heartbeats keep coming, two hours "old" by the wall clock
+        parsed = samples(render(c.collect()).decode())
+        assert value(parsed, "outrider_hook_processes", state="running") == 1
+    assert list(tmp_path.glob("*.shard")), "a live process's shard is never retired"
+
+
+def test_spool_unwritable_then_writable_again_loses_nothing(tmp_path: Path) -> None:
+    spool = tmp_path / "spool"
+    spool.write_text("a file where the directory should be: like a full or read-only volume")
+    h = hook(spool)
+    s = h.series("counter", "work_total")
+    s.inc(3)
+    h.flush()
+    assert h._writer is None and h.drop.counts["spool_unwritable"] == 1
+    s.inc(2)
+    spool.unlink()
+    h._writer_retry_at = 0.0  # instead of waiting WRITER_RETRY_S
+    h.flush()
+    assert h._writer is not None and not h._writer_failed
+    _, parsed = agent_view(spool)
+    assert value(parsed, "work_total", rank="") == 5, "cumulative values: the outage lost nothing"
 
 
 def test_unwritable_spool_keeps_measuring_and_never_raises(tmp_path: Path) -> None:

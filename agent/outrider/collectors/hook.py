@@ -47,6 +47,7 @@ class HookCollector(Collector):
         self._dynamic: dict[str, MetricDef] = {}
         self.shard_errors: dict[str, int] = {}
         self.processes: list[ProcessState] = []
+        self._heartbeats: dict[str, tuple[int, float]] = {}  # path -> (heartbeat, monotonic time it changed)
         self._lock_fd: int | None = None
         if ctx.hold_spool_lock:
             try:
@@ -97,7 +98,6 @@ class HookCollector(Collector):
     def collect(self) -> list[Family]:
         merged: dict[SeriesKey, list[float]] = {}
         processes: list[ProcessState] = []
-        now_ns = time.time_ns()
         for path in sorted(glob.glob(os.path.join(self.spool, "*.shard"))):
             try:
                 snap = self._snapshot(path)
@@ -114,7 +114,7 @@ class HookCollector(Collector):
             for name, kind, labels, values, bounds in snap.series:
                 key = (name, kind, (*sorted(labels.items()), ("rank", rank)), bounds)
                 entries[key] = values
-            state = self._state(snap, now_ns)
+            state = self._state(path, snap)
             if state == "exited":
                 self._retire(entries)
                 self._remove(path)
@@ -129,11 +129,17 @@ class HookCollector(Collector):
         self.processes = processes
         return self._families(merged, processes)
 
-    def _state(self, snap: shard.ShardSnapshot, now_ns: int) -> str:
+    def _state(self, path: str, snap: shard.ShardSnapshot) -> str:
         h = snap.header
         if h.flags & shard.FLAG_CLOSED:
             return "exited"
-        age_s = (now_ns - h.heartbeat_ns) / 1e9
+        # The heartbeat's age on the agent's monotonic clock (since the value last changed), so a wall-clock jump
+        # on the node neither retires a live process nor keeps a dead one.
+        now = time.monotonic()
+        seen = self._heartbeats.get(path)
+        if seen is None or seen[0] != h.heartbeat_ns:
+            seen = self._heartbeats[path] = (h.heartbeat_ns, now)
+        age_s = now - seen[1]
         flush_s = self.ctx.config.flush_interval_s
         pid_visible = os.path.exists(f"{self.ctx.config.proc_root}/{h.pid}")
         if not pid_visible and age_s > 3 * flush_s:
@@ -152,6 +158,7 @@ class HookCollector(Collector):
                 _accumulate(self._retired, key, values)
 
     def _remove(self, path: str) -> None:
+        self._heartbeats.pop(path, None)
         hit = self._maps.pop(path, None)
         if hit is not None:
             hit[1].close()

@@ -40,6 +40,7 @@ NAME_RE = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 LABEL_RE = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 MAX_LABEL_VALUE = 128
 LOCK_NAME = "agent.lock"
+WRITER_RETRY_S = 30.0
 
 
 def default_spool_dir() -> str:
@@ -147,6 +148,7 @@ class Hook:
         self.world_size = os.environ.get("WORLD_SIZE", "")
         self._writer: ShardWriter | None = None
         self._writer_failed = False
+        self._writer_retry_at = 0.0
         self.steps = 0
         self.last_step_perf = 0.0
         self.recent_steps: list[float] = [0.0] * 32
@@ -262,14 +264,22 @@ class Hook:
                 series = list(self._series.values())
         has_data = self.steps > 0 or any(s._all for s in series)
         if self._writer is None:
-            if not has_data or self._writer_failed:
+            if not has_data or time.monotonic() < self._writer_retry_at:
                 return
             try:
                 self._writer = ShardWriter(self.spool_dir, self.pid, self.start_ns)
+                if self._writer_failed:
+                    LOG.info("outrider: the spool %s is writable again; publishing", self.spool_dir)
+                self._writer_failed = False
             except OSError as e:
-                self._writer_failed = True  # spool unwritable: keep measuring, publish nothing, say it once
-                LOG.warning("outrider: cannot write to the spool %s (%s); metrics stay in this process",
-                            self.spool_dir, e)
+                # Spool unwritable or full: keep measuring (values are cumulative, nothing is lost), say it once,
+                # try again later.
+                self._writer_retry_at = time.monotonic() + WRITER_RETRY_S
+                if not self._writer_failed:
+                    LOG.warning("outrider: cannot write to the spool %s (%s); metrics stay in this process and "
+                                "publishing is retried every %g s", self.spool_dir, e, WRITER_RETRY_S)
+                self._writer_failed = True
+                self.drop("spool_unwritable")
                 return
         entries: list[list[Any]] = []
         values: list[float] = []
