@@ -1,0 +1,757 @@
+"""The PromQL subset the agent evaluates itself, over its own bounded store (rules/store.py).
+
+Expressions are parsed with `promql-parser` (Prometheus's grammar, in Rust); this module checks that a parsed
+expression stays inside the subset (`check`) and evaluates it at one instant (`Evaluator.instant`). The semantics
+follow Prometheus 2.x, the version `promtool` runs in CI: closed range windows `[t - range, t]`, a 5-minute lookback
+for instant selectors, staleness markers, extrapolated rate/increase/delta, and its vector-matching rules. Every
+alert test in alerts/tests is replayed through both to keep them equal (rules/promtest.py).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import re
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import promql_parser as pp
+
+from outrider.rules.store import Labels, SeriesStore, is_stale
+
+LOOKBACK_MS = 300_000
+NAME = "__name__"
+
+
+class PromQLError(ValueError):
+    """An expression that cannot be parsed, is outside the subset, or fails when evaluated."""
+
+
+@dataclass
+class Sample:
+    labels: Labels
+    value: float
+
+
+Vector = list[Sample]
+Value = Vector | float | str
+
+# --- the subset -------------------------------------------------------------------------------------------------
+
+RANGE_FUNCTIONS = {
+    "rate", "increase", "irate", "delta", "idelta", "deriv", "predict_linear", "changes", "resets",
+    "avg_over_time", "min_over_time", "max_over_time", "sum_over_time", "count_over_time", "last_over_time",
+    "present_over_time", "quantile_over_time", "stddev_over_time", "stdvar_over_time", "absent_over_time",
+}
+INSTANT_FUNCTIONS = {
+    "abs", "ceil", "floor", "round", "exp", "ln", "log2", "log10", "sqrt", "sgn", "clamp", "clamp_min",
+    "clamp_max", "histogram_quantile", "absent", "time", "vector", "scalar", "timestamp", "label_replace",
+}
+AGGREGATIONS = {"sum", "avg", "min", "max", "count", "group", "stddev", "stdvar", "quantile", "topk", "bottomk"}
+ARITHMETIC = {"+", "-", "*", "/", "%", "^"}
+COMPARISON = {"==", "!=", ">", "<", ">=", "<="}
+SET_OPS = {"and", "or", "unless"}
+
+
+def parse(expr: str) -> Any:
+    try:
+        return pp.parse(expr)
+    except Exception as e:  # the parser raises ValueError/RuntimeError with its own message
+        raise PromQLError(f"cannot parse: {e}") from None
+
+
+def check(node: Any) -> None:
+    """Raise PromQLError naming the first construct outside the embedded subset."""
+    if isinstance(node, (pp.NumberLiteral, pp.StringLiteral)):
+        return
+    if isinstance(node, pp.ParenExpr):
+        return check(node.expr)
+    if isinstance(node, pp.UnaryExpr):
+        return check(node.expr)
+    if isinstance(node, pp.VectorSelector):
+        if node.at is not None:
+            raise PromQLError("the @ modifier")
+        if node.matchers.or_matchers:
+            raise PromQLError("'or' inside a label matcher")
+        return
+    if isinstance(node, pp.MatrixSelector):
+        return check(node.vector_selector)
+    if isinstance(node, pp.SubqueryExpr):
+        raise PromQLError("a subquery ([range:step])")
+    if isinstance(node, pp.Call):
+        name = node.func.name
+        if name not in RANGE_FUNCTIONS and name not in INSTANT_FUNCTIONS:
+            raise PromQLError(f"the function {name}()")
+        for arg in node.args:
+            if name in RANGE_FUNCTIONS and isinstance(arg, pp.SubqueryExpr):
+                raise PromQLError(f"a subquery as the argument of {name}()")
+            check(arg)
+        return
+    if isinstance(node, pp.AggregateExpr):
+        op = str(node.op)
+        if op not in AGGREGATIONS:
+            raise PromQLError(f"the aggregation {op}")
+        if node.param is not None:
+            check(node.param)
+        return check(node.expr)
+    if isinstance(node, pp.BinaryExpr):
+        op = str(node.op)
+        if op not in ARITHMETIC | COMPARISON | SET_OPS:
+            raise PromQLError(f"the operator {op}")
+        check(node.lhs)
+        return check(node.rhs)
+    raise PromQLError(f"the expression type {type(node).__name__}")
+
+
+def selectors(node: Any) -> Iterable[tuple[Any, int]]:
+    """(vector selector, how far back it reads in ms: range + offset) for every selector in the expression."""
+    if isinstance(node, pp.VectorSelector):
+        yield node, _ms(node.offset) + LOOKBACK_MS
+    elif isinstance(node, pp.MatrixSelector):
+        vs = node.vector_selector
+        yield vs, _ms(node.range) + _ms(vs.offset)
+    elif isinstance(node, (pp.ParenExpr, pp.UnaryExpr)):
+        yield from selectors(node.expr)
+    elif isinstance(node, pp.Call):
+        for arg in node.args:
+            yield from selectors(arg)
+    elif isinstance(node, pp.AggregateExpr):
+        yield from selectors(node.expr)
+    elif isinstance(node, pp.BinaryExpr):
+        yield from selectors(node.lhs)
+        yield from selectors(node.rhs)
+
+
+def _ms(td: timedelta | None) -> int:
+    if td is None:
+        return 0
+    return round(td.total_seconds() * 1000)
+
+
+def selector_name(vs: Any) -> str | None:
+    if vs.name:
+        return str(vs.name)
+    for m in vs.matchers.matchers:
+        if m.name == NAME and m.op == pp.MatchOp.Equal:
+            return str(m.value)
+    return None
+
+
+# --- labels -----------------------------------------------------------------------------------------------------
+
+def drop_name(labels: Labels) -> Labels:
+    return tuple(kv for kv in labels if kv[0] != NAME)
+
+
+def get(labels: Labels, name: str) -> str:
+    for k, v in labels:
+        if k == name:
+            return v
+    return ""
+
+
+def with_label(labels: Labels, name: str, value: str) -> Labels:
+    rest = [kv for kv in labels if kv[0] != name]
+    if value:
+        rest.append((name, value))
+    return tuple(sorted(rest))
+
+
+def _signature(labels: Labels, names: Sequence[str], on: bool) -> Labels:
+    if on:
+        return tuple(kv for kv in labels if kv[0] in names)
+    return tuple(kv for kv in labels if kv[0] not in names and kv[0] != NAME)
+
+
+def _equals(value: str) -> Callable[[str], bool]:
+    return lambda v: v == value
+
+
+def _matcher(m: Any) -> Callable[[str], bool]:
+    value = str(m.value)
+    if m.op == pp.MatchOp.Equal:
+        return lambda v: v == value
+    if m.op == pp.MatchOp.NotEqual:
+        return lambda v: v != value
+    pattern = re.compile(value, re.DOTALL)
+    if m.op == pp.MatchOp.Re:
+        return lambda v: pattern.fullmatch(v) is not None
+    return lambda v: pattern.fullmatch(v) is None
+
+
+# --- evaluation -------------------------------------------------------------------------------------------------
+
+class Evaluator:
+    """Evaluates parsed expressions against a SeriesStore at an instant (milliseconds since the epoch)."""
+
+    def __init__(self, store: SeriesStore, lookback_ms: int = LOOKBACK_MS) -> None:
+        self.store = store
+        self.lookback_ms = lookback_ms
+        self._matchers: dict[int, list[tuple[str, Callable[[str], bool]]]] = {}
+
+    def instant(self, node: Any, ts: int) -> Value:
+        self.ts = ts
+        return self._eval(node)
+
+    def vector(self, node: Any, ts: int) -> Vector:
+        out = self.instant(node, ts)
+        if isinstance(out, float):
+            return [Sample((), out)]
+        if isinstance(out, str):
+            raise PromQLError("a rule's expression must give a vector or a scalar, not a string")
+        return out
+
+    # selectors
+
+    def _compiled(self, vs: Any) -> list[tuple[str, Callable[[str], bool]]]:
+        key = id(vs)
+        got = self._matchers.get(key)
+        if got is None:
+            got = [(str(m.name), _matcher(m)) for m in vs.matchers.matchers]
+            if vs.name:
+                got.append((NAME, _equals(str(vs.name))))
+            self._matchers[key] = got
+        return got
+
+    def _series(self, vs: Any) -> Iterable[tuple[Labels, Any]]:
+        matchers = self._compiled(vs)
+        for labels, series in self.store.candidates(selector_name(vs)):
+            if all(ok(get(labels, name)) for name, ok in matchers):
+                yield labels, series
+
+    def _select_instant(self, vs: Any) -> Vector:
+        ref = self.ts - _ms(vs.offset)
+        out = []
+        for labels, series in self._series(vs):
+            got = series.at(ref, self.lookback_ms)
+            if got is not None:
+                out.append(Sample(labels, got))
+        return out
+
+    def _select_range(self, ms: Any) -> list[tuple[Labels, list[int], list[float]]]:
+        vs = ms.vector_selector
+        end = self.ts - _ms(vs.offset)
+        start = end - _ms(ms.range)
+        out = []
+        for labels, series in self._series(vs):
+            times, values = series.window(start, end)
+            if times:
+                out.append((labels, times, values))
+        return out
+
+    # the tree
+
+    def _eval(self, node: Any) -> Value:
+        if isinstance(node, pp.NumberLiteral):
+            return float(node.val)
+        if isinstance(node, pp.StringLiteral):
+            return str(node.val)
+        if isinstance(node, pp.ParenExpr):
+            return self._eval(node.expr)
+        if isinstance(node, pp.UnaryExpr):
+            inner = self._eval(node.expr)
+            if isinstance(inner, float):
+                return -inner
+            if isinstance(inner, str):
+                raise PromQLError("unary minus on a string")
+            return [Sample(drop_name(s.labels), -s.value) for s in inner]
+        if isinstance(node, pp.VectorSelector):
+            return self._select_instant(node)
+        if isinstance(node, pp.Call):
+            return self._call(node)
+        if isinstance(node, pp.AggregateExpr):
+            return self._aggregate(node)
+        if isinstance(node, pp.BinaryExpr):
+            return self._binary(node)
+        raise PromQLError(f"cannot evaluate {type(node).__name__}")
+
+    # functions
+
+    def _call(self, node: Any) -> Value:
+        name = node.func.name
+        args = node.args
+        if name in RANGE_FUNCTIONS:
+            ms = args[0]
+            if not isinstance(ms, pp.MatrixSelector):
+                raise PromQLError(f"{name}() needs a range vector selector")
+            rng = self._select_range(ms)
+            if name == "absent_over_time":
+                return [] if rng else [Sample(_absent_labels(ms.vector_selector), 1.0)]
+            extra = [self._scalar(a) for a in args[1:]]
+            range_s = _ms(ms.range) / 1000
+            end = self.ts - _ms(ms.vector_selector.offset)
+            out = []
+            for labels, times, values in rng:
+                v = _range_function(name, times, values, range_s, end - _ms(ms.range), end, self.ts, extra)
+                if v is not None:
+                    out.append(Sample(labels if name == "last_over_time" else drop_name(labels), v))
+            return out
+        if name == "time":
+            return self.ts / 1000
+        if name == "vector":
+            return [Sample((), self._scalar(args[0]))]
+        if name == "scalar":
+            vec = self._vector(args[0])
+            return vec[0].value if len(vec) == 1 else math.nan
+        if name == "absent":
+            vec = self._vector(args[0])
+            if vec:
+                return []
+            vs = args[0] if isinstance(args[0], pp.VectorSelector) else None
+            return [Sample(_absent_labels(vs) if vs is not None else (), 1.0)]
+        if name == "histogram_quantile":
+            return _histogram_quantile(self._scalar(args[0]), self._vector(args[1]))
+        if name == "label_replace":
+            return self._label_replace(self._vector(args[0]), *[self._string(a) for a in args[1:]])
+        if name == "timestamp":
+            return [Sample(drop_name(s.labels), self.ts / 1000) for s in self._vector(args[0])]
+        vec = self._vector(args[0])
+        extra = [self._scalar(a) for a in args[1:]]
+        fn = _simple_function(name, extra)
+        return [Sample(drop_name(s.labels), fn(s.value)) for s in vec]
+
+    def _label_replace(self, vec: Vector, dst: str, repl: str, src: str, regex: str) -> Vector:
+        pattern = re.compile(regex, re.DOTALL)
+        template = re.sub(r"\$\{?(\w+)\}?", r"\\g<\1>", repl)
+        out = []
+        for s in vec:
+            m = pattern.fullmatch(get(s.labels, src))
+            out.append(Sample(with_label(s.labels, dst, m.expand(template)) if m else s.labels, s.value))
+        return out
+
+    def _scalar(self, node: Any) -> float:
+        v = self._eval(node)
+        if isinstance(v, float):
+            return v
+        if isinstance(v, list) and len(v) == 1:  # scalar() semantics for a one-element vector argument
+            return v[0].value
+        raise PromQLError("expected a scalar argument")
+
+    def _string(self, node: Any) -> str:
+        v = self._eval(node)
+        if not isinstance(v, str):
+            raise PromQLError("expected a string argument")
+        return v
+
+    def _vector(self, node: Any) -> Vector:
+        v = self._eval(node)
+        if not isinstance(v, list):
+            raise PromQLError("expected an instant vector argument")
+        return v
+
+    # aggregations
+
+    def _aggregate(self, node: Any) -> Vector:
+        op = str(node.op)
+        vec = self._vector(node.expr)
+        mod = node.modifier
+        by = mod is None or mod.type == pp.AggModifierType.By
+        names = list(mod.labels) if mod is not None else []
+        param = self._scalar(node.param) if op in ("quantile", "topk", "bottomk") else 0.0
+        groups: dict[Labels, list[Sample]] = {}
+        for s in vec:
+            if by:
+                key = tuple(kv for kv in s.labels if kv[0] in names)
+            else:
+                key = tuple(kv for kv in s.labels if kv[0] not in names and kv[0] != NAME)
+            groups.setdefault(key, []).append(s)
+        out: Vector = []
+        for key, members in groups.items():
+            values = [s.value for s in members]
+            if op in ("topk", "bottomk"):
+                k = int(param)
+                ranked = sorted(members, key=lambda s: s.value, reverse=op == "topk")
+                out.extend(ranked[:max(0, k)])
+                continue
+            out.append(Sample(key, _aggregate_values(op, values, param)))
+        return out
+
+    # binary operators
+
+    def _binary(self, node: Any) -> Value:
+        op = str(node.op)
+        mod = node.modifier
+        return_bool = bool(mod is not None and mod.return_bool)
+        lhs = self._eval(node.lhs)
+        rhs = self._eval(node.rhs)
+        if isinstance(lhs, str) or isinstance(rhs, str):
+            raise PromQLError(f"operator {op} on a string")
+        if isinstance(lhs, float) and isinstance(rhs, float):
+            value, keep = _apply(op, lhs, rhs)
+            return (1.0 if keep else 0.0) if op in COMPARISON else value
+        if isinstance(lhs, float) or isinstance(rhs, float):
+            return self._vector_scalar(op, lhs, rhs, return_bool)
+        assert isinstance(lhs, list) and isinstance(rhs, list)
+        matching = mod.matching if mod is not None else None
+        on = matching is not None and matching.type == pp.LabelModifierType.Include
+        names = list(matching.labels) if matching is not None else []
+        if op in SET_OPS:
+            return _set_op(op, lhs, rhs, names, on)
+        card = mod.card if mod is not None else pp.VectorMatchCardinality.OneToOne
+        include = list(mod.group_labels or []) if mod is not None else []
+        return _vector_vector(op, lhs, rhs, names, on, card, include, return_bool)
+
+    def _vector_scalar(self, op: str, lhs: Value, rhs: Value, return_bool: bool) -> Vector:
+        swap = isinstance(lhs, float)
+        vec, scalar = (rhs, lhs) if swap else (lhs, rhs)
+        assert isinstance(vec, list) and isinstance(scalar, float)
+        out = []
+        for s in vec:
+            lv, rv = (scalar, s.value) if swap else (s.value, scalar)
+            value, keep = _apply(op, lv, rv)
+            if op in COMPARISON and swap:
+                value = s.value
+            labels = s.labels
+            if return_bool:
+                value, keep = (1.0 if keep else 0.0), True
+            if not keep:
+                continue
+            if op in ARITHMETIC or return_bool:
+                labels = drop_name(labels)
+            out.append(Sample(labels, value))
+        return out
+
+
+def _absent_labels(vs: Any) -> Labels:
+    labels = {}
+    for m in vs.matchers.matchers:
+        if m.op == pp.MatchOp.Equal and m.name != NAME:
+            labels[str(m.name)] = str(m.value)
+    return tuple(sorted(labels.items()))
+
+
+def _apply(op: str, a: float, b: float) -> tuple[float, bool]:
+    """(value, keep): arithmetic gives its value; a comparison keeps the left value where it holds."""
+    if op == "+":
+        return a + b, True
+    if op == "-":
+        return a - b, True
+    if op == "*":
+        return a * b, True
+    if op == "/":
+        if b == 0:
+            if a == 0 or math.isnan(a):
+                return math.nan, True
+            return math.copysign(math.inf, a) * math.copysign(1.0, b), True
+        return a / b, True
+    if op == "%":
+        return (math.fmod(a, b) if b != 0 else math.nan), True
+    if op == "^":
+        try:
+            return math.pow(a, b), True
+        except (OverflowError, ValueError):
+            return (math.inf if a > 0 else math.nan), True
+    if op == "==":
+        return a, a == b
+    if op == "!=":
+        return a, a != b
+    if op == ">":
+        return a, a > b
+    if op == "<":
+        return a, a < b
+    if op == ">=":
+        return a, a >= b
+    if op == "<=":
+        return a, a <= b
+    raise PromQLError(f"the operator {op}")
+
+
+def _set_op(op: str, lhs: Vector, rhs: Vector, names: list[str], on: bool) -> Vector:
+    if op == "and":
+        right = {_signature(s.labels, names, on) for s in rhs}
+        return [s for s in lhs if _signature(s.labels, names, on) in right]
+    if op == "unless":
+        right = {_signature(s.labels, names, on) for s in rhs}
+        return [s for s in lhs if _signature(s.labels, names, on) not in right]
+    left = {_signature(s.labels, names, on) for s in lhs}
+    return lhs + [s for s in rhs if _signature(s.labels, names, on) not in left]
+
+
+def _vector_vector(op: str, lhs: Vector, rhs: Vector, names: list[str], on: bool, card: Any,
+                   include: list[str], return_bool: bool) -> Vector:
+    swapped = card == pp.VectorMatchCardinality.OneToMany
+    many, one = (rhs, lhs) if swapped else (lhs, rhs)
+    one_side: dict[Labels, Sample] = {}
+    for s in one:
+        sig = _signature(s.labels, names, on)
+        if sig in one_side:
+            side = "left" if swapped else "right"
+            raise PromQLError(f"found duplicate series for the match group {dict(sig)} on the {side} hand side "
+                              "of the operation: many-to-many matching not allowed")
+        one_side[sig] = s
+    one_to_one = card == pp.VectorMatchCardinality.OneToOne
+    seen: set[Labels] = set()
+    out: Vector = []
+    for s in many:
+        sig = _signature(s.labels, names, on)
+        other = one_side.get(sig)
+        if other is None:
+            continue
+        lv, rv = (other.value, s.value) if swapped else (s.value, other.value)
+        value, keep = _apply(op, lv, rv)
+        if return_bool:
+            value, keep = (1.0 if keep else 0.0), True
+        if not keep:
+            continue
+        labels = s.labels
+        if op in ARITHMETIC or return_bool:
+            labels = drop_name(labels)
+        if one_to_one:
+            labels = tuple(kv for kv in labels if kv[0] in names) if on else tuple(
+                kv for kv in labels if kv[0] not in names)
+            if sig in seen:
+                raise PromQLError(f"multiple matches for labels {dict(sig)}: many-to-one matching must be explicit "
+                                  "(group_left/group_right)")
+            seen.add(sig)
+        for name in include:
+            labels = with_label(labels, name, get(other.labels, name))
+        out.append(Sample(labels, value))
+    if not one_to_one:
+        keys = [s.labels for s in out]
+        if len(set(keys)) != len(keys):
+            raise PromQLError("multiple matches for the same label set on the 'one' side: vector cannot contain "
+                              "metrics with the same labelset")
+    return out
+
+
+def _aggregate_values(op: str, values: list[float], param: float) -> float:
+    n = len(values)
+    if op == "sum":
+        return math.fsum(values) if all(math.isfinite(v) for v in values) else sum(values)
+    if op == "avg":
+        return sum(values) / n
+    if op == "min":
+        real = [v for v in values if not math.isnan(v)]
+        return min(real) if real else math.nan
+    if op == "max":
+        real = [v for v in values if not math.isnan(v)]
+        return max(real) if real else math.nan
+    if op == "count":
+        return float(n)
+    if op == "group":
+        return 1.0
+    if op in ("stddev", "stdvar"):
+        mean = sum(values) / n
+        var = sum((v - mean) ** 2 for v in values) / n
+        return math.sqrt(var) if op == "stddev" else var
+    if op == "quantile":
+        return quantile(param, values)
+    raise PromQLError(f"the aggregation {op}")
+
+
+def quantile(q: float, values: list[float]) -> float:
+    """Prometheus's quantile: linear interpolation between the closest ranks (phi * (n - 1))."""
+    if not values:
+        return math.nan
+    if q < 0:
+        return -math.inf
+    if q > 1:
+        return math.inf
+    ordered = sorted(values)
+    n = len(ordered)
+    rank = q * (n - 1)
+    lower = max(0, math.floor(rank))
+    upper = min(n - 1, lower + 1)
+    weight = rank - math.floor(rank)
+    return ordered[lower] * (1 - weight) + ordered[upper] * weight
+
+
+def _simple_function(name: str, extra: list[float]) -> Callable[[float], float]:
+    def safe(fn: Callable[[float], float]) -> Callable[[float], float]:
+        def call(v: float) -> float:
+            try:
+                return fn(v)
+            except (ValueError, OverflowError):
+                return math.nan if v < 0 or math.isnan(v) else math.inf
+        return call
+
+    table: dict[str, Callable[[float], float]] = {
+        "abs": abs,
+        "ceil": lambda v: float(math.ceil(v)) if math.isfinite(v) else v,
+        "floor": lambda v: float(math.floor(v)) if math.isfinite(v) else v,
+        "exp": safe(math.exp),
+        "ln": safe(lambda v: -math.inf if v == 0 else math.log(v)),
+        "log2": safe(lambda v: -math.inf if v == 0 else math.log2(v)),
+        "log10": safe(lambda v: -math.inf if v == 0 else math.log10(v)),
+        "sqrt": safe(math.sqrt),
+        "sgn": lambda v: v if math.isnan(v) else float((v > 0) - (v < 0)),
+    }
+    if name in table:
+        return table[name]
+    if name == "round":
+        to = extra[0] if extra else 1.0
+        return lambda v: math.floor(v / to + 0.5) * to if math.isfinite(v) else v
+    if name == "clamp":
+        lo, hi = extra
+        return lambda v: math.nan if lo > hi else max(lo, min(hi, v))
+    if name == "clamp_min":
+        return lambda v: max(extra[0], v)
+    if name == "clamp_max":
+        return lambda v: min(extra[0], v)
+    raise PromQLError(f"the function {name}()")
+
+
+def _range_function(name: str, times: list[int], values: list[float], range_s: float, start: int, end: int,
+                    ts: int, extra: list[float]) -> float | None:
+    n = len(values)
+    if name in ("rate", "increase", "delta"):
+        return _extrapolated(times, values, start, end, range_s, name != "delta", name == "rate")
+    if name in ("irate", "idelta"):
+        if n < 2:
+            return None
+        last, prev = values[-1], values[-2]
+        diff = last - prev
+        if name == "irate":
+            if last < prev:
+                diff = last
+            dt = (times[-1] - times[-2]) / 1000
+            return diff / dt if dt else None
+        return diff
+    if name in ("deriv", "predict_linear"):
+        if n < 2:
+            return None
+        slope, intercept = _linear_regression(times, values, times[0] if name == "deriv" else ts)
+        return slope if name == "deriv" else slope * extra[0] + intercept
+    if name == "changes":
+        return float(sum(1 for a, b in itertools.pairwise(values) if a != b and not (math.isnan(a) and math.isnan(b))))
+    if name == "resets":
+        return float(sum(1 for a, b in itertools.pairwise(values) if b < a))
+    if name == "avg_over_time":
+        return sum(values) / n
+    if name == "min_over_time":
+        real = [v for v in values if not math.isnan(v)]
+        return min(real) if real else math.nan
+    if name == "max_over_time":
+        real = [v for v in values if not math.isnan(v)]
+        return max(real) if real else math.nan
+    if name == "sum_over_time":
+        return sum(values)
+    if name == "count_over_time":
+        return float(n)
+    if name == "last_over_time":
+        return values[-1]
+    if name == "present_over_time":
+        return 1.0
+    if name == "quantile_over_time":
+        return quantile(extra[0], values)
+    if name in ("stddev_over_time", "stdvar_over_time"):
+        mean = sum(values) / n
+        var = sum((v - mean) ** 2 for v in values) / n
+        return math.sqrt(var) if name == "stddev_over_time" else var
+    raise PromQLError(f"the function {name}()")
+
+
+def _extrapolated(times: list[int], values: list[float], start: int, end: int, range_s: float,
+                  is_counter: bool, is_rate: bool) -> float | None:
+    """Prometheus's extrapolatedRate: the change over the window, extrapolated to its edges."""
+    n = len(values)
+    if n < 2:
+        return None
+    result = values[-1] - values[0]
+    if is_counter:
+        last = 0.0
+        for v in values:
+            if v < last:
+                result += last
+            last = v
+    to_start = (times[0] - start) / 1000
+    to_end = (end - times[-1]) / 1000
+    sampled = (times[-1] - times[0]) / 1000
+    average = sampled / (n - 1)
+    if is_counter and result > 0 and values[0] >= 0:
+        to_zero = sampled * (values[0] / result)
+        if to_zero < to_start:
+            to_start = to_zero
+    threshold = average * 1.1
+    interval = sampled
+    interval += to_start if to_start < threshold else average / 2
+    interval += to_end if to_end < threshold else average / 2
+    result = result * (interval / sampled)
+    if is_rate:
+        result /= range_s
+    return result
+
+
+def _kahan(inc: float, total: float, c: float) -> tuple[float, float]:
+    t = total + inc
+    if abs(total) >= abs(inc):
+        c += (total - t) + inc
+    else:
+        c += (inc - t) + total
+    return t, c
+
+
+def _linear_regression(times: list[int], values: list[float], intercept_time: int) -> tuple[float, float]:
+    init = values[0]
+    if all(v == init for v in values):
+        return (math.nan, math.nan) if math.isinf(init) else (0.0, init)
+    n = float(len(values))
+    sx = cx = sy = cy = sxy = cxy = sx2 = cx2 = 0.0
+    for t, v in zip(times, values):
+        x = (t - intercept_time) / 1000
+        sx, cx = _kahan(x, sx, cx)
+        sy, cy = _kahan(v, sy, cy)
+        sxy, cxy = _kahan(x * v, sxy, cxy)
+        sx2, cx2 = _kahan(x * x, sx2, cx2)
+    sx, sy, sxy, sx2 = sx + cx, sy + cy, sxy + cxy, sx2 + cx2
+    cov = sxy - sx * sy / n
+    var = sx2 - sx * sx / n
+    slope = cov / var if var else math.nan
+    return slope, sy / n - slope * sx / n
+
+
+def _histogram_quantile(q: float, vec: Vector) -> Vector:
+    groups: dict[Labels, list[tuple[float, float]]] = {}
+    for s in vec:
+        le = get(s.labels, "le")
+        if not le:
+            continue
+        try:
+            bound = float(le)
+        except ValueError:
+            continue
+        key = tuple(kv for kv in s.labels if kv[0] not in ("le", NAME))
+        groups.setdefault(key, []).append((bound, s.value))
+    return [Sample(key, bucket_quantile(q, buckets)) for key, buckets in groups.items()]
+
+
+def bucket_quantile(q: float, buckets: list[tuple[float, float]]) -> float:
+    """Prometheus's bucketQuantile over (upper bound, cumulative count) pairs."""
+    if math.isnan(q):
+        return math.nan
+    if q < 0:
+        return -math.inf
+    if q > 1:
+        return math.inf
+    merged: dict[float, float] = {}
+    for bound, count in buckets:
+        merged[bound] = merged.get(bound, 0.0) + count
+    ordered = sorted(merged.items())
+    if not ordered or not math.isinf(ordered[-1][0]):
+        return math.nan
+    counts = [c for _, c in ordered]
+    for i in range(1, len(counts)):  # ensure monotonic, as Prometheus does
+        if counts[i] < counts[i - 1]:
+            counts[i] = counts[i - 1]
+    if len(ordered) < 2:
+        return math.nan
+    observations = counts[-1]
+    if observations == 0:
+        return math.nan
+    rank = q * observations
+    b = next(i for i, c in enumerate(counts) if c >= rank)
+    if b == len(ordered) - 1:
+        return ordered[-2][0]
+    if b == 0 and ordered[0][0] <= 0:
+        return ordered[0][0]
+    start, end, count = 0.0, ordered[b][0], counts[b]
+    if b > 0:
+        start = ordered[b - 1][0]
+        count -= counts[b - 1]
+        rank -= counts[b - 1]
+    return start + (end - start) * (rank / count)
+
+
+__all__ = ["Evaluator", "PromQLError", "Sample", "Vector", "check", "is_stale", "parse", "selectors"]
