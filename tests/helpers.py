@@ -80,6 +80,10 @@ class AgentProcess:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         full_env = {k: v for k, v in os.environ.items() if not k.startswith(("OUTRIDER_", "OTEL_"))}
+        self._state = None
+        if not (env or {}).get("OUTRIDER_STATE_DIR"):  # alert state and outbox private to this agent
+            self._state = tempfile.TemporaryDirectory(prefix="outrider-state-")
+            full_env["OUTRIDER_STATE_DIR"] = self._state.name
         full_env.update(env or {})
         # Output goes to a file, not a pipe: a chatty agent must never block on a full pipe.
         self._log = tempfile.TemporaryFile()  # noqa: SIM115 - lives as long as the agent
@@ -112,6 +116,9 @@ class AgentProcess:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+        if self._state is not None:
+            self._state.cleanup()
+            self._state = None
         return self.proc.returncode
 
     def __enter__(self) -> AgentProcess:

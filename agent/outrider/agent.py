@@ -9,6 +9,7 @@ import threading
 import time
 from typing import Any
 
+from outrider import alerting
 from outrider.config import Config, ConfigError, otlp_enabled
 from outrider.exporters.prometheus import MetricsServer
 from outrider.sampler import Sampler
@@ -50,6 +51,11 @@ class Agent:
         self.config = config
         tls, basic_auth = _endpoint_security(config)
         self.sampler = Sampler(config, roots, exclude_pids, hold_spool_lock=hold_spool_lock)
+        self.alerting = alerting.build(config, self._stack_dumps())
+        if self.alerting is not None:
+            self.sampler.ctx.rule_engine = self.alerting.engine
+            self.sampler.ctx.dispatcher = self.alerting.dispatcher
+            self.sampler.listeners.append(self.alerting.engine.on_sweep)
         host, port = config.listen_address
         try:
             self.server = MetricsServer(self.sampler, host, port, tls, basic_auth)
@@ -65,7 +71,15 @@ class Agent:
             self.otlp = OtlpExporter(config, self.sampler)
         self._stopped = False
 
+    def _stack_dumps(self) -> Any:
+        from outrider.collectors.hook import HookCollector
+
+        hooks = [c for c in self.sampler.collectors if isinstance(c, HookCollector)]
+        return hooks[0].stack_dumps if hooks else None
+
     def start(self) -> None:
+        if self.alerting is not None:
+            self.alerting.start()
         self.server.start()
         self.sampler.start()
         if self.otlp is not None:
@@ -82,6 +96,8 @@ class Agent:
 
         def finish() -> None:
             self.sampler.stop(timeout_s=max(0.1, (deadline - time.monotonic()) / 2))
+            if self.alerting is not None:
+                self.alerting.stop(timeout_s=max(0.1, (deadline - time.monotonic()) / 4))
             if self.otlp is not None:
                 self.sampler.sweep()  # the final export carries the latest values
                 self.otlp.shutdown(timeout_s=max(0.1, deadline - time.monotonic()))

@@ -80,6 +80,29 @@ class Config:
         "help": "file holding the basic-auth password (a mounted Secret; never the password itself)"})
     nvml_library: str = field(default="", metadata={
         "help": "path of libnvidia-ml.so.1 to load; empty: the driver's, found by soname"})
+    rule_files: tuple[str, ...] = field(default=("builtin",), metadata={
+        "help": "Prometheus rule files the agent evaluates itself ('builtin': Outrider's catalog, "
+                "alerts/outrider.rules.yaml); empty: no alerting in the agent"})
+    rule_settings: tuple[str, ...] = field(default=(), metadata={
+        "help": "tunables for the built-in rules, as `outrider rules export --set` takes them "
+                "(RULE.threshold=VALUE, RULE.for=DURATION)"})
+    rule_interval_s: float = field(default=15.0, metadata={
+        "help": "seconds between rule evaluations (a group's own interval, if longer, wins)"})
+    alert_job: str = field(default="outrider", metadata={
+        "help": "the job label the agent's own series carry for rule evaluation (Prometheus's target label)"})
+    alert_instance: str = field(default="", metadata={
+        "help": "the instance label for rule evaluation; empty: the host name"})
+    state_dir: str = field(default="", metadata={
+        "help": "where alert state, the rule store snapshot and the notification outbox live (a volume in a "
+                "pod); empty: $XDG_STATE_HOME/outrider or ~/.local/state/outrider"})
+    receivers_file: str = field(default="", metadata={
+        "help": "YAML file of notification receivers (alertmanager, pagerduty, slack, webhook, log) with their "
+                "routes; see docs/alerting.md"})
+    alertmanager_urls: tuple[str, ...] = field(default=(), metadata={
+        "help": "Alertmanager base URLs to send every alert to (a shortcut for alertmanager receivers)"})
+    resend_interval_s: float = field(default=60.0, metadata={
+        "help": "seconds between re-sends of firing alerts to Alertmanager (their lease is 4x this)"})
+    alert_log: bool = field(default=True, metadata={"help": "log every alert transition on the agent's log"})
     standalone: bool = field(default=True, metadata={
         "help": "with no agent on the spool, the instrumented process runs one in-process"})
 
@@ -248,6 +271,16 @@ CONVERTERS: dict[str, Callable[[Any], Any]] = {
     "basic_auth_username": _str,
     "basic_auth_password_file": _str,
     "k8s_labels": _k8s_labels,
+    "rule_files": _str_list,
+    "rule_settings": _str_list,
+    "rule_interval_s": _positive_float,
+    "alert_job": _str,
+    "alert_instance": _str,
+    "state_dir": _str,
+    "receivers_file": _str,
+    "alertmanager_urls": _str_list,
+    "resend_interval_s": _positive_float,
+    "alert_log": _bool,
 }
 assert set(CONVERTERS) == set(FIELDS), "every config field needs a converter"
 
@@ -354,6 +387,11 @@ def load(
         values["collectors"] = tuple(enabled)
         sources["collectors"] = "flags --collector.* / --no-collector.*"
     return LoadedConfig(Config(**values), sources)
+
+
+def default_state_dir() -> str:
+    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return os.path.join(base, "outrider")
 
 
 def enabled_collectors(config: Config) -> tuple[str, ...]:

@@ -110,7 +110,7 @@ def test_stall_dumps_python_stacks_once_and_clears_on_progress(tmp_path: Path) -
     assert "no step completed" in text and "test_stall_dumps_python_stacks" in text
     c, parsed = agent_view(tmp_path)
     assert value(parsed, "outrider_hook_stalled", rank="") == 1
-    assert c.stack_dumps() and c.stack_dumps()[0][1] == str(stacks[0])
+    assert c.stack_dumps() and c.stack_dumps()[0][2] == str(stacks[0])
     h.step_completed(0.01)
     h.flush()
     parsed = samples(render(c.collect()).decode())

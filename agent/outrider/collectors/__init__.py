@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 from outrider.collectors.agent_self import SelfCollector
+from outrider.collectors.alerts import AlertsCollector
 from outrider.collectors.base import Collector, CollectorContext
 from outrider.collectors.diagnosis import DiagnosisCollector
 from outrider.collectors.gpu import GpuCollector
@@ -15,7 +16,8 @@ from outrider.collectors.process import ProcessCollector
 
 REGISTRY: dict[str, type[Collector]] = {
     cls.name: cls
-    for cls in (HostCollector, ProcessCollector, GpuCollector, HookCollector, DiagnosisCollector, SelfCollector)
+    for cls in (HostCollector, ProcessCollector, GpuCollector, HookCollector, DiagnosisCollector, AlertsCollector,
+                SelfCollector)
 }
 
 

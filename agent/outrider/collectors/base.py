@@ -12,6 +12,8 @@ from outrider.logs import LogOnce
 from outrider.metrics.family import Family
 
 if TYPE_CHECKING:
+    from outrider.notify.dispatcher import Dispatcher
+    from outrider.rules.engine import RuleEngine
     from outrider.sampler import SweepStats
 
 
@@ -28,6 +30,9 @@ class CollectorContext:
     hold_spool_lock: bool = True
     # Called with every finished sweep (the sampler's listeners): collectors that reason over sweeps join here.
     listeners: list[Callable[[list[Family]], None]] = field(default_factory=list)
+    # The embedded rule engine and notification dispatcher, when the agent evaluates rules (collectors/alerts).
+    rule_engine: RuleEngine | None = None
+    dispatcher: Dispatcher | None = None
 
 
 class Collector:

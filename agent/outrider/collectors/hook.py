@@ -223,9 +223,10 @@ class HookCollector(Collector):
         out.extend([last_step, stalled, heartbeat, errors])
         return out
 
-    def stack_dumps(self) -> list[tuple[int, str]]:
-        """(pid, path) of the stack dumps of processes now stalled: what a page about a stall should carry."""
-        return [(p.header.pid, p.stack_file) for p in self.processes if p.stack_file and p.state != "running"]
+    def stack_dumps(self) -> list[tuple[int, str, str]]:
+        """(pid, rank, path) of the stack dumps of processes now stalled: what a page about a stall carries."""
+        return [(p.header.pid, str(p.meta.get("rank", "")), p.stack_file) for p in self.processes
+                if p.stack_file and p.state != "running"]
 
     def close(self) -> None:
         for _, mm in self._maps.values():

@@ -55,6 +55,8 @@ class MetricDef:
 
 
 # Labels shared by several definitions.
+RECEIVER = Label("receiver", "outrider.receiver")
+RECEIVER_TYPE = Label("type", "outrider.receiver.type")
 MODE = Label("mode", "cpu.mode")
 DEVICE = Label("device", "system.device")
 DISK_DIRECTION = Label("direction", "disk.io.direction")
@@ -382,6 +384,39 @@ _DEFS: tuple[MetricDef, ...] = (
     MetricDef("outrider_collector_hung", "outrider.collector.hung", "1", "gauge",
               "1 while a collector that may block (NVML) has not answered within collector_timeout_s: the sweeps "
               "go on without it.", (COLLECTOR,), "self"),
+    MetricDef("ALERTS", "outrider.alerts", "1", "gauge",
+              "1 for every pending or firing alert of the agent's embedded rule evaluation, with the alert's own "
+              "labels besides these (as Prometheus writes ALERTS).",
+              (Label("alertname", "outrider.alert.name"), Label("alertstate", "outrider.alert.state")), "alerts"),
+    MetricDef("ALERTS_FOR_STATE", "outrider.alerts.active_since", "s", "gauge",
+              "Unix time each pending or firing alert became active, with the alert's own labels.",
+              (Label("alertname", "outrider.alert.name"),), "alerts"),
+    MetricDef("outrider_rule_evaluations_total", "outrider.rule.evaluations", "{evaluation}", "counter",
+              "Evaluations of the rule groups by the embedded evaluator.", (), "alerts"),
+    MetricDef("outrider_rule_evaluation_failures_total", "outrider.rule.evaluation.failures", "{evaluation}",
+              "counter", "Rule evaluations that failed (the agent log says why); the rule's alerts keep their state.",
+              (Label("rule", "outrider.rule"),), "alerts"),
+    MetricDef("outrider_rule_evaluation_duration_seconds", "outrider.rule.evaluation.duration", "s", "gauge",
+              "Wall time of the last evaluation of all rule groups.", (), "alerts"),
+    MetricDef("outrider_rule_store_series", "outrider.rule.store.series", "{series}", "gauge",
+              "Series held for rule evaluation (only those the loaded rules select).", (), "alerts"),
+    MetricDef("outrider_rule_store_samples", "outrider.rule.store.samples", "{sample}", "gauge",
+              "Samples held for rule evaluation (only as far back as the loaded rules read).", (), "alerts"),
+    MetricDef("outrider_rule_store_bytes", "outrider.rule.store.size", "By", "gauge",
+              "Approximate memory the rule evaluation's sample store holds.", (), "alerts"),
+    MetricDef("outrider_notify_sent_total", "outrider.notify.sent", "{notification}", "counter",
+              "Alert notifications a receiver confirmed.", (RECEIVER, RECEIVER_TYPE), "alerts"),
+    MetricDef("outrider_notify_failed_total", "outrider.notify.failed", "{attempt}", "counter",
+              "Failed delivery attempts: reason retry (429, 5xx, timeout; tried again) or rejected (other 4xx; "
+              "dropped).", (RECEIVER, RECEIVER_TYPE, Label("reason", "error.type")), "alerts"),
+    MetricDef("outrider_notify_queued", "outrider.notify.queued", "{notification}", "gauge",
+              "Notifications waiting in a receiver's outbox.", (RECEIVER, RECEIVER_TYPE), "alerts"),
+    MetricDef("outrider_notify_oldest_queued_age_seconds", "outrider.notify.oldest_queued.age", "s", "gauge",
+              "Age of the oldest notification waiting in a receiver's outbox (0 when empty).",
+              (RECEIVER, RECEIVER_TYPE), "alerts"),
+    MetricDef("outrider_notify_outbox_write_errors_total", "outrider.notify.outbox.write_errors", "{error}",
+              "counter", "Notifications the outbox could not write to disk (full or unwritable): held in memory "
+              "and written out when the disk takes them again.", (RECEIVER, RECEIVER_TYPE), "alerts"),
     MetricDef("outrider_collector_errors_total", "outrider.collector.errors", "{error}", "counter",
               "Readings a collector could not take (a file it could not read, a value it could not parse): "
               "dropped and counted, never fatal.", (COLLECTOR,), "self"),

@@ -27,6 +27,11 @@ def format_value(value: float) -> str:
     return repr(value)
 
 
+def format_le(bound: float) -> str:
+    """A bucket's le label: "1.0", as prometheus_client writes it; "+Inf" for the last."""
+    return "+Inf" if bound == math.inf else repr(float(bound))
+
+
 def escape_label_value(value: str) -> str:
     return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
@@ -98,8 +103,7 @@ def _histogram_lines(out: list[str], name: str, names: tuple[str, ...], values: 
     bucket_names = (*names, "le")
     cumulative = h.cumulative()
     for bound, count in zip((*h.bounds, math.inf), cumulative):
-        le = "+Inf" if bound == math.inf else repr(float(bound))  # "1.0", as prometheus_client writes it
-        out.append(_prefix(name + "_bucket", bucket_names, (*values, le)) + str(count) + "\n")
+        out.append(_prefix(name + "_bucket", bucket_names, (*values, format_le(bound))) + str(count) + "\n")
     out.append(_prefix(name + "_sum", names, values) + format_value(h.sum) + "\n")
     out.append(_prefix(name + "_count", names, values) + str(cumulative[-1]) + "\n")
 

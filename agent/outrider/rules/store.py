@@ -101,6 +101,10 @@ class SeriesStore:
         if not series.append(t, v):
             self.dropped_out_of_order += 1
 
+    def put(self, labels: Labels, series: Series) -> None:
+        """A whole series (restored from a snapshot)."""
+        self._series.setdefault(_name(labels), {})[labels] = series
+
     def mark_stale(self, name: str, keep: set[Labels], t: int) -> None:
         """A staleness marker at t on every live series of `name` not in `keep`."""
         for labels, series in self._series.get(name, {}).items():

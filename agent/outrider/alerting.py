@@ -1,0 +1,102 @@
+"""Wires the agent's own alerting: the rule files it evaluates, the receivers it notifies, and where their
+state lives. Every mistake (a rule outside the embedded subset, a receiver without its secret) is a ConfigError
+at start, naming the file, the rule or the receiver."""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from outrider.config import Config, ConfigError, default_state_dir
+from outrider.notify.alertmanager import AlertmanagerNotifier
+from outrider.notify.base import NotifyConfigError
+from outrider.notify.dispatcher import Dispatcher, Route, load_receivers
+from outrider.notify.log import LogNotifier
+from outrider.rules.engine import RuleEngine
+from outrider.rules.export import default_rules_path
+from outrider.rules.rule import Group, RuleLoadError, load_groups
+
+LOG = logging.getLogger("outrider.alerting")
+
+
+def rule_groups(config: Config) -> list[Group]:
+    groups: list[Group] = []
+    interval_ms = int(config.rule_interval_s * 1000)
+    try:
+        for name in config.rule_files:
+            if name == "builtin":
+                groups += load_groups([default_rules_path()], interval_ms, list(config.rule_settings))
+            else:
+                groups += load_groups([Path(name)], interval_ms)
+    except RuleLoadError as e:
+        raise ConfigError(f"rule_files: {e}") from None
+    return groups
+
+
+def receivers(config: Config) -> list[tuple[object, Route]]:
+    out: list[tuple[object, Route]] = []
+    try:
+        if config.alert_log:
+            out.append((LogNotifier("log", {}), Route()))
+        for i, url in enumerate(config.alertmanager_urls):
+            out.append((AlertmanagerNotifier(f"alertmanager-{i}", {"url": url}), Route()))
+        if config.receivers_file:
+            out.extend(load_receivers(config.receivers_file))
+    except NotifyConfigError as e:
+        raise ConfigError(str(e)) from None
+    return out
+
+
+def claim_state_dir(config: Config) -> tuple[str, int | None]:
+    """The state directory, locked for this agent; a second agent on the same directory gets a private one,
+    removed when it stops (its alert state then does not outlive it), rather than sharing an outbox."""
+    path = config.state_dir or default_state_dir()
+    try:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        fd = os.open(os.path.join(path, "lock"), os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError as e:
+        raise ConfigError(f"state_dir: cannot use {path}: {e.strerror or e}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return path, fd
+    except OSError:
+        os.close(fd)
+        private = tempfile.mkdtemp(prefix="agent-", dir=path)
+        LOG.warning("another agent holds %s: keeping this agent's alert state in %s", path, private)
+        return private, None
+
+
+class Alerting:
+    """The engine and the dispatcher of one agent."""
+
+    def __init__(self, config: Config, stack_dumps: object = None) -> None:
+        groups = rule_groups(config)
+        routes = receivers(config)
+        self.state_dir, self._lock_fd = claim_state_dir(config)
+        self.engine = RuleEngine(groups, config.rule_interval_s, self.state_dir, job=config.alert_job,
+                                 instance=config.alert_instance, stack_dumps=stack_dumps)  # type: ignore[arg-type]
+        self.dispatcher = Dispatcher(routes, self.state_dir, self.engine.firing_notifications,  # type: ignore[arg-type]
+                                     config.resend_interval_s)
+        self.engine.notify = self.dispatcher.notify
+
+    def start(self) -> None:
+        self.dispatcher.start()
+
+    def stop(self, timeout_s: float) -> None:
+        self.engine.close()
+        self.dispatcher.stop(timeout_s)
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+        elif self.dispatcher.idle():
+            shutil.rmtree(self.state_dir, ignore_errors=True)  # private and delivered: nothing to keep
+
+
+def build(config: Config, stack_dumps: object = None) -> Alerting | None:
+    if not config.rule_files:
+        return None
+    return Alerting(config, stack_dumps)

@@ -1,0 +1,22 @@
+"""The agent's own alerting on /metrics: ALERTS and ALERTS_FOR_STATE as Prometheus writes them, the rule
+evaluator's health and store size, and delivery metrics per receiver (sent, failed, queued, oldest queued age).
+Empty when the agent evaluates no rules."""
+
+from __future__ import annotations
+
+from outrider.collectors.base import Collector
+from outrider.metrics.family import Family
+
+
+class AlertsCollector(Collector):
+    name = "alerts"
+    description = "the embedded rule evaluator's alerts (ALERTS), its health and notification delivery"
+
+    def collect(self) -> list[Family]:
+        out: list[Family] = []
+        engine, dispatcher = self.ctx.rule_engine, self.ctx.dispatcher
+        if engine is not None:
+            out.extend(engine.families())
+        if dispatcher is not None:
+            out.extend(dispatcher.families())
+        return out

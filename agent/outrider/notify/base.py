@@ -1,0 +1,152 @@
+"""What every notifier shares: the notification a receiver gets, the outcome of one delivery attempt, HTTP
+delivery with its outcome classified, and secrets read from the environment or a file (never from the config).
+
+Outcomes: 2xx is delivered; 429, 5xx, timeouts and connection errors are retried with backoff (honouring
+Retry-After); any other 4xx is rejected: the message is dropped, logged and counted, since sending the same
+request again cannot succeed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import urllib.error
+import urllib.request
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any, ClassVar
+
+
+class NotifyConfigError(ValueError):
+    """A bad receiver definition; the message names the receiver and the key."""
+
+
+@dataclass(frozen=True)
+class Notification:
+    """One alert transition for one receiver: `firing` or `resolved`."""
+
+    id: str  # unique per transition: receivers that cannot dedupe get it as an idempotency key
+    event: str  # firing | resolved
+    labels: dict[str, str]
+    annotations: dict[str, str]
+    starts_at: float  # unix seconds
+    ends_at: float  # unix seconds; 0 while firing
+    fingerprint: str
+    created: float = 0.0
+    value: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"id": self.id, "event": self.event, "labels": self.labels, "annotations": self.annotations,
+                "starts_at": self.starts_at, "ends_at": self.ends_at, "fingerprint": self.fingerprint,
+                "created": self.created, "value": self.value}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Notification:
+        return cls(str(data["id"]), str(data["event"]), dict(data["labels"]), dict(data.get("annotations", {})),
+                   float(data["starts_at"]), float(data.get("ends_at", 0.0)), str(data["fingerprint"]),
+                   float(data.get("created", 0.0)), float(data.get("value", 0.0)))
+
+    @property
+    def alertname(self) -> str:
+        return self.labels.get("alertname", "")
+
+
+@dataclass(frozen=True)
+class Outcome:
+    kind: str  # delivered | retry | rejected
+    detail: str = ""
+    retry_after_s: float = 0.0
+
+    @property
+    def delivered(self) -> bool:
+        return self.kind == "delivered"
+
+
+DELIVERED = Outcome("delivered")
+
+
+def rfc3339(t: float) -> str:
+    return datetime.fromtimestamp(t, tz=timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def read_secret(spec: Mapping[str, Any], key: str, receiver: str, required: bool = True) -> str:
+    """`KEY_env` (a variable's name) or `KEY_file` (a path); a literal `KEY` is refused so that secrets never sit
+    in a config file, a ConfigMap or `outrider config show`."""
+    if key in spec:
+        raise NotifyConfigError(f"receiver {receiver!r}: put {key} in a file ({key}_file) or an environment "
+                                f"variable ({key}_env), not in the configuration")
+    env_name, path = spec.get(key + "_env"), spec.get(key + "_file")
+    if env_name and path:
+        raise NotifyConfigError(f"receiver {receiver!r}: set one of {key}_env and {key}_file")
+    if env_name:
+        value = os.environ.get(str(env_name), "").strip()
+        if not value:
+            raise NotifyConfigError(f"receiver {receiver!r}: {key}_env names {env_name}, which is not set")
+        return value
+    if path:
+        try:
+            with open(str(path), encoding="utf-8") as fh:
+                value = fh.read().strip()
+        except OSError as e:
+            raise NotifyConfigError(f"receiver {receiver!r}: {key}_file: cannot read {path}: {e.strerror}") from None
+        if not value:
+            raise NotifyConfigError(f"receiver {receiver!r}: {key}_file {path} is empty")
+        return value
+    if required:
+        raise NotifyConfigError(f"receiver {receiver!r}: needs {key}_env or {key}_file")
+    return ""
+
+
+@dataclass
+class Notifier:
+    """One receiver. Subclasses set `type` and build requests in `send`; `batch` is how many queued
+    notifications one request may carry."""
+
+    name: str
+    spec: Mapping[str, Any]
+    timeout_s: float = 10.0
+    secrets: list[str] = field(default_factory=list)  # values scrubbed from every message this notifier logs
+
+    type: ClassVar[str] = ""
+    batch: ClassVar[int] = 1
+    durable: ClassVar[bool] = True  # queued on disk (the log notifier needs no outbox)
+
+    def send(self, notifications: list[Notification]) -> Outcome:
+        raise NotImplementedError
+
+    def refresh(self, firing: list[Notification]) -> None:
+        """Called every resend interval with the alerts still firing, while nothing is queued (Alertmanager)."""
+
+    def scrub(self, text: str) -> str:
+        for secret in self.secrets:
+            if secret:
+                text = text.replace(secret, "<secret>")
+        return text
+
+    def post_json(self, url: str, body: Any, headers: Mapping[str, str] | None = None) -> Outcome:
+        data = json.dumps(body, separators=(",", ":")).encode()
+        request = urllib.request.Request(url, data=data, method="POST", headers={
+            "Content-Type": "application/json", "User-Agent": "outrider", **(headers or {})})
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+                response.read(65536)
+                return DELIVERED
+        except urllib.error.HTTPError as e:
+            text = e.read(512).decode("utf-8", "replace").strip()
+            detail = self.scrub(f"HTTP {e.code}: {text[:200]}")
+            if e.code == 429 or e.code >= 500:
+                return Outcome("retry", detail, _retry_after(e.headers.get("Retry-After")))
+            return Outcome("rejected", detail)
+        except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as e:
+            reason = getattr(e, "reason", e)
+            return Outcome("retry", self.scrub(f"{type(reason).__name__}: {reason}"))
+
+
+def _retry_after(value: str | None) -> float:
+    if not value:
+        return 0.0
+    try:
+        return max(0.0, min(float(value), 3600.0))
+    except ValueError:
+        return 0.0

@@ -1,0 +1,140 @@
+"""The durable outbox: one queue per receiver, each notification a file written before delivery is tried and
+removed only once the receiver has confirmed it (or rejected it for good).
+
+Files are `<seq>.json` in `<state_dir>/outbox/<receiver>/`, created 0600 under a temporary name, fsynced and
+renamed, so a crash leaves either the whole notification or none. Delivery is in sequence order, so a receiver
+sees a trigger before its resolve. If the disk is full (or the directory unwritable) a notification is held in
+memory, counted in write_errors, and written out as soon as the disk takes it again; only an agent killed while
+the disk is still full loses those.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+
+from outrider.notify.base import Notification
+
+LOG = logging.getLogger("outrider.notify")
+
+
+@dataclass
+class Entry:
+    seq: int
+    notification: Notification
+    path: str | None  # None: not on disk (memory-only outbox, or the disk refused it)
+
+
+class Outbox:
+    def __init__(self, directory: str | None, max_memory: int = 100_000) -> None:
+        self.directory = directory
+        self.max_memory = max_memory
+        self._entries: deque[Entry] = deque()
+        self._lock = threading.Lock()
+        self.write_errors = 0
+        self.dropped_full = 0
+        self.unreadable = 0
+        self._seq = 0
+        if directory:
+            os.makedirs(directory, mode=0o700, exist_ok=True)
+            self._load()
+
+    def _load(self) -> None:
+        assert self.directory
+        for name in sorted(os.listdir(self.directory)):
+            path = os.path.join(self.directory, name)
+            if name.endswith(".tmp"):  # a write that never finished: nothing was promised for it
+                os.unlink(path)
+                continue
+            if not name.endswith(".json") or not name[:-5].isdigit():
+                continue
+            try:
+                with open(path, encoding="utf-8") as fh:
+                    n = Notification.from_json(json.load(fh))
+            except (OSError, ValueError, KeyError, TypeError) as e:
+                self.unreadable += 1
+                LOG.warning("outbox %s: skipping unreadable %s: %s", self.directory, name, e)
+                os.replace(path, path + ".bad")
+                continue
+            seq = int(name[:-5])
+            self._entries.append(Entry(seq, n, path))
+            self._seq = max(self._seq, seq)
+
+    def _write(self, seq: int, n: Notification) -> str:
+        assert self.directory
+        path = os.path.join(self.directory, f"{seq:020d}.json")
+        tmp = path + ".tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.write(fd, json.dumps(n.to_json(), separators=(",", ":")).encode())
+            os.fsync(fd)
+        except OSError:
+            os.close(fd)
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+        os.close(fd)
+        os.replace(tmp, path)
+        return path
+
+    def put(self, n: Notification) -> None:
+        with self._lock:
+            self._seq += 1
+            entry = Entry(self._seq, n, None)
+            if self.directory and all(e.path is not None for e in self._entries):
+                try:
+                    entry.path = self._write(entry.seq, n)
+                except OSError as e:
+                    self.write_errors += 1
+                    LOG.warning("outbox %s: cannot write a notification (%s): holding it in memory until the disk "
+                                "takes it (counted in outrider_notify_outbox_write_errors_total)", self.directory,
+                                e.strerror or e)
+            elif self.directory:
+                self.write_errors += 1
+            if len(self._entries) >= self.max_memory:
+                self._entries.popleft()
+                self.dropped_full += 1
+            self._entries.append(entry)
+
+    def persist_pending(self) -> None:
+        """Write out, in order, what the disk refused before."""
+        if not self.directory:
+            return
+        with self._lock:
+            for entry in self._entries:
+                if entry.path is None:
+                    try:
+                        entry.path = self._write(entry.seq, entry.notification)
+                    except OSError:
+                        return
+
+    def peek(self, n: int) -> list[Notification]:
+        with self._lock:
+            return [self._entries[i].notification for i in range(min(n, len(self._entries)))]
+
+    def ack(self, n: int) -> None:
+        with self._lock:
+            for _ in range(min(n, len(self._entries))):
+                entry = self._entries.popleft()
+                if entry.path is not None:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(entry.path)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def oldest_age_s(self) -> float:
+        with self._lock:
+            if not self._entries:
+                return 0.0
+            return max(0.0, time.time() - self._entries[0].notification.created)
+
+    def in_memory_only(self) -> int:
+        with self._lock:
+            return sum(1 for e in self._entries if e.path is None) if self.directory else 0
