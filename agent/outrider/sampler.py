@@ -92,47 +92,58 @@ class Sampler:
         self.listeners: list[Callable[[list[Family]], None]] = self.ctx.listeners
 
     def sweep(self) -> list[Family]:
-        """Run every collector once. A collector that raises is marked failed and skipped; the sweep goes on."""
+        """Run every collector once. A collector that raises is marked failed and skipped; the sweep goes on.
+
+        Listeners (the rule engine, the diagnosis) see the sweep before it is published; collectors that report
+        on what listeners did (`after_listeners`: ALERTS) run after them, so /metrics shows this sweep's alerts.
+        """
         t0 = time.perf_counter()
         fams: list[Family] = []
+        late = [c for c in self.collectors if c.after_listeners]
         for c in self.collectors:
-            c0 = time.perf_counter()
-            status = self.stats.collectors.setdefault(c.name, CollectorStatus())
+            if not c.after_listeners:
+                self._run_collector(c, fams)
+        for listener in self.listeners:
             try:
-                got = self._collect(c)
-                if got is None:
-                    status.success = False
-                    if not status.hung:
-                        LOG.warning("collector %s has not answered within %g s (a hung driver call?): the sweep "
-                                    "goes on without it; reported in outrider_collector_hung", c.name,
-                                    self.config.collector_timeout_s)
-                    status.hung = True
-                else:
-                    if status.hung:
-                        LOG.info("collector %s answers again", c.name)
-                    status.success, status.hung = True, False
-                    fams.extend(got)
-            except Exception as e:
-                status.success = False
-                if c.errors == 0 or LOG.isEnabledFor(logging.DEBUG):
-                    LOG.warning("collector %s failed: %s: %s (reported in outrider_collector_success)",
-                                c.name, type(e).__name__, e)
-                c.errors += 1
-            status.duration_s = time.perf_counter() - c0
-            status.errors = c.errors
+                listener(fams)
+            except Exception:
+                LOG.exception("sweep listener failed")
+        for c in late:
+            self._run_collector(c, fams)
         self.stats.sweeps += 1
         self.stats.last_sweep_s = time.perf_counter() - t0
         self.stats.last_sweep_monotonic = time.monotonic()
         with self._lock:
             self._families = fams
             self._generation += 1
-        for listener in self.listeners:
-            try:
-                listener(fams)
-            except Exception:
-                LOG.exception("sweep listener failed")
         self.ready.set()
         return fams
+
+    def _run_collector(self, c: Collector, fams: list[Family]) -> None:
+        c0 = time.perf_counter()
+        status = self.stats.collectors.setdefault(c.name, CollectorStatus())
+        try:
+            got = self._collect(c)
+            if got is None:
+                status.success = False
+                if not status.hung:
+                    LOG.warning("collector %s has not answered within %g s (a hung driver call?): the sweep "
+                                "goes on without it; reported in outrider_collector_hung", c.name,
+                                self.config.collector_timeout_s)
+                status.hung = True
+            else:
+                if status.hung:
+                    LOG.info("collector %s answers again", c.name)
+                status.success, status.hung = True, False
+                fams.extend(got)
+        except Exception as e:
+            status.success = False
+            if c.errors == 0 or LOG.isEnabledFor(logging.DEBUG):
+                LOG.warning("collector %s failed: %s: %s (reported in outrider_collector_success)",
+                            c.name, type(e).__name__, e)
+            c.errors += 1
+        status.duration_s = time.perf_counter() - c0
+        status.errors = c.errors
 
     def _collect(self, c: Collector) -> list[Family] | None:
         if not c.may_block:

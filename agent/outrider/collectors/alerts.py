@@ -11,6 +11,7 @@ from outrider.metrics.family import Family
 class AlertsCollector(Collector):
     name = "alerts"
     description = "the embedded rule evaluator's alerts (ALERTS), its health and notification delivery"
+    after_listeners = True
 
     def collect(self) -> list[Family]:
         out: list[Family] = []

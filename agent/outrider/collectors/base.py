@@ -49,6 +49,8 @@ class Collector:
     # A collector calling into something that can hang (a driver) runs on its own thread, and a sweep waits for it
     # at most collector_timeout_s: the sweep goes on without it and reports it hung.
     may_block: ClassVar[bool] = False
+    # Runs after the sweep's listeners (the rule engine), to report what they did in the same sweep.
+    after_listeners: ClassVar[bool] = False
 
     def __init__(self, ctx: CollectorContext) -> None:
         self.ctx = ctx

@@ -21,7 +21,7 @@ def start_in_process_agent(spool_dir: str, listen: str | None) -> Any:
     from outrider.config import load
 
     config = load().config
-    config = dataclasses.replace(config, spool_dir=spool_dir, collectors=("host", "process", "hook"),
+    config = dataclasses.replace(config, spool_dir=spool_dir, collectors=("host", "process", "hook", "alerts"),
                                  listen=listen or config.listen)
     agent = Agent(config, roots=(os.getpid(),), listen_fallback=True, hold_spool_lock=False)
     agent.start()

@@ -112,6 +112,9 @@ class Notifier:
     batch: ClassVar[int] = 1
     durable: ClassVar[bool] = True  # queued on disk (the log notifier needs no outbox)
 
+    def __post_init__(self) -> None:
+        """Subclasses read their settings and secrets here (a bad one raises NotifyConfigError)."""
+
     def send(self, notifications: list[Notification]) -> Outcome:
         raise NotImplementedError
 

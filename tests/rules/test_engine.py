@@ -1,0 +1,204 @@
+"""The agent's rule engine on its own: refusal of rules outside the subset, the bounded store, alert state and
+notifications across a restart, staleness, the stall alert's stack dump, and a clock that ignores wall-clock
+jumps."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from outrider.alerting import rule_groups
+from outrider.config import Config
+from outrider.metrics.catalog import CATALOG, Label, MetricDef
+from outrider.metrics.family import Family, HistogramValue
+from outrider.notify.base import Notification
+from outrider.rules.engine import EvalClock, RuleEngine
+from outrider.rules.rule import RuleLoadError, parse_groups
+
+GAUGE = MetricDef("test_value", "test.value", "1", "gauge", "a test gauge", (Label("gpu", "gpu"),), "self")
+
+
+def groups(*rules: dict, interval: str = "1s") -> list:
+    return parse_groups({"groups": [{"name": "g", "interval": interval, "rules": list(rules)}]}, "test")
+
+
+def fam(values: dict[str, float]) -> list[Family]:
+    f = Family(GAUGE)
+    for gpu, v in values.items():
+        f.add(v, gpu)
+    return [f]
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.ms = 1_700_000_000_000
+
+    def __call__(self) -> int:
+        return self.ms
+
+
+@pytest.mark.parametrize(("expr", "construct"), [
+    ("max_over_time(rate(x[5m])[30m:1m])", "subquery"),
+    ("x @ 1700000000", "@ modifier"),
+    ("sort_desc(x)", "sort_desc"),
+    ("count_values(\"v\", x)", "count_values"),
+    ("x atan2 y", "atan2"),
+])
+def test_rules_outside_the_subset_are_refused_naming_rule_and_construct(expr: str, construct: str) -> None:
+    with pytest.raises(RuleLoadError) as e:
+        groups({"alert": "Clever", "expr": expr, "for": "1m"})
+    text = str(e.value)
+    assert "'Clever'" in text and construct in text and "still works in Prometheus" in text
+
+
+def test_templates_outside_the_subset_are_refused_at_load_time() -> None:
+    with pytest.raises(RuleLoadError, match=r"'T'.*annotation summary.*control structures"):
+        groups({"alert": "T", "expr": "x > 0", "annotations": {"summary": "{{ range $labels }}x{{ end }}"}})
+    with pytest.raises(RuleLoadError, match="unsupported template function 'query'"):
+        groups({"alert": "T", "expr": "x > 0", "annotations": {"summary": "{{ query \"up\" | first }}"}})
+
+
+def test_the_builtin_catalog_loads_and_its_store_keeps_only_what_rules_read() -> None:
+    engine = RuleEngine(rule_groups(Config()), 15.0, clock=Clock())
+    kept = engine.retention_ms
+    assert "outrider_gpu_memory_used_bytes" in kept and "outrider_host_cpu_utilization_ratio" in kept
+    assert "outrider_process_cpu_seconds_total" not in kept  # no rule reads it: never stored
+    # the longest window: 6 h of the latency histogram for the slow SLO burn, plus one evaluation interval
+    assert kept["outrider_request_duration_seconds_bucket"] == 6 * 3_600_000 + 15_000
+    assert kept["outrider:request_latency_seconds:p99_5m"] == 3_600_000 + 300_000 + 15_000
+
+
+def test_the_store_is_trimmed_to_the_rules_windows() -> None:
+    clock = Clock()
+    engine = RuleEngine(groups({"alert": "A", "expr": "rate(test_value[2m]) > 0"}), 1.0, clock=clock)
+    for i in range(600):
+        clock.ms += 1000
+        engine.ingest(fam({"0": float(i)}), clock.ms)
+        engine.evaluate(clock.ms)
+    times = [t for _, s in engine.store.candidates("test_value") for t in s.times]
+    assert len(times) <= 2 * 60 + 2 and clock.ms - min(times) <= 2 * 60_000 + 1000
+
+
+def engine_with_state(tmp_path: Path, clock: Clock, sent: list[Notification]) -> RuleEngine:
+    rules = groups({"alert": "Hot", "expr": "test_value > 80", "for": "2s", "labels": {"severity": "warning"},
+                    "annotations": {"summary": "GPU {{ $labels.gpu }} at {{ $value }}"}})
+    return RuleEngine(rules, 1.0, str(tmp_path), notify=sent.append, instance="node-1", clock=clock)
+
+
+def run(engine: RuleEngine, clock: Clock, values: dict[str, float], seconds: int) -> None:
+    for _ in range(seconds):
+        clock.ms += 1000
+        engine.on_sweep(fam(values))
+
+
+def test_pending_firing_resolved_and_state_across_a_restart(tmp_path: Path) -> None:
+    clock, sent = Clock(), []
+    first = engine_with_state(tmp_path, clock, sent)
+    run(first, clock, {"0": 90.0, "1": 10.0}, 2)
+    assert sent == [] and [a.state for _, a in first.active_alerts()] == ["pending"]
+    run(first, clock, {"0": 91.0, "1": 10.0}, 2)
+    assert [(n.event, n.labels["gpu"], n.annotations["summary"]) for n in sent] == [("firing", "0", "GPU 0 at 91")]
+    assert sent[0].labels == {"alertname": "Hot", "gpu": "0", "instance": "node-1", "job": "outrider",
+                              "severity": "warning"}
+    # the agent stops and starts again: the alert is still firing, and is not paged again
+    first.close()
+    second = engine_with_state(tmp_path, clock, sent)
+    assert [a.state for _, a in second.active_alerts()] == ["firing"]
+    run(second, clock, {"0": 92.0, "1": 10.0}, 3)
+    assert len(sent) == 1
+    run(second, clock, {"0": 50.0, "1": 10.0}, 1)
+    assert [(n.event, n.fingerprint) for n in sent] == [("firing", sent[0].fingerprint),
+                                                        ("resolved", sent[0].fingerprint)]
+    assert sent[1].ends_at > sent[1].starts_at
+
+
+def test_a_resolve_owed_before_a_restart_is_sent_after_it(tmp_path: Path) -> None:
+    clock, sent = Clock(), []
+    first = engine_with_state(tmp_path, clock, sent)
+    run(first, clock, {"0": 95.0}, 4)
+    first.close()
+    second = engine_with_state(tmp_path, clock, sent)
+    run(second, clock, {"0": 1.0}, 1)
+    assert [n.event for n in sent] == ["firing", "resolved"]
+
+
+def test_a_vanished_series_resolves_at_once_through_staleness(tmp_path: Path) -> None:
+    clock, sent = Clock(), []
+    engine = engine_with_state(tmp_path, clock, sent)
+    run(engine, clock, {"0": 95.0}, 4)
+    run(engine, clock, {}, 1)  # the GPU is gone from the sweep (the family is there, the series is not)
+    assert [n.event for n in sent] == ["firing", "resolved"]
+
+
+def test_the_store_snapshot_keeps_rate_windows_across_a_restart(tmp_path: Path) -> None:
+    clock, sent = Clock(), []
+    rules = groups({"alert": "Growing", "expr": "rate(test_value[30s]) > 0.5"})
+    first = RuleEngine(rules, 1.0, str(tmp_path), notify=sent.append, clock=clock)
+    for i in range(40):
+        clock.ms += 1000
+        first.on_sweep(fam({"0": float(i)}))
+    assert [n.event for n in sent] == ["firing"]
+    first.close()
+    second = RuleEngine(groups({"alert": "Growing", "expr": "rate(test_value[30s]) > 0.5"}), 1.0, str(tmp_path),
+                        notify=sent.append, clock=clock)
+    clock.ms += 1000
+    second.on_sweep(fam({"0": 40.0}))  # one new sample: the window still has the old ones
+    assert [n.event for n in sent] == ["firing"]
+
+
+def test_a_stall_alert_carries_the_stack_dump(tmp_path: Path) -> None:
+    dump = tmp_path / "1234.stacks.txt"
+    dump.write_text('Thread 0x1 (most recent call first):\n  File "train.py", line 42 in wait_for_batch\n')
+    clock, sent = Clock(), []
+    rules = groups({"alert": "TrainingStalled", "expr": "outrider_hook_stalled == 1",
+                    "annotations": {"summary": "stalled"}})
+    engine = RuleEngine(rules, 1.0, None, notify=sent.append, clock=clock,
+                        stack_dumps=lambda: [(1234, "0", str(dump)), (99, "1", "/nonexistent")])
+    stalled = Family("outrider_hook_stalled").add(1, "0").add(0, "1")
+    clock.ms += 1000
+    engine.on_sweep([stalled])
+    assert len(sent) == 1
+    assert "train.py\", line 42 in wait_for_batch" in sent[0].annotations["stack_dump"]
+    assert sent[0].annotations["stack_dump_file"] == str(dump)
+
+
+def test_histograms_are_stored_as_buckets_sum_and_count() -> None:
+    clock, sent = Clock(), []
+    rules = groups(
+        {"record": "p99", "expr": "histogram_quantile(0.99, rate(outrider_request_duration_seconds_bucket[10s]))"},
+        {"alert": "Slow", "expr": "p99 > 0.05 and on () rate(outrider_request_duration_seconds_count[10s]) > 5",
+         "annotations": {"summary": "{{ $value | humanizeDuration }}"}})
+    engine = RuleEngine(rules, 1.0, None, notify=sent.append, clock=clock)
+    defn = CATALOG["outrider_request_duration_seconds"]
+    for i in range(12):
+        clock.ms += 1000
+        h = Family(defn).add(HistogramValue((0.1, 0.5), (10 * i, 0, 0), 0.05 * 10 * i), *[""] * len(defn.labels))
+        engine.on_sweep([h])
+    assert [n.annotations["summary"] for n in sent] == ["99ms"]
+    assert "outrider_request_duration_seconds_sum" not in engine.retention_ms  # no rule reads it
+
+
+def test_the_evaluation_clock_ignores_wall_clock_jumps(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = EvalClock()
+    before = clock.now_ms()
+    real = time.time
+    monkeypatch.setattr(time, "time", lambda: real() - 3600)  # the wall clock stepped back an hour
+    after = clock.now_ms()
+    monkeypatch.setattr(time, "time", lambda: real() + 86400)
+    later = clock.now_ms()
+    assert 0 <= after - before < 5000 and 0 <= later - after < 5000
+
+
+def test_the_builtin_rules_take_the_tunables(tmp_path: Path) -> None:
+    cfg = Config(rule_settings=("GPUMemoryNearlyFull.ratio=0.9", "GPUMemoryNearlyFull.for=2m"))
+    rule = next(r for g in rule_groups(cfg) for r in g.rules if r.name == "GPUMemoryNearlyFull")
+    assert "> 0.9" in rule.expr_text and rule.hold_ms == 120_000
+    bad = tmp_path / "bad.rules.yaml"
+    bad.write_text(yaml.safe_dump({"groups": [{"name": "x", "rules": [{"alert": "S", "expr": "x[5m:1m]"}]}]}))
+    from outrider.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"rule_files:.*'S'.*subquery"):
+        rule_groups(Config(rule_files=("builtin", str(bad))))
