@@ -29,7 +29,7 @@ from outrider.metrics.family import Family, HistogramValue
 from outrider.notify.base import Notification
 from outrider.rules.promql import Evaluator
 from outrider.rules.rule import Alert, AlertingRule, Group, retention
-from outrider.rules.store import Labels, Series, SeriesStore
+from outrider.rules.store import Labels, Series, SeriesStore, is_stale
 
 LOG = logging.getLogger("outrider.rules")
 STATE_VERSION = 1
@@ -70,7 +70,7 @@ class RuleEngine:
         self.failures: dict[str, int] = {}
         self.last_duration_s = 0.0
         self._due: dict[int, int] = {}
-        self._ingested: set[str] = set()
+        self._last_ingest = -(2**62)
         self._lock = threading.Lock()
         self._saved_state = ""
         self._last_snapshot = time.monotonic()
@@ -81,9 +81,12 @@ class RuleEngine:
     # --- input ---------------------------------------------------------------------------------------------------
 
     def on_sweep(self, families: list[Family]) -> None:
-        """The sampler's listener: ingest the sweep, evaluate what is due."""
+        """The sampler's listener: ingest the sweep at most once per rule interval (as a scrape interval would,
+        which bounds the store however often the agent sweeps), and evaluate what is due."""
         ts = self.now_ms()
-        self.ingest(families, ts)
+        if ts - self._last_ingest >= self.interval_ms * 0.9:
+            self._last_ingest = ts
+            self.ingest(families, ts)
         if any(ts >= self._due.get(i, 0) for i in range(len(self.groups))):
             self.evaluate(ts)
 
@@ -108,7 +111,6 @@ class RuleEngine:
                     store.add(key, ts, value)
                     present[d.name].add(key)
         for name, keys in present.items():
-            self._ingested.add(name)
             store.mark_stale(name, keys, ts)
 
     def _histogram(self, name: str, base: dict[str, str], value: HistogramValue, ts: int,
@@ -307,6 +309,7 @@ class RuleEngine:
                     series.times.frombytes(base64.b64decode(data["t"]))
                     series.values.frombytes(base64.b64decode(data["v"]))
                     if len(series.times) == len(series.values):
+                        series.stale = sum(1 for v in series.values if is_stale(v))
                         self.store.put(labels, series)
         except FileNotFoundError:
             pass

@@ -230,7 +230,7 @@ class Evaluator:
                 out.append(Sample(labels, got))
         return out
 
-    def _select_range(self, ms: Any) -> list[tuple[Labels, list[int], list[float]]]:
+    def _select_range(self, ms: Any) -> list[tuple[Labels, Sequence[int], Sequence[float]]]:
         vs = ms.vector_selector
         end = self.ts - _ms(vs.offset)
         start = end - _ms(ms.range)
@@ -541,7 +541,7 @@ def _aggregate_values(op: str, values: list[float], param: float) -> float:
     raise PromQLError(f"the aggregation {op}")
 
 
-def quantile(q: float, values: list[float]) -> float:
+def quantile(q: float, values: Sequence[float]) -> float:
     """Prometheus's quantile: linear interpolation between the closest ranks (phi * (n - 1))."""
     if not values:
         return math.nan
@@ -593,7 +593,7 @@ def _simple_function(name: str, extra: list[float]) -> Callable[[float], float]:
     raise PromQLError(f"the function {name}()")
 
 
-def _range_function(name: str, times: list[int], values: list[float], range_s: float, start: int, end: int,
+def _range_function(name: str, times: Sequence[int], values: Sequence[float], range_s: float, start: int, end: int,
                     ts: int, extra: list[float]) -> float | None:
     n = len(values)
     if name in ("rate", "increase", "delta"):
@@ -643,7 +643,7 @@ def _range_function(name: str, times: list[int], values: list[float], range_s: f
     raise PromQLError(f"the function {name}()")
 
 
-def _extrapolated(times: list[int], values: list[float], start: int, end: int, range_s: float,
+def _extrapolated(times: Sequence[int], values: Sequence[float], start: int, end: int, range_s: float,
                   is_counter: bool, is_rate: bool) -> float | None:
     """Prometheus's extrapolatedRate: the change over the window, extrapolated to its edges."""
     n = len(values)
@@ -683,7 +683,7 @@ def _kahan(inc: float, total: float, c: float) -> tuple[float, float]:
     return t, c
 
 
-def _linear_regression(times: list[int], values: list[float], intercept_time: int) -> tuple[float, float]:
+def _linear_regression(times: Sequence[int], values: Sequence[float], intercept_time: int) -> tuple[float, float]:
     init = values[0]
     if all(v == init for v in values):
         return (math.nan, math.nan) if math.isinf(init) else (0.0, init)

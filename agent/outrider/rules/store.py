@@ -15,7 +15,7 @@ import bisect
 import struct
 import sys
 from array import array
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 Labels = tuple[tuple[str, str], ...]
 
@@ -28,20 +28,26 @@ def is_stale(value: float) -> bool:
 
 
 class Series:
-    __slots__ = ("times", "values")
+    __slots__ = ("stale", "times", "values")
 
     def __init__(self) -> None:
         self.times = array("q")
         self.values = array("d")
+        self.stale = 0  # staleness markers held (windows skip the scan for them when there are none)
 
     def append(self, t: int, v: float) -> bool:
         if self.times and t <= self.times[-1]:
             if t == self.times[-1]:  # the same instant again: the newer value wins
+                if is_stale(self.values[-1]):
+                    self.stale -= 1
                 self.values[-1] = v
+                self.stale += v != v and is_stale(v)
                 return True
             return False  # out of order: dropped
         self.times.append(t)
         self.values.append(v)
+        if v != v and is_stale(v):
+            self.stale += 1
         return True
 
     def at(self, ref: int, lookback: int) -> float | None:
@@ -54,21 +60,22 @@ class Series:
             return None
         return v
 
-    def window(self, start: int, end: int) -> tuple[list[int], list[float]]:
+    def window(self, start: int, end: int) -> tuple[Sequence[int], Sequence[float]]:
         """Samples with start <= t <= end, staleness markers left out."""
         lo = bisect.bisect_left(self.times, start)
         hi = bisect.bisect_right(self.times, end)
-        times = self.times[lo:hi].tolist()
-        values = self.values[lo:hi].tolist()
-        if any(v != v for v in values):
-            keep = [i for i, v in enumerate(values) if not is_stale(v)]
-            times = [times[i] for i in keep]
-            values = [values[i] for i in keep]
+        times, values = self.times[lo:hi], self.values[lo:hi]
+        if self.stale:
+            keep = [i for i, v in enumerate(values) if not (v != v and is_stale(v))]
+            if len(keep) != len(values):
+                return [times[i] for i in keep], [values[i] for i in keep]
         return times, values
 
     def trim(self, before: int) -> None:
         i = bisect.bisect_left(self.times, before)
         if i:
+            if self.stale:
+                self.stale -= sum(1 for v in self.values[:i] if v != v and is_stale(v))
             del self.times[:i]
             del self.values[:i]
 
