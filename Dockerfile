@@ -12,7 +12,10 @@ COPY --from=build /install /usr/local
 # The rule file and dashboards, for `outrider rules export` and the embedded evaluator.
 COPY alerts /usr/share/outrider/alerts
 COPY dashboards /usr/share/outrider/dashboards
+# Alert state and the notification outbox (mount a volume here to keep them across container replacements).
+RUN mkdir -p /var/lib/outrider && chown 65532:65532 /var/lib/outrider && chmod 0700 /var/lib/outrider
 ENV OUTRIDER_RULES_FILE=/usr/share/outrider/alerts/outrider.rules.yaml \
+    OUTRIDER_STATE_DIR=/var/lib/outrider \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1
 USER 65532:65532

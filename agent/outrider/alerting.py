@@ -51,15 +51,24 @@ def receivers(config: Config) -> list[tuple[object, Route]]:
     return out
 
 
-def claim_state_dir(config: Config) -> tuple[str, int | None]:
-    """The state directory, locked for this agent; a second agent on the same directory gets a private one,
-    removed when it stops (its alert state then does not outlive it), rather than sharing an outbox."""
+def claim_state_dir(config: Config) -> tuple[str | None, int | None]:
+    """The state directory, locked for this agent. A second agent on the same directory gets a private one,
+    removed when it stops, rather than sharing an outbox. A directory that cannot be used (a read-only root
+    filesystem without the volume) is not fatal: the agent alerts with its state in a temporary directory, and
+    says that the state will not outlive it."""
     path = config.state_dir or default_state_dir()
     try:
         os.makedirs(path, mode=0o700, exist_ok=True)
         fd = os.open(os.path.join(path, "lock"), os.O_RDWR | os.O_CREAT, 0o600)
     except OSError as e:
-        raise ConfigError(f"state_dir: cannot use {path}: {e.strerror or e}") from None
+        try:
+            private = tempfile.mkdtemp(prefix="outrider-state-")
+        except OSError:
+            private = None
+        LOG.error("state_dir %s is unusable (%s): alert state and queued notifications are kept in %s and will "
+                  "not survive a restart; set state_dir to a writable volume", path, e.strerror or e,
+                  private or "memory")
+        return private, None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         return path, fd
@@ -92,7 +101,7 @@ class Alerting:
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None
-        elif self.dispatcher.idle():
+        elif self.state_dir and self.dispatcher.idle():
             shutil.rmtree(self.state_dir, ignore_errors=True)  # private and delivered: nothing to keep
 
 

@@ -202,3 +202,16 @@ def test_the_builtin_rules_take_the_tunables(tmp_path: Path) -> None:
 
     with pytest.raises(ConfigError, match=r"rule_files:.*'S'.*subquery"):
         rule_groups(Config(rule_files=("builtin", str(bad))))
+
+
+def test_an_unusable_state_dir_degrades_instead_of_stopping_the_agent(tmp_path: Path,
+                                                                      caplog: pytest.LogCaptureFixture) -> None:
+    from outrider.alerting import Alerting
+
+    blocker = tmp_path / "file"
+    blocker.write_text("")  # a file where the directory should be: makedirs fails, as on a read-only root
+    with caplog.at_level("ERROR"):
+        alerting = Alerting(Config(state_dir=str(blocker / "state")))
+    assert alerting.state_dir and alerting.state_dir != str(blocker / "state")
+    assert "is unusable" in caplog.text and "will not survive a restart" in caplog.text
+    alerting.stop(1.0)

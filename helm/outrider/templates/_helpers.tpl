@@ -54,6 +54,8 @@ seccompProfile:
   value: /etc/outrider/outrider.yaml
 - name: OUTRIDER_LISTEN
   value: {{ printf "0.0.0.0:%v" .Values.port | quote }}
+- name: OUTRIDER_STATE_DIR
+  value: /var/lib/outrider
 {{- if .Values.otlp.endpoint }}
 - name: OTEL_EXPORTER_OTLP_ENDPOINT
   value: {{ .Values.otlp.endpoint | quote }}
@@ -111,6 +113,8 @@ livenessProbe:
   readOnly: true
 - name: outrider-tmp
   mountPath: /tmp
+- name: outrider-state
+  mountPath: /var/lib/outrider
 {{- if .Values.metricsAuth.tlsSecretName }}
 - name: outrider-tls
   mountPath: /etc/outrider/tls
@@ -129,6 +133,14 @@ livenessProbe:
     name: {{ include "outrider.fullname" . }}
 - name: outrider-tmp
   emptyDir: {}
+{{- /* Alert state and the notification outbox: they outlive a container restart in an emptyDir, and a pod's
+       replacement on the same node with state.hostPath. */}}
+- name: outrider-state
+{{- if .Values.state.hostPath }}
+  hostPath: {path: {{ .Values.state.hostPath | quote }}, type: DirectoryOrCreate}
+{{- else }}
+  emptyDir: {}
+{{- end }}
 {{- if .Values.metricsAuth.tlsSecretName }}
 - name: outrider-tls
   secret:
