@@ -76,9 +76,15 @@ def test_metrics_once_prints_one_sweep() -> None:
 
 
 def test_demo_runs_the_synthetic_workload_and_reports(tmp_path: object) -> None:
-    r = subprocess.run([sys.executable, "-m", "outrider", "demo", "--duration", "6"], capture_output=True,
+    r = subprocess.run([sys.executable, "-m", "outrider", "demo", "--duration", "12"], capture_output=True,
                        text=True, timeout=180)
     assert r.returncode == 0, r.stderr
+    # the workload slows down on purpose: the agent's own evaluator fires the demo alert, then resolves it
+    fired = r.stderr.find("alert DemoStepTimeRegression FIRING {instance=demo, job=outrider, severity=warning}")
+    resolved = r.stderr.find("alert DemoStepTimeRegression RESOLVED")
+    assert 0 <= fired < resolved, r.stderr
+    assert re.search(r"DemoStepTimeRegression: fired [\d:]+, resolved [\d:]+ \(inactive\); Training steps on demo "
+                     r"take [\d.]+ms", r.stderr), r.stderr
     assert "exited with code 0" in r.stderr
     assert "cores" in r.stderr and "peak RSS" in r.stderr
     training = re.search(r"training\s+(\d+) steps, step time p50 ([\d.]+) ms, p99 ([\d.]+) ms, (\d+) samples/s",

@@ -1,12 +1,18 @@
 """`outrider demo`: a bundled synthetic workload (a PyTorch training job with data-loader workers, then an inference
 service under load) instrumented with the hook and run under `outrider run` on the embedded defaults. It prints a
-live line of what the agent sees, the end-of-run summary, and the job's KPIs as the agent computed them."""
+live line of what the agent sees, the end-of-run summary, and the job's KPIs as the agent computed them. Part of
+the way through training the workload slows its steps down on purpose: the agent's embedded evaluator fires an
+alert (demo/rules.yaml) and resolves it once the steps are fast again, and the demo shows both."""
 
 from __future__ import annotations
 
+import json
+import logging
+import os
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 from outrider.config import Config
 from outrider.metrics.family import Family, merged_histogram
@@ -92,8 +98,12 @@ def run_demo(duration_s: float = 12.0) -> int:
 
     train_s = max(1.0, duration_s * 2 / 3)
     serve_s = max(1.0, duration_s - train_s)
-    with tempfile.TemporaryDirectory(prefix="outrider-demo-") as ckpt:
-        config = Config(interval_s=1.0, listen="127.0.0.1:0", filesystems=("/", ckpt), flush_interval_s=0.5)
+    with tempfile.TemporaryDirectory(prefix="outrider-demo-") as ckpt, \
+            tempfile.TemporaryDirectory(prefix="outrider-demo-state-") as state:
+        config = Config(interval_s=0.5, listen="127.0.0.1:0", filesystems=("/", ckpt), flush_interval_s=0.25,
+                        rule_files=(str(Path(__file__).with_name("rules.yaml")),), rule_interval_s=0.5,
+                        state_dir=state, alert_instance="demo")
+        logging.getLogger("outrider.alerts").setLevel(logging.INFO)  # show the alert's transitions as they happen
         cmd = [sys.executable, "-m", "outrider.demo.workload", "--train-seconds", str(train_s),
                "--serve-seconds", str(serve_s), "--checkpoint-dir", ckpt]
         print(f"outrider demo: a synthetic training job ({train_s:g} s, 2 data-loader workers, checkpoints to "
@@ -101,13 +111,35 @@ def run_demo(duration_s: float = 12.0) -> int:
               f"under `outrider run`:", file=sys.stderr)
         seen: list[Family] = []
         code, summary = run(cmd, config, on_exit=seen.extend, listeners=[LiveLine()])
+        alerts = alert_timeline(state)
     print(kpi_report(seen), file=sys.stderr)
+    print(alerts, file=sys.stderr)
     if summary is not None and summary.run_id:
         print(verdict_and_report(summary.run_id, config), file=sys.stderr)
     if summary is not None:
         print(f"\nThe agent served {summary.metrics_url} while the job ran; `outrider agent` serves the same "
               f"continuously.", file=sys.stderr)
     return code
+
+
+def alert_timeline(state_dir: str) -> str:
+    """The alerts the agent's embedded evaluator raised during the run, from its saved state."""
+    try:
+        with open(os.path.join(state_dir, "alerts.json"), encoding="utf-8") as fh:
+            state = json.load(fh)
+    except (OSError, ValueError):
+        return "\nalerts: none recorded"
+    lines = ["", "alerts the agent raised itself (embedded rule evaluation, no Prometheus):"]
+    for key, alerts in sorted(state.get("rules", {}).items()):
+        for a in alerts:
+            name = key.split("/", 1)[1]
+            fired = time.strftime("%H:%M:%S", time.localtime(a["fired_at"] / 1000)) if a["fired_at"] else "-"
+            resolved = time.strftime("%H:%M:%S", time.localtime(a["resolved_at"] / 1000)) if a["resolved_at"] else "-"
+            lines.append(f"  {name}: fired {fired}, resolved {resolved} ({a['state']}); "
+                         f"{a['annotations'].get('summary', '')}")
+    if len(lines) == 2:
+        lines.append("  none")
+    return "\n".join(lines)
 
 
 def verdict_and_report(run_id: str, config: Config) -> str:

@@ -21,6 +21,13 @@ import outrider
 from outrider.hook.wsgi import OutriderWSGIMiddleware
 
 
+def slowdown(started: float, seconds: float) -> float:
+    """Extra seconds per step while the demo degrades on purpose: from 15% to 70% of the training time, as a
+    throttled GPU or a noisy neighbour would; the demo's alert fires during it and resolves after."""
+    elapsed = (time.time() - started) / seconds
+    return 0.1 if 0.15 <= elapsed < 0.7 else 0.0
+
+
 def train_torch(seconds: float, checkpoint_dir: str) -> Any:
     import torch
     from torch.utils.data import DataLoader, Dataset
@@ -38,13 +45,15 @@ def train_torch(seconds: float, checkpoint_dir: str) -> Any:
     model = torch.nn.Sequential(torch.nn.Linear(128, 256), torch.nn.ReLU(), torch.nn.Linear(256, 2))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     loader = DataLoader(Synthetic(), batch_size=256, num_workers=2)
-    end, last_ckpt = time.time() + seconds, time.time()
+    started = time.time()
+    end, last_ckpt = started + seconds, started
     for x, y in outrider.dataloader(loader):
         with outrider.step(samples=len(x), tokens=len(x) * 128):
             opt.zero_grad()
             loss = torch.nn.functional.cross_entropy(model(x), y)
             loss.backward()  # type: ignore[no-untyped-call]
             opt.step()
+            time.sleep(slowdown(started, seconds))
         if time.time() - last_ckpt > 3:
             torch.save(model.state_dict(), os.path.join(checkpoint_dir, "checkpoint.pt"))
             last_ckpt = time.time()
@@ -67,13 +76,15 @@ def train_pure_python(seconds: float, checkpoint_dir: str) -> Any:
             time.sleep(0.002)  # a slow loader
             yield [[rng.random() for _ in range(32)] for _ in range(16)]
 
-    end, last_ckpt = time.time() + seconds, time.time()
+    started = time.time()
+    end, last_ckpt = started + seconds, started
     for batch in outrider.dataloader(batches()):
         with outrider.step(samples=len(batch)):
             for row in batch:
                 err = sum(w * v for w, v in zip(weights, row)) - 1.0
                 for i, v in enumerate(row):
                     weights[i] -= 1e-3 * err * v
+            time.sleep(slowdown(started, seconds))
         if time.time() - last_ckpt > 3:
             with open(os.path.join(checkpoint_dir, "checkpoint.bin"), "wb") as fh:
                 fh.write(os.urandom(1 << 20))
