@@ -103,6 +103,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--rules", metavar="FILE", help="rule file (default: alerts/outrider.rules.yaml)")
     r.add_argument("--datasource-uid", default="prometheus", help="Grafana's Prometheus datasource UID")
     r.add_argument("--namespace", help="namespace of the PrometheusRule")
+    r = rsub.add_parser("check", help="load rule files as the agent's embedded evaluator does (default: the catalog)")
+    r.add_argument("files", nargs="*", metavar="FILE")
+    r = rsub.add_parser("test", help="replay promtool rule unit-test files through the embedded evaluator")
+    r.add_argument("files", nargs="+", metavar="FILE")
 
     p = sub.add_parser("dashboards", help="the Grafana dashboards: export them to files or push them to Grafana")
     dsub = p.add_subparsers(dest="dashboards_command", metavar="ACTION")
@@ -164,8 +168,23 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     if args.command == "rules":
         from pathlib import Path
 
-        from outrider.rules.export import RulesError, export
+        from outrider.rules.export import RulesError, default_rules_path, export
 
+        if args.rules_command == "check":
+            from outrider.rules.rule import RuleLoadError, load_groups
+
+            try:
+                for path in args.files or [str(default_rules_path())]:
+                    groups = load_groups([path])
+                    print(f"{path}: ok ({sum(len(g.rules) for g in groups)} rules the agent can evaluate)")
+            except RuleLoadError as e:
+                print(f"outrider rules check: {e}", file=sys.stderr)
+                return 1
+            return 0
+        if args.rules_command == "test":
+            from outrider.rules.promtest import main as replay
+
+            return replay(args.files)
         if args.rules_command != "export":
             parser.parse_args(["rules", "--help"])
             return 2

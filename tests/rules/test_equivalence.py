@@ -49,3 +49,21 @@ def test_the_cross_check_can_fail(tmp_path: Path) -> None:
     step["exp_alerts"] = []
     r = promtool_test(broken, tmp_path)
     assert r.returncode != 0 and step["alertname"] in r.stdout + r.stderr
+
+
+def test_outrider_rules_test_and_check_commands(tmp_path: Path) -> None:
+    from tests.helpers import outrider_cmd
+
+    ok = subprocess.run(outrider_cmd("rules", "test", *map(str, TESTS)), capture_output=True, text=True)
+    assert ok.returncode == 0 and "SUCCESS" in ok.stdout, ok.stdout + ok.stderr
+    spec = yaml.safe_load(TESTS[0].read_text())
+    spec["rule_files"] = [str((TESTS[0].parent / f).resolve()) for f in spec["rule_files"]]
+    case = next(c for c in spec["tests"] if any(t.get("exp_alerts") for t in c.get("alert_rule_test", [])))
+    test = next(t for t in case["alert_rule_test"] if t.get("exp_alerts"))
+    test["exp_alerts"][0]["exp_labels"]["severity"] = "not-the-severity"
+    wrong = tmp_path / "wrong.test.yaml"
+    wrong.write_text(yaml.safe_dump(spec))
+    bad = subprocess.run(outrider_cmd("rules", "test", str(wrong)), capture_output=True, text=True)
+    assert bad.returncode == 1 and f"FAILED: {wrong} test" in bad.stdout and test["alertname"] in bad.stdout
+    check = subprocess.run(outrider_cmd("rules", "check"), capture_output=True, text=True)
+    assert check.returncode == 0 and "rules the agent can evaluate" in check.stdout, check.stdout + check.stderr
