@@ -23,8 +23,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.gpu_sweep import GPU
 from tests.fakes.build import build
+
+from benchmarks.gpu_sweep import GPU
 
 
 def hook_families(step: int, ranks: int, routes: int) -> list:
