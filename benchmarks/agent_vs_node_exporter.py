@@ -18,6 +18,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 
@@ -103,11 +104,19 @@ def main() -> int:
     outrider = [sys.executable, "-m", "outrider", "agent"]
     # Host + self: what node_exporter's collectors above cover. The interval equals the scrape interval, so every
     # scrape sees a fresh sweep and the agent pays one full sweep per scrape, as node_exporter does.
-    agent = start([*outrider, "--listen", f"127.0.0.1:{ag_port}", "--interval", str(args.scrape_interval),
-                   "--no-collector.process", "--no-collector.gpu", "--no-collector.hook",
-                   "--no-collector.diagnosis"])
-    idle = start([*outrider, "--listen", f"127.0.0.1:{idle_port}"])  # defaults: 5 s interval, all collectors
-    env = {**os.environ, "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{free_port()}"}
+    # No rule evaluation either: node_exporter evaluates none (the idle agent below runs the default rules).
+    state = tempfile.mkdtemp(prefix="outrider-bench-state-")
+    agent = subprocess.Popen([*outrider, "--listen", f"127.0.0.1:{ag_port}", "--interval", str(args.scrape_interval),
+                              "--no-collector.process", "--no-collector.gpu", "--no-collector.hook",
+                              "--no-collector.diagnosis", "--no-collector.alerts"],
+                             env={**os.environ, "OUTRIDER_RULE_FILES": "", "OUTRIDER_STATE_DIR": state + "/a"},
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    # defaults: 5 s interval, all collectors, the built-in rules evaluated every 15 s
+    idle = subprocess.Popen([*outrider, "--listen", f"127.0.0.1:{idle_port}"],
+                            env={**os.environ, "OUTRIDER_STATE_DIR": state + "/b"},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    env = {**os.environ, "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{free_port()}",
+           "OUTRIDER_STATE_DIR": state + "/c"}
     with_otlp = subprocess.Popen([*outrider, "--listen", f"127.0.0.1:{otlp_port}"], env=env,
                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     procs = [ne, agent, idle, with_otlp]
@@ -142,6 +151,7 @@ def main() -> int:
         ne_per_sample = ne_cpu / samples[ne_url]
         ag_per_sample = ag_cpu / samples[ag_url]
         ne_rss, ag_rss, otlp_rss = rss_bytes(ne.pid), rss_bytes(agent.pid), rss_bytes(with_otlp.pid)
+        idle_rss = rss_bytes(idle.pid)
         idle_cpu = (cpu_idle_end - cpu0[idle.pid]) / idle_window
         figures = {
             "scrapes": scrapes, "scrape_interval_s": args.scrape_interval,
@@ -151,7 +161,7 @@ def main() -> int:
             "cpu_us_per_sample": {"node_exporter": 1e6 * ne_per_sample, "outrider": 1e6 * ag_per_sample},
             "cpu_per_sample_ratio_outrider_over_node_exporter": ag_per_sample / ne_per_sample,
             "rss_mib": {"node_exporter": ne_rss / 2**20, "outrider": ag_rss / 2**20,
-                        "outrider_with_otlp": otlp_rss / 2**20},
+                        "outrider_with_otlp": otlp_rss / 2**20, "outrider_defaults_with_rules": idle_rss / 2**20},
             "rss_ratio_outrider_over_node_exporter": ag_rss / ne_rss,
             "idle_cpu_percent_at_default_interval": 100 * idle_cpu,
         }
@@ -176,7 +186,9 @@ def main() -> int:
     print(f"{'RSS MiB':34}{rss['node_exporter']:>15.1f}{rss['outrider']:>12.1f}"
           f"{figures['rss_ratio_outrider_over_node_exporter']:>8.2f}")
     print(f"{'RSS MiB with OTLP export on':34}{'':>15}{rss['outrider_with_otlp']:>12.1f}")
-    print(f"idle CPU of `outrider agent` at its default 5 s interval, unscraped: "
+    print(f"{'RSS MiB, defaults + built-in rules':34}{'':>15}{rss['outrider_defaults_with_rules']:>12.1f}"
+          f"{rss['outrider_defaults_with_rules'] / rss['node_exporter']:>8.2f}")
+    print(f"idle CPU of `outrider agent` at its default 5 s interval, all collectors, built-in rules, unscraped: "
           f"{figures['idle_cpu_percent_at_default_interval']:.3f}% of one core")
     if args.json:
         with open(args.json, "w") as fh:

@@ -215,3 +215,28 @@ def test_an_unusable_state_dir_degrades_instead_of_stopping_the_agent(tmp_path: 
     assert alerting.state_dir and alerting.state_dir != str(blocker / "state")
     assert "is unusable" in caplog.text and "will not survive a restart" in caplog.text
     alerting.stop(1.0)
+
+
+def test_wall_clock_jumps_change_neither_for_durations_nor_rates(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The real evaluation clock, the wall clock stepped back an hour and then forward a day while alerts are
+    pending: `for` runs on monotonic time, and rates see no gap or reordering."""
+    sent: list[Notification] = []
+    rules = groups(
+        {"alert": "Short", "expr": "test_value > 0", "for": "300ms"},
+        {"alert": "Long", "expr": "test_value > 0", "for": "1h"},
+        {"alert": "RateOff", "expr": "(rate(test_value[1s]) < 4 or rate(test_value[1s]) > 25) "
+                                     "and count_over_time(test_value[1s]) >= 8"},
+        interval="50ms")
+    engine = RuleEngine(rules, 0.05, None, notify=sent.append)  # clock: EvalClock
+    real = time.time
+    offsets = iter([-3600.0] * 8 + [86400.0] * 30)
+    value = 0.0
+    for offset in offsets:
+        monkeypatch.setattr(time, "time", lambda o=offset: real() + o)
+        value += 1.0  # a counter growing 10/s of monotonic time
+        engine.on_sweep(fam({"0": value}))
+        time.sleep(0.1)
+    states = {r.name: [a.state for a in r.active.values()] for _, r in engine.alerting}
+    assert states["Short"] == ["firing"]  # fired after 300 ms, though the wall clock went back an hour
+    assert states["Long"] == ["pending"]  # did not fire, though the wall clock went forward a day
+    assert [n.alertname for n in sent] == ["Short"]  # no RateOff: the rate stayed about 10/s throughout

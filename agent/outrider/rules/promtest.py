@@ -24,6 +24,7 @@ from outrider.rules.store import STALE, SeriesStore, make_labels
 NUM = r"(?:[-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?|Inf|inf|NaN|nan))"
 EXPANDING = re.compile(rf"^({NUM})(?:([-+])({NUM}))?x(\d+)$")
 
+MAX_SAMPLES = 1_000_000
 Firing = list[tuple[dict[str, str], dict[str, str]]]
 
 
@@ -38,20 +39,27 @@ def expand_values(text: str) -> list[float | None]:
         if token == "_":
             out.append(None)
         elif token.startswith("_x") and token[2:].isdigit():
-            out.extend([None] * int(token[2:]))
+            out.extend([None] * _count(token[2:], text))
         elif token == "stale":
             out.append(STALE)
         elif m := EXPANDING.match(token):
             start, sign, step, times = m.groups()
             a = float(start)
             b = float(step) * (-1 if sign == "-" else 1) if step else 0.0
-            out.extend(a + b * i for i in range(int(times) + 1))
+            out.extend(a + b * i for i in range(_count(times, text) + 1))
         else:
             try:
                 out.append(float(token))
             except ValueError:
                 raise PromTestError(f"cannot read series value {token!r}") from None
     return out
+
+
+def _count(digits: str, text: str) -> int:
+    n = int(digits)
+    if n > MAX_SAMPLES:
+        raise PromTestError(f"series {text!r} expands to more than {MAX_SAMPLES} samples")
+    return n
 
 
 def parse_series(text: str) -> tuple[str, list[tuple[str, str]]]:
