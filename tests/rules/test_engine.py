@@ -240,3 +240,15 @@ def test_wall_clock_jumps_change_neither_for_durations_nor_rates(monkeypatch: py
     assert states["Short"] == ["firing"]  # fired after 300 ms, though the wall clock went back an hour
     assert states["Long"] == ["pending"]  # did not fire, though the wall clock went forward a day
     assert [n.alertname for n in sent] == ["Short"]  # no RateOff: the rate stayed about 10/s throughout
+
+
+def test_an_agent_without_rules_loads_no_rule_machinery() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys; from outrider.config import Config; from outrider.agent import Agent; "
+            "a = Agent(Config(rule_files=(), listen='127.0.0.1:0', collectors=('host',))); "
+            "print([m for m in ('promql_parser', 'yaml', 'outrider.rules.engine', 'outrider.notify') "
+            "if m in sys.modules], a.alerting)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[] None"
