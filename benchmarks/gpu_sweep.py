@@ -71,17 +71,22 @@ gpu {i} proc {pid} 2147483648 60
 """
 
 
+def fake_nvml(gpus: int) -> str:
+    """Build the fake libnvidia-ml with `gpus` H100-like GPUs, point it at its scenario, return its path."""
+    work = Path(tempfile.mkdtemp(prefix="outrider-gpu-bench-"))
+    lib = build(work)["full"]
+    scenario = work / "scenario.txt"
+    scenario.write_text(f"device_count {gpus}\n" + "".join(GPU.format(i=i, pid=1000 + i) for i in range(gpus)))
+    os.environ["FAKE_NVML_SCENARIO"] = str(scenario)
+    return lib
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gpus", type=int, default=8)
     ap.add_argument("--sweeps", type=int, default=200)
     args = ap.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="outrider-gpu-bench-"))
-    lib = build(work)["full"]
-    scenario = work / "scenario.txt"
-    gpus = "".join(GPU.format(i=i, pid=1000 + i) for i in range(args.gpus))
-    scenario.write_text(f"device_count {args.gpus}\n{gpus}")
-    os.environ["FAKE_NVML_SCENARIO"] = str(scenario)
+    lib = fake_nvml(args.gpus)
 
     from outrider.collectors.base import CollectorContext
     from outrider.collectors.gpu import GpuCollector

@@ -13,19 +13,15 @@ tracemalloc's), the budget formula, and CPU per evaluation.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
-import tempfile
 import time
 import tracemalloc
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.fakes.build import build
-
-from benchmarks.gpu_sweep import GPU
+from benchmarks.gpu_sweep import fake_nvml
 
 
 def hook_families(step: int, ranks: int, routes: int) -> list:
@@ -62,12 +58,7 @@ def main() -> int:
     ap.add_argument("--interval", type=float, default=15.0, help="rule interval, seconds")
     ap.add_argument("--routes", type=int, default=4)
     args = ap.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="outrider-rules-bench-"))
-    lib = build(work)["full"]
-    scenario = work / "scenario.txt"
-    scenario.write_text(f"device_count {args.gpus}\n" + "".join(GPU.format(i=i, pid=1000 + i)
-                                                               for i in range(args.gpus)))
-    os.environ["FAKE_NVML_SCENARIO"] = str(scenario)
+    lib = fake_nvml(args.gpus)
 
     from outrider.alerting import rule_groups
     from outrider.config import Config

@@ -139,6 +139,14 @@ class WebhookReceiver:
         self._server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
         threading.Thread(target=self._server.serve_forever, daemon=True).start()
 
+    def alert(self, alertname: str, status: str) -> dict[str, Any] | None:
+        """The first alert of that name and status (firing, resolved) Alertmanager delivered, if any."""
+        for body in list(self.bodies):
+            for alert in body["alerts"]:
+                if alert["labels"]["alertname"] == alertname and alert["status"] == status:
+                    return alert  # type: ignore[no-any-return]
+        return None
+
     def stop(self) -> None:
         self._server.shutdown()
         self._server.server_close()

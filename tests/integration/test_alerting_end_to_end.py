@@ -34,14 +34,7 @@ def test_training_stall_pages_through_alertmanager_and_resolves(tmp_path: Path) 
              "--hang-after", "10", "--hang-seconds", "25"],
             env={**base, **hook_env, "OUTRIDER_STALL_FLOOR_S": "1", "RANK": "3"})
         try:
-            def notified(status: str) -> dict | None:  # type: ignore[type-arg]
-                for body in webhook.bodies:
-                    for alert in body["alerts"]:
-                        if alert["labels"]["alertname"] == "TrainingStalled" and alert["status"] == status:
-                            return alert  # type: ignore[no-any-return]
-                return None
-
-            firing = wait_until(lambda: notified("firing"), timeout_s=60, interval_s=0.5,
+            firing = wait_until(lambda: webhook.alert("TrainingStalled", "firing"), timeout_s=60, interval_s=0.5,
                                 what="the TrainingStalled page at the webhook")
             assert firing["labels"] == {"alertname": "TrainingStalled", "severity": "critical", "job": "outrider",
                                         "instance": f"127.0.0.1:{agent.port}", "rank": "3"}
@@ -49,7 +42,7 @@ def test_training_stall_pages_through_alertmanager_and_resolves(tmp_path: Path) 
                 f"Training on 127.0.0.1:{agent.port} (rank 3) has stopped making progress")
             assert firing["annotations"]["runbook_url"].endswith("degradation.md#trainingstalled")
             assert "Python stacks" in firing["annotations"]["description"]
-            resolved = wait_until(lambda: notified("resolved"), timeout_s=90, interval_s=0.5,
+            resolved = wait_until(lambda: webhook.alert("TrainingStalled", "resolved"), timeout_s=90, interval_s=0.5,
                                   what="the resolve once steps complete again")
             assert resolved["labels"] == firing["labels"]
             assert resolved["endsAt"] > firing["startsAt"]

@@ -10,7 +10,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -35,14 +34,7 @@ def test_embedded_evaluator_pages_alertmanager_with_the_stack_dump_and_resolves(
                  "0.05", "--hang-after", "10", "--hang-seconds", "20"],
                 env={**base, **hook_env, "OUTRIDER_STALL_FLOOR_S": "1", "RANK": "3"})
             try:
-                def notified(status: str) -> dict[str, Any] | None:
-                    for body in webhook.bodies:
-                        for alert in body["alerts"]:
-                            if alert["labels"]["alertname"] == "TrainingStalled" and alert["status"] == status:
-                                return alert  # type: ignore[no-any-return]
-                    return None
-
-                firing = wait_until(lambda: notified("firing"), timeout_s=60, interval_s=0.5,
+                firing = wait_until(lambda: webhook.alert("TrainingStalled", "firing"), timeout_s=60, interval_s=0.5,
                                     what="the TrainingStalled page from the agent, through Alertmanager")
                 assert firing["labels"] == {"alertname": "TrainingStalled", "severity": "critical",
                                             "job": "outrider", "instance": "trainer-0", "rank": "3"}
@@ -54,8 +46,8 @@ def test_embedded_evaluator_pages_alertmanager_with_the_stack_dump_and_resolves(
                 assert firing["annotations"]["stack_dump_file"].startswith(str(spool))
                 text = agent.metrics()
                 assert 'ALERTS{alertname="TrainingStalled",alertstate="firing"' in text
-                resolved = wait_until(lambda: notified("resolved"), timeout_s=90, interval_s=0.5,
-                                      what="the resolve once steps complete again")
+                resolved = wait_until(lambda: webhook.alert("TrainingStalled", "resolved"), timeout_s=90,
+                                      interval_s=0.5, what="the resolve once steps complete again")
                 assert resolved["labels"] == firing["labels"]
                 assert workload.wait(timeout=60) == 0
                 assert 'outrider_notify_sent_total{receiver="alertmanager-0",type="alertmanager"}' in agent.metrics()

@@ -18,8 +18,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import yaml
-
 from outrider.metrics.family import Family
 from outrider.notify.alertmanager import AlertmanagerNotifier
 from outrider.notify.base import Notification, Notifier, NotifyConfigError
@@ -85,13 +83,12 @@ def parse_receivers(data: Any, source: str) -> list[tuple[Notifier, Route]]:
 
 
 def load_receivers(path: str) -> list[tuple[Notifier, Route]]:
+    from outrider.config import ConfigError, read_yaml_file
+
     try:
-        with open(path, encoding="utf-8") as fh:
-            data = yaml.safe_load(fh)
-    except OSError as e:
-        raise NotifyConfigError(f"receivers_file {path}: cannot read: {e.strerror}") from None
-    except yaml.YAMLError as e:
-        raise NotifyConfigError(f"receivers_file {path}: not valid YAML: {e}") from None
+        data = read_yaml_file(path)
+    except ConfigError as e:
+        raise NotifyConfigError(f"receivers_file: {e}") from None
     return parse_receivers(data, f"receivers_file {path}")
 
 

@@ -618,28 +618,12 @@ def _range_function(name: str, times: Sequence[int], values: Sequence[float], ra
         return float(sum(1 for a, b in itertools.pairwise(values) if a != b and not (math.isnan(a) and math.isnan(b))))
     if name == "resets":
         return float(sum(1 for a, b in itertools.pairwise(values) if b < a))
-    if name == "avg_over_time":
-        return sum(values) / n
-    if name == "min_over_time":
-        real = [v for v in values if not math.isnan(v)]
-        return min(real) if real else math.nan
-    if name == "max_over_time":
-        real = [v for v in values if not math.isnan(v)]
-        return max(real) if real else math.nan
-    if name == "sum_over_time":
-        return sum(values)
-    if name == "count_over_time":
-        return float(n)
     if name == "last_over_time":
         return values[-1]
     if name == "present_over_time":
         return 1.0
-    if name == "quantile_over_time":
-        return quantile(extra[0], values)
-    if name in ("stddev_over_time", "stdvar_over_time"):
-        mean = sum(values) / n
-        var = sum((v - mean) ** 2 for v in values) / n
-        return math.sqrt(var) if name == "stddev_over_time" else var
+    if name.endswith("_over_time"):  # the aggregation of the same name, over time instead of over series
+        return _aggregate_values(name[: -len("_over_time")], list(values), extra[0] if extra else 0.0)
     raise PromQLError(f"the function {name}()")
 
 

@@ -16,8 +16,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from outrider.rules import promql
 from outrider.rules.promql import Evaluator, PromQLError
 from outrider.rules.store import STALE, Labels, SeriesStore
@@ -230,21 +228,15 @@ def load_groups(paths: Iterable[str | Path], default_interval_ms: int = 60_000,
                 settings: list[str] | None = None) -> list[Group]:
     """Load Prometheus rule files; refuse, naming the rule and the construct, what the evaluator cannot run."""
     groups: list[Group] = []
-    for path in paths:
-        path = Path(path)
-        try:
-            data = yaml.safe_load(path.read_text())
-        except OSError as e:
-            raise RuleLoadError(f"{path}: cannot read: {e.strerror}") from None
-        except yaml.YAMLError as e:
-            raise RuleLoadError(f"{path}: not valid YAML: {e}") from None
-        if settings:
-            from outrider.rules.export import RulesError, apply_settings, load_tunables
+    from outrider.rules.export import RulesError, apply_settings, load_rules, load_tunables
 
-            try:
+    for path in paths:
+        try:
+            data = load_rules(Path(path))
+            if settings:
                 data = apply_settings(data, settings, load_tunables())
-            except RulesError as e:
-                raise RuleLoadError(str(e)) from None
+        except RulesError as e:
+            raise RuleLoadError(str(e)) from None
         groups.extend(parse_groups(data, str(path), default_interval_ms))
     return groups
 
