@@ -123,6 +123,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--interval", type=float, default=2.0, help="seconds between screens")
     p.add_argument("--once", action="store_true", help="draw one screen and exit")
 
+    p = sub.add_parser("alerts", help="the pending and firing alerts of a running agent's own rule evaluation")
+    p.add_argument("--url", default="http://127.0.0.1:9477", help="the agent's base URL")
     p = sub.add_parser("runs", help="list the runs `outrider run` recorded")
     p.add_argument("--runs-dir", help="where the records are (default: the runs_dir setting)")
     p = sub.add_parser("report", help="write the HTML report of a recorded run")
@@ -218,6 +220,8 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             return 0
         parser.parse_args(["dashboards", "--help"])
         return 2
+    if args.command == "alerts":
+        return _alerts_command(args.url)
     if args.command == "top":
         from outrider.top import run_top
 
@@ -265,6 +269,28 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         return code
     parser.print_help()
     return 2
+
+
+def _alerts_command(url: str) -> int:
+    import json
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url.rstrip("/") + "/api/v1/alerts", timeout=10) as response:
+            alerts = json.load(response)["data"]["alerts"]
+    except (OSError, ValueError, KeyError) as e:
+        reason = getattr(e, "reason", e)
+        print(f"outrider alerts: cannot read {url}/api/v1/alerts: {reason}", file=sys.stderr)
+        return 1
+    if not alerts:
+        print("no pending or firing alerts")
+    for a in sorted(alerts, key=lambda a: (a["state"] != "firing", a["labels"].get("alertname", ""))):
+        labels = ", ".join(f"{k}={v}" for k, v in sorted(a["labels"].items()) if k != "alertname")
+        print(f"{a['state'].upper():8} {a['labels'].get('alertname', ''):32} since {a['activeAt'][:19]}  {{{labels}}}")
+        if a["annotations"].get("summary"):
+            print(f"{'':9}{a['annotations']['summary']}")
+    return 0
 
 
 def _runs_command(args: argparse.Namespace) -> int:

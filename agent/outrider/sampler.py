@@ -95,7 +95,7 @@ class Sampler:
         """Run every collector once. A collector that raises is marked failed and skipped; the sweep goes on.
 
         Listeners (the rule engine, the diagnosis) see the sweep before it is published; collectors that report
-        on what listeners did (`after_listeners`: ALERTS) run after them, so /metrics shows this sweep's alerts.
+        on what listeners did (`after_listeners`: the alerts) run after them, so /metrics shows this sweep's alerts.
         """
         t0 = time.perf_counter()
         fams: list[Family] = []

@@ -5,6 +5,7 @@ live agent's GPUs, KPIs and verdict."""
 from __future__ import annotations
 
 import os
+import re
 import struct
 import subprocess
 import sys
@@ -137,15 +138,19 @@ def test_compare_two_recorded_runs(recorded: tuple[Path, dict[str, str]]) -> Non
 
 def test_top_draws_gpus_kpis_and_verdict(fake_nvml: dict[str, str], scenario: Scenario, tmp_path: Path) -> None:
     scenario.write(FULL)
-    spool, hold = tmp_path / "spool", tmp_path / "hold"
+    spool, hold, rules = tmp_path / "spool", tmp_path / "hold", tmp_path / "extra.rules.yaml"
+    rules.write_text("groups: [{name: extra, rules: [{alert: GPUsPresent, expr: 'count(outrider_gpu_up) > 0'}]}]\n")
     env = {"LD_LIBRARY_PATH": os.path.dirname(fake_nvml["full"]), "FAKE_NVML_SCENARIO": str(scenario.path),
            "OUTRIDER_SPOOL_DIR": str(spool), "OUTRIDER_FLUSH_INTERVAL_S": "0.2", "OUTRIDER_DIAGNOSIS_WINDOW_S": "2"}
     base = {k: v for k, v in os.environ.items() if not k.startswith("OUTRIDER_")}
     publisher = subprocess.Popen([sys.executable, str(REPO / "tests" / "dashboards" / "publisher.py"), str(hold)],
                                  env={**base, **env})
     try:
-        with AgentProcess(env=env, interval_s=0.3) as agent:
+        with AgentProcess(env={**env, "OUTRIDER_RULE_FILES": f"builtin,{rules}", "OUTRIDER_RULE_INTERVAL_S": "0.3"},
+                          interval_s=0.3) as agent:
             wait_until(lambda: "outrider_bottleneck" in agent.metrics(), timeout_s=30, what="a verdict")
+            wait_until(lambda: 'outrider_alerts{alertname="GPUsPresent",alertstate="firing"' in agent.metrics(),
+                       timeout_s=30, what="the extra rule firing in the agent")
             r = subprocess.run(outrider_cmd("top", "--url", agent.url, "--once", "--interval", "1"),
                                capture_output=True, text=True, timeout=60)
     finally:
@@ -157,3 +162,4 @@ def test_top_draws_gpus_kpis_and_verdict(fake_nvml: dict[str, str], scenario: Sc
     assert "steps/s" in out and "samples/s" in out
     assert "req/s" in out and "latency p50" in out
     assert "verdict    " in out
+    assert re.search(r"alerts     .*GPUsPresent", out), out  # the agent's own alerts, as top reads them

@@ -71,7 +71,7 @@ def test_sigkill_at_arbitrary_points_counts_nothing_twice_and_loses_no_alert(tmp
             agent.stop()
     firing = [b for b in hook.accepted() if b["status"] == "firing"]
     assert len(firing) == 1  # one page through five kills: neither lost nor repeated
-    assert 'ALERTS{alertname="ManySteps",alertstate="firing"' in text
+    assert 'outrider_alerts{alertname="ManySteps",alertstate="firing"' in text
 
 
 def _mount_tmpfs(path: Path, size: str) -> None:

@@ -1,10 +1,11 @@
 """The agent alerting on its own, with no Prometheus: the built-in catalog evaluated in the agent, paging the real
 Alertmanager (which delivers to a webhook) when a hooked workload stalls, with the stall's Python stacks in the
-page; ALERTS on /metrics; and a webhook delivery interrupted by SIGKILL that still arrives after a restart."""
+page; outrider_alerts on /metrics; and a webhook delivery interrupted by SIGKILL that still arrives after a restart."""
 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO, AgentProcess, sleeper, wait_until
+from tests.helpers import REPO, AgentProcess, outrider_cmd, sleeper, wait_until
 from tests.integration.servers import AlertmanagerServer, WebhookReceiver
 from tests.notify.receivers import WEBHOOK_SCHEMA, ScriptedReceiver
 
@@ -45,7 +46,10 @@ def test_embedded_evaluator_pages_alertmanager_with_the_stack_dump_and_resolves(
                 assert f'workload.py", line {line} in main' in firing["annotations"]["stack_dump"]  # where it hangs
                 assert firing["annotations"]["stack_dump_file"].startswith(str(spool))
                 text = agent.metrics()
-                assert 'ALERTS{alertname="TrainingStalled",alertstate="firing"' in text
+                assert 'outrider_alerts{alertname="TrainingStalled",alertstate="firing"' in text
+                shown = subprocess.run(outrider_cmd("alerts", "--url", agent.url), capture_output=True, text=True)
+                assert re.search(r"FIRING\s+TrainingStalled\s+since \S+\s+\{instance=trainer-0, job=outrider, "
+                                 r"rank=3, severity=critical\}\n\s+Training on trainer-0", shown.stdout), shown.stdout
                 resolved = wait_until(lambda: webhook.alert("TrainingStalled", "resolved"), timeout_s=90,
                                       interval_s=0.5, what="the resolve once steps complete again")
                 assert resolved["labels"] == firing["labels"]

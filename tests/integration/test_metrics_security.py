@@ -73,6 +73,8 @@ def test_tls_and_basic_auth(tmp_path: Path) -> None:
         assert get(url + "/metrics", context)[0] == 401
         assert get(url + "/metrics", context, ("prometheus", "wrong"))[0] == 401
         assert get(url + "/metrics", context, ("someone", PASSWORD))[0] == 401
+        assert get(url + "/api/v1/alerts", context)[0] == 401  # the alerts (and their annotations) too
+        assert get(url + "/api/v1/alerts", context, ("prometheus", PASSWORD))[0] == 200
         status, body = get(url + "/metrics", context, ("prometheus", PASSWORD))
         assert status == 200 and b"outrider_host_cpu_seconds_total" in body
         assert PASSWORD.encode() not in body

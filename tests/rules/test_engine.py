@@ -252,3 +252,36 @@ def test_an_agent_without_rules_loads_no_rule_machinery() -> None:
             "if m in sys.modules], a.alerting)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[] None"
+
+
+def test_re_sends_carry_the_current_annotations_and_the_resolve_the_last(tmp_path: Path) -> None:
+    clock, sent = Clock(), []
+    engine = engine_with_state(tmp_path, clock, sent)
+    run(engine, clock, {"0": 90.0}, 4)
+    run(engine, clock, {"0": 99.0}, 1)
+    assert [n.annotations["summary"] for n in engine.firing_notifications()] == ["GPU 0 at 99"]
+    assert [n.annotations["summary"] for n in sent] == ["GPU 0 at 90"]  # the page itself is not repeated
+    run(engine, clock, {"0": 1.0}, 1)
+    assert sent[-1].event == "resolved" and sent[-1].annotations["summary"] == "GPU 0 at 99"
+
+
+def test_the_in_process_agent_evaluates_rules_only_when_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    from outrider.hook import standalone
+
+    started: list[Config] = []
+
+    class FakeAgent:
+        def __init__(self, config: Config, **kw: object) -> None:
+            started.append(config)
+            self.server = type("S", (), {"url": "http://127.0.0.1:0"})()
+
+        def start(self) -> None:
+            pass
+
+    monkeypatch.setattr("outrider.agent.Agent", FakeAgent)
+    for name in [k for k in __import__("os").environ if k.startswith("OUTRIDER_")]:
+        monkeypatch.delenv(name)
+    standalone.start_in_process_agent("/tmp/spool-x", None)
+    monkeypatch.setenv("OUTRIDER_RULE_FILES", "builtin")
+    standalone.start_in_process_agent("/tmp/spool-x", None)
+    assert [c.rule_files for c in started] == [(), ("builtin",)]

@@ -19,8 +19,6 @@ def test_reference_doc_is_current() -> None:
 
 def test_names_follow_prometheus_conventions() -> None:
     for d in CATALOG.values():
-        if d.name in ("ALERTS", "ALERTS_FOR_STATE"):  # Prometheus's own names for alert state, kept as they are
-            continue
         assert re.fullmatch(r"outrider_[a-z0-9_]+", d.name), d.name
         assert (d.type == "counter") == d.name.endswith("_total"), f"{d.name}: only counters end in _total"
         assert not re.search(r"_(milliseconds|kilobytes|megabytes|percent)", d.name), f"{d.name}: base units"

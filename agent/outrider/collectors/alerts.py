@@ -1,4 +1,5 @@
-"""The agent's own alerting on /metrics: ALERTS and ALERTS_FOR_STATE as Prometheus writes them, the rule
+"""The agent's own alerting on /metrics: outrider_alerts and outrider_alert_active_since_timestamp_seconds
+(Prometheus's ALERTS and ALERTS_FOR_STATE under Outrider's prefix), the rule
 evaluator's health and store size, and delivery metrics per receiver (sent, failed, queued, oldest queued age).
 Empty when the agent evaluates no rules."""
 
@@ -10,7 +11,7 @@ from outrider.metrics.family import Family
 
 class AlertsCollector(Collector):
     name = "alerts"
-    description = "the embedded rule evaluator's alerts (ALERTS), its health and notification delivery"
+    description = "the embedded rule evaluator's alerts (outrider_alerts), its health and notification delivery"
     after_listeners = True
 
     def collect(self) -> list[Family]:

@@ -1,5 +1,6 @@
 """The HTTP endpoint: /metrics (Prometheus text, or OpenMetrics by content negotiation, gzip on request),
-/healthz (the sweep loop is alive and current) and /readyz (the first sweep is done).
+/api/v1/alerts (the agent's own pending and firing alerts, in Prometheus's API shape), /healthz (the sweep loop is
+alive and current) and /readyz (the first sweep is done).
 
 Binds 127.0.0.1 unless the configuration says otherwise.
 """
@@ -15,15 +16,35 @@ import ssl
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from outrider.metrics.exposition import OPENMETRICS_CONTENT_TYPE, TEXT_CONTENT_TYPE, wants_openmetrics
+from outrider.metrics.exposition import (
+    OPENMETRICS_CONTENT_TYPE,
+    TEXT_CONTENT_TYPE,
+    format_value,
+    wants_openmetrics,
+)
 from outrider.sampler import Sampler
 
 LOG = logging.getLogger("outrider.exporters.prometheus")
 
 INDEX = b"""<html><head><title>Outrider</title></head><body><h1>Outrider agent</h1>
-<p><a href="/metrics">/metrics</a> &middot; <a href="/healthz">/healthz</a> &middot;
+<p><a href="/metrics">/metrics</a> &middot; <a href="/api/v1/alerts">/api/v1/alerts</a> &middot;
+<a href="/healthz">/healthz</a> &middot;
 <a href="/readyz">/readyz</a></p></body></html>
 """
+
+
+def alerts_json(sampler: Sampler) -> bytes:
+    """Pending and firing alerts of the agent's own rule evaluation, as Prometheus's /api/v1/alerts answers."""
+    import json
+    from datetime import datetime, timezone
+
+    engine = sampler.ctx.rule_engine
+    alerts = []
+    for _, a in engine.active_alerts() if engine is not None else []:
+        alerts.append({"labels": dict(a.labels), "annotations": dict(a.annotations), "state": a.state,
+                       "activeAt": datetime.fromtimestamp(a.active_at / 1000, tz=timezone.utc).isoformat(),
+                       "value": format_value(a.value)})
+    return json.dumps({"status": "success", "data": {"alerts": alerts}}).encode()
 
 
 class _Server(ThreadingHTTPServer):
@@ -42,7 +63,7 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         path = self.path.split("?", 1)[0]
         sampler = self.server.sampler
-        if path == "/metrics" and not self._authorised():
+        if path in ("/metrics", "/api/v1/alerts") and not self._authorised():
             self.send_response(401)
             self.send_header("WWW-Authenticate", 'Basic realm="outrider"')
             self.send_header("Content-Length", "0")
@@ -55,6 +76,8 @@ class _Handler(BaseHTTPRequestHandler):
             body = sampler.exposition(openmetrics, compressed=use_gzip)
             ctype = OPENMETRICS_CONTENT_TYPE if openmetrics else TEXT_CONTENT_TYPE
             self._send(200, body, ctype, "gzip" if use_gzip else None)
+        elif path == "/api/v1/alerts":
+            self._send(200, alerts_json(sampler), "application/json")
         elif path == "/healthz":
             ok = sampler.healthy()
             self._send(200 if ok else 503, b"ok\n" if ok else b"sweep loop stalled\n")

@@ -384,12 +384,14 @@ _DEFS: tuple[MetricDef, ...] = (
     MetricDef("outrider_collector_hung", "outrider.collector.hung", "1", "gauge",
               "1 while a collector that may block (NVML) has not answered within collector_timeout_s: the sweeps "
               "go on without it.", (COLLECTOR,), "self"),
-    MetricDef("ALERTS", "outrider.alerts", "1", "gauge",
+    MetricDef("outrider_alerts", "outrider.alerts", "1", "gauge",
               "1 for every pending or firing alert of the agent's embedded rule evaluation, with the alert's own "
-              "labels besides these (as Prometheus writes ALERTS).",
+              "labels besides these: Prometheus's ALERTS under Outrider's prefix, so that a Prometheus scraping the "
+              "agent keeps its own ALERTS apart.",
               (Label("alertname", "outrider.alert.name"), Label("alertstate", "outrider.alert.state")), "alerts"),
-    MetricDef("ALERTS_FOR_STATE", "outrider.alerts.active_since", "s", "gauge",
-              "Unix time each pending or firing alert became active, with the alert's own labels.",
+    MetricDef("outrider_alert_active_since_timestamp_seconds", "outrider.alert.active_since", "s", "gauge",
+              "Unix time each pending or firing alert became active, with the alert's own labels (Prometheus's "
+              "ALERTS_FOR_STATE).",
               (Label("alertname", "outrider.alert.name"),), "alerts"),
     MetricDef("outrider_rule_evaluations_total", "outrider.rule.evaluations", "{evaluation}", "counter",
               "Evaluations of the rule groups by the embedded evaluator.", (), "alerts"),

@@ -163,6 +163,12 @@ class RuleEngine:
         out: list[Notification] = []
         with self._lock:
             for fp, (rule, alert) in firing.items():
+                sent = self.notified.get(fp)
+                if sent is not None:  # still firing: re-sends (Alertmanager) carry the current annotations
+                    current = {**sent.annotations, **alert.annotations}
+                    if current != sent.annotations:
+                        self.notified[fp] = replace(sent, annotations=current, value=alert.value)
+                    continue
                 if fp not in self.notified:
                     n = Notification(f"{fp}-{alert.fired_at}-firing", "firing", dict(alert.labels),
                                      self._annotations(rule, alert), alert.active_at / 1000, 0.0, fp, time.time(),
@@ -216,9 +222,11 @@ class RuleEngine:
     def families(self) -> list[Family]:
         active = self.active_alerts()
         extra: list[str] = sorted({k for _, a in active for k, _ in a.labels} - {"alertname", "alertstate"})
-        alerts_def = replace(CATALOG["ALERTS"], labels=CATALOG["ALERTS"].labels + tuple(Label(n, n) for n in extra))
-        for_def = replace(CATALOG["ALERTS_FOR_STATE"],
-                          labels=CATALOG["ALERTS_FOR_STATE"].labels + tuple(Label(n, n) for n in extra))
+        extra_labels = tuple(Label(n, n) for n in extra)
+        alerts_def = CATALOG["outrider_alerts"]
+        alerts_def = replace(alerts_def, labels=alerts_def.labels + extra_labels)
+        for_def = CATALOG["outrider_alert_active_since_timestamp_seconds"]
+        for_def = replace(for_def, labels=for_def.labels + extra_labels)
         alerts_fam, for_fam = Family(alerts_def), Family(for_def)
         for _, a in active:
             labels = dict(a.labels)
