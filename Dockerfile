@@ -5,6 +5,8 @@ FROM python:3.11-slim AS build
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY agent ./agent
+# agent/outrider/alerts links here: the wheel carries the rule catalog the embedded evaluator loads by default.
+COPY alerts ./alerts
 RUN pip install --no-cache-dir --prefix=/install .
 
 FROM python:3.11-slim

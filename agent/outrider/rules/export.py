@@ -11,7 +11,9 @@ from typing import Any
 
 import yaml
 
-REPO_ALERTS = Path(__file__).resolve().parents[3] / "alerts"
+# The catalog ships inside the package (outrider/alerts, a link to the repository's alerts/ in a checkout, a copy
+# in a wheel), so a pip-installed agent finds the rules its evaluator loads by default.
+PACKAGED_ALERTS = Path(__file__).resolve().parents[1] / "alerts"
 DURATION_RE = re.compile(r"^(\d+(ms|s|m|h|d|w|y))+$")
 SEVERITIES = ("critical", "warning", "info")
 
@@ -21,7 +23,7 @@ class RulesError(ValueError):
 
 
 def default_rules_path() -> Path:
-    return Path(os.environ.get("OUTRIDER_RULES_FILE") or REPO_ALERTS / "outrider.rules.yaml")
+    return Path(os.environ.get("OUTRIDER_RULES_FILE") or PACKAGED_ALERTS / "outrider.rules.yaml")
 
 
 def load_rules(path: Path | None = None) -> dict[str, Any]:
