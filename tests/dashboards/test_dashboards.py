@@ -117,7 +117,8 @@ def test_dashboards_cover_the_numbers_that_matter() -> None:
                    "outrider_request_duration_seconds_bucket", "outrider_request_phase_duration_seconds_bucket",
                    "outrider_inference_time_to_first_token_seconds", "outrider_gpu_clock_event_active",
                    "outrider_gpu_xid_errors_total", "outrider_gpu_nvlink_bytes_total", "outrider_gpu_process_memory",
-                   "outrider_host_pressure_stalled_seconds_total", "outrider_host_filesystem_avail_bytes", "ALERTS"):
+                   "outrider_host_pressure_stalled_seconds_total", "outrider_host_filesystem_avail_bytes", "ALERTS",
+                   "outrider_alerts", "outrider_notify_queued", "outrider_notify_failed_total"):
         assert metric in text, metric
     assert any(p["type"] == "heatmap" for p in panels(DASHBOARDS["outrider-inference.json"]))
 
