@@ -229,3 +229,31 @@ def test_webhook_notifier_type_checks_its_url() -> None:
         WebhookNotifier("w", {"url": "ftp://x"})
     assert Route(match={"severity": "critical"}).accepts({"severity": "critical"})
     assert not Route(match={"severity": "critical"}).accepts({"severity": "warning"})
+
+
+def test_http_receivers_take_bearer_or_basic_auth_and_a_private_ca(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    import base64
+
+    from outrider.notify import NotifyConfigError
+
+    password = tmp_path / "am.password"
+    password.write_text("s3cret-am-password\n")
+    monkeypatch.setenv("TEST_HOOK_TOKEN", "hook-token-123")
+    with ScriptedReceiver() as am, ScriptedReceiver(WEBHOOK_SCHEMA) as hook:
+        d = dispatcher(tmp_path, [
+            {"name": "am", "type": "alertmanager", "url": am.url, "basic_auth_username": "outrider",
+             "basic_auth_password_file": str(password)},
+            {"name": "hook", "type": "webhook", "url": hook.url, "bearer_token_env": "TEST_HOOK_TOKEN"}])
+        d.notify(alert("GPULost", "firing"))
+        wait_until(lambda: am.accepted() and hook.accepted(), timeout_s=10, what="both deliveries")
+        d.stop()
+    expected = "Basic " + base64.b64encode(b"outrider:s3cret-am-password").decode()
+    assert am.received[0].headers["Authorization"] == expected
+    assert hook.received[0].headers["Authorization"] == "Bearer hook-token-123"
+    with pytest.raises(NotifyConfigError, match="needs basic_auth_password_env or basic_auth_password_file"):
+        parse_receivers({"receivers": [{"name": "am", "type": "alertmanager", "url": "http://x",
+                                        "basic_auth_username": "u"}]}, "t")
+    with pytest.raises(NotifyConfigError, match="ca_file"):
+        parse_receivers({"receivers": [{"name": "am", "type": "alertmanager", "url": "https://x",
+                                        "ca_file": str(tmp_path / "missing.pem")}]}, "t")

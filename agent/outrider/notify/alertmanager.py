@@ -24,6 +24,7 @@ class AlertmanagerNotifier(Notifier):
         if not url.startswith(("http://", "https://")):
             raise NotifyConfigError(f"receiver {self.name!r}: url must be Alertmanager's http(s) base URL")
         self.endpoint = url + "/api/v2/alerts"
+        self.http_options()  # a hosted Alertmanager (Mimir, Grafana Cloud) wants auth
 
     def payload(self, n: Notification, now: float) -> dict[str, Any]:
         alert = {"labels": n.labels, "annotations": n.annotations, "startsAt": rfc3339(n.starts_at),

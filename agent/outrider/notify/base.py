@@ -8,8 +8,10 @@ request again cannot succeed.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
+import ssl
 import urllib.error
 import urllib.request
 from collections.abc import Mapping
@@ -115,6 +117,31 @@ class Notifier:
     def __post_init__(self) -> None:
         """Subclasses read their settings and secrets here (a bad one raises NotifyConfigError)."""
 
+    def http_options(self) -> None:
+        """Options every HTTP receiver takes: bearer_token_{env,file}, basic_auth_username with
+        basic_auth_password_{env,file}, and ca_file (a private CA for the receiver's TLS certificate)."""
+        self.headers: dict[str, str] = {}
+        token = read_secret(self.spec, "bearer_token", self.name, required=False)
+        if token:
+            self.secrets.append(token)
+            self.headers["Authorization"] = f"Bearer {token}"
+        user = str(self.spec.get("basic_auth_username", ""))
+        password = read_secret(self.spec, "basic_auth_password", self.name, required=bool(user))
+        if password and not user:
+            raise NotifyConfigError(f"receiver {self.name!r}: basic_auth_password needs basic_auth_username")
+        if user:
+            self.secrets.append(password)
+            encoded = base64.b64encode(f"{user}:{password}".encode()).decode()
+            self.secrets.append(encoded)
+            self.headers["Authorization"] = f"Basic {encoded}"
+        self.context: ssl.SSLContext | None = None
+        ca_file = self.spec.get("ca_file")
+        if ca_file:
+            try:
+                self.context = ssl.create_default_context(cafile=str(ca_file))
+            except (OSError, ssl.SSLError) as e:
+                raise NotifyConfigError(f"receiver {self.name!r}: ca_file {ca_file}: {e}") from None
+
     def send(self, notifications: list[Notification]) -> Outcome:
         raise NotImplementedError
 
@@ -130,9 +157,11 @@ class Notifier:
     def post_json(self, url: str, body: Any, headers: Mapping[str, str] | None = None) -> Outcome:
         data = json.dumps(body, separators=(",", ":")).encode()
         request = urllib.request.Request(url, data=data, method="POST", headers={
-            "Content-Type": "application/json", "User-Agent": "outrider", **(headers or {})})
+            "Content-Type": "application/json", "User-Agent": "outrider", **getattr(self, "headers", {}),
+            **(headers or {})})
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+            with urllib.request.urlopen(request, timeout=self.timeout_s,
+                                        context=getattr(self, "context", None)) as response:
                 response.read(65536)
                 return DELIVERED
         except urllib.error.HTTPError as e:

@@ -1,12 +1,12 @@
 """Generic webhook: Alertmanager's webhook payload (version 4), one transition per request, with the
-transition's id in an Idempotency-Key header so a receiver can drop a re-delivery. An optional bearer token is
-read from bearer_token_env or bearer_token_file."""
+transition's id in an Idempotency-Key header so a receiver can drop a re-delivery. Bearer or basic auth and a
+private CA as every HTTP receiver takes them (Notifier.http_options)."""
 
 from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from outrider.notify.base import Notification, Notifier, NotifyConfigError, Outcome, read_secret, rfc3339
+from outrider.notify.base import Notification, Notifier, NotifyConfigError, Outcome, rfc3339
 
 
 class WebhookNotifier(Notifier):
@@ -16,9 +16,7 @@ class WebhookNotifier(Notifier):
         self.url = str(self.spec.get("url", ""))
         if not self.url.startswith(("http://", "https://")):
             raise NotifyConfigError(f"receiver {self.name!r}: url must be an http(s) URL")
-        self.token = read_secret(self.spec, "bearer_token", self.name, required=False)
-        if self.token:
-            self.secrets.append(self.token)
+        self.http_options()
 
     def payload(self, n: Notification) -> dict[str, Any]:
         alert = {"status": n.event, "labels": n.labels, "annotations": n.annotations,
@@ -31,7 +29,4 @@ class WebhookNotifier(Notifier):
 
     def send(self, notifications: list[Notification]) -> Outcome:
         n = notifications[0]
-        headers = {"Idempotency-Key": n.id}
-        if self.token:
-            headers["Authorization"] = f"Bearer {self.token}"
-        return self.post_json(self.url, self.payload(n), headers)
+        return self.post_json(self.url, self.payload(n), {"Idempotency-Key": n.id})
