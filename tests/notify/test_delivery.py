@@ -257,3 +257,15 @@ def test_http_receivers_take_bearer_or_basic_auth_and_a_private_ca(tmp_path: Pat
     with pytest.raises(NotifyConfigError, match="ca_file"):
         parse_receivers({"receivers": [{"name": "am", "type": "alertmanager", "url": "https://x",
                                         "ca_file": str(tmp_path / "missing.pem")}]}, "t")
+
+
+def test_alertmanager_re_sends_only_what_its_route_takes(tmp_path: Path) -> None:
+    firing = [alert("GPULost", "firing", severity="critical"), alert("CPUSaturated", "firing", severity="warning")]
+    with ScriptedReceiver() as am:
+        d = Dispatcher(parse_receivers({"receivers": [{"name": "am", "type": "alertmanager", "url": am.url,
+                                                       "match": {"severity": "critical"}}]}, "t"),
+                       str(tmp_path), firing=lambda: firing, resend_interval_s=0.2)
+        d.start()
+        wait_until(lambda: len(am.received) >= 2, timeout_s=10, what="re-sends")
+        d.stop()
+    assert {a["labels"]["alertname"] for r in am.received for a in r.body} == {"GPULost"}

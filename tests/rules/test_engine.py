@@ -285,3 +285,26 @@ def test_the_in_process_agent_evaluates_rules_only_when_asked(monkeypatch: pytes
     monkeypatch.setenv("OUTRIDER_RULE_FILES", "builtin")
     standalone.start_in_process_agent("/tmp/spool-x", None)
     assert [c.rule_files for c in started] == [(), ("builtin",)]
+
+
+def test_a_rule_that_breaks_is_counted_and_the_others_still_evaluate(monkeypatch: pytest.MonkeyPatch) -> None:
+    from outrider.rules import promql
+
+    clock, sent = Clock(), []
+    rules = groups({"alert": "Breaks", "expr": "abs(test_value) > 0"},
+                   {"alert": "Works", "expr": "test_value > 0", "annotations": {"summary": "{{ printf \"%d\" }}"}})
+    engine = RuleEngine(rules, 1.0, None, notify=sent.append, clock=clock)
+    real = promql._simple_function
+
+    def broken(name: str, extra: list[float]):  # type: ignore[no-untyped-def]
+        if name == "abs":
+            raise ZeroDivisionError("a bug")
+        return real(name, extra)
+
+    monkeypatch.setattr(promql, "_simple_function", broken)
+    run(engine, clock, {"0": 1.0}, 2)
+    assert engine.failures == {"Breaks": 2}
+    assert [n.alertname for n in sent] == ["Works"]
+    assert sent[0].annotations["summary"].startswith("<error expanding template:")
+    text = __import__("outrider.metrics.exposition", fromlist=["render"]).render(engine.families()).decode()
+    assert 'outrider_rule_evaluation_failures_total{rule="Breaks"} 2' in text

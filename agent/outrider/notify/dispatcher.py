@@ -127,7 +127,7 @@ class Delivery:
             self._attempt = 0
             if time.monotonic() - self._last_refresh >= self.resend_interval_s:
                 self._last_refresh = time.monotonic()
-                self.notifier.refresh(self.firing())
+                self.notifier.refresh([n for n in self.firing() if self.route.accepts(n.labels)])
             return max(0.05, self.resend_interval_s - (time.monotonic() - self._last_refresh))
         outcome = self.notifier.send(batch)
         if outcome.delivered:

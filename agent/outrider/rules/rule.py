@@ -31,6 +31,10 @@ class RuleLoadError(ValueError):
     """A rule file or rule the embedded evaluator cannot take; the message names the file, group and rule."""
 
 
+def _describe(e: Exception) -> str:
+    return str(e) if isinstance(e, PromQLError) else f"internal error: {type(e).__name__}: {e}"
+
+
 def parse_duration(text: str | int | float) -> int:
     """A Prometheus duration ('1h30m', '90s') in milliseconds."""
     if isinstance(text, (int, float)) and not isinstance(text, bool):
@@ -97,8 +101,8 @@ class RecordingRule:
     def evaluate(self, ev: Evaluator, store: SeriesStore, ts: int) -> None:
         try:
             vec = ev.vector(self.expr, ts)
-        except PromQLError as e:
-            self.last_error = str(e)
+        except Exception as e:  # PromQLError, or a bug: never the end of the other rules' evaluation
+            self.last_error = _describe(e)
             vec = []
         else:
             self.last_error = ""
@@ -134,9 +138,9 @@ class AlertingRule:
     def evaluate(self, ev: Evaluator, ts: int, external_labels: dict[str, str] | None = None) -> None:
         try:
             vec = ev.vector(self.expr, ts)
-        except PromQLError as e:
+        except Exception as e:
             # Prometheus keeps the alerts as they are when an evaluation fails; so do we.
-            self.last_error = str(e)
+            self.last_error = _describe(e)
             return
         self.last_error = ""
         seen: dict[Labels, tuple[dict[str, str], float]] = {}

@@ -245,6 +245,14 @@ class Template:
 
     def render(self, labels: Mapping[str, str], value: float,
                external_labels: Mapping[str, str] | None = None) -> str:
+        """The filled-in text; a failure (printf with a bad argument) gives Prometheus's error text instead."""
+        try:
+            return self._render(labels, value, external_labels)
+        except Exception as e:
+            return f"<error expanding template: {type(e).__name__}: {e}>"
+
+    def _render(self, labels: Mapping[str, str], value: float,
+                external_labels: Mapping[str, str] | None = None) -> str:
         out = []
         for part in self.parts:
             if isinstance(part, str):
