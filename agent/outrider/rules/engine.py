@@ -33,7 +33,7 @@ from outrider.rules.store import Labels, Series, SeriesStore, is_stale
 
 LOG = logging.getLogger("outrider.rules")
 STATE_VERSION = 1
-SNAPSHOT_EVERY_S = 60.0
+SNAPSHOT_EVERY_S = 300.0  # and at shutdown: a 1.7 MiB store is about 2.3 MB written per snapshot
 STACK_DUMP_CHARS = 8000
 
 StackDumps = Callable[[], list[tuple[int, str, str]]]  # (pid, rank, path) of processes now stalled
