@@ -22,10 +22,10 @@ from outrider.hook.wsgi import OutriderWSGIMiddleware
 
 
 def slowdown(started: float, seconds: float) -> float:
-    """Extra seconds per step while the demo degrades on purpose: from 15% to 70% of the training time, as a
+    """Extra seconds per step while the demo degrades on purpose: from 10% to 75% of the training time, as a
     throttled GPU or a noisy neighbour would; the demo's alert fires during it and resolves after."""
     elapsed = (time.time() - started) / seconds
-    return 0.1 if 0.15 <= elapsed < 0.7 else 0.0
+    return 0.1 if 0.1 <= elapsed < 0.75 else 0.0
 
 
 def train_torch(seconds: float, checkpoint_dir: str) -> Any:
