@@ -64,7 +64,8 @@ def test_slack_and_webhook_payloads_and_routing_by_severity(tmp_path: Path, monk
     with ScriptedReceiver(SLACK_SCHEMA) as slack, ScriptedReceiver(WEBHOOK_SCHEMA) as hook:
         monkeypatch.setenv("TEST_SLACK_URL", slack.url + "/services/" + SLACK_TOKEN)
         d = dispatcher(tmp_path, [
-            {"name": "slack", "type": "slack", "url_env": "TEST_SLACK_URL", "match": {"severity": "warning"}},
+            {"name": "slack", "type": "slack", "url_env": "TEST_SLACK_URL", "match": {"severity": "warning"},
+             "group_wait_s": 0},
             {"name": "hook", "type": "webhook", "url": hook.url + "/alerts", "match_re": {"alertname": "GPU.*"}},
         ])
         d.notify(alert("GPUThermalThrottling", "firing", severity="warning"))
@@ -188,7 +189,7 @@ def test_secrets_never_reach_logs_errors_or_metrics(tmp_path: Path, monkeypatch:
         with caplog.at_level(logging.DEBUG):
             d = dispatcher(tmp_path, [
                 {"name": "pd", "type": "pagerduty", "url": pd.url, "routing_key_file": str(key_file)},
-                {"name": "slack", "type": "slack", "url_env": "TEST_SLACK_URL"}])
+                {"name": "slack", "type": "slack", "url_env": "TEST_SLACK_URL", "group_wait_s": 0}])
             d.notify(alert("GPULost", "firing"))
             wait_until(lambda: len(pd.received) == 1 and len(slack.received) == 1, timeout_s=10, what="attempts")
             time.sleep(0.2)
@@ -269,3 +270,23 @@ def test_alertmanager_re_sends_only_what_its_route_takes(tmp_path: Path) -> None
         wait_until(lambda: len(am.received) >= 2, timeout_s=10, what="re-sends")
         d.stop()
     assert {a["labels"]["alertname"] for r in am.received for a in r.body} == {"GPULost"}
+
+
+def test_an_alert_storm_reaches_slack_as_a_few_grouped_messages(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    with ScriptedReceiver(SLACK_SCHEMA) as slack:
+        monkeypatch.setenv("TEST_SLACK_URL", slack.url + "/services/" + SLACK_TOKEN)
+        d = dispatcher(tmp_path, [{"name": "slack", "type": "slack", "url_env": "TEST_SLACK_URL",
+                                   "group_wait_s": 0.5}])
+        storm = [alert("GPUThermalThrottling", "firing", severity="warning", gpu=str(i)) for i in range(30)]
+        for n in storm:
+            d.notify(n)
+        wait_until(lambda: sum(len(b["blocks"]) - 1 for b in slack.accepted()) == 30, timeout_s=15,
+                   what="all 30 alerts posted")
+        d.stop()
+    assert slack.schema_errors == []
+    assert len(slack.received) == 2  # 20 + 10, not 30 messages
+    first = slack.accepted()[0]
+    assert first["text"].startswith("20 firing, 0 resolved: GPUThermalThrottling")
+    texts = [blk["text"]["text"] for b in slack.accepted() for blk in b["blocks"][1:]]
+    assert all(f"gpu={i}," in t for i, t in enumerate(texts))  # every alert, in order

@@ -112,6 +112,9 @@ class Notifier:
 
     type: ClassVar[str] = ""
     batch: ClassVar[int] = 1
+    # How long the first queued notification waits for others to share its request (receivers that post one
+    # message per request, where a storm of messages is the problem). A receiver's group_wait_s overrides it.
+    default_group_wait_s: ClassVar[float] = 0.0
     durable: ClassVar[bool] = True  # queued on disk (the log notifier needs no outbox)
 
     def __post_init__(self) -> None:

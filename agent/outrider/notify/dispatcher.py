@@ -31,13 +31,14 @@ LOG = logging.getLogger("outrider.notify")
 NOTIFIERS: dict[str, type[Notifier]] = {
     cls.type: cls for cls in (AlertmanagerNotifier, PagerDutyNotifier, SlackNotifier, WebhookNotifier, LogNotifier)}
 NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
-ROUTE_KEYS = {"name", "type", "match", "match_re", "timeout_s"}
+ROUTE_KEYS = {"name", "type", "match", "match_re", "timeout_s", "group_wait_s"}
 
 
 @dataclass
 class Route:
     match: dict[str, str] = field(default_factory=dict)
     match_re: dict[str, re.Pattern[str]] = field(default_factory=dict)
+    group_wait_s: float = 0.0
 
     def accepts(self, labels: Mapping[str, str]) -> bool:
         return all(labels.get(k, "") == v for k, v in self.match.items()) and all(
@@ -73,12 +74,14 @@ def parse_receivers(data: Any, source: str) -> list[tuple[Notifier, Route]]:
                     route.match_re[str(label)] = re.compile(str(value))
                 except re.error as e:
                     raise NotifyConfigError(f"{source}: receiver {name!r}: match_re {label}: {e}") from None
+        cls = NOTIFIERS[str(kind)]
         try:
             timeout = float(spec.get("timeout_s", 10.0))
+            route.group_wait_s = float(spec.get("group_wait_s", cls.default_group_wait_s))
         except (TypeError, ValueError):
-            raise NotifyConfigError(f"{source}: receiver {name!r}: timeout_s must be a number") from None
+            raise NotifyConfigError(f"{source}: receiver {name!r}: timeout_s and group_wait_s are seconds") from None
         params = {k: v for k, v in spec.items() if k not in ROUTE_KEYS}
-        out.append((NOTIFIERS[str(kind)](name, params, timeout), route))
+        out.append((cls(name, params, timeout), route))
     return out
 
 
@@ -129,6 +132,10 @@ class Delivery:
                 self._last_refresh = time.monotonic()
                 self.notifier.refresh([n for n in self.firing() if self.route.accepts(n.labels)])
             return max(0.05, self.resend_interval_s - (time.monotonic() - self._last_refresh))
+        if len(batch) < self.notifier.batch and self._attempt == 0:
+            wait = batch[0].created + self.route.group_wait_s - time.time()
+            if wait > 0:  # gather what arrives with it into one request
+                return wait
         outcome = self.notifier.send(batch)
         if outcome.delivered:
             self.outbox.ack(len(batch))
