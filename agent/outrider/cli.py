@@ -159,8 +159,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     if args.command == "config":
         if args.config_command == "check":
+            from outrider.alerting import receivers, rule_groups
+
             loaded = load(file=args.file, env={})
-            print(f"{args.file}: ok ({sum(s != 'default' for s in loaded.sources.values())} keys set)")
+            groups = rule_groups(loaded.config)  # the rule files and receivers it names load too
+            routes = receivers(loaded.config)
+            print(f"{args.file}: ok ({sum(s != 'default' for s in loaded.sources.values())} keys set; "
+                  f"{sum(len(g.rules) for g in groups)} rules, receivers: "
+                  f"{', '.join(n.name for n, _ in routes) or 'none'})")
             return 0
         if args.config_command == "show":
             sys.stdout.write(to_yaml(_load(args)))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
@@ -139,3 +140,20 @@ def test_cli_flag_errors_name_the_flag() -> None:
     r = subprocess.run(outrider_cmd("config", "show", "--no-collector.process", "--collector.host"),
                        capture_output=True, text=True)
     assert r.returncode == 0 and "collectors: [host, gpu, hook, diagnosis, alerts, self]" in r.stdout
+
+
+def test_cli_config_check_loads_the_rules_and_receivers_it_names(tmp_path: Path) -> None:
+    receivers = tmp_path / "receivers.yaml"
+    receivers.write_text("receivers:\n  - {name: oncall, type: pagerduty, routing_key_env: CHECK_PD_KEY}\n")
+    cfg = write(tmp_path, f"receivers_file: {receivers}\nrule_settings: ['GPUMemoryNearlyFull.for=2m']\n")
+    r = subprocess.run(outrider_cmd("config", "check", cfg), capture_output=True, text=True,
+                       env={**os.environ, "CHECK_PD_KEY": "k" * 32})
+    assert r.returncode == 0 and "35 rules, receivers: log, oncall" in r.stdout, r.stdout + r.stderr
+    r = subprocess.run(outrider_cmd("config", "check", cfg), capture_output=True, text=True,
+                       env={k: v for k, v in os.environ.items() if k != "CHECK_PD_KEY"})
+    assert r.returncode == 2 and "receiver 'oncall': routing_key_env names CHECK_PD_KEY, which is not set" in r.stderr
+    bad_rules = tmp_path / "bad.rules.yaml"
+    bad_rules.write_text("groups: [{name: g, rules: [{alert: Sub, expr: 'max_over_time(x[5m:1m])'}]}]\n")
+    r = subprocess.run(outrider_cmd("config", "check", write(tmp_path, f"rule_files: [{bad_rules}]\n")),
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and "'Sub'" in r.stderr and "subquery" in r.stderr and "Traceback" not in r.stderr
