@@ -87,7 +87,9 @@ class Outbox:
         with self._lock:
             self._seq += 1
             entry = Entry(self._seq, n, None)
-            if self.directory and all(e.path is not None for e in self._entries):
+            # What the disk refused is always a suffix of the queue (written in order, retried in order), so the
+            # newest entry says whether anything is still waiting to be written.
+            if self.directory and (not self._entries or self._entries[-1].path is not None):
                 try:
                     entry.path = self._write(entry.seq, n)
                 except OSError as e:

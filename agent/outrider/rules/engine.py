@@ -169,12 +169,11 @@ class RuleEngine:
                     if current != sent.annotations:
                         self.notified[fp] = replace(sent, annotations=current, value=alert.value)
                     continue
-                if fp not in self.notified:
-                    n = Notification(f"{fp}-{alert.fired_at}-firing", "firing", dict(alert.labels),
-                                     self._annotations(rule, alert), alert.active_at / 1000, 0.0, fp, time.time(),
-                                     alert.value)
-                    self.notified[fp] = n
-                    out.append(n)
+                n = Notification(f"{fp}-{alert.fired_at}-firing", "firing", dict(alert.labels),
+                                 self._annotations(rule, alert), alert.active_at / 1000, 0.0, fp, time.time(),
+                                 alert.value)
+                self.notified[fp] = n
+                out.append(n)
             for fp, sent in list(self.notified.items()):
                 if fp in firing:
                     continue

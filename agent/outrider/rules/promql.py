@@ -19,7 +19,7 @@ from typing import Any
 
 import promql_parser as pp
 
-from outrider.rules.store import Labels, SeriesStore, is_stale
+from outrider.rules.store import Labels, SeriesStore
 
 LOOKBACK_MS = 300_000
 NAME = "__name__"
@@ -738,4 +738,4 @@ def bucket_quantile(q: float, buckets: list[tuple[float, float]]) -> float:
     return start + (end - start) * (rank / count)
 
 
-__all__ = ["Evaluator", "PromQLError", "Sample", "Vector", "check", "is_stale", "parse", "selectors"]
+__all__ = ["Evaluator", "PromQLError", "Sample", "Vector", "check", "parse", "selectors"]
