@@ -21,6 +21,7 @@ from outrider.hook.api import (
     in_flight,
     instrument,
     latency,
+    phase,
     record_batch_size,
     record_inter_token_latency,
     record_latency,
@@ -33,8 +34,7 @@ from outrider.hook.api import (
     step_end,
     timed,
 )
-
-__version__ = "0.1.0"
+from outrider.version import __version__
 
 __all__ = [
     "__version__",
@@ -47,6 +47,7 @@ __all__ = [
     "in_flight",
     "instrument",
     "latency",
+    "phase",
     "record_batch_size",
     "record_inter_token_latency",
     "record_latency",

@@ -15,12 +15,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
+from outrider import spool as shard  # the shard format lives in the spool contract
 from outrider.config import ConfigError, load
-from outrider.hook import shard
-from outrider.hook.runtime import ShardWriter
 from outrider.metrics.catalog import CATALOG
 from outrider.metrics.exposition import render
 from outrider.metrics.family import Family
+from outrider.spool import ShardWriter
 from tests.conftest import need_binary
 
 FAST = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -57,8 +57,10 @@ def test_mutated_and_truncated_shards_are_a_format_error_or_decode(tmp_path_fact
         snap = shard.decode(bytes(data))
     except shard.ShardFormatError:
         return
-    for name, kind, labels, values, bounds in snap.series:  # what decodes is well-formed
-        assert isinstance(name, str) and isinstance(labels, dict) and all(isinstance(v, float) for v in values)
+    for name, kind, labels, values, bounds in snap.series:  # what decodes is well-formed and renders validly
+        assert shard.METRIC_NAME_RE.fullmatch(name) and kind in shard.KINDS
+        assert all(shard.LABEL_NAME_RE.fullmatch(k) and k not in shard.RESERVED_LABELS for k in labels)
+        assert all(isinstance(v, float) and v == v and abs(v) != float("inf") for v in values)
         assert len(values) == (len(bounds) + 2 if kind == "histogram" else 1)
 
 
@@ -108,9 +110,32 @@ def test_label_values_round_trip_through_the_exposition(values: list[tuple[str, 
     fam = Family(CATALOG["outrider_process_threads"])
     for i, (pid, name) in enumerate(values):
         fam.add(i, pid, name)
-    parsed = {(s.labels["pid"], s.labels["name"]): s.value
+    parsed = {(s.labels.get("pid", ""), s.labels.get("name", "")): s.value  # an empty value is left out
               for f in text_string_to_metric_families(render([fam]).decode()) for s in f.samples}
     assert parsed == {v: float(i) for i, v in enumerate(values)}
+
+
+@FAST
+@given(values=st.lists(st.text(max_size=20), min_size=1, max_size=10, unique=True))
+def test_any_text_even_lone_surrogates_renders_valid_utf8(values: list[str]) -> None:
+    fam = Family(CATALOG["outrider_process_threads"])
+    for i, v in enumerate(values):
+        fam.add(i, str(i), v)
+    text = render([fam]).decode("utf-8")  # raised UnicodeEncodeError for every scrape before
+    assert len(next(iter(text_string_to_metric_families(text))).samples) == len(values)
+
+
+def test_a_path_that_is_not_utf8_is_escaped_not_fatal() -> None:
+    import os
+
+    fam = Family(CATALOG["outrider_process_threads"])
+    fam.add(1, "1", os.fsdecode(b"caf\xe9"))
+    fam.add(2, "2", "\ud800")
+    parsed = {s.labels["pid"]: s.labels["name"] for f in text_string_to_metric_families(render([fam]).decode())
+              for s in f.samples}
+    assert parsed == {"1": "caf\\xe9", "2": "\\ud800"}, "the byte it stood for, readable and lossless"
+    r = subprocess.run([need_binary("promtool"), "check", "metrics"], input=render([fam]), capture_output=True)
+    assert r.returncode == 0, r.stdout + r.stderr
 
 
 def test_hostile_label_values_pass_promtool() -> None:

@@ -11,24 +11,31 @@ import pytest
 from outrider.collectors.base import CollectorContext
 from outrider.collectors.hook import HookCollector
 from outrider.config import Config
-from outrider.hook.runtime import Hook
+from outrider.hook.runtime import Hook, Identity
 from outrider.hook.series import NoopSeries
+from outrider.hook.settings import HookSettings
 from outrider.metrics.exposition import render
-from outrider.sampler import SweepStats
 from tests.helpers import samples, value
 
 
-def hook(spool: Path, **kw: object) -> Hook:
-    return Hook(spool_dir=str(spool), standalone=False, **kw)  # type: ignore[arg-type]
+def hook(spool: Path, identity: Identity | None = None, **kw: object) -> Hook:
+    return Hook(HookSettings(spool_dir=str(spool), standalone=False, **kw), identity)  # type: ignore[arg-type]
 
 
 def agent_view(spool: Path, flush_s: float = 1.0) -> tuple[HookCollector, dict]:  # type: ignore[type-arg]
-    c = HookCollector(CollectorContext(Config(spool_dir=str(spool), flush_interval_s=flush_s), SweepStats()))
+    c = HookCollector(CollectorContext(Config(spool_dir=str(spool), flush_interval_s=flush_s)))
     return c, samples(render(c.collect()).decode())
 
 
+def steps(h: Hook, n: int, duration_s: float = 0.2) -> None:
+    """n steps as the hook's drain reports them from the hot path's ring."""
+    import time as t
+
+    h.progress.record_steps(n, t.perf_counter(), [duration_s] * n)
+
+
 def test_invalid_and_excess_series_are_refused_and_counted(tmp_path: Path) -> None:
-    h = hook(tmp_path, max_series_per_metric=3)
+    h = hook(tmp_path, hook_max_series_per_metric=3)
     assert isinstance(h.series("counter", "bad name"), NoopSeries)
     assert isinstance(h.series("counter", "outrider_fake_total"), NoopSeries), "the outrider_ prefix is reserved"
     assert isinstance(h.series("counter", "x_total", {"rank": "1"}), NoopSeries)
@@ -45,20 +52,20 @@ def test_invalid_and_excess_series_are_refused_and_counted(tmp_path: Path) -> No
 
 
 def test_publish_and_merge_two_processes_by_rank(tmp_path: Path) -> None:
-    for pid, rank, steps in ((os.getpid(), "0", 3), (os.getppid(), "1", 5)):
-        h = hook(tmp_path)
-        h.pid, h.rank = pid, rank
-        for _ in range(steps):
-            h.series("counter", "outrider_train_steps_total", builtin=True).inc()
+    for pid, rank, n in ((os.getpid(), "0", 3), (os.getppid(), "1", 5)):
+        h = hook(tmp_path, Identity(pid=pid, rank=rank, training_job="job-a"))
+        for _ in range(n):
             h.series("histogram", "outrider_train_step_duration_seconds", builtin=True).observe(0.2)
-            h.step_completed(0.2)
+        steps(h, n)
         h.flush()
     _, parsed = agent_view(tmp_path)
-    assert value(parsed, "outrider_train_steps_total", rank="0") == 3
-    assert value(parsed, "outrider_train_steps_total", rank="1") == 5
-    assert value(parsed, "outrider_train_step_duration_seconds_count", rank="1") == 5
+    assert value(parsed, "outrider_train_steps_total", rank="0", training_job="job-a") == 3
+    assert value(parsed, "outrider_train_steps_total", rank="1", training_job="job-a") == 5
+    assert value(parsed, "outrider_train_step_duration_seconds_count", rank="1", training_job="job-a") == 5
     assert value(parsed, "outrider_hook_processes", state="running") == 2
-    assert value(parsed, "outrider_train_last_step_timestamp_seconds", rank="0") > time.time() - 60
+    assert value(parsed, "outrider_train_last_step_timestamp_seconds", rank="0", training_job="job-a") > \
+        time.time() - 60
+    assert value(parsed, "outrider_train_start_timestamp_seconds", rank="1", training_job="job-a") is not None
 
 
 def test_nothing_publishes_until_there_is_data(tmp_path: Path) -> None:
@@ -83,8 +90,7 @@ def test_a_closed_process_is_retired_counters_stay_and_its_shard_goes(tmp_path: 
 
 
 def test_a_killed_process_is_detected_by_pid_and_heartbeat(tmp_path: Path) -> None:
-    h = hook(tmp_path, flush_interval_s=0.05)
-    h.pid = 2**22 + 12345  # no such process
+    h = hook(tmp_path, Identity(pid=2**22 + 12345), flush_interval_s=0.05)  # no such process
     h.series("counter", "work_total").inc(4)
     h.flush()
     c, parsed = agent_view(tmp_path, flush_s=0.05)
@@ -97,21 +103,21 @@ def test_a_killed_process_is_detected_by_pid_and_heartbeat(tmp_path: Path) -> No
 
 
 def test_stall_dumps_python_stacks_once_and_clears_on_progress(tmp_path: Path) -> None:
-    h = hook(tmp_path, stall_factor=3, stall_floor_s=0.05)
-    h.series("counter", "outrider_train_steps_total", builtin=True).inc()
-    h.step_completed(0.01)
+    h = hook(tmp_path, stall_factor=3, stall_floor_s=1.0)
+    steps(h, 1, 0.01)
     h.flush()
-    time.sleep(0.1)
+    h.progress.last_step_perf -= 1.5  # the last step was 1.5 s ago: past the floor
     h.flush()
     h.flush()
     stacks = list(tmp_path.glob("*.stacks.txt"))
-    assert len(stacks) == 1 and h.stalls == 1
+    assert len(stacks) == 1 and h.progress.stalls == 1
     text = stacks[0].read_text()
     assert "no step completed" in text and "test_stall_dumps_python_stacks" in text
     c, parsed = agent_view(tmp_path)
     assert value(parsed, "outrider_hook_stalled", rank="") == 1
-    assert c.stack_dumps() and c.stack_dumps()[0][2] == str(stacks[0])
-    h.step_completed(0.01)
+    dumps = c.ctx.stalled_stacks
+    assert dumps and dumps[0][2] == str(stacks[0]) and "test_stall_dumps_python_stacks" in dumps[0][3]
+    steps(h, 1, 0.01)
     h.flush()
     parsed = samples(render(c.collect()).decode())
     assert value(parsed, "outrider_hook_stalled", rank="") == 0
@@ -123,8 +129,8 @@ def test_a_wall_clock_jump_neither_retires_a_live_process_nor_stalls_it(tmp_path
 
     real = time.time_ns
     monkeypatch.setattr(runtime.time, "time_ns", lambda: real() - 2 * 3600 * 10**9)  # the node's clock jumped
-    h = hook(tmp_path, flush_interval_s=0.05)
-    h.pid = 2**22 + 777  # a pid the agent cannot see: only the heartbeat tells it the process lives
+    # a pid the agent cannot see: only the heartbeat tells it the process lives
+    h = hook(tmp_path, Identity(pid=2**22 + 777), flush_interval_s=0.05)
     h.series("counter", "work_total").inc(1)
     h.flush()
     c, _ = agent_view(tmp_path, flush_s=0.05)
@@ -143,12 +149,12 @@ def test_spool_unwritable_then_writable_again_loses_nothing(tmp_path: Path) -> N
     s = h.series("counter", "work_total")
     s.inc(3)
     h.flush()
-    assert h._writer is None and h.drop.counts["spool_unwritable"] == 1
+    assert h.publisher.writer is None and h.drop.counts["spool_unwritable"] == 1
     s.inc(2)
     spool.unlink()
-    h._writer_retry_at = 0.0  # instead of waiting WRITER_RETRY_S
+    h.publisher.retry_at = 0.0  # instead of waiting WRITER_RETRY_S
     h.flush()
-    assert h._writer is not None and not h._writer_failed
+    assert h.publisher.writer is not None and not h.publisher.failing
     _, parsed = agent_view(spool)
     assert value(parsed, "work_total", rank="") == 5, "cumulative values: the outage lost nothing"
 
@@ -163,7 +169,7 @@ def test_unwritable_spool_keeps_measuring_and_never_raises(tmp_path: Path) -> No
     h.flush()
     s.inc()
     assert s.total() == [2.0]
-    assert h._writer is None
+    assert h.publisher.writer is None
 
 
 def test_corrupt_and_newer_shards_are_skipped_and_counted(tmp_path: Path) -> None:
@@ -174,3 +180,55 @@ def test_corrupt_and_newer_shards_are_skipped_and_counted(tmp_path: Path) -> Non
     _, parsed = agent_view(tmp_path)
     assert value(parsed, "work_total", rank="") == 2, "a bad neighbour does not hide good shards"
     assert value(parsed, "outrider_hook_shard_errors_total", reason="corrupt") == 1
+
+
+def test_a_declared_phase_is_not_a_stall_until_it_overruns(tmp_path: Path) -> None:
+    h = hook(tmp_path, stall_factor=3, stall_floor_s=1.0, phase_timeout_s=60.0)
+    steps(h, 5, 0.01)
+    h.progress.open_phase("checkpoint")
+    h.progress.open_phases["checkpoint"] -= 30  # a 30 s checkpoint: far past the 1 s step threshold
+    h.progress.last_step_perf -= 30
+    h.flush()
+    c, parsed = agent_view(tmp_path)
+    assert value(parsed, "outrider_hook_stalled") == 0, "an expected long phase is not a stall"
+    assert value(parsed, "outrider_train_phase_active", phase="checkpoint") == 1
+    assert value(parsed, "outrider_train_phase_seconds_total", phase="checkpoint") >= 30
+    h.progress.close_phase("checkpoint")
+    h.flush()
+    parsed = samples(render(c.collect()).decode())
+    assert value(parsed, "outrider_hook_stalled") == 0, "the phase's time does not count after it closed either"
+    assert value(parsed, "outrider_train_phase_active", phase="checkpoint") == 0
+    h.progress.open_phase("evaluation")
+    h.progress.open_phases["evaluation"] -= 61  # past phase_timeout_s: a phase that hangs is a stall
+    h.flush()
+    parsed = samples(render(c.collect()).decode())
+    assert value(parsed, "outrider_hook_stalled") == 1
+    assert "declared phase 'evaluation' still open" in next(tmp_path.glob("*.stacks.txt")).read_text()
+
+
+def test_a_training_process_that_never_steps_is_stalled_after_the_first_step_timeout(tmp_path: Path) -> None:
+    h = hook(tmp_path, role="training", first_step_timeout_s=120.0)
+    h.flush()
+    c, parsed = agent_view(tmp_path)
+    assert value(parsed, "outrider_train_first_step_pending") == 1
+    assert value(parsed, "outrider_hook_stalled") == 0, "still within the first-step timeout"
+    h.progress.started_perf -= 121
+    h.flush()
+    parsed = samples(render(c.collect()).decode())
+    assert value(parsed, "outrider_hook_stalled") == 1
+    assert "no first step" in next(tmp_path.glob("*.stacks.txt")).read_text()
+    steps(h, 1)
+    h.flush()
+    parsed = samples(render(c.collect()).decode())
+    assert value(parsed, "outrider_train_first_step_pending") == 0 and value(parsed, "outrider_hook_stalled") == 0
+
+
+def test_a_service_that_never_steps_is_never_stalled(tmp_path: Path) -> None:
+    h = hook(tmp_path, first_step_timeout_s=1.0)
+    h.series("counter", "outrider_requests_total", {"route": "/", "status_class": "2xx"}, builtin=True).inc()
+    h.progress.serving_seen = True
+    h.progress.started_perf -= 3600
+    h.flush()
+    _, parsed = agent_view(tmp_path)
+    assert value(parsed, "outrider_hook_stalled") == 0
+    assert value(parsed, "outrider_train_first_step_pending") is None

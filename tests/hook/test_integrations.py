@@ -20,9 +20,9 @@ from outrider.config import Config
 from outrider.hook import api
 from outrider.hook.asgi import OutriderMiddleware
 from outrider.hook.runtime import Hook
+from outrider.hook.settings import HookSettings
 from outrider.hook.wsgi import OutriderWSGIMiddleware
 from outrider.metrics.exposition import render
-from outrider.sampler import SweepStats
 from tests.helpers import samples, value
 
 
@@ -39,7 +39,7 @@ def live_hook(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
 
 def read(tmp_path: Path, hook: Hook) -> dict:  # type: ignore[type-arg]
     hook.flush()
-    c = HookCollector(CollectorContext(Config(spool_dir=str(tmp_path)), SweepStats(), hold_spool_lock=False))
+    c = HookCollector(CollectorContext(Config(spool_dir=str(tmp_path)), hold_spool_lock=False))
     return samples(render(c.collect()).decode())
 
 
@@ -177,16 +177,16 @@ def test_cuda_allocator_and_event_timing_without_synchronising(tmp_path: Path) -
     import torch as real_torch
 
     torch.optim = real_torch.optim  # type: ignore[attr-defined]
-    hook = Hook(spool_dir=str(tmp_path), standalone=False)
+    hook = Hook(HookSettings(spool_dir=str(tmp_path), standalone=False))
     state = api._State()
     state.hook = hook
-    integ = TorchIntegration(hook, state, torch)
+    integ = TorchIntegration(hook, state, torch, lambda: None)
     try:
         for _ in range(4):
             integ.on_step()
         for e in list(integ.pending)[:3]:
             e.done = True  # the GPU finished three steps; the fourth is still running
-        hook.steps = 41
+        hook.progress.steps = 41
         stats["num_ooms"] = 1
         integ.sample()
         assert len(integ.pending) == 1, "the unfinished event is left for later, not waited on"
@@ -210,8 +210,8 @@ def test_no_event_is_recorded_during_cuda_graph_capture(tmp_path: Path) -> None:
                                  Event=lambda **kw: pytest.fail("recorded an event inside a graph capture"))
     import torch as real_torch
 
-    integ = TorchIntegration(Hook(spool_dir=str(tmp_path), standalone=False), api._State(),
-                             types.SimpleNamespace(cuda=cuda, optim=real_torch.optim))
+    integ = TorchIntegration(Hook(HookSettings(spool_dir=str(tmp_path), standalone=False)), api._State(),
+                             types.SimpleNamespace(cuda=cuda, optim=real_torch.optim), lambda: None)
     try:
         integ.on_step()
         assert not integ.pending

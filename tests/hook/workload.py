@@ -23,6 +23,10 @@ def main() -> None:
     ap.add_argument("--hang-after", type=int, default=0, help="stop stepping after this many steps and sleep")
     ap.add_argument("--hang-seconds", type=float, default=3600.0, help="how long the hang lasts")
     ap.add_argument("--torch", action="store_true", help="a real CPU torch training loop counted by the optimizer")
+    ap.add_argument("--pause", help="after the steps, wait until this file exists, then grow: --grow more series "
+                                    "and as many steps again (the spool may have filled up meanwhile)")
+    ap.add_argument("--grow", type=int, default=0)
+    ap.add_argument("--grown", help="touched once the growth and its steps are done")
     args = ap.parse_args()
     if args.torch:
         import torch  # before instrument(): the hook attaches to PyTorch only when it is imported
@@ -42,6 +46,17 @@ def main() -> None:
                 time.sleep(args.hang_seconds)
             with outrider.step(samples=4, tokens=64):
                 time.sleep(args.step_sleep)
+    if args.pause:
+        while not pathlib.Path(args.pause).exists():
+            time.sleep(0.05)
+        for i in range(args.grow):  # new pages of the shard's directory and data area
+            outrider.histogram("workload_grown_seconds", {"series": str(i)}).observe(0.01)
+        for _ in range(args.steps):
+            with outrider.step(samples=4, tokens=64):
+                time.sleep(args.step_sleep)
+        time.sleep(0.5)  # a few flushes onto the (maybe full) spool
+        if args.grown:
+            pathlib.Path(args.grown).touch()
     outrider.histogram("workload_phase_seconds", {"phase": "main"}).observe(0.5)
     children = []
     for _ in range(args.forks):

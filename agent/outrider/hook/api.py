@@ -44,19 +44,24 @@ class _State:
         self.step_listeners: list[Callable[[], None]] = []
         self.cached: dict[tuple[str, str, tuple[tuple[str, str], ...]], Any] = {}
         # Step and data-wait rings: the hot path stores raw numbers and bumps a count; the publisher thread drains
-        # them into the histograms and counters once a flush. Written by one training thread.
+        # them into the histograms and counters once a flush. Written by one training thread. Counts (steps,
+        # samples, tokens) are running totals, exact however far the ring laps; only durations can be lost.
         self.ends = [0.0] * RING
         self.begins = [0.0] * RING
-        self.samples = [0] * RING
-        self.tokens = [0] * RING
         self.n = 0
         self.drained = 0
+        self.sample_sum = 0
+        self.token_sum = 0
+        self.samples_drained = 0
+        self.tokens_drained = 0
         self.waits = [0.0] * RING
         self.nw = 0
         self.drained_w = 0
+        self.loader_used = False  # a data-loader wrapper was iterated: a training process
+        self.served = False  # a request was recorded: a service
 
 
-RING = 4096  # more steps (or batches) than this between two flushes (1 s) lose their durations, not their count
+RING = 4096  # more steps (or batches) than this between two flushes (1 s) lose their durations, never their count
 MASK = RING - 1
 S = _State()
 
@@ -72,13 +77,19 @@ def instrument(spool_dir: str | None = None, standalone: bool | None = None) -> 
     if _disabled():
         return False
     try:
-        from outrider.hook.runtime import BUILTIN, make_hook_from_env, register_exit
+        import dataclasses
 
-        hook = make_hook_from_env()
+        from outrider.hook import settings as hook_settings
+        from outrider.hook.runtime import BUILTIN, Hook, register_exit
+
+        config, problems = hook_settings.read()
+        for problem in problems:
+            LOG.warning("outrider: %s", problem)
         if spool_dir:
-            hook.spool_dir = spool_dir
+            config = dataclasses.replace(config, spool_dir=spool_dir)
         if standalone is not None:
-            hook.standalone = standalone
+            config = dataclasses.replace(config, standalone=standalone)
+        hook = Hook(config)
         handles = {key: hook.series(kind, name, bounds=bounds or DURATION_BOUNDS, builtin=True)
                    for key, (kind, name, bounds) in BUILTIN.items()}
         S.step_h = handles["step"]
@@ -93,7 +104,7 @@ def instrument(spool_dir: str | None = None, standalone: bool | None = None) -> 
         if "torch" in sys.modules:
             from outrider.hook.torch_integration import attach
 
-            attach(hook, S)
+            attach(hook, S, _step_done)
         return True
     except Exception as e:
         LOG.warning("outrider: instrument() failed, continuing without the hook: %s", e)
@@ -103,6 +114,7 @@ def instrument(spool_dir: str | None = None, standalone: bool | None = None) -> 
 def _after_fork_in_child() -> None:
     if S.hook is not None:
         S.drained, S.drained_w = S.n, S.nw  # the parent's steps and waits are the parent's
+        S.samples_drained, S.tokens_drained = S.sample_sum, S.token_sum
         S.hook.after_fork_in_child()
         S.begin = S.last_end = 0.0
 
@@ -147,8 +159,10 @@ def _step_done(samples: int | None = None, tokens: int | None = None) -> None:
         i = S.n & MASK
         S.ends[i] = perf_counter()
         S.begins[i] = S.begin
-        S.samples[i] = samples or 0
-        S.tokens[i] = tokens or 0
+        if samples:
+            S.sample_sum += samples
+        if tokens:
+            S.token_sum += tokens
         S.begin = 0.0
         S.n += 1
         for listener in S.step_listeners:
@@ -160,30 +174,33 @@ def _step_done(samples: int | None = None, tokens: int | None = None) -> None:
 def _drain() -> None:
     """Publisher thread: turns the rings' new entries into step durations, counts and data waits."""
     hook = S.hook
-    n, start = S.n, S.drained
-    if n - start > RING:
-        hook.drop("step_ring_overflow")
-        start = n - RING
-    prev = S.last_end
-    for k in range(start, n):
-        i = k & MASK
-        end, begin = S.ends[i], S.begins[i] or prev
-        if begin:
-            duration = end - begin
-            S.step_h.observe(duration)
-            hook.recent_steps[k & 31] = duration
-        if k == 0:
-            S.first_step_g.set(time() - (perf_counter() - end) - S.process_start_s)
-        if S.samples[i]:
-            S.samples_c.inc(S.samples[i])
-        if S.tokens[i]:
-            S.tokens_c.inc(S.tokens[i])
-        prev = end
-    if n > start:
+    n, done = S.n, S.drained
+    if n > done:
+        start = done
+        if n - done > RING:
+            hook.drop("step_ring_overflow")  # the oldest durations were overwritten; the count stays exact
+            start = n - RING
+        prev = S.last_end if start == done else 0.0
+        durations: list[float] = []
+        for k in range(start, n):
+            i = k & MASK
+            end, begin = S.ends[i], S.begins[i] or prev
+            if begin:
+                durations.append(end - begin)
+                S.step_h.observe(end - begin)
+            prev = end
+        if done == 0:
+            S.first_step_g.set(time() - (perf_counter() - S.ends[start & MASK]) - S.process_start_s)
+        hook.progress.record_steps(n - done, prev, durations)
         S.last_end = prev
-        hook.steps += n - start
-        hook.last_step_perf = prev
-    S.drained = n
+        S.drained = n
+    sample_sum, token_sum = S.sample_sum, S.token_sum
+    if sample_sum != S.samples_drained:
+        S.samples_c.inc(sample_sum - S.samples_drained)
+        S.samples_drained = sample_sum
+    if token_sum != S.tokens_drained:
+        S.tokens_c.inc(token_sum - S.tokens_drained)
+        S.tokens_drained = token_sum
     nw, start_w = S.nw, S.drained_w
     if nw - start_w > RING:
         hook.drop("wait_ring_overflow")
@@ -191,6 +208,11 @@ def _drain() -> None:
     for k in range(start_w, nw):
         S.data_wait_h.observe(S.waits[k & MASK])
     S.drained_w = nw
+    progress = hook.progress
+    if S.explicit or S.loader_used:
+        progress.training_seen = True
+    if S.served:
+        progress.serving_seen = True
 
 
 class step:
@@ -222,6 +244,7 @@ class dataloader:
 
     def __iter__(self) -> Iterator[Any]:
         it = iter(self._iterable)
+        S.loader_used = True
         while True:
             t0 = perf_counter()
             try:
@@ -237,6 +260,45 @@ class dataloader:
 
     def __getattr__(self, name: str) -> Any:  # loader.dataset, loader.sampler.set_epoch(...) keep working
         return getattr(self._iterable, name)
+
+
+# --- declared phases ---------------------------------------------------------------------------------------------
+
+class phase:
+    """A long, expected phase of a training loop: `with outrider.phase("checkpoint"): save(...)`.
+
+    Its time is exported (outrider_train_phase_seconds_total{phase}, outrider_train_phase_active{phase}) and does
+    not count as a stall, unless the phase itself stays open longer than phase_timeout_s (1 h by default). Also a
+    decorator. Not for the hot path: a phase is opened a few times per epoch, not per step."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name if isinstance(name, str) else str(name)
+
+    def __enter__(self) -> phase:
+        hook = S.hook
+        if hook is not None:
+            try:
+                hook.progress.open_phase(self.name)
+            except Exception:
+                hook.drop("phase_error")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        hook = S.hook
+        if hook is not None:
+            try:
+                hook.progress.close_phase(self.name)
+            except Exception:
+                hook.drop("phase_error")
+
+    def __call__(self, fn: F) -> F:
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            with self:
+                return fn(*args, **kwargs)
+        return wrapper  # type: ignore[return-value]
 
 
 # --- counters ----------------------------------------------------------------------------------------------------
@@ -305,6 +367,7 @@ def timed(name: str | None = None) -> Callable[[F], F]:
 
 def record_request(seconds: float, route: str = "", status: int | str = 200) -> None:
     """One finished request: its duration by route template and status class, and the request count."""
+    S.served = True
     status_class = f"{str(status)[:1]}xx" if str(status)[:1].isdigit() else "other"
     labels = {"route": route, "status_class": status_class}
     _cached("histogram", "outrider_request_duration_seconds", labels).observe(seconds)

@@ -14,6 +14,9 @@ from __future__ import annotations
 
 import collections
 import logging
+import sys
+import weakref
+from collections.abc import Callable
 from typing import Any
 
 LOG = logging.getLogger("outrider.hook")
@@ -27,20 +30,21 @@ MEMORY_KINDS = {
 
 
 class TorchIntegration:
-    def __init__(self, hook: Any, state: Any, torch: Any) -> None:
+    def __init__(self, hook: Any, state: Any, torch: Any, step_done: Callable[[], None]) -> None:
+        """state: the hook API's module state (whether the user times steps, the step listeners); step_done: the
+        hook's step path, called once per counted optimizer step."""
         self.hook = hook
         self.state = state
         self.torch = torch
-        self.first_optimizer: int | None = None
+        self.first_optimizer: weakref.ref[Any] | None = None
         self.pending: collections.deque[Any] = collections.deque(maxlen=MAX_PENDING_EVENTS)
         self.last_done: Any = None
         self.last_ooms: dict[int, float] = {}
-        from torch.optim.optimizer import register_optimizer_step_post_hook
-
-        self.handle = register_optimizer_step_post_hook(self.on_optimizer_step)
-        from outrider.hook.api import _step_done
-
-        self._step_done = _step_done
+        # torch.optim loads this module but does not keep it as an attribute: take it from sys.modules (never
+        # imported here; torch is the user's)
+        optimizer_module = sys.modules.get("torch.optim.optimizer") or torch.optim.optimizer
+        self.handle = optimizer_module.register_optimizer_step_post_hook(self.on_optimizer_step)
+        self._step_done = step_done
         self.listening = False  # on_step joins the step path only once CUDA is initialised (never on CPU)
         hook.samplers.append(self.sample)
 
@@ -49,9 +53,10 @@ class TorchIntegration:
         try:
             if self.state.explicit:
                 return
-            if self.first_optimizer is None:
-                self.first_optimizer = id(optimizer)
-            elif id(optimizer) != self.first_optimizer:
+            first = self.first_optimizer() if self.first_optimizer is not None else None
+            if first is None:  # the first optimizer to step, or it was freed and another took over
+                self.first_optimizer = weakref.ref(optimizer)
+            elif first is not optimizer:
                 return
             self._step_done()
         except Exception:
@@ -106,15 +111,16 @@ class TorchIntegration:
         ooms = stats.get("num_ooms", 0)
         series("counter", "outrider_torch_cuda_ooms_total", {"device": device}, builtin=True).set_total(ooms)
         if ooms > self.last_ooms.get(int(device), 0):
-            series("gauge", "outrider_torch_cuda_oom_step", {"device": device}, builtin=True).set(self.hook.steps)
+            series("gauge", "outrider_torch_cuda_oom_step", {"device": device},
+                   builtin=True).set(self.hook.progress.steps)
         self.last_ooms[int(device)] = ooms
 
 
-def attach(hook: Any, state: Any) -> TorchIntegration | None:
+def attach(hook: Any, state: Any, step_done: Callable[[], None]) -> TorchIntegration | None:
+    """Attach to the torch the user already imported (never imported here: the hook imports no third-party
+    package)."""
     try:
-        import torch
-
-        return TorchIntegration(hook, state, torch)
+        return TorchIntegration(hook, state, sys.modules["torch"], step_done)
     except Exception as e:
         LOG.warning("outrider: PyTorch integration unavailable: %s", e)
         return None

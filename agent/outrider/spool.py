@@ -1,0 +1,549 @@
+"""The spool: the one contract between the hook (the writer, in the workload) and the agent (the reader).
+
+Everything both sides must agree on lives here: the directory and its safety checks, the shard format, the writer,
+the reader, the agent lock and the stack-dump files. Standard library only: the hook imports this module into
+the user's process. docs/spool-format.md describes the same contract for other readers.
+
+Shard layout, little-endian, created 0600 as ``outrider-<pid>-<start_ns>.shard``, SHARD_BYTES long:
+
+    offset  size  field
+    0       8     magic b"OUTRSHD1"
+    8       4     format version (u32) = 1; a reader skips (and counts) shards of a newer version
+    12      4     flags (u32): 1 = closed (the process finished and flushed), 2 = stalled
+    16      8     seq (u64): even when the shard is consistent; odd while the writer updates it (a seqlock)
+    24      4     pid (u32)
+    28      4     stall count (u32)
+    32      8     start time, unix ns
+    40      8     heartbeat, unix ns (written every flush, about once a second)
+    48      8     last completed step, unix ns (0: none yet)
+    56      8     steps completed (u64)
+    64      4     directory length in bytes (u32)
+    68      4     values in the data area (u32)
+    72      8     stalled since, unix ns (0: not stalled)
+    80..4095      reserved (zero)
+    4096          directory: UTF-8 JSON {"meta": {...}, "series": [[name, kind, labels, offset, bounds], ...]}
+    DATA_OFFSET   data: float64 values; a counter or gauge takes one, a histogram len(bounds) + 2
+                  (bucket counts, the last for +Inf, then the sum)
+
+Why it is safe for both sides:
+- The writer never maps the file. Its blocks are reserved up front (posix_fallocate) and it writes with pwrite,
+  so a full volume is an OSError the hook counts, never a SIGBUS in the workload.
+- The reader never maps a file either: it copies with pread under the seqlock and validates every field, so a
+  shard truncated, grown or rewritten under it is a format error for that shard only.
+- Every file is opened with O_NOFOLLOW (new ones also O_EXCL); the reader accepts only regular files owned by a
+  uid it trusts, and stack dumps only from the shard's owner, so planted symlinks or files are never followed,
+  read or sent anywhere.
+- The default directory is private (0700, owned by the user, not a symlink); an explicitly configured one (a
+  pod's shared volume) must not be a symlink and must be owned by the user, root or a trusted uid.
+"""
+
+from __future__ import annotations
+
+import array
+import contextlib
+import errno
+import fcntl
+import itertools
+import json
+import math
+import os
+import re
+import stat
+import struct
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, TextIO
+
+MAGIC = b"OUTRSHD1"
+VERSION = 1
+HEADER_BYTES = 4096
+DIRECTORY_BYTES = 60 * 1024
+DATA_OFFSET = HEADER_BYTES + DIRECTORY_BYTES
+MAX_VALUES = 24 * 1024
+SHARD_BYTES = DATA_OFFSET + 8 * MAX_VALUES  # 256 KiB
+STACKS_MAX_BYTES = 1024 * 1024  # a stack dump larger than this is cut when read
+
+FLAG_CLOSED = 1
+FLAG_STALLED = 2
+
+LOCK_NAME = "agent.lock"
+SHARD_SUFFIX = ".shard"
+STACKS_SUFFIX = ".stacks.txt"
+SHARD_NAME_RE = re.compile(r"outrider-(\d+)-(\d+)\.shard")
+
+_HEAD = struct.Struct("<8sIIQIIQQQQIIQ")  # through offset 80
+_SEQ = struct.Struct("<Q")
+SEQ_OFFSET = 16
+
+# What the reader accepts in a directory entry: Prometheus's grammar for names, and the labels the agent adds
+# itself (rank, training_job) or that a histogram owns (le) kept out of the workload's hands.
+METRIC_NAME_RE = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+LABEL_NAME_RE = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
+RESERVED_LABELS = frozenset({"rank", "training_job", "le", "quantile"})
+KINDS = ("counter", "gauge", "histogram")
+MAX_LABEL_VALUE = 128
+
+_OPEN_NEW = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+_OPEN_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+# --- errors -------------------------------------------------------------------------------------------------------
+
+class SpoolError(OSError):
+    """A spool directory that fails the safety checks (a symlink, someone else's, open to other users)."""
+
+
+class ShardFormatError(ValueError):
+    """A shard that cannot be read. `reason` is what the agent counts it as."""
+
+    reason = "corrupt"
+
+
+class ShardTruncated(ShardFormatError):
+    reason = "truncated"
+
+
+class ShardNewerVersion(ShardFormatError):
+    reason = "newer_version"
+
+
+class ShardBusy(ShardFormatError):
+    reason = "busy"
+
+
+class ShardUntrusted(ShardFormatError):
+    reason = "untrusted"
+
+
+# --- the directory ------------------------------------------------------------------------------------------------
+
+def default_dir() -> str:
+    """The private per-user spool: in the runtime directory when there is a usable one, else in /tmp."""
+    runtime = os.environ.get("XDG_RUNTIME_DIR", "")
+    if runtime and os.path.isabs(runtime):
+        try:
+            st = os.lstat(runtime)
+            if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & 0o077:
+                return os.path.join(runtime, "outrider-spool")
+        except OSError:
+            pass
+    return f"/tmp/outrider-spool-{os.geteuid()}"
+
+
+def prepare_dir(path: str, *, private: bool, trusted_uids: frozenset[int] = frozenset()) -> str:
+    """Create the spool directory if needed (0700) and check it is safe to use (check_dir)."""
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    except FileNotFoundError:
+        if private:
+            raise
+        os.makedirs(path, 0o700, exist_ok=True)
+    check_dir(path, private=private, trusted_uids=trusted_uids)
+    return path
+
+
+def check_dir(path: str, *, private: bool, trusted_uids: frozenset[int] = frozenset()) -> None:
+    """SpoolError when the directory is not safe to use, saying why.
+
+    private (the default spool): a directory owned by this user that no one else can enter. Otherwise (a
+    configured spool, such as a pod's shared emptyDir that the workload and the sidecar write as different users):
+    not a symlink, a directory, owned by this user, root or a trusted uid; other users may be able to write in it,
+    which the per-file rules (O_EXCL, O_NOFOLLOW, owner checks) make harmless. FileNotFoundError when it is not
+    there.
+    """
+    st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode):
+        raise SpoolError(errno.ELOOP, f"spool {path} is a symbolic link: refused (set spool_dir to a real "
+                                      "directory)")
+    if not stat.S_ISDIR(st.st_mode):
+        raise NotADirectoryError(errno.ENOTDIR, f"spool {path} is not a directory")
+    me = os.geteuid()
+    if private:
+        if st.st_uid != me:
+            raise SpoolError(errno.EPERM, f"spool {path} belongs to uid {st.st_uid}, not to this user ({me}): "
+                                          "refused (someone else created it; remove it or set spool_dir)")
+        if st.st_mode & 0o077:
+            raise SpoolError(errno.EPERM, f"spool {path} is open to other users (mode {st.st_mode & 0o777:o}): "
+                                          "refused (chmod 700 it, or set spool_dir)")
+    elif st.st_uid not in trusted_uids | {me, 0}:
+        raise SpoolError(errno.EPERM, f"spool {path} belongs to uid {st.st_uid}, which is not trusted: refused "
+                                      "(add it to spool_trusted_uids if it should be)")
+
+
+def try_lock(spool_dir: str) -> int | None:
+    """Take the spool's agent lock without blocking; the fd holds it. None: another agent holds it, or the lock
+    file is not ours to use (a symlink, someone else's file in a shared spool)."""
+    path = os.path.join(spool_dir, LOCK_NAME)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.EACCES, errno.EPERM):
+            return None
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid not in (os.geteuid(), 0):
+            os.close(fd)
+            return None
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def shard_path(spool_dir: str, pid: int, start_ns: int) -> str:
+    return os.path.join(spool_dir, f"outrider-{pid}-{start_ns}{SHARD_SUFFIX}")
+
+
+def stacks_path(path_of_shard: str) -> str:
+    return path_of_shard[: -len(SHARD_SUFFIX)] + STACKS_SUFFIX
+
+
+# --- the header ---------------------------------------------------------------------------------------------------
+
+@dataclass
+class ShardHeader:
+    version: int
+    flags: int
+    seq: int
+    pid: int
+    stalls: int
+    start_ns: int
+    heartbeat_ns: int
+    last_step_ns: int
+    steps: int
+    directory_len: int
+    value_count: int
+    stalled_since_ns: int
+
+
+SeriesEntry = tuple[str, str, dict[str, str], list[float], tuple[float, ...]]  # name, kind, labels, values, bounds
+
+
+@dataclass
+class ShardSnapshot:
+    header: ShardHeader
+    meta: dict[str, Any]
+    series: list[SeriesEntry] = field(default_factory=list)
+    rejected: list[str] = field(default_factory=list)  # why entries were left out (one reason per entry)
+    uid: int = -1
+
+
+def pack_header(*, flags: int, seq: int, pid: int, stalls: int, start_ns: int, heartbeat_ns: int,
+                last_step_ns: int, steps: int, directory_len: int, value_count: int, stalled_since_ns: int) -> bytes:
+    return _HEAD.pack(MAGIC, VERSION, flags, seq, pid & 0xFFFFFFFF, stalls & 0xFFFFFFFF, start_ns, heartbeat_ns,
+                      last_step_ns, steps, directory_len, value_count, stalled_since_ns)
+
+
+def read_header(buf: bytes) -> ShardHeader:
+    if len(buf) < _HEAD.size:
+        raise ShardTruncated(f"truncated: {len(buf)} bytes, the header needs {_HEAD.size}")
+    fields = _HEAD.unpack_from(buf, 0)
+    if fields[0] != MAGIC:
+        raise ShardFormatError("not an Outrider shard (bad magic)")
+    header = ShardHeader(*fields[1:])
+    if header.version > VERSION:
+        raise ShardNewerVersion(f"format version {header.version} is newer than this agent's {VERSION}")
+    if header.directory_len > DIRECTORY_BYTES or header.value_count > MAX_VALUES:
+        raise ShardFormatError("corrupt: directory or data larger than the format allows")
+    return header
+
+
+# --- the writer (the hook) ----------------------------------------------------------------------------------------
+
+class ShardWriter:
+    """One process's shard. Creating it reserves all its blocks, so later writes cannot meet a full volume;
+    any OSError (creation on a full or read-only volume, a write error) reaches the caller, which counts it."""
+
+    def __init__(self, spool_dir: str, pid: int, start_ns: int) -> None:
+        self.path = shard_path(spool_dir, pid, start_ns)
+        # Written under a temporary name and renamed after the first complete write: a reader never sees a shard
+        # whose header is not there yet.
+        self._pending: str | None = self.path + ".new"
+        self._fd = os.open(self._pending, _OPEN_NEW, 0o600)
+        try:
+            os.posix_fallocate(self._fd, 0, SHARD_BYTES)
+        except OSError:
+            self._discard()
+            raise
+        self._seq = 0
+        self._directory = b""
+
+    def _discard(self) -> None:
+        with contextlib.suppress(OSError):
+            os.close(self._fd)
+        if self._pending is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(self._pending)
+        self._fd = -1
+
+    def write(self, directory: bytes, values: list[float], **header: int) -> None:
+        """Publish one consistent state. ValueError when it does not fit the format (the caller counts it)."""
+        if len(directory) > DIRECTORY_BYTES or len(values) > MAX_VALUES:
+            raise ValueError("shard full")
+        fd = self._fd
+        self._seq += 1  # odd: writing
+        os.pwrite(fd, _SEQ.pack(self._seq), SEQ_OFFSET)
+        if directory != self._directory:
+            os.pwrite(fd, directory, HEADER_BYTES)
+            self._directory = directory
+        if values:
+            data = array.array("d", values)
+            if sys.byteorder != "little":
+                data.byteswap()
+            os.pwrite(fd, data.tobytes(), DATA_OFFSET)
+        self._seq += 1  # even: consistent, written last together with the header
+        os.pwrite(fd, pack_header(seq=self._seq, directory_len=len(directory), value_count=len(values), **header), 0)
+        if self._pending is not None:
+            os.rename(self._pending, self.path)
+            self._pending = None
+
+    def write_stacks(self, first_line: str, dump: Callable[[TextIO], None]) -> str:
+        """The stack dump beside the shard, replacing this process's previous one; never follows a link."""
+        path = stacks_path(self.path)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8", errors="backslashreplace") as fh:
+            fh.write(first_line)
+            fh.flush()
+            dump(fh)
+        return path
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+            self._fd = -1
+
+
+# --- the reader (the agent) ---------------------------------------------------------------------------------------
+
+class ShardReader:
+    """Reads shards without trusting them. `trusted(uid, pid)` says whether a shard owned by uid that claims pid
+    may be read; copies are taken with pread under the seqlock and every field is validated."""
+
+    def __init__(self, spool_dir: str, trusted: Callable[[int, int], bool]) -> None:
+        self.spool_dir = spool_dir
+        self.trusted = trusted
+        self._fds: dict[str, tuple[int, int, int]] = {}  # path -> (dev, ino, fd)
+        self._directories: dict[str, tuple[bytes, tuple[dict[str, Any], list[Any]]]] = {}
+
+    def paths(self) -> list[str]:
+        """Shard files in the spool, by name (a missing spool directory has none)."""
+        try:
+            with os.scandir(self.spool_dir) as it:
+                names = [e.name for e in it if SHARD_NAME_RE.fullmatch(e.name)]
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        return [os.path.join(self.spool_dir, n) for n in sorted(names)]
+
+    def _fd(self, path: str) -> tuple[int, os.stat_result] | None:
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            self.forget(path)
+            return None
+        hit = self._fds.get(path)
+        if hit is not None and (hit[0], hit[1]) == (st.st_dev, st.st_ino):
+            return hit[2], st
+        self.forget(path)
+        if not stat.S_ISREG(st.st_mode):
+            raise ShardFormatError(f"not a regular file (mode {st.st_mode:o})")
+        try:
+            fd = os.open(path, _OPEN_READ)
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                raise ShardFormatError("a symbolic link") from None
+            raise
+        fst = os.fstat(fd)
+        if not stat.S_ISREG(fst.st_mode) or (fst.st_dev, fst.st_ino) != (st.st_dev, st.st_ino):
+            os.close(fd)
+            raise ShardFormatError("replaced while being opened")
+        self._fds[path] = (fst.st_dev, fst.st_ino, fd)
+        return fd, fst
+
+    def read(self, path: str) -> ShardSnapshot | None:
+        """A consistent, validated copy of the shard; None when it is gone. ShardFormatError (with its reason)
+        when it cannot be used; OSError when it cannot be read."""
+        got = self._fd(path)
+        if got is None:
+            return None
+        fd, st = got
+        if st.st_size > SHARD_BYTES:
+            raise ShardFormatError(f"{st.st_size} bytes: larger than the format allows")
+        for _ in range(50):
+            head = os.pread(fd, _HEAD.size, 0)
+            header = read_header(head)
+            if not self.trusted(st.st_uid, header.pid):
+                raise ShardUntrusted(f"owned by uid {st.st_uid}, which this agent does not trust")
+            if header.seq & 1:
+                time.sleep(0.0005)
+                continue
+            directory = os.pread(fd, header.directory_len, HEADER_BYTES) if header.directory_len else b""
+            data = os.pread(fd, 8 * header.value_count, DATA_OFFSET) if header.value_count else b""
+            if os.pread(fd, _SEQ.size, SEQ_OFFSET) != head[SEQ_OFFSET:SEQ_OFFSET + _SEQ.size]:
+                continue  # the writer moved on while we copied: copy again
+            if len(directory) != header.directory_len or len(data) != 8 * header.value_count:
+                raise ShardTruncated(f"truncated: {st.st_size} bytes, the header promises more")
+            snap = self._decode(path, header, directory, data)
+            snap.uid = st.st_uid
+            return snap
+        raise ShardBusy("the writer never settled (seq kept changing)")
+
+    def _decode(self, path: str, header: ShardHeader, directory: bytes, data: bytes) -> ShardSnapshot:
+        cached = self._directories.get(path)
+        if cached is not None and cached[0] == directory:
+            meta, entries = cached[1]
+        else:
+            meta, entries = parse_directory(directory)
+            self._directories[path] = (directory, (meta, entries))
+        return _snapshot(header, meta, entries, data)
+
+    def read_stacks(self, path_of_shard: str, owner_uid: int, limit: int = STACKS_MAX_BYTES) -> str | None:
+        """The stack dump beside a shard, if it is a regular file of the shard's owner; at most `limit` bytes."""
+        try:
+            fd = os.open(stacks_path(path_of_shard), _OPEN_READ)
+        except OSError:
+            return None
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != owner_uid:
+                return None
+            return os.pread(fd, limit, 0).decode("utf-8", "replace")
+        except OSError:
+            return None
+        finally:
+            os.close(fd)
+
+    def has_stacks(self, path_of_shard: str) -> bool:
+        try:
+            return stat.S_ISREG(os.lstat(stacks_path(path_of_shard)).st_mode)
+        except OSError:
+            return False
+
+    def remove(self, path: str) -> None:
+        """Delete a finished shard and its stack dump (unlink never follows a link). OSError when not allowed."""
+        self.forget(path)
+        for p in (path, stacks_path(path)):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(p)
+
+    def forget(self, path: str) -> None:
+        hit = self._fds.pop(path, None)
+        self._directories.pop(path, None)
+        if hit is not None:
+            with contextlib.suppress(OSError):
+                os.close(hit[2])
+
+    def close(self) -> None:
+        for path in list(self._fds):
+            self.forget(path)
+
+
+def decode(buf: bytes) -> ShardSnapshot:
+    """A whole shard copied into memory, validated as the reader validates one on disk (for tools and tests)."""
+    header = read_header(buf)
+    directory = bytes(buf[HEADER_BYTES:HEADER_BYTES + header.directory_len])
+    data = bytes(buf[DATA_OFFSET:DATA_OFFSET + 8 * header.value_count])
+    if len(directory) != header.directory_len or len(data) != 8 * header.value_count:
+        raise ShardTruncated(f"truncated: {len(buf)} bytes, the header promises more")
+    meta, entries = parse_directory(directory)
+    return _snapshot(header, meta, entries, data)
+
+
+def _snapshot(header: ShardHeader, meta: dict[str, Any], entries: list[Any], data: bytes) -> ShardSnapshot:
+    values = struct.unpack(f"<{header.value_count}d", data)
+    snap = ShardSnapshot(header, meta)
+    for entry in entries:
+        try:
+            snap.series.append(_series(entry, values))
+        except (TypeError, ValueError, AttributeError) as e:
+            snap.rejected.append(str(e)[:200])
+    return snap
+
+
+def parse_directory(directory: bytes) -> tuple[dict[str, Any], list[Any]]:
+    """The directory's meta and raw series entries; ShardFormatError when its shape is wrong."""
+    try:
+        parsed = json.loads(directory or b"{}")
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
+        raise ShardFormatError(f"corrupt directory: {str(e)[:200]}") from None
+    if not isinstance(parsed, dict):
+        raise ShardFormatError("corrupt directory: not an object")
+    meta = parsed.get("meta") or {}
+    entries = parsed.get("series") or []
+    if not isinstance(meta, dict):
+        raise ShardFormatError("corrupt directory: meta is not an object")
+    if not isinstance(entries, list):
+        raise ShardFormatError("corrupt directory: series is not a list")
+    return {str(k): v for k, v in meta.items() if isinstance(v, (str, int, float))}, entries
+
+
+def _text(value: Any, what: str) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"{what} is not a string")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(f"{what} is not valid UTF-8") from None
+    return value
+
+
+def _series(entry: Any, values: tuple[float, ...]) -> SeriesEntry:
+    """One directory entry, validated: a bad entry is refused alone (the caller counts it), never the shard."""
+    if not isinstance(entry, list) or len(entry) != 5:
+        raise ValueError("an entry is not [name, kind, labels, offset, bounds]")
+    name, kind, labels, offset, bounds = entry
+    name = _text(name, "the metric name")
+    if not METRIC_NAME_RE.fullmatch(name) or name.startswith("__"):
+        raise ValueError(f"invalid metric name {name[:80]!r}")
+    if kind not in KINDS:
+        raise ValueError(f"{name}: unknown kind {str(kind)[:20]!r}")
+    if not isinstance(labels, dict):
+        raise TypeError(f"{name}: labels are not an object")
+    clean: dict[str, str] = {}
+    for k, v in labels.items():
+        k = _text(k, f"{name}: a label name")
+        if not LABEL_NAME_RE.fullmatch(k) or k.startswith("__") or k in RESERVED_LABELS:
+            raise ValueError(f"{name}: invalid or reserved label name {k[:80]!r}")
+        v = _text(v, f"{name}: the value of label {k}")
+        if len(v) > MAX_LABEL_VALUE:
+            raise ValueError(f"{name}: label {k} longer than {MAX_LABEL_VALUE} characters")
+        clean[k] = v
+    if not isinstance(bounds, list) or (kind == "histogram") != bool(bounds):
+        raise ValueError(f"{name}: bounds do not match its kind")
+    bounds_t = tuple(float(b) for b in bounds if isinstance(b, (int, float)) and not isinstance(b, bool))
+    if len(bounds_t) != len(bounds) or any(not math.isfinite(b) for b in bounds_t) or \
+            any(a >= b for a, b in itertools.pairwise(bounds_t)):
+        raise ValueError(f"{name}: bounds are not finite and increasing")
+    width = len(bounds_t) + 2 if kind == "histogram" else 1
+    if not isinstance(offset, int) or isinstance(offset, bool) or not 0 <= offset <= len(values) - width:
+        raise ValueError(f"{name}: offset outside the data area")
+    vals = list(values[offset:offset + width])
+    if not all(math.isfinite(v) for v in vals):
+        raise ValueError(f"{name}: a value is NaN or infinite")
+    if kind == "histogram" and any(v < 0 or v != int(v) for v in vals[:-1]):
+        raise ValueError(f"{name}: a bucket count is negative or fractional")
+    if kind == "counter" and vals[0] < 0:
+        raise ValueError(f"{name}: a counter is negative")
+    return name, kind, clean, vals, bounds_t
+
+
+def iter_shard_pids(spool_dir: str) -> Iterator[int]:
+    """The pids named by the shards in a spool (without opening them)."""
+    try:
+        with os.scandir(spool_dir) as it:
+            for e in it:
+                m = SHARD_NAME_RE.fullmatch(e.name)
+                if m:
+                    yield int(m.group(1))
+    except (FileNotFoundError, NotADirectoryError):
+        return
