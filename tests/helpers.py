@@ -55,17 +55,19 @@ def http_get(url: str, headers: dict[str, str] | None = None,
 
 
 def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    """Parse Prometheus text exposition into {(sample name, sorted labels): value}."""
+    """Parse Prometheus text exposition into {(sample name, sorted labels): value}. A label with an empty value
+    is the same as no label (Prometheus's rule), so empty ones are left out of the keys."""
     out = {}
     for fam in text_string_to_metric_families(text):
         for s in fam.samples:
-            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+            out[(s.name, tuple(sorted((k, v) for k, v in s.labels.items() if v)))] = s.value
     return out
 
 
 def value(parsed: dict[tuple[str, tuple[tuple[str, str], ...]], float], metric: str, /,
           **labels: str) -> float | None:
-    key = (metric, tuple(sorted(labels.items())))
+    """The sample with exactly these labels (an empty value means the label is absent, as in Prometheus)."""
+    key = (metric, tuple(sorted((k, v) for k, v in labels.items() if v)))
     return parsed.get(key)
 
 

@@ -51,31 +51,31 @@ class Agent:
         self.config = config
         tls, basic_auth = _endpoint_security(config)
         self.sampler = Sampler(config, roots, exclude_pids, hold_spool_lock=hold_spool_lock)
-        self.alerting = alerting.build(config, self._stack_dumps())
+        ctx = self.sampler.ctx
+        # Upward wiring happens here and only here: collectors, exporters, rules and notifiers get plain callables.
+        self.alerting = alerting.build(config, stack_dumps=lambda: list(ctx.stalled_stacks))
+        active_alerts = None
         if self.alerting is not None:
-            self.sampler.ctx.rule_engine = self.alerting.engine
-            self.sampler.ctx.dispatcher = self.alerting.dispatcher
-            self.sampler.listeners.append(self.alerting.engine.on_sweep)
+            engine = self.alerting.engine
+            ctx.reporters.setdefault("alerts", []).extend([engine.families, self.alerting.dispatcher.families])
+            self.sampler.listeners.append(engine.on_sweep)
+            active_alerts = engine.active_alerts
         host, port = config.listen_address
         try:
-            self.server = MetricsServer(self.sampler, host, port, tls, basic_auth)
+            self.server = MetricsServer(self.sampler, host, port, tls, basic_auth, active_alerts)
         except OSError as e:
             if not (listen_fallback and e.errno == errno.EADDRINUSE):
                 raise OSError(e.errno, f"cannot listen on {config.listen}: {e.strerror or e}") from None
             LOG.warning("%s is in use; serving /metrics on a free port instead", config.listen)
-            self.server = MetricsServer(self.sampler, host, 0, tls, basic_auth)
+            self.server = MetricsServer(self.sampler, host, 0, tls, basic_auth, active_alerts)
+        ctx.reporters.setdefault("self", []).append(self.server.families)
         self.otlp: Any = None
         if otlp_enabled(config):
             from outrider.exporters.otlp import OtlpExporter
 
-            self.otlp = OtlpExporter(config, self.sampler)
+            self.otlp = OtlpExporter(config, lambda: self.sampler.families)
+            ctx.reporters["self"].append(self.otlp.families)
         self._stopped = False
-
-    def _stack_dumps(self) -> Any:
-        from outrider.collectors.hook import HookCollector
-
-        hooks = [c for c in self.sampler.collectors if isinstance(c, HookCollector)]
-        return hooks[0].stack_dumps if hooks else None
 
     def start(self) -> None:
         if self.alerting is not None:

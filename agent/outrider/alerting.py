@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from outrider.config import Config, ConfigError, default_state_dir
 
 if TYPE_CHECKING:
+    from outrider.rules.engine import StackDumps
     from outrider.rules.rule import Group
 
 # The rule engine, PromQL parser and notifiers are imported only when the agent evaluates rules, so an agent with
@@ -23,7 +24,7 @@ LOG = logging.getLogger("outrider.alerting")
 
 
 def rule_groups(config: Config) -> list[Group]:
-    from outrider.rules.export import default_rules_path
+    from outrider.rules.files import default_rules_path
     from outrider.rules.rule import RuleLoadError, load_groups
 
     groups: list[Group] = []
@@ -89,7 +90,7 @@ def claim_state_dir(config: Config) -> tuple[str | None, int | None]:
 class Alerting:
     """The engine and the dispatcher of one agent."""
 
-    def __init__(self, config: Config, stack_dumps: object = None) -> None:
+    def __init__(self, config: Config, stack_dumps: StackDumps | None = None) -> None:
         from outrider.notify.dispatcher import Dispatcher
         from outrider.rules.engine import RuleEngine
 
@@ -97,7 +98,7 @@ class Alerting:
         routes = receivers(config)
         self.state_dir, self._lock_fd = claim_state_dir(config)
         self.engine = RuleEngine(groups, config.rule_interval_s, self.state_dir, job=config.alert_job,
-                                 instance=config.alert_instance, stack_dumps=stack_dumps)  # type: ignore[arg-type]
+                                 instance=config.alert_instance, stack_dumps=stack_dumps)
         self.dispatcher = Dispatcher(routes, self.state_dir, self.engine.firing_notifications,
                                      config.resend_interval_s)
         self.engine.notify = self.dispatcher.notify
@@ -115,7 +116,7 @@ class Alerting:
             shutil.rmtree(self.state_dir, ignore_errors=True)  # private and delivered: nothing to keep
 
 
-def build(config: Config, stack_dumps: object = None) -> Alerting | None:
+def build(config: Config, stack_dumps: StackDumps | None = None) -> Alerting | None:
     if not config.rule_files:
         return None
     return Alerting(config, stack_dumps)

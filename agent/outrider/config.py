@@ -10,9 +10,11 @@ import dataclasses
 import difflib
 import os
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from outrider.hook import settings as hook_settings
 
 ENV_PREFIX = "OUTRIDER_"
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -105,6 +107,18 @@ class Config:
     alert_log: bool = field(default=True, metadata={"help": "log every alert transition on the agent's log"})
     standalone: bool = field(default=True, metadata={
         "help": "with no agent on the spool, the instrumented process runs one in-process"})
+    first_step_timeout_s: float = field(default=hook_settings.KEYS["first_step_timeout_s"], metadata={
+        "help": "a training process with no first step this long after instrument() is stalled (hook)"})
+    phase_timeout_s: float = field(default=hook_settings.KEYS["phase_timeout_s"], metadata={
+        "help": "a declared phase (outrider.phase) open longer than this is a stall (hook)"})
+    training_job: str = field(default="", metadata={
+        "help": "the training job's name, labelling every hook series (training_job) so ranks of one job group "
+                "across pods and nodes; empty: TORCHELASTIC_RUN_ID (hook)"})
+    role: str = field(default="", metadata={
+        "help": "training or inference; empty: judged from what the process does (hook)"})
+    spool_trusted_uids: tuple[int, ...] = field(default=(), metadata={
+        "help": "uids whose shards the agent reads besides its own and those of the processes it watches; owners "
+                "a configured spool may have besides the user and root"})
 
     @property
     def listen_address(self) -> tuple[str, int]:
@@ -127,28 +141,29 @@ def parse_listen(text: str) -> tuple[str, int]:
 
 # --- value conversion: each takes a raw value (str from the environment, anything from YAML) -----------------
 
-def _positive_float(raw: Any) -> float:
-    if isinstance(raw, bool):
-        raise ValueError("a positive number of seconds")
-    try:
-        value = float(raw)
-    except (TypeError, ValueError):
-        raise ValueError("a positive number of seconds") from None
-    if not value > 0 or value != value or value == float("inf"):
-        raise ValueError("a positive number of seconds")
-    return value
+# Inclusive bounds of every number: a value outside is refused at load with what was expected, rather than an
+# interval of 1e308 s that kills a thread or one of 1e-300 s that spins a core. The hook's keys share its bounds.
+BOUNDS: dict[str, hook_settings.Bounds] = {
+    "interval_s": hook_settings.Bounds(0.05, 3600.0),
+    "process_top_n": hook_settings.Bounds(0, 10_000),
+    "otlp_interval_s": hook_settings.Bounds(0.1, 86400.0),
+    "otlp_timeout_s": hook_settings.Bounds(0.1, 600.0),
+    "shutdown_timeout_s": hook_settings.Bounds(0.1, 600.0),
+    "collector_timeout_s": hook_settings.Bounds(0.1, 600.0),
+    "diagnosis_window_s": hook_settings.Bounds(0.1, 86400.0),
+    "rule_interval_s": hook_settings.Bounds(0.1, 86400.0),
+    "resend_interval_s": hook_settings.Bounds(0.1, 86400.0),
+    **hook_settings.BOUNDS,
+}
 
 
-def _nonneg_int(raw: Any) -> int:
-    if isinstance(raw, bool):
-        raise ValueError("a whole number >= 0")
-    try:
-        value = int(str(raw).strip()) if not isinstance(raw, int) else raw
-    except ValueError:
-        raise ValueError("a whole number >= 0") from None
-    if value < 0:
-        raise ValueError("a whole number >= 0")
-    return value
+def _number(key: str, integer: bool = False) -> Callable[[Any], float]:
+    b = BOUNDS[key]
+
+    def convert(raw: Any) -> Any:
+        value = hook_settings.parse_number(b, raw, integer)
+        return int(value) if integer else value
+    return convert
 
 
 def _bool(raw: Any) -> bool:
@@ -230,17 +245,17 @@ def k8s_identity(config: Config, env: Mapping[str, str] | None = None) -> dict[s
 
 
 def _collectors(raw: Any) -> tuple[str, ...]:
-    from outrider.collectors import REGISTRY
-
+    """Collector names; whether each exists is checked against the registry where the agent is wired
+    (outrider.collectors.check_names), so this ground floor never imports a collector."""
     names = _str_list(raw)
     for name in names:
-        if name not in REGISTRY:
-            raise ValueError("collector names from: " + ", ".join(sorted(REGISTRY)))
+        if not re.fullmatch(r"[a-z][a-z0-9_]*", name):
+            raise ValueError("collector names (lower-case words)")
     return names
 
 
 CONVERTERS: dict[str, Callable[[Any], Any]] = {
-    "interval_s": _positive_float,
+    "interval_s": _number("interval_s"),
     "listen": _listen,
     "collectors": _collectors,
     "proc_root": _str,
@@ -248,24 +263,24 @@ CONVERTERS: dict[str, Callable[[Any], Any]] = {
     "filesystems": _str_list,
     "disk_exclude": _regex,
     "network_exclude": _regex,
-    "process_top_n": _nonneg_int,
+    "process_top_n": _number("process_top_n", integer=True),
     "pids": _pid_list,
     "otlp_endpoint": _str,
     "otlp_protocol": _choice(OTLP_PROTOCOLS),
-    "otlp_interval_s": _positive_float,
-    "otlp_timeout_s": _positive_float,
-    "shutdown_timeout_s": _positive_float,
+    "otlp_interval_s": _number("otlp_interval_s"),
+    "otlp_timeout_s": _number("otlp_timeout_s"),
+    "shutdown_timeout_s": _number("shutdown_timeout_s"),
     "log_level": _choice(LOG_LEVELS),
     "spool_dir": _str,
-    "flush_interval_s": _positive_float,
-    "hook_max_series_per_metric": _nonneg_int,
-    "stall_factor": _positive_float,
-    "stall_floor_s": _positive_float,
+    "flush_interval_s": _number("flush_interval_s"),
+    "hook_max_series_per_metric": _number("hook_max_series_per_metric", integer=True),
+    "stall_factor": _number("stall_factor"),
+    "stall_floor_s": _number("stall_floor_s"),
     "standalone": _bool,
     "nvml_library": _str,
     "tls_cert_file": _str,
-    "diagnosis_window_s": _positive_float,
-    "collector_timeout_s": _positive_float,
+    "diagnosis_window_s": _number("diagnosis_window_s"),
+    "collector_timeout_s": _number("collector_timeout_s"),
     "runs_dir": _str,
     "tls_key_file": _str,
     "basic_auth_username": _str,
@@ -273,14 +288,19 @@ CONVERTERS: dict[str, Callable[[Any], Any]] = {
     "k8s_labels": _k8s_labels,
     "rule_files": _str_list,
     "rule_settings": _str_list,
-    "rule_interval_s": _positive_float,
+    "rule_interval_s": _number("rule_interval_s"),
     "alert_job": _str,
     "alert_instance": _str,
     "state_dir": _str,
     "receivers_file": _str,
     "alertmanager_urls": _str_list,
-    "resend_interval_s": _positive_float,
+    "resend_interval_s": _number("resend_interval_s"),
     "alert_log": _bool,
+    "first_step_timeout_s": _number("first_step_timeout_s"),
+    "phase_timeout_s": _number("phase_timeout_s"),
+    "training_job": _str,
+    "role": _choice(hook_settings.ROLES),
+    "spool_trusted_uids": hook_settings.parse_uids,
 }
 assert set(CONVERTERS) == set(FIELDS), "every config field needs a converter"
 
@@ -320,15 +340,33 @@ def _otel_defaults(env: Mapping[str, str], values: dict[str, Any], sources: dict
         _set(values, sources, "otlp_interval_s", seconds, "environment OTEL_METRIC_EXPORT_INTERVAL")
 
 
+MAX_CONFIG_BYTES = 4 * 1024 * 1024
+
+
 def read_yaml_file(path: str) -> dict[str, Any]:
+    """A YAML mapping from a file; every way the file can be wrong is a ConfigError naming it, never a traceback
+    (and never a hang: a FIFO or a device is refused before it is opened for reading)."""
+    import stat
+
     import yaml
 
     source = f"file {path}"
     try:
-        with open(path, encoding="utf-8") as fh:
-            data = yaml.safe_load(fh)
+        st = os.stat(path)
+        if not stat.S_ISREG(st.st_mode):
+            raise ConfigError(f"{source}: not a regular file")
+        if st.st_size > MAX_CONFIG_BYTES:
+            raise ConfigError(f"{source}: {st.st_size} bytes, more than a configuration needs "
+                              f"({MAX_CONFIG_BYTES} at most)")
+        with open(path, "rb") as fh:
+            text = fh.read(MAX_CONFIG_BYTES + 1).decode("utf-8")
+        data = yaml.safe_load(text)
     except OSError as e:
         raise ConfigError(f"{source}: cannot read: {e.strerror or e}") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{source}: not UTF-8 text (byte {e.start})") from None
+    except RecursionError:
+        raise ConfigError(f"{source}: nested too deeply") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
@@ -346,10 +384,10 @@ def load(
     file: str | None = None,
     env: Mapping[str, str] | None = None,
     flags: Mapping[str, Any] | None = None,
-    collector_toggles: Sequence[tuple[str, bool]] | None = None,
     flag_names: Mapping[str, str] | None = None,
 ) -> LoadedConfig:
-    """Build the configuration: defaults < file < OUTRIDER_* environment < flags, then collector toggles."""
+    """Build the configuration: defaults < file < OUTRIDER_* environment < flags. Collector names are checked
+    against the registry, and --collector.NAME toggles applied, by outrider.collectors.resolve."""
     env = os.environ if env is None else env
     values: dict[str, Any] = {}
     sources: dict[str, str] = {name: "default" for name in FIELDS}
@@ -372,32 +410,12 @@ def load(
         flag = (flag_names or {}).get(key) or "--" + key.replace("_", "-")
         _set(values, sources, key, raw, f"flag {flag}")
 
-    if collector_toggles:
-        from outrider.collectors import REGISTRY, default_collectors
-
-        enabled = list(values.get("collectors") or default_collectors())
-        for name, on in collector_toggles:
-            if name not in REGISTRY:
-                raise ConfigError(f"flag --{'' if on else 'no-'}collector.{name}: unknown collector; "
-                                  f"known: {', '.join(sorted(REGISTRY))}")
-            if on and name not in enabled:
-                enabled.append(name)
-            if not on and name in enabled:
-                enabled.remove(name)
-        values["collectors"] = tuple(enabled)
-        sources["collectors"] = "flags --collector.* / --no-collector.*"
     return LoadedConfig(Config(**values), sources)
 
 
 def default_state_dir() -> str:
     base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
     return os.path.join(base, "outrider")
-
-
-def enabled_collectors(config: Config) -> tuple[str, ...]:
-    from outrider.collectors import default_collectors
-
-    return config.collectors or default_collectors()
 
 
 def otlp_enabled(config: Config, env: Mapping[str, str] | None = None) -> bool:
@@ -417,8 +435,6 @@ def to_yaml(loaded: LoadedConfig) -> str:
     lines = []
     for name in FIELDS:
         value = getattr(loaded.config, name)
-        if name == "collectors" and not value:
-            value = enabled_collectors(loaded.config)
         if isinstance(value, tuple):
             value = list(value)
         text = yaml.safe_dump({name: value}, default_flow_style=True, width=1000).strip()

@@ -30,7 +30,6 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from outrider.agent import Agent
-from outrider.collectors.process import ProcessCollector
 from outrider.config import Config
 from outrider.metrics.family import Family
 
@@ -134,18 +133,8 @@ def run(cmd: Sequence[str], config: Config, on_exit: Callable[[list[Family]], No
         if not quiet:
             print(f"outrider: watching {cmd[0]} (pid {child}); metrics at {agent.server.url}/metrics",
                   file=sys.stderr)
-        process_collectors = [c for c in agent.sampler.collectors if isinstance(c, ProcessCollector)]
-        max_procs = 0
-
-        def note_sweep(fams: list[Family]) -> None:
-            nonlocal max_procs
-            for fam in fams:
-                if fam.defn.name == "outrider_watched_processes" and fam.samples:
-                    count = fam.samples[0][1]
-                    if isinstance(count, float):
-                        max_procs = max(max_procs, int(count))
-
-        agent.sampler.listeners.append(note_sweep)
+        tree = TreeTotals()
+        agent.sampler.listeners.append(tree.note_sweep)
         status: int | None = None
         forwarded: list[str] = []
         while status is None:
@@ -175,17 +164,15 @@ def run(cmd: Sequence[str], config: Config, on_exit: Callable[[list[Family]], No
     ended_by = _signal_name(-code) if code < 0 else None
     if code < 0:  # killed by a signal: report it as a shell would
         code = 128 - code
-    sampled_peak = max((c.peak_rss_total for c in process_collectors), default=0)
-    sampled_io = [c.tree_io_bytes for c in process_collectors]
     summary = RunSummary(
         command=list(cmd), pid=child, exit_code=code, signal=ended_by, wall_s=wall,
         cpu_user_s=after.ru_utime - before.ru_utime, cpu_system_s=after.ru_stime - before.ru_stime,
-        peak_tree_rss_bytes=max(sampled_peak, after.ru_maxrss * 1024),
+        peak_tree_rss_bytes=max(tree.peak_rss, after.ru_maxrss * 1024),
         peak_process_rss_bytes=after.ru_maxrss * 1024,
-        read_bytes=max((after.ru_inblock - before.ru_inblock) * 512, max((r for r, _ in sampled_io), default=0)),
-        written_bytes=max((after.ru_oublock - before.ru_oublock) * 512,
-                          max((w for _, w in sampled_io), default=0)),
-        max_processes=max(max_procs, 1), signals_forwarded=forwarded, metrics_url=agent.server.url + "/metrics",
+        read_bytes=max((after.ru_inblock - before.ru_inblock) * 512, tree.io.get("read", 0)),
+        written_bytes=max((after.ru_oublock - before.ru_oublock) * 512, tree.io.get("write", 0)),
+        max_processes=max(tree.max_processes, 1), signals_forwarded=forwarded,
+        metrics_url=agent.server.url + "/metrics",
     )
     if store is not None:
         summary.run_id = run_id
@@ -203,17 +190,37 @@ def run(cmd: Sequence[str], config: Config, on_exit: Callable[[list[Family]], No
     return code, summary
 
 
+class TreeTotals:
+    """The watched tree's peaks and totals, from the sweeps' families (the process collector's tree series)."""
+
+    def __init__(self) -> None:
+        self.max_processes = 0
+        self.peak_rss = 0
+        self.io: dict[str, int] = {}
+
+    def note_sweep(self, families: list[Family]) -> None:
+        for fam in families:
+            name = fam.defn.name
+            for labels, v in fam.samples:
+                if not isinstance(v, float):
+                    continue
+                if name == "outrider_watched_processes":
+                    self.max_processes = max(self.max_processes, int(v))
+                elif name == "outrider_watched_memory_rss_bytes":
+                    self.peak_rss = max(self.peak_rss, int(v))
+                elif name == "outrider_watched_io_bytes_total":
+                    self.io[labels[0]] = max(self.io.get(labels[0], 0), int(v))
+
+
 def _open_run_record(config: Config, cmd: Sequence[str], agent: Agent) -> tuple[Any, str]:
     """The run store and this run's id, with a recorder on the sweeps; (None, "") if the store cannot be opened."""
     try:
-        from outrider.collectors.diagnosis import DiagnosisCollector
         from outrider.runs.recorder import RunRecorder
         from outrider.runs.store import RunStore
 
         store = RunStore(config.runs_dir or None)
         run_id = store.start_run(list(cmd))
-        diagnosis = next((c for c in agent.sampler.collectors if isinstance(c, DiagnosisCollector)), None)
-        agent.sampler.listeners.append(RunRecorder(store, run_id, diagnosis))
+        agent.sampler.listeners.append(RunRecorder(store, run_id, config.diagnosis_window_s))
         return store, run_id
     except Exception as e:
         LOG.warning("not keeping a record of this run: %s", e)

@@ -11,22 +11,14 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
-from outrider.collectors import REGISTRY, Collector, CollectorContext
-from outrider.config import Config, enabled_collectors
+from outrider import collectors as registry
+from outrider.collectors.base import Collector, CollectorContext, CollectorStatus, SweepStats
+from outrider.config import Config
 from outrider.metrics.exposition import render
 from outrider.metrics.family import Family
 
 LOG = logging.getLogger("outrider.sampler")
-
-
-@dataclass
-class CollectorStatus:
-    success: bool = True
-    duration_s: float = 0.0
-    errors: int = 0
-    hung: bool = False
 
 
 class _Guarded:
@@ -63,24 +55,13 @@ class _Guarded:
         return self._result
 
 
-@dataclass
-class SweepStats:
-    sweeps: int = 0
-    last_sweep_s: float = 0.0
-    last_sweep_monotonic: float = 0.0
-    scrapes: int = 0
-    otlp_results: dict[str, int] = field(default_factory=dict)
-    collectors: dict[str, CollectorStatus] = field(default_factory=dict)
-
-
 class Sampler:
     def __init__(self, config: Config, roots: tuple[int, ...] = (), exclude_pids: frozenset[int] = frozenset(),
                  collectors: list[Collector] | None = None, hold_spool_lock: bool = True) -> None:
         self.config = config
         self.stats = SweepStats()
         self.ctx = CollectorContext(config, self.stats, roots or config.pids, exclude_pids, hold_spool_lock)
-        self.collectors = collectors if collectors is not None else [
-            REGISTRY[name](self.ctx) for name in enabled_collectors(config)]
+        self.collectors = collectors if collectors is not None else registry.build(self.ctx, config.collectors)
         self._guards: dict[str, _Guarded] = {}
         self._families: list[Family] = []
         self._generation = 0

@@ -11,15 +11,8 @@ import pytest
 import yaml
 
 from outrider.metrics.catalog import CATALOG
-from outrider.rules.export import (
-    RulesError,
-    alerts,
-    apply_settings,
-    load_rules,
-    load_tunables,
-    to_grafana,
-    to_prometheus_rule,
-)
+from outrider.rules.export import to_grafana, to_prometheus_rule
+from outrider.rules.files import RulesError, alerts, apply_settings, load_rules, load_tunables
 from tests.conftest import need_binary
 from tests.helpers import REPO
 

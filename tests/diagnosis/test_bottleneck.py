@@ -17,9 +17,10 @@ def workload(step_s: float, wait_s: float, cpu_s: float, steps: int = 100) -> li
     """Cumulative hook and process families after `steps` steps of the given shape."""
     return [
         Family("outrider_train_step_duration_seconds").add(HistogramValue(BOUNDS, (0, steps, 0, 0), step_s * steps),
-                                                            ""),
-        Family("outrider_train_data_wait_seconds").add(HistogramValue(BOUNDS, (0, steps, 0, 0), wait_s * steps), ""),
-        Family("outrider_samples_total").add(32 * steps, ""),
+                                                            "", ""),
+        Family("outrider_train_data_wait_seconds").add(HistogramValue(BOUNDS, (0, steps, 0, 0), wait_s * steps), "",
+                                                       ""),
+        Family("outrider_samples_total").add(32 * steps, "", ""),
         Family("outrider_watched_cpu_seconds_total").add(cpu_s, "user"),
         Family("outrider_host_logical_cpus").add(8),
     ]

@@ -150,19 +150,21 @@ def test_the_store_snapshot_keeps_rate_windows_across_a_restart(tmp_path: Path) 
 
 
 def test_a_stall_alert_carries_the_stack_dump(tmp_path: Path) -> None:
-    dump = tmp_path / "1234.stacks.txt"
-    dump.write_text('Thread 0x1 (most recent call first):\n  File "train.py", line 42 in wait_for_batch\n')
+    dump = str(tmp_path / "1234.stacks.txt")
+    text = 'Thread 0x1 (most recent call first):\n  File "train.py", line 42 in wait_for_batch\n'
     clock, sent = Clock(), []
     rules = groups({"alert": "TrainingStalled", "expr": "outrider_hook_stalled == 1",
                     "annotations": {"summary": "stalled"}})
+    # the stacks as the hook collector read them from the spool (its owner checked, never a link)
     engine = RuleEngine(rules, 1.0, None, notify=sent.append, clock=clock,
-                        stack_dumps=lambda: [(1234, "0", str(dump)), (99, "1", "/nonexistent")])
-    stalled = Family("outrider_hook_stalled").add(1, "0").add(0, "1")
+                        stack_dumps=lambda: [(1234, "0", dump, text), (99, "1", "/elsewhere", "rank 1's")])
+    stalled = Family("outrider_hook_stalled").add(1, "0", "").add(0, "1", "")
     clock.ms += 1000
     engine.on_sweep([stalled])
     assert len(sent) == 1
     assert "train.py\", line 42 in wait_for_batch" in sent[0].annotations["stack_dump"]
-    assert sent[0].annotations["stack_dump_file"] == str(dump)
+    assert "rank 1's" not in sent[0].annotations["stack_dump"], "only the stalled rank's stacks"
+    assert sent[0].annotations["stack_dump_file"] == dump
 
 
 def test_histograms_are_stored_as_buckets_sum_and_count() -> None:
@@ -265,8 +267,9 @@ def test_re_sends_carry_the_current_annotations_and_the_resolve_the_last(tmp_pat
     assert sent[-1].event == "resolved" and sent[-1].annotations["summary"] == "GPU 0 at 99"
 
 
-def test_the_in_process_agent_evaluates_rules_only_when_asked(monkeypatch: pytest.MonkeyPatch) -> None:
-    from outrider.hook import standalone
+def test_the_in_process_agent_evaluates_rules_only_when_asked(monkeypatch: pytest.MonkeyPatch,
+                                                             tmp_path: Path) -> None:
+    from outrider import standalone
 
     started: list[Config] = []
 
@@ -278,12 +281,12 @@ def test_the_in_process_agent_evaluates_rules_only_when_asked(monkeypatch: pytes
         def start(self) -> None:
             pass
 
-    monkeypatch.setattr("outrider.agent.Agent", FakeAgent)
+    monkeypatch.setattr(standalone, "Agent", FakeAgent)
     for name in [k for k in __import__("os").environ if k.startswith("OUTRIDER_")]:
         monkeypatch.delenv(name)
-    standalone.start_in_process_agent("/tmp/spool-x", None)
+    standalone.start_in_process_agent(str(tmp_path), None)
     monkeypatch.setenv("OUTRIDER_RULE_FILES", "builtin")
-    standalone.start_in_process_agent("/tmp/spool-x", None)
+    standalone.start_in_process_agent(str(tmp_path), None)
     assert [c.rule_files for c in started] == [(), ("builtin",)]
 
 

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from outrider.config import Config, ConfigError, load, otlp_enabled, to_yaml
+from outrider.collectors import resolve
+from outrider.config import BOUNDS, Config, ConfigError, load, otlp_enabled, to_yaml
 from tests.helpers import outrider_cmd
 
 
@@ -51,15 +52,20 @@ def test_unknown_key_names_it_its_source_and_a_suggestion(tmp_path: Path) -> Non
 
 
 @pytest.mark.parametrize(("key", "raw", "expected"), [
-    ("interval_s", "-1", "a positive number of seconds"),
-    ("interval_s", "soon", "a positive number of seconds"),
+    ("interval_s", "-1", "a number from 0.05 to 3600"),
+    ("interval_s", "soon", "a number from 0.05 to 3600"),
+    ("interval_s", "1e308", "a number from 0.05 to 3600"),
+    ("interval_s", "1e-300", "a number from 0.05 to 3600"),
+    ("shutdown_timeout_s", "1e308", "a number from 0.1 to 600"),
+    ("flush_interval_s", "1e308", "a number from 0.05 to 3600"),
+    ("flush_interval_s", "nan", "a number from 0.05 to 3600"),
     ("listen", "9477", "host:port"),
     ("listen", "127.0.0.1:99999", "a port from 0 to 65535"),
-    ("process_top_n", "ten", "a whole number >= 0"),
+    ("process_top_n", "ten", "a whole number from 0 to 10000"),
     ("otlp_protocol", "udp", "one of http/protobuf, grpc"),
     ("log_level", "loud", "one of debug, info, warning, error"),
     ("disk_exclude", "([", "a valid regular expression"),
-    ("collectors", "host,gpu2", "collector names from"),
+    ("collectors", "host,GPU!", "collector names"),
     ("pids", "12,abc", "a list of process ids"),
 ])
 def test_bad_environment_value_names_key_source_and_expectation(key: str, raw: str, expected: str) -> None:
@@ -94,10 +100,43 @@ def test_missing_file_is_a_clear_error(tmp_path: Path) -> None:
 
 
 def test_collector_toggles_apply_over_the_configured_set() -> None:
-    loaded = load(env={"OUTRIDER_COLLECTORS": "host,self"}, collector_toggles=[("process", True), ("host", False)])
+    loaded = resolve(load(env={"OUTRIDER_COLLECTORS": "host,self"}), [("process", True), ("host", False)])
     assert loaded.config.collectors == ("self", "process")
     with pytest.raises(ConfigError, match="unknown collector"):
-        load(env={}, collector_toggles=[("nvidia", True)])
+        resolve(load(env={}), [("nvidia", True)])
+    with pytest.raises(ConfigError, match=r"OUTRIDER_COLLECTORS: key 'collectors': unknown collector 'gpu2'"):
+        resolve(load(env={"OUTRIDER_COLLECTORS": "host,gpu2"}))
+
+
+def test_every_number_has_documented_bounds() -> None:
+    import dataclasses
+
+    numbers = {f.name for f in dataclasses.fields(Config) if f.type in ("float", "int")}
+    assert numbers == set(BOUNDS), "every numeric key needs its bounds in config.BOUNDS"
+    for key, b in BOUNDS.items():
+        assert load(env={f"OUTRIDER_{key.upper()}": str(b.high)}).config.__getattribute__(key) == b.high
+        with pytest.raises(ConfigError, match=f"key '{key}'"):
+            load(env={f"OUTRIDER_{key.upper()}": str(b.high * 10 + 1)})
+
+
+@pytest.mark.parametrize(("content", "expected"), [
+    (b"interval_s: 2\n\xff\xfe\n", "not UTF-8 text"),
+    (b"a: " + b"[" * 5000 + b"]" * 5000 + b"\n", "nested too deeply"),
+])
+def test_unreadable_config_files_are_one_clear_error(tmp_path: Path, content: bytes, expected: str) -> None:
+    f = tmp_path / "c.yaml"
+    f.write_bytes(content)
+    with pytest.raises(ConfigError, match=expected):
+        load(file=str(f), env={})
+    r = subprocess.run(outrider_cmd("config", "check", str(f)), capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and expected in r.stderr and "Traceback" not in r.stderr
+
+
+def test_a_fifo_as_the_config_file_is_refused_without_hanging(tmp_path: Path) -> None:
+    fifo = tmp_path / "fifo.yaml"
+    os.mkfifo(fifo)
+    r = subprocess.run(outrider_cmd("config", "check", str(fifo)), capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "not a regular file" in r.stderr
 
 
 def test_standard_otel_variables_set_defaults_that_outrider_settings_override() -> None:
@@ -117,7 +156,7 @@ def test_otlp_is_on_only_with_an_endpoint_and_off_with_exporter_none() -> None:
 
 def test_show_lists_every_key_with_its_source(tmp_path: Path) -> None:
     f = write(tmp_path, "interval_s: 2\n")
-    text = to_yaml(load(file=f, env={"OUTRIDER_LOG_LEVEL": "debug"}))
+    text = to_yaml(resolve(load(file=f, env={"OUTRIDER_LOG_LEVEL": "debug"})))
     assert f"interval_s: 2.0  # file {f}" in text
     assert "log_level: debug  # environment OUTRIDER_LOG_LEVEL" in text
     assert "collectors: [host, process, gpu, hook, diagnosis, alerts, self]  # default" in text
@@ -131,7 +170,7 @@ def test_cli_config_check_exit_codes(tmp_path: Path) -> None:
     bad.write_text("interval_s: never\n")
     r = subprocess.run(outrider_cmd("config", "check", str(bad)), capture_output=True, text=True)
     assert r.returncode == 2
-    assert "key 'interval_s'" in r.stderr and "positive number" in r.stderr and "Traceback" not in r.stderr
+    assert "key 'interval_s'" in r.stderr and "a number from" in r.stderr and "Traceback" not in r.stderr
 
 
 def test_cli_flag_errors_name_the_flag() -> None:

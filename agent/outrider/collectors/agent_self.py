@@ -7,10 +7,10 @@ import time
 
 import psutil
 
-from outrider import __version__
 from outrider.collectors.base import Collector, CollectorContext
 from outrider.config import k8s_identity
 from outrider.metrics.family import Family
+from outrider.version import __version__
 
 
 class SelfCollector(Collector):
@@ -31,7 +31,7 @@ class SelfCollector(Collector):
             Family("outrider_agent_cpu_seconds_total").add(cpu.user, "user").add(cpu.system, "system"),
             Family("outrider_agent_memory_rss_bytes").add(self._proc.memory_info().rss),
             Family("outrider_agent_sweeps_total").add(stats.sweeps),
-            Family("outrider_agent_scrapes_total").add(stats.scrapes),
+            *self.ctx.reports(self.name),  # wired by agent.py: the exporters' scrapes and OTLP export results
         ]
         k8s = k8s_identity(self.ctx.config)
         if any(k8s.values()):
@@ -39,11 +39,6 @@ class SelfCollector(Collector):
                                                                                    "container"))))
         if stats.sweeps:
             fams.append(Family("outrider_agent_sweep_duration_seconds").add(stats.last_sweep_s))
-        if stats.otlp_results:
-            otlp = Family("outrider_agent_otlp_exports_total")
-            for result, count in sorted(stats.otlp_results.items()):
-                otlp.add(count, result)
-            fams.append(otlp)
         success = Family("outrider_collector_success")
         duration = Family("outrider_collector_duration_seconds")
         errors = Family("outrider_collector_errors_total")

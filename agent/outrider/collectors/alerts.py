@@ -15,10 +15,4 @@ class AlertsCollector(Collector):
     after_listeners = True
 
     def collect(self) -> list[Family]:
-        out: list[Family] = []
-        engine, dispatcher = self.ctx.rule_engine, self.ctx.dispatcher
-        if engine is not None:
-            out.extend(engine.families())
-        if dispatcher is not None:
-            out.extend(dispatcher.families())
-        return out
+        return self.ctx.reports(self.name)  # wired by agent.py: the rule engine's and the dispatcher's families

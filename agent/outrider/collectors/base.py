@@ -5,22 +5,41 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 from outrider.config import Config
 from outrider.logs import LogOnce
 from outrider.metrics.family import Family
 
-if TYPE_CHECKING:
-    from outrider.notify.dispatcher import Dispatcher
-    from outrider.rules.engine import RuleEngine
-    from outrider.sampler import SweepStats
+Reporter = Callable[[], list[Family]]
+StackDump = tuple[int, str, str, str]  # (pid, rank, path, the Python stacks) of a stalled process
+
+
+@dataclass
+class CollectorStatus:
+    success: bool = True
+    duration_s: float = 0.0
+    errors: int = 0
+    hung: bool = False
+
+
+@dataclass
+class SweepStats:
+    """The sweep loop's own numbers (written by the sampler, reported by the self collector)."""
+
+    sweeps: int = 0
+    last_sweep_s: float = 0.0
+    last_sweep_monotonic: float = 0.0
+    collectors: dict[str, CollectorStatus] = field(default_factory=dict)
 
 
 @dataclass
 class CollectorContext:
+    """What a collector is built with. Everything from above the collectors' layer (the rule engine, the
+    notifiers, the exporters) arrives here as plain callables wired by agent.py, never as objects."""
+
     config: Config
-    stats: SweepStats
+    stats: SweepStats = field(default_factory=SweepStats)
     # Roots of the watched process trees; empty watches every process visible to the agent.
     roots: tuple[int, ...] = ()
     # Processes never reported as watched (the agent itself, when it wraps a command).
@@ -30,9 +49,17 @@ class CollectorContext:
     hold_spool_lock: bool = True
     # Called with every finished sweep (the sampler's listeners): collectors that reason over sweeps join here.
     listeners: list[Callable[[list[Family]], None]] = field(default_factory=list)
-    # The embedded rule engine and notification dispatcher, when the agent evaluates rules (collectors/alerts).
-    rule_engine: RuleEngine | None = None
-    dispatcher: Dispatcher | None = None
+    # Families other parts of the agent report through a collector, by collector name: "alerts" gets the rule
+    # engine's and the notifiers', "self" the exporters' counters.
+    reporters: dict[str, list[Reporter]] = field(default_factory=dict)
+    # The stack dumps of processes the hook collector saw stalled in its last sweep (for stall pages).
+    stalled_stacks: list[StackDump] = field(default_factory=list)
+
+    def reports(self, collector: str) -> list[Family]:
+        out: list[Family] = []
+        for reporter in self.reporters.get(collector, ()):
+            out.extend(reporter())
+        return out
 
 
 class Collector:

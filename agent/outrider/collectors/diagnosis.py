@@ -6,12 +6,9 @@ verdict between the oldest and the newest in the next sweep (so it trails the da
 
 from __future__ import annotations
 
-import collections
-import time
-
 from outrider.collectors.base import Collector, CollectorContext
-from outrider.diagnosis.bottleneck import CLASSES, Verdict, classify
-from outrider.diagnosis.signals import signals, snapshot
+from outrider.diagnosis.bottleneck import CLASSES
+from outrider.diagnosis.window import VerdictWindow
 from outrider.metrics.family import Family
 
 
@@ -21,22 +18,14 @@ class DiagnosisCollector(Collector):
 
     def __init__(self, ctx: CollectorContext) -> None:
         super().__init__(ctx)
-        self.window_s = ctx.config.diagnosis_window_s
-        self._snaps: collections.deque[tuple[float, dict[str, float]]] = collections.deque()
-        self.verdict: Verdict | None = None
+        self.window = VerdictWindow(ctx.config.diagnosis_window_s)
         ctx.listeners.append(self._on_sweep)
 
     def _on_sweep(self, families: list[Family]) -> None:
-        now = time.monotonic()
-        self._snaps.append((now, snapshot(families)))
-        while len(self._snaps) > 2 and now - self._snaps[1][0] >= self.window_s:
-            self._snaps.popleft()
-        if len(self._snaps) >= 2:
-            (t0, old), (t1, new) = self._snaps[0], self._snaps[-1]
-            self.verdict = classify(signals(old, new, t1 - t0))
+        self.window.add(families)
 
     def collect(self) -> list[Family]:
-        v = self.verdict
+        v = self.window.verdict
         if v is None:
             return []
         verdict = Family("outrider_bottleneck")

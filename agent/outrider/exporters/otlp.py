@@ -22,6 +22,7 @@ import random
 import socket
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from opentelemetry.sdk.metrics.export import (
@@ -40,11 +41,10 @@ from opentelemetry.sdk.metrics.export import (
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
-from outrider import __version__
 from outrider.config import Config, ConfigError, k8s_identity
 from outrider.metrics.catalog import MetricDef
 from outrider.metrics.family import Family, HistogramValue
-from outrider.sampler import Sampler
+from outrider.version import __version__
 
 LOG = logging.getLogger("outrider.exporters.otlp")
 MAX_BACKOFF_S = 300.0
@@ -119,9 +119,11 @@ def quiet_sdk_logging(debug: bool) -> None:
 
 
 class OtlpExporter:
-    def __init__(self, config: Config, sampler: Sampler) -> None:
+    def __init__(self, config: Config, latest: Callable[[], list[Family]]) -> None:
+        """latest: the latest sweep's families (the sampler's, wired by agent.py)."""
         self.config = config
-        self.sampler = sampler
+        self.latest = latest
+        self.results: dict[str, int] = {}
         self._inner = self._make_exporter()  # fails now, not in a background thread, if the protocol is missing
         self._resource = _resource(config)
         self._start_ns = time.time_ns()
@@ -160,12 +162,18 @@ class OtlpExporter:
             self.export_once()
 
     def _count(self, result: str) -> None:
-        stats = self.sampler.stats
-        stats.otlp_results[result] = stats.otlp_results.get(result, 0) + 1
+        self.results[result] = self.results.get(result, 0) + 1
+
+    def families(self) -> list[Family]:
+        """Export results so far, for the self collector."""
+        fam = Family("outrider_agent_otlp_exports_total")
+        for result, count in sorted(self.results.items()):
+            fam.add(count, result)
+        return [fam]
 
     def export_once(self, timeout_s: float | None = None) -> bool:
         """Export the latest sweep now. Never raises; returns whether the receiver took it."""
-        families = self.sampler.families
+        families = self.latest()
         if not families:
             return False
         err: object = "endpoint refused or unreachable"

@@ -14,7 +14,9 @@ import logging
 import socket
 import ssl
 import threading
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 from outrider.metrics.exposition import (
     OPENMETRICS_CONTENT_TYPE,
@@ -22,6 +24,7 @@ from outrider.metrics.exposition import (
     format_value,
     wants_openmetrics,
 )
+from outrider.metrics.family import Family
 from outrider.sampler import Sampler
 
 LOG = logging.getLogger("outrider.exporters.prometheus")
@@ -33,14 +36,13 @@ INDEX = b"""<html><head><title>Outrider</title></head><body><h1>Outrider agent</
 """
 
 
-def alerts_json(sampler: Sampler) -> bytes:
+def alerts_json(active_alerts: Callable[[], list[Any]] | None) -> bytes:
     """Pending and firing alerts of the agent's own rule evaluation, as Prometheus's /api/v1/alerts answers."""
     import json
     from datetime import datetime, timezone
 
-    engine = sampler.ctx.rule_engine
     alerts = []
-    for _, a in engine.active_alerts() if engine is not None else []:
+    for _, a in active_alerts() if active_alerts is not None else []:
         alerts.append({"labels": dict(a.labels), "annotations": dict(a.annotations), "state": a.state,
                        "activeAt": datetime.fromtimestamp(a.active_at / 1000, tz=timezone.utc).isoformat(),
                        "value": format_value(a.value)})
@@ -52,6 +54,8 @@ class _Server(ThreadingHTTPServer):
     allow_reuse_address = True
     sampler: Sampler
     basic_auth: tuple[str, str] | None = None  # (user, password)
+    active_alerts: Callable[[], list[Any]] | None = None
+    scrapes: int = 0
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -72,12 +76,12 @@ class _Handler(BaseHTTPRequestHandler):
         if path == "/metrics":
             openmetrics = wants_openmetrics(self.headers.get("Accept"))
             use_gzip = "gzip" in (self.headers.get("Accept-Encoding") or "")
-            sampler.stats.scrapes += 1
+            self.server.scrapes += 1
             body = sampler.exposition(openmetrics, compressed=use_gzip)
             ctype = OPENMETRICS_CONTENT_TYPE if openmetrics else TEXT_CONTENT_TYPE
             self._send(200, body, ctype, "gzip" if use_gzip else None)
         elif path == "/api/v1/alerts":
-            self._send(200, alerts_json(sampler), "application/json")
+            self._send(200, alerts_json(self.server.active_alerts), "application/json")
         elif path == "/healthz":
             ok = sampler.healthy()
             self._send(200 if ok else 503, b"ok\n" if ok else b"sweep loop stalled\n")
@@ -128,13 +132,15 @@ class MetricsServer:
     """Serves the sampler's latest sweep. `start()` binds and serves on a daemon thread."""
 
     def __init__(self, sampler: Sampler, host: str, port: int, tls: tuple[str, str] | None = None,
-                 basic_auth: tuple[str, str] | None = None) -> None:
+                 basic_auth: tuple[str, str] | None = None,
+                 active_alerts: Callable[[], list[Any]] | None = None) -> None:
         """tls: (certificate file, key file); basic_auth: (user, password) required on /metrics."""
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         server_cls = type("_BoundServer", (_Server,), {"address_family": family})
         self._httpd: _Server = server_cls((host, port), _Handler)
         self._httpd.sampler = sampler
         self._httpd.basic_auth = basic_auth
+        self._httpd.active_alerts = active_alerts
         self.scheme = "http"
         if tls is not None:
             context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
@@ -147,6 +153,10 @@ class MetricsServer:
             self._httpd.socket = context.wrap_socket(self._httpd.socket, server_side=True)
             self.scheme = "https"
         self._thread: threading.Thread | None = None
+
+    def families(self) -> list[Family]:
+        """Scrapes served so far, for the self collector."""
+        return [Family("outrider_agent_scrapes_total").add(self._httpd.scrapes)]
 
     @property
     def address(self) -> tuple[str, int]:

@@ -26,7 +26,7 @@ from dataclasses import replace
 from outrider.metrics.catalog import CATALOG, Label
 from outrider.metrics.exposition import format_le
 from outrider.metrics.family import Family, HistogramValue
-from outrider.notify.base import Notification
+from outrider.rules.notification import Notification
 from outrider.rules.promql import Evaluator
 from outrider.rules.rule import Alert, AlertingRule, Group, retention
 from outrider.rules.store import Labels, Series, SeriesStore, is_stale
@@ -36,7 +36,8 @@ STATE_VERSION = 1
 SNAPSHOT_EVERY_S = 300.0  # and at shutdown: a 1.7 MiB store is about 2.3 MB written per snapshot
 STACK_DUMP_CHARS = 8000
 
-StackDumps = Callable[[], list[tuple[int, str, str]]]  # (pid, rank, path) of processes now stalled
+# (pid, rank, path, the Python stacks) of processes now stalled, read safely from the spool by the hook collector
+StackDumps = Callable[[], list[tuple[int, str, str, str]]]
 
 
 class EvalClock:
@@ -195,14 +196,8 @@ class RuleEngine:
         except Exception:
             LOG.exception("reading stack dumps failed")
             return annotations
-        texts, paths = [], []
-        for pid, _, path in dumps:
-            try:
-                with open(path, encoding="utf-8", errors="replace") as fh:
-                    texts.append(f"pid {pid}:\n{fh.read(STACK_DUMP_CHARS)}")
-                paths.append(path)
-            except OSError:
-                continue
+        texts = [f"pid {pid}:\n{text[:STACK_DUMP_CHARS]}" for pid, _, _, text in dumps]
+        paths = [path for _, _, path, _ in dumps]
         if texts:
             annotations["stack_dump"] = "\n".join(texts)[:STACK_DUMP_CHARS]
             annotations["stack_dump_file"] = ", ".join(paths)

@@ -725,7 +725,9 @@ def bucket_quantile(q: float, buckets: list[tuple[float, float]]) -> float:
     if observations == 0:
         return math.nan
     rank = q * observations
-    b = next(i for i, c in enumerate(counts) if c >= rank)
+    # sort.Search over all but the last bucket, as Prometheus does: none found means the last (also when counts
+    # are negative, as arithmetic on histogram series can make them)
+    b = next((i for i, c in enumerate(counts[:-1]) if c >= rank), len(counts) - 1)
     if b == len(ordered) - 1:
         return ordered[-2][0]
     if b == 0 and ordered[0][0] <= 0:

@@ -232,7 +232,7 @@ def load_groups(paths: Iterable[str | Path], default_interval_ms: int = 60_000,
                 settings: list[str] | None = None) -> list[Group]:
     """Load Prometheus rule files; refuse, naming the rule and the construct, what the evaluator cannot run."""
     groups: list[Group] = []
-    from outrider.rules.export import RulesError, apply_settings, load_rules, load_tunables
+    from outrider.rules.files import RulesError, apply_settings, load_rules, load_tunables
 
     for path in paths:
         try:

@@ -4,9 +4,9 @@ events (stalls), into the run store."""
 from __future__ import annotations
 
 import time
-from typing import Any
 
 from outrider.diagnosis.signals import signals, snapshot
+from outrider.diagnosis.window import VerdictWindow
 from outrider.metrics.family import Family, HistogramValue, merged_histogram
 from outrider.metrics.quantile import histogram_quantile
 from outrider.runs.store import RunStore
@@ -22,10 +22,10 @@ def _delta(new: HistogramValue | None, old: HistogramValue | None) -> HistogramV
 
 
 class RunRecorder:
-    def __init__(self, store: RunStore, run_id: str, diagnosis: Any = None) -> None:
+    def __init__(self, store: RunStore, run_id: str, window_s: float = 30.0) -> None:
         self.store = store
         self.run_id = run_id
-        self.diagnosis = diagnosis  # the DiagnosisCollector, for its verdict
+        self.window = VerdictWindow(window_s)
         self._prev: tuple[float, dict[str, float], dict[str, HistogramValue | None]] | None = None
         self._last_verdict = ""
         self._stalled: set[str] = set()
@@ -69,7 +69,7 @@ class RunRecorder:
                 kpis["latency_p99_s"] = histogram_quantile(0.99, req) or 0.0
         if kpis:
             self.store.add_samples(self.run_id, t, kpis)
-        verdict = getattr(self.diagnosis, "verdict", None)
+        verdict = self.window.add(families, now)
         if verdict is not None and verdict.cls != self._last_verdict:
             self._last_verdict = verdict.cls
             self.store.add_verdict(self.run_id, t, verdict.cls, verdict.reason, verdict.evidence)

@@ -1,0 +1,29 @@
+"""The bottleneck verdict over a sliding window of sweeps: what the diagnosis collector reports and what a run
+records, each with a window of its own."""
+
+from __future__ import annotations
+
+import collections
+import time
+
+from outrider.diagnosis.bottleneck import Verdict, classify
+from outrider.diagnosis.signals import signals, snapshot
+from outrider.metrics.family import Family
+
+
+class VerdictWindow:
+    def __init__(self, window_s: float) -> None:
+        self.window_s = window_s
+        self._snaps: collections.deque[tuple[float, dict[str, float]]] = collections.deque()
+        self.verdict: Verdict | None = None
+
+    def add(self, families: list[Family], now: float | None = None) -> Verdict | None:
+        """Take a sweep; the verdict between the oldest sweep still in the window and this one."""
+        now = time.monotonic() if now is None else now
+        self._snaps.append((now, snapshot(families)))
+        while len(self._snaps) > 2 and now - self._snaps[1][0] >= self.window_s:
+            self._snaps.popleft()
+        if len(self._snaps) >= 2:
+            (t0, old), (t1, new) = self._snaps[0], self._snaps[-1]
+            self.verdict = classify(signals(old, new, t1 - t0))
+        return self.verdict

@@ -1,0 +1,41 @@
+"""What the rule engine hands to the notifiers: one alert transition for one receiver.
+
+Defined on the rules' side (the producer) so the engine imports nothing of the notifiers; the notifiers, above it,
+import this type.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Notification:
+    """One alert transition for one receiver: `firing` or `resolved`."""
+
+    id: str  # unique per transition: receivers that cannot dedupe get it as an idempotency key
+    event: str  # firing | resolved
+    labels: dict[str, str]
+    annotations: dict[str, str]
+    starts_at: float  # unix seconds
+    ends_at: float  # unix seconds; 0 while firing
+    fingerprint: str
+    created: float = 0.0
+    value: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"id": self.id, "event": self.event, "labels": self.labels, "annotations": self.annotations,
+                "starts_at": self.starts_at, "ends_at": self.ends_at, "fingerprint": self.fingerprint,
+                "created": self.created, "value": self.value}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Notification:
+        return cls(str(data["id"]), str(data["event"]), dict(data["labels"]), dict(data.get("annotations", {})),
+                   float(data["starts_at"]), float(data.get("ends_at", 0.0)), str(data["fingerprint"]),
+                   float(data.get("created", 0.0)), float(data.get("value", 0.0)))
+
+    @property
+    def alertname(self) -> str:
+        return self.labels.get("alertname", "")
