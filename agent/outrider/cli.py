@@ -1,4 +1,4 @@
-"""The `outrider` command: agent, run, metrics, config, demo."""
+"""The `outrider` command: one function per subcommand, each registered with its parser (`set_defaults`)."""
 
 from __future__ import annotations
 
@@ -6,16 +6,18 @@ import argparse
 import logging
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from outrider import __version__
 from outrider.config import ConfigError, LoadedConfig, load, to_yaml
 from outrider.logs import setup_logging
+from outrider.version import __version__
 
 LOG = logging.getLogger("outrider.cli")
 
-# Flags that set config keys: flag -> (config key, help). `action` "append" for repeatable ones.
+Command = Callable[[argparse.Namespace], int]
+
+# Flags that set config keys: flag -> (config key, help).
 CONFIG_FLAGS: dict[str, tuple[str, str]] = {
     "--interval": ("interval_s", "seconds between sweeps"),
     "--listen": ("listen", "host:port for /metrics (default 127.0.0.1:9477; 0.0.0.0:PORT for all interfaces)"),
@@ -60,228 +62,160 @@ def _add_config_flags(p: argparse.ArgumentParser, with_pid: bool = False) -> Non
 
 
 def _load(args: argparse.Namespace) -> LoadedConfig:
+    """defaults < file < environment < flags, then the collector names checked and the toggles applied."""
+    from outrider import collectors
+
     keys = [k for k, _ in CONFIG_FLAGS.values()] + [k for k, _ in REPEATED_FLAGS.values()] + ["pids"]
     flags = {k: getattr(args, k) for k in keys if getattr(args, k, None) is not None}
     names = {k: f for f, (k, _) in {**CONFIG_FLAGS, **REPEATED_FLAGS}.items()}
     names["pids"] = "--pid"
-    return load(file=args.config, flags=flags, collector_toggles=getattr(args, "collector_toggles", None),
-                flag_names=names)
+    loaded = load(file=args.config, flags=flags, flag_names=names)
+    return collectors.resolve(loaded, getattr(args, "collector_toggles", None) or ())
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="outrider", description=__doc__)
-    parser.add_argument("--version", action="version", version=f"outrider {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+# --- the agent -------------------------------------------------------------------------------------------------
 
-    p = sub.add_parser("agent", help="run the agent: sweep, serve /metrics, export OTLP, until SIGTERM")
-    _add_config_flags(p, with_pid=True)
+def cmd_agent(args: argparse.Namespace) -> int:
+    from outrider.agent import Agent
 
-    p = sub.add_parser("run", help="run a command under watch: outrider run [options] -- CMD ...")
-    _add_config_flags(p)
-    p.add_argument("--summary-json", metavar="FILE", help="also write the end-of-run summary as JSON")
-    p.add_argument("--quiet", action="store_true", help="print no banner and no summary")
-    p.add_argument("cmd", nargs=argparse.REMAINDER, help="the command, after --")
-
-    p = sub.add_parser("metrics", help="one sweep printed as exposition text")
-    _add_config_flags(p, with_pid=True)
-    p.add_argument("--once", action="store_true", help="one sweep, then exit (the only mode for now)")
-    p.add_argument("--openmetrics", action="store_true", help="OpenMetrics instead of Prometheus text")
-
-    p = sub.add_parser("config", help="check a config file, or show the effective configuration")
-    csub = p.add_subparsers(dest="config_command", metavar="ACTION")
-    c = csub.add_parser("check", help="validate a YAML config file")
-    c.add_argument("file")
-    c = csub.add_parser("show", help="the effective configuration, each value with its source")
-    _add_config_flags(c, with_pid=True)
-
-    p = sub.add_parser("rules", help="the alert rules: export them as a rule file, a PrometheusRule or for Grafana")
-    rsub = p.add_subparsers(dest="rules_command", metavar="ACTION")
-    r = rsub.add_parser("export", help="print the rules in a format, with thresholds tuned by --set")
-    r.add_argument("--format", default="prometheus", choices=("prometheus", "prometheusrule", "grafana"))
-    r.add_argument("--set", dest="settings", action="append", default=[], metavar="RULE.NAME=VALUE",
-                   help="tune a threshold, or RULE.for / RULE.severity (see alerts/tunables.yaml); repeatable")
-    r.add_argument("--rules", metavar="FILE", help="rule file (default: alerts/outrider.rules.yaml)")
-    r.add_argument("--datasource-uid", default="prometheus", help="Grafana's Prometheus datasource UID")
-    r.add_argument("--namespace", help="namespace of the PrometheusRule")
-    r = rsub.add_parser("check", help="load rule files as the agent's embedded evaluator does (default: the catalog)")
-    r.add_argument("files", nargs="*", metavar="FILE")
-    r = rsub.add_parser("test", help="replay promtool rule unit-test files through the embedded evaluator")
-    r.add_argument("files", nargs="+", metavar="FILE")
-
-    p = sub.add_parser("dashboards", help="the Grafana dashboards: export them to files or push them to Grafana")
-    dsub = p.add_subparsers(dest="dashboards_command", metavar="ACTION")
-    d = dsub.add_parser("export", help="write the dashboards' JSON and a Grafana file-provisioning provider")
-    d.add_argument("dir")
-    d.add_argument("--provider-path", help="the path Grafana will read them from (default: DIR)")
-    d = dsub.add_parser("push", help="create the Outrider folder and upsert the dashboards through Grafana's API")
-    d.add_argument("--url", required=True, help="Grafana's URL, e.g. https://grafana.example.com")
-    d.add_argument("--token-file", help="file holding a service account token (default: $GRAFANA_TOKEN)")
-    d.add_argument("--datasource-uid", help="Prometheus datasource to select by default (checked to exist)")
-
-    p = sub.add_parser("top", help="a live terminal view of an agent: GPUs, KPIs, the verdict, stalls")
-    p.add_argument("--url", default="http://127.0.0.1:9477", help="the agent (default http://127.0.0.1:9477)")
-    p.add_argument("--interval", type=float, default=2.0, help="seconds between screens")
-    p.add_argument("--once", action="store_true", help="draw one screen and exit")
-
-    p = sub.add_parser("alerts", help="the pending and firing alerts of a running agent's own rule evaluation")
-    p.add_argument("--url", default="http://127.0.0.1:9477", help="the agent's base URL")
-    p = sub.add_parser("runs", help="list the runs `outrider run` recorded")
-    p.add_argument("--runs-dir", help="where the records are (default: the runs_dir setting)")
-    p = sub.add_parser("report", help="write the HTML report of a recorded run")
-    p.add_argument("run", help="a run id, a unique prefix of one, or 'last'")
-    p.add_argument("-o", "--output", help="file to write (default: outrider-report-RUN.html)")
-    p.add_argument("--runs-dir", help="where the records are")
-    p = sub.add_parser("compare", help="compare two recorded runs: KPI deltas with confidence intervals")
-    p.add_argument("run_a")
-    p.add_argument("run_b")
-    p.add_argument("--runs-dir", help="where the records are")
-
-    p = sub.add_parser("demo", help="run a bundled synthetic workload under watch and show what Outrider sees")
-    p.add_argument("--duration", type=float, default=12.0, help="seconds the workload runs (default 12)")
-    return parser
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if args.command is None:
-        parser.print_help()
-        return 2
-    try:
-        return _dispatch(parser, args)
-    except ConfigError as e:
-        print(f"outrider: configuration error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        return 130
-
-
-def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    if args.command == "config":
-        if args.config_command == "check":
-            from outrider.alerting import receivers, rule_groups
-
-            loaded = load(file=args.file, env={})
-            groups = rule_groups(loaded.config)  # the rule files and receivers it names load too
-            routes = receivers(loaded.config)
-            print(f"{args.file}: ok ({sum(s != 'default' for s in loaded.sources.values())} keys set; "
-                  f"{sum(len(g.rules) for g in groups)} rules, receivers: "
-                  f"{', '.join(n.name for n, _ in routes) or 'none'})")
-            return 0
-        if args.config_command == "show":
-            sys.stdout.write(to_yaml(_load(args)))
-            return 0
-        parser.parse_args(["config", "--help"])
-        return 2
-    if args.command == "rules":
-        from pathlib import Path
-
-        from outrider.rules.export import RulesError, default_rules_path, export
-
-        if args.rules_command == "check":
-            from outrider.rules.rule import RuleLoadError, load_groups
-
-            try:
-                for path in args.files or [str(default_rules_path())]:
-                    groups = load_groups([path])
-                    print(f"{path}: ok ({sum(len(g.rules) for g in groups)} rules the agent can evaluate)")
-            except RuleLoadError as e:
-                print(f"outrider rules check: {e}", file=sys.stderr)
-                return 1
-            return 0
-        if args.rules_command == "test":
-            from outrider.rules.promtest import main as replay
-
-            return replay(args.files)
-        if args.rules_command != "export":
-            parser.parse_args(["rules", "--help"])
-            return 2
-        try:
-            sys.stdout.write(export(args.format, args.settings, Path(args.rules) if args.rules else None,
-                                    args.datasource_uid, args.namespace))
-        except RulesError as e:
-            print(f"outrider rules export: {e}", file=sys.stderr)
-            return 2
-        return 0
-    if args.command == "dashboards":
-        from pathlib import Path
-
-        try:
-            from outrider.dashboards import provision
-        except ImportError as e:
-            print(f"outrider dashboards: needs the grafana extra: pip install 'outrider[grafana]' ({e})",
-                  file=sys.stderr)
-            return 2
-        if args.dashboards_command == "export":
-            for path in provision.export(Path(args.dir), args.provider_path):
-                print(path)
-            return 0
-        if args.dashboards_command == "push":
-            try:
-                for url in provision.push(args.url, provision.read_token(args.token_file), args.datasource_uid):
-                    print(url)
-            except provision.PushError as e:
-                print(f"outrider dashboards push: {e}", file=sys.stderr)
-                return 1
-            return 0
-        parser.parse_args(["dashboards", "--help"])
-        return 2
-    if args.command == "alerts":
-        return _alerts_command(args.url)
-    if args.command == "top":
-        from outrider.top import run_top
-
-        return run_top(args.url, args.interval, args.once)
-    if args.command in ("runs", "report", "compare"):
-        return _runs_command(args)
-    if args.command == "demo":
-        from outrider.demo import run_demo
-
-        setup_logging("warning")
-        return run_demo(args.duration)
-
-    loaded = _load(args)
-    cfg = loaded.config
+    cfg = _load(args).config
     setup_logging(cfg.log_level)
-    if args.command == "metrics":
-        from outrider.sampler import Sampler
-
-        sampler = Sampler(cfg)
-        sampler.sweep()
-        time.sleep(0.2)  # a second sweep, so values computed between sweeps (CPU utilisation) are present
-        sampler.sweep()
-        sys.stdout.buffer.write(sampler.exposition(openmetrics=args.openmetrics))
-        sampler.stop()
-        return 0
-    if args.command == "agent":
-        from outrider.agent import Agent
-
-        try:
-            agent = Agent(cfg)
-        except OSError as e:  # the listen address is taken or not ours
-            print(f"outrider agent: {e.strerror or e}", file=sys.stderr)
-            return 1
-        return agent.run_until_signal()
-    if args.command == "run":
-        from outrider.runner import run
-
-        cmd = list(args.cmd)
-        if cmd and cmd[0] == "--":
-            cmd = cmd[1:]
-        if not cmd:
-            print("outrider run: no command given: outrider run [options] -- CMD [ARGS...]", file=sys.stderr)
-            return 2
-        code, _ = run(cmd, cfg, summary_json=args.summary_json, quiet=args.quiet)
-        return code
-    parser.print_help()
-    return 2
+    try:
+        agent = Agent(cfg)
+    except OSError as e:  # the listen address is taken or not ours
+        print(f"outrider agent: {e.strerror or e}", file=sys.stderr)
+        return 1
+    return agent.run_until_signal()
 
 
-def _alerts_command(url: str) -> int:
+def cmd_run(args: argparse.Namespace) -> int:
+    from outrider.runner import run
+
+    cmd = list(args.cmd)
+    if cmd and cmd[0] == "--":
+        cmd = cmd[1:]
+    if not cmd or not cmd[0]:
+        print("outrider run: no command given: outrider run [options] -- CMD [ARGS...]", file=sys.stderr)
+        return 2
+    cfg = _load(args).config
+    setup_logging(cfg.log_level)
+    code, _ = run(cmd, cfg, summary_json=args.summary_json, quiet=args.quiet)
+    return code
+
+
+def cmd_metrics(args: argparse.Namespace) -> int:
+    from outrider.sampler import Sampler
+
+    cfg = _load(args).config
+    setup_logging(cfg.log_level)
+    sampler = Sampler(cfg)
+    sampler.sweep()
+    time.sleep(0.2)  # a second sweep, so values computed between sweeps (CPU utilisation) are present
+    sampler.sweep()
+    sys.stdout.buffer.write(sampler.exposition(openmetrics=args.openmetrics))
+    sampler.stop()
+    return 0
+
+
+# --- configuration ---------------------------------------------------------------------------------------------
+
+def cmd_config_check(args: argparse.Namespace) -> int:
+    from outrider import collectors
+    from outrider.alerting import receivers, rule_groups
+
+    loaded = collectors.resolve(load(file=args.file, env={}))
+    groups = rule_groups(loaded.config)  # the rule files and receivers it names load too
+    routes = receivers(loaded.config)
+    print(f"{args.file}: ok ({sum(s != 'default' for s in loaded.sources.values())} keys set; "
+          f"{sum(len(g.rules) for g in groups)} rules, receivers: {', '.join(n.name for n, _ in routes) or 'none'})")
+    return 0
+
+
+def cmd_config_show(args: argparse.Namespace) -> int:
+    sys.stdout.write(to_yaml(_load(args)))
+    return 0
+
+
+# --- rules -----------------------------------------------------------------------------------------------------
+
+def cmd_rules_export(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from outrider.rules.export import export
+    from outrider.rules.files import RulesError
+
+    try:
+        sys.stdout.write(export(args.format, args.settings, Path(args.rules) if args.rules else None,
+                                args.datasource_uid, args.namespace))
+    except RulesError as e:
+        print(f"outrider rules export: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def cmd_rules_check(args: argparse.Namespace) -> int:
+    from outrider.rules.files import default_rules_path
+    from outrider.rules.rule import RuleLoadError, load_groups
+
+    try:
+        for path in args.files or [str(default_rules_path())]:
+            groups = load_groups([path])
+            print(f"{path}: ok ({sum(len(g.rules) for g in groups)} rules the agent can evaluate)")
+    except RuleLoadError as e:
+        print(f"outrider rules check: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_rules_test(args: argparse.Namespace) -> int:
+    from outrider.rules.promtest import main as replay
+
+    return replay(args.files)
+
+
+# --- dashboards ------------------------------------------------------------------------------------------------
+
+def _provision() -> Any:
+    try:
+        from outrider.dashboards import provision
+    except ImportError as e:
+        raise SystemExit(f"outrider dashboards: needs the grafana extra: pip install 'outrider[grafana]' ({e})") \
+            from None
+    return provision
+
+
+def cmd_dashboards_export(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    for path in _provision().export(Path(args.dir), args.provider_path):
+        print(path)
+    return 0
+
+
+def cmd_dashboards_push(args: argparse.Namespace) -> int:
+    provision = _provision()
+    try:
+        for url in provision.push(args.url, provision.read_token(args.token_file), args.datasource_uid):
+            print(url)
+    except provision.PushError as e:
+        print(f"outrider dashboards push: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+# --- looking at a running agent --------------------------------------------------------------------------------
+
+def cmd_top(args: argparse.Namespace) -> int:
+    from outrider.top import run_top
+
+    return run_top(args.url, args.interval, args.once)
+
+
+def cmd_alerts(args: argparse.Namespace) -> int:
     import json
-    import urllib.error
     import urllib.request
 
+    url = args.url
     try:
         with urllib.request.urlopen(url.rstrip("/") + "/api/v1/alerts", timeout=10) as response:
             alerts = json.load(response)["data"]["alerts"]
@@ -299,42 +233,180 @@ def _alerts_command(url: str) -> int:
     return 0
 
 
-def _runs_command(args: argparse.Namespace) -> int:
-    from outrider.runs.store import RunNotFound, RunStore
+# --- recorded runs ---------------------------------------------------------------------------------------------
 
-    runs_dir = args.runs_dir or load().config.runs_dir or None
-    store = RunStore(runs_dir)
+def _run_store(args: argparse.Namespace) -> Any:
+    from outrider.runs.store import RunStore
+
+    return RunStore(args.runs_dir or load().config.runs_dir or None)
+
+
+def _with_runs(fn: Callable[[Any, argparse.Namespace], int]) -> Command:
+    def command(args: argparse.Namespace) -> int:
+        from outrider.runs.store import RunNotFound
+
+        store = _run_store(args)
+        try:
+            return fn(store, args)
+        except RunNotFound as e:
+            print(f"outrider {args.command}: {e}", file=sys.stderr)
+            return 2
+        finally:
+            store.close()
+    return command
+
+
+def cmd_runs(store: Any, args: argparse.Namespace) -> int:
+    for run_id, started, ended, code, command in store.list_runs():
+        length = f"{ended - started:7.0f} s" if ended else "  running"
+        print(f"{run_id}  {time.strftime('%Y-%m-%d %H:%M', time.localtime(started))}  {length}  "
+              f"exit {code if code is not None else '-':>3}  {' '.join(command)[:80]}")
+    return 0
+
+
+def cmd_report(store: Any, args: argparse.Namespace) -> int:
+    from outrider.runs.report import render
+
+    rec = store.load(args.run)
+    out = args.output or f"outrider-report-{rec.id}.html"
+    with open(out, "w", encoding="utf-8") as fh:
+        fh.write(render(rec))
+    print(out)
+    return 0
+
+
+def cmd_compare(store: Any, args: argparse.Namespace) -> int:
+    from outrider.runs.compare import compare
+
+    a, b = store.load(args.run_a), store.load(args.run_b)
+    results = compare(a, b)
+    print(f"A = {a.id} ({' '.join(a.command)[:60]})\nB = {b.id} ({' '.join(b.command)[:60]})")
+    if not results:
+        print("no KPI with enough samples in both runs (at least 5 sweeps after warm-up)")
+    for r in results:
+        print("  " + r.sentence())
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from outrider.demo import run_demo
+
+    setup_logging("warning")
+    return run_demo(args.duration)
+
+
+# --- the parser ------------------------------------------------------------------------------------------------
+
+def _group(sub: Any, name: str, help_text: str) -> Any:
+    """A subcommand with actions of its own; without one it prints its help and exits 2."""
+    p = sub.add_parser(name, help=help_text)
+    p.set_defaults(func=lambda args: _usage(p))
+    return p.add_subparsers(metavar="ACTION")
+
+
+def _usage(p: argparse.ArgumentParser) -> int:
+    p.print_help(sys.stderr)
+    return 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="outrider", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"outrider {__version__}")
+    parser.set_defaults(func=lambda args: _usage(parser))
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    p = sub.add_parser("agent", help="run the agent: sweep, serve /metrics, export OTLP, until SIGTERM")
+    _add_config_flags(p, with_pid=True)
+    p.set_defaults(func=cmd_agent)
+
+    p = sub.add_parser("run", help="run a command under watch: outrider run [options] -- CMD ...")
+    _add_config_flags(p)
+    p.add_argument("--summary-json", metavar="FILE", help="also write the end-of-run summary as JSON")
+    p.add_argument("--quiet", action="store_true", help="print no banner and no summary")
+    p.add_argument("cmd", nargs=argparse.REMAINDER, help="the command, after --")
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("metrics", help="one sweep printed as exposition text")
+    _add_config_flags(p, with_pid=True)
+    p.add_argument("--once", action="store_true", help="one sweep, then exit (the only mode for now)")
+    p.add_argument("--openmetrics", action="store_true", help="OpenMetrics instead of Prometheus text")
+    p.set_defaults(func=cmd_metrics)
+
+    actions = _group(sub, "config", "check a config file, or show the effective configuration")
+    c = actions.add_parser("check", help="validate a YAML config file (and the rule files and receivers it names)")
+    c.add_argument("file")
+    c.set_defaults(func=cmd_config_check)
+    c = actions.add_parser("show", help="the effective configuration, each value with its source")
+    _add_config_flags(c, with_pid=True)
+    c.set_defaults(func=cmd_config_show)
+
+    actions = _group(sub, "rules", "the alert rules: check, test, or export them")
+    r = actions.add_parser("export", help="print the rules in a format, with thresholds tuned by --set")
+    r.add_argument("--format", default="prometheus", choices=("prometheus", "prometheusrule", "grafana"))
+    r.add_argument("--set", dest="settings", action="append", default=[], metavar="RULE.NAME=VALUE",
+                   help="tune a threshold, or RULE.for / RULE.severity (see alerts/tunables.yaml); repeatable")
+    r.add_argument("--rules", metavar="FILE", help="rule file (default: alerts/outrider.rules.yaml)")
+    r.add_argument("--datasource-uid", default="prometheus", help="Grafana's Prometheus datasource UID")
+    r.add_argument("--namespace", help="namespace of the PrometheusRule")
+    r.set_defaults(func=cmd_rules_export)
+    r = actions.add_parser("check", help="load rule files as the agent's embedded evaluator does (default: the "
+                                         "catalog)")
+    r.add_argument("files", nargs="*", metavar="FILE")
+    r.set_defaults(func=cmd_rules_check)
+    r = actions.add_parser("test", help="replay promtool rule unit-test files through the embedded evaluator")
+    r.add_argument("files", nargs="+", metavar="FILE")
+    r.set_defaults(func=cmd_rules_test)
+
+    actions = _group(sub, "dashboards", "the Grafana dashboards: export them to files or push them to Grafana")
+    d = actions.add_parser("export", help="write the dashboards' JSON and a Grafana file-provisioning provider")
+    d.add_argument("dir")
+    d.add_argument("--provider-path", help="the path Grafana will read them from (default: DIR)")
+    d.set_defaults(func=cmd_dashboards_export)
+    d = actions.add_parser("push", help="create the Outrider folder and upsert the dashboards through Grafana's API")
+    d.add_argument("--url", required=True, help="Grafana's URL, e.g. https://grafana.example.com")
+    d.add_argument("--token-file", help="file holding a service account token (default: $GRAFANA_TOKEN)")
+    d.add_argument("--datasource-uid", help="Prometheus datasource to select by default (checked to exist)")
+    d.set_defaults(func=cmd_dashboards_push)
+
+    p = sub.add_parser("top", help="a live terminal view of an agent: GPUs, KPIs, the verdict, stalls")
+    p.add_argument("--url", default="http://127.0.0.1:9477", help="the agent (default http://127.0.0.1:9477)")
+    p.add_argument("--interval", type=float, default=2.0, help="seconds between screens")
+    p.add_argument("--once", action="store_true", help="draw one screen and exit")
+    p.set_defaults(func=cmd_top)
+
+    p = sub.add_parser("alerts", help="the pending and firing alerts of a running agent's own rule evaluation")
+    p.add_argument("--url", default="http://127.0.0.1:9477", help="the agent's base URL")
+    p.set_defaults(func=cmd_alerts)
+
+    p = sub.add_parser("runs", help="list the runs `outrider run` recorded")
+    p.add_argument("--runs-dir", help="where the records are (default: the runs_dir setting)")
+    p.set_defaults(func=_with_runs(cmd_runs))
+    p = sub.add_parser("report", help="write the HTML report of a recorded run")
+    p.add_argument("run", help="a run id, a unique prefix of one, or 'last'")
+    p.add_argument("-o", "--output", help="file to write (default: outrider-report-RUN.html)")
+    p.add_argument("--runs-dir", help="where the records are")
+    p.set_defaults(func=_with_runs(cmd_report))
+    p = sub.add_parser("compare", help="compare two recorded runs: KPI deltas with confidence intervals")
+    p.add_argument("run_a")
+    p.add_argument("run_b")
+    p.add_argument("--runs-dir", help="where the records are")
+    p.set_defaults(func=_with_runs(cmd_compare))
+
+    p = sub.add_parser("demo", help="run a bundled synthetic workload under watch and show what Outrider sees")
+    p.add_argument("--duration", type=float, default=12.0, help="seconds the workload runs (default 12)")
+    p.set_defaults(func=cmd_demo)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     try:
-        if args.command == "runs":
-            for run_id, started, ended, code, command in store.list_runs():
-                length = f"{ended - started:7.0f} s" if ended else "  running"
-                print(f"{run_id}  {time.strftime('%Y-%m-%d %H:%M', time.localtime(started))}  {length}  "
-                      f"exit {code if code is not None else '-':>3}  {' '.join(command)[:80]}")
-            return 0
-        if args.command == "report":
-            from outrider.runs.report import render
-
-            rec = store.load(args.run)
-            out = args.output or f"outrider-report-{rec.id}.html"
-            with open(out, "w", encoding="utf-8") as fh:
-                fh.write(render(rec))
-            print(out)
-            return 0
-        from outrider.runs.compare import compare
-
-        a, b = store.load(args.run_a), store.load(args.run_b)
-        results = compare(a, b)
-        print(f"A = {a.id} ({' '.join(a.command)[:60]})\nB = {b.id} ({' '.join(b.command)[:60]})")
-        if not results:
-            print("no KPI with enough samples in both runs (at least 5 sweeps after warm-up)")
-        for r in results:
-            print("  " + r.sentence())
-        return 0
-    except RunNotFound as e:
-        print(f"outrider {args.command}: {e}", file=sys.stderr)
+        return int(args.func(args))
+    except ConfigError as e:
+        print(f"outrider: configuration error: {e}", file=sys.stderr)
         return 2
-    finally:
-        store.close()
+    except KeyboardInterrupt:
+        return 130
 
 
 if __name__ == "__main__":
