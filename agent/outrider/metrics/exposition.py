@@ -9,6 +9,7 @@ Prometheus server in the tests.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable
 
 from outrider.metrics.family import Family, HistogramValue
@@ -32,7 +33,20 @@ def format_le(bound: float) -> str:
     return "+Inf" if bound == math.inf else repr(float(bound))
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _surrogate_escape(m: re.Match[str]) -> str:
+    """A lone surrogate (text decoded from bytes that were not UTF-8: a path, an environment variable) as the
+    byte it stood for (\\xe9), or its code point: the exposition must be UTF-8, and one such value must never
+    make every scrape fail."""
+    code = ord(m.group())
+    return f"\\x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else f"\\u{code:04x}"
+
+
 def escape_label_value(value: str) -> str:
+    if not value.isascii():
+        value = _SURROGATE.sub(_surrogate_escape, value)
     return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
 
@@ -41,9 +55,9 @@ def escape_help(text: str) -> str:
 
 
 def _label_block(names: tuple[str, ...], values: tuple[str, ...]) -> str:
-    if not names:
-        return ""
-    return "{" + ",".join(f'{n}="{escape_label_value(v)}"' for n, v in zip(names, values)) + "}"
+    """Labels with empty values are left out: Prometheus treats them as absent, and they only cost bytes."""
+    pairs = [f'{n}="{escape_label_value(v)}"' for n, v in zip(names, values) if v]
+    return "{" + ",".join(pairs) + "}" if pairs else ""
 
 
 # Sample-line prefixes ("name{labels} ") keyed by name and label values: label sets repeat sweep after sweep,
