@@ -1,6 +1,7 @@
-"""Dashboards as code (grafana-foundation-sdk, Grafana 11.6), one file per dashboard; generates dashboards/*.json.
+"""Dashboards as code (grafana-foundation-sdk, Grafana 11.6), one file per dashboard.
 
-    python -m outrider.dashboards [DIR]     # regenerate the committed JSON (default: the repository's dashboards/)
+The committed dashboards/*.json (and the chart's copies) are written from here by `python scripts/generate.py`;
+`outrider dashboards export` writes them for a Grafana to provision.
 """
 
 from __future__ import annotations

@@ -1,16 +1,13 @@
-"""Generates the metrics reference (docs/metrics.md) from the catalog: `python -m outrider.metrics.reference`."""
+"""The metrics reference (docs/metrics.md) rendered from the catalog; `python scripts/generate.py` writes it."""
 
 from __future__ import annotations
-
-import sys
-from pathlib import Path
 
 from outrider.metrics.catalog import definitions
 
 HEADER = """# Metrics reference
 
-Generated from `agent/outrider/metrics/catalog.py` by `python -m outrider.metrics.reference > docs/metrics.md`;
-a test fails when this file drifts from the table. Prometheus names follow Prometheus conventions (base units,
+Generated from `agent/outrider/metrics/catalog.py` by `python scripts/generate.py`; a test fails when this file
+drifts from the table. Prometheus names follow Prometheus conventions (base units,
 `_total` on counters); OpenTelemetry names are semantic-convention names where one exists (marked *semconv*),
 `outrider.*` otherwise. Labels are given as `prometheus label` → `OpenTelemetry attribute`.
 """
@@ -32,15 +29,3 @@ def render_reference() -> str:
             text = d.help.replace("|", "\\|")
             out.append(f"| `{d.name}` | {d.type} | {otel} | `{d.unit}` | {labels} | {text} |")
     return "\n".join(out) + "\n"
-
-
-def main() -> int:
-    if len(sys.argv) > 1:
-        Path(sys.argv[1]).write_text(render_reference(), encoding="utf-8")
-    else:
-        sys.stdout.write(render_reference())
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
