@@ -10,12 +10,11 @@ GPU reports outrider_gpu_up 0; with no NVML at all the collector reports outride
 from __future__ import annotations
 
 import os
-import threading
-import time
 from typing import Any
 
 from outrider.collectors.base import Collector, CollectorContext
 from outrider.collectors.procfs import read_proc_stat, read_text
+from outrider.metrics.catalog import CATALOG
 from outrider.metrics.family import Family
 from outrider.nvml import NA, GpuLost, Nvml
 
@@ -29,7 +28,6 @@ VIOLATION_POLICIES = ((0, "power"), (1, "thermal"), (2, "sync_boost"), (3, "boar
 GPM_METRICS = ((2, "outrider_gpu_sm_activity_ratio"), (3, "outrider_gpu_sm_occupancy_ratio"),
                (5, "outrider_gpu_tensor_activity_ratio"), (10, "outrider_gpu_dram_activity_ratio"))
 FIELD_MEMORY_TEMP, FIELD_NVLINK_TX, FIELD_NVLINK_RX = 82, 138, 139
-XID_EVENT = 0x0000000000000008  # nvmlEventTypeXidCriticalError
 
 
 def xid_class(code: int) -> str:
@@ -47,52 +45,17 @@ def xid_class(code: int) -> str:
     return "other"
 
 
-class XidWatcher:
-    """Waits on an NVML event set for XID errors; counts them per GPU and code, with the time of the last one."""
+class _Out:
+    """One sweep's families, by name."""
 
-    WAIT_MS = 1000  # how long one wait blocks: also how long stop() may take to be noticed
+    def __init__(self) -> None:
+        self.families: dict[str, Family] = {}
 
-    def __init__(self, nvml: Nvml, handles: dict[int, Any]) -> None:
-        self.nvml = nvml
-        self.counts: dict[tuple[int, int], int] = {}
-        self.last: dict[int, float] = {}
-        self._stop = threading.Event()
-        self._handles = handles
-        self._thread = threading.Thread(target=self._run, name="outrider-xid", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        lib = self.nvml.lib
-        try:
-            event_set = lib.nvmlEventSetCreate()
-            for index, handle in self._handles.items():
-                try:
-                    lib.nvmlDeviceRegisterEvents(handle, XID_EVENT, event_set)
-                except lib.NVMLError as e:
-                    self.nvml._once.warning(f"xid{index}", "GPU %d: XID events unavailable: %s", index, e)
-        except Exception as e:
-            self.nvml._once.warning("xid", "XID events unavailable: %s", e)
-            return
-        while not self._stop.is_set():
-            try:
-                data = lib.nvmlEventSetWait(event_set, self.WAIT_MS)
-            except lib.NVMLError_Timeout:
-                continue
-            except Exception:  # a lost GPU or a driver failure: the sweep reports it; keep listening, slowly
-                self._stop.wait(5.0)
-                continue
-            if not data.eventType & XID_EVENT:
-                continue
-            try:
-                index = int(lib.nvmlDeviceGetIndex(data.device))
-            except Exception:
-                index = -1
-            code = int(data.eventData)
-            self.counts[(index, code)] = self.counts.get((index, code), 0) + 1
-            self.last[index] = time.time()
-
-    def stop(self) -> None:
-        self._stop.set()
+    def add(self, name: str, value: float, labels: tuple[str, ...]) -> None:
+        f = self.families.get(name)
+        if f is None:
+            f = self.families[name] = Family(CATALOG[name])
+        f.add(value, *labels)
 
 
 class GpuCollector(Collector):
@@ -103,7 +66,6 @@ class GpuCollector(Collector):
     def __init__(self, ctx: CollectorContext) -> None:
         super().__init__(ctx)
         self.nvml = Nvml(ctx.config.nvml_library or None)
-        self._xid: XidWatcher | None = None
         self._lost: set[int] = set()
         self._lost_counts: dict[int, int] = {}
         self._util_ts: dict[int, int] = {}
@@ -115,142 +77,142 @@ class GpuCollector(Collector):
         if not self.nvml.init():
             return [Family("outrider_gpu_nvml_up").add(0)]
         count = self.nvml.device_count()
-        out: dict[str, Family] = {}
-
-        def fam(name: str) -> Family:
-            f = out.get(name)
-            if f is None:
-                f = out[name] = Family(name)
-            return f
-
-        fam("outrider_gpu_nvml_up").add(1 if self.nvml.initialized else 0)
-        fam("outrider_gpu_count").add(count)
-        handles = {}
+        out = _Out()
+        out.add("outrider_gpu_nvml_up", 1 if self.nvml.initialized else 0, ())
+        out.add("outrider_gpu_count", count, ())
+        handles: dict[int, Any] = {}
+        gpu_labels: dict[int, tuple[str, ...]] = {}
         for index in range(count):
-            h = self.nvml.handle(index)
-            if h is NA:
-                continue
-            handles[index] = h
-            labels = (str(index), f"index-{index}", "unknown")
+            labels: tuple[str, ...] = (str(index), f"index-{index}", "unknown")
             try:
+                h = self.nvml.handle(index)
+                if h is NA:
+                    continue
+                handles[index] = h
                 facts = self.nvml.facts(index)
                 labels = (str(index), facts.uuid, facts.name)
-                self._device(index, h, facts, labels, fam)
+                gpu_labels[index] = labels
+                self._device(index, h, facts, labels, out)
                 self._lost.discard(index)
-                fam("outrider_gpu_up").add(1, *labels)
+                out.add("outrider_gpu_up", 1, labels)
             except GpuLost:
+                gpu_labels[index] = labels
                 if index not in self._lost:
                     self._lost.add(index)
                     self._lost_counts[index] = self._lost_counts.get(index, 0) + 1
                     self.log.error("GPU %d (%s) is lost: fallen off the bus or in need of a reset", index,
-                                   facts.uuid)
-                fam("outrider_gpu_up").add(0, *labels)
-            fam("outrider_gpu_lost_total").add(self._lost_counts.get(index, 0), *labels)
-        if self._xid is None and handles and self.nvml.has("nvmlEventSetCreate"):
-            self._xid = XidWatcher(self.nvml, dict(handles))
-        if self._xid is not None:
-            for (index, code), n in sorted(self._xid.counts.items()):
-                if index in handles:
-                    f = self.nvml.facts(index)
-                    fam("outrider_gpu_xid_errors_total").add(n, str(index), f.uuid, f.name, str(code),
-                                                            xid_class(code))
-            for index, ts in sorted(self._xid.last.items()):
-                if index in handles:
-                    f = self.nvml.facts(index)
-                    fam("outrider_gpu_last_xid_timestamp_seconds").add(ts, str(index), f.uuid, f.name)
+                                   labels[1])
+                out.add("outrider_gpu_up", 0, labels)
+            out.add("outrider_gpu_lost_total", self._lost_counts.get(index, 0), labels)
+        watcher = self.nvml.watch_xid(handles)
+        if watcher is not None:
+            counts, last = watcher.snapshot()
+            for (index, code), n in sorted(counts.items()):
+                if index in gpu_labels:
+                    out.add("outrider_gpu_xid_errors_total", n, (*gpu_labels[index], str(code), xid_class(code)))
+            for index, ts in sorted(last.items()):
+                if index in gpu_labels:
+                    out.add("outrider_gpu_last_xid_timestamp_seconds", ts, gpu_labels[index])
         self.errors = self.nvml.errors
-        return list(out.values())
+        return list(out.families.values())
 
-    def _device(self, i: int, h: Any, facts: Any, labels: tuple[str, ...], fam: Any) -> None:
+    def _device(self, i: int, h: Any, facts: Any, labels: tuple[str, ...], out: _Out) -> None:
         q, lib = self.nvml.query, self.nvml.lib
+
+        def put(name: str, value: float, *extra: str) -> None:
+            out.add(name, value, (*labels, *extra))
+
         util = q("nvmlDeviceGetUtilizationRates", h, device=i)
         if util is not NA:
-            fam("outrider_gpu_utilization_ratio").add(util.gpu / 100.0, *labels, "general")
-            fam("outrider_gpu_memory_bandwidth_utilization_ratio").add(util.memory / 100.0, *labels)
+            put("outrider_gpu_utilization_ratio", util.gpu / 100.0, "general")
+            put("outrider_gpu_memory_bandwidth_utilization_ratio", util.memory / 100.0)
         for fn, task in (("nvmlDeviceGetEncoderUtilization", "encoder"),
                          ("nvmlDeviceGetDecoderUtilization", "decoder")):
             v = q(fn, h, device=i)
             if v is not NA:
-                fam("outrider_gpu_utilization_ratio").add(v[0] / 100.0, *labels, task)
+                put("outrider_gpu_utilization_ratio", v[0] / 100.0, task)
         mem = q("nvmlDeviceGetMemoryInfo", h, lib.nvmlMemory_v2, device=i, key="nvmlDeviceGetMemoryInfo_v2")
         if mem is NA:
             mem = q("nvmlDeviceGetMemoryInfo", h, device=i)
         if mem is not NA:
-            fam("outrider_gpu_memory_total_bytes").add(mem.total, *labels)
-            fam("outrider_gpu_memory_used_bytes").add(mem.used, *labels)
-            fam("outrider_gpu_memory_free_bytes").add(mem.free, *labels)
+            put("outrider_gpu_memory_total_bytes", mem.total)
+            put("outrider_gpu_memory_used_bytes", mem.used)
+            put("outrider_gpu_memory_free_bytes", mem.free)
             if hasattr(mem, "reserved"):
-                fam("outrider_gpu_memory_reserved_bytes").add(mem.reserved, *labels)
+                put("outrider_gpu_memory_reserved_bytes", mem.reserved)
         temp = q("nvmlDeviceGetTemperature", h, lib.NVML_TEMPERATURE_GPU, device=i)
         if temp is not NA:
-            fam("outrider_gpu_temperature_celsius").add(temp, *labels, "gpu")
-        fields = self._fields(i, h)
+            put("outrider_gpu_temperature_celsius", temp, "gpu")
+        fields = self.nvml.field_values(h, [FIELD_MEMORY_TEMP, FIELD_NVLINK_TX, FIELD_NVLINK_RX], device=i)
         if FIELD_MEMORY_TEMP in fields:
-            fam("outrider_gpu_temperature_celsius").add(fields[FIELD_MEMORY_TEMP], *labels, "memory")
+            put("outrider_gpu_temperature_celsius", fields[FIELD_MEMORY_TEMP], "memory")
         if FIELD_NVLINK_TX in fields:
-            fam("outrider_gpu_nvlink_bytes_total").add(fields[FIELD_NVLINK_TX] * 1024, *labels, "transmit")
+            put("outrider_gpu_nvlink_bytes_total", fields[FIELD_NVLINK_TX] * 1024, "transmit")
         if FIELD_NVLINK_RX in fields:
-            fam("outrider_gpu_nvlink_bytes_total").add(fields[FIELD_NVLINK_RX] * 1024, *labels, "receive")
+            put("outrider_gpu_nvlink_bytes_total", fields[FIELD_NVLINK_RX] * 1024, "receive")
+        for kind, n in sorted(self.nvml.nvlink_errors(i, h).items()):
+            put("outrider_gpu_nvlink_errors_total", n, kind)
         power = q("nvmlDeviceGetPowerUsage", h, device=i)
         if power is not NA:
-            fam("outrider_gpu_power_watts").add(power / 1000.0, *labels)
+            put("outrider_gpu_power_watts", power / 1000.0)
         if facts.power_limit_w is not NA:
-            fam("outrider_gpu_power_limit_watts").add(facts.power_limit_w, *labels)
+            put("outrider_gpu_power_limit_watts", facts.power_limit_w)
         energy = q("nvmlDeviceGetTotalEnergyConsumption", h, device=i)
         if energy is not NA:
-            fam("outrider_gpu_energy_joules_total").add(energy / 1000.0, *labels)
+            put("outrider_gpu_energy_joules_total", energy / 1000.0)
         for clock_type, clock in ((lib.NVML_CLOCK_SM, "sm"), (lib.NVML_CLOCK_MEM, "memory")):
             v = q("nvmlDeviceGetClockInfo", h, clock_type, device=i, key=f"nvmlDeviceGetClockInfo:{clock}")
             if v is not NA:
-                fam("outrider_gpu_clock_hertz").add(v * 1e6, *labels, clock)
+                put("outrider_gpu_clock_hertz", v * 1e6, clock)
         if facts.max_sm_clock_hz is not NA:
-            fam("outrider_gpu_clock_max_hertz").add(facts.max_sm_clock_hz, *labels, "sm")
+            put("outrider_gpu_clock_max_hertz", facts.max_sm_clock_hz, "sm")
         if facts.max_mem_clock_hz is not NA:
-            fam("outrider_gpu_clock_max_hertz").add(facts.max_mem_clock_hz, *labels, "memory")
+            put("outrider_gpu_clock_max_hertz", facts.max_mem_clock_hz, "memory")
         pstate = q("nvmlDeviceGetPerformanceState", h, device=i)
         if pstate is not NA:
-            fam("outrider_gpu_performance_state").add(pstate, *labels)
+            put("outrider_gpu_performance_state", pstate)
         fan = q("nvmlDeviceGetFanSpeed", h, device=i)
         if fan is not NA:
-            fam("outrider_gpu_fan_speed_ratio").add(fan / 100.0, *labels)
+            put("outrider_gpu_fan_speed_ratio", fan / 100.0)
         reasons = self.nvml.probe(("nvmlDeviceGetCurrentClocksEventReasons",
                                    "nvmlDeviceGetCurrentClocksThrottleReasons"), h, device=i)
         if reasons is not NA:
             for bit, reason in CLOCK_EVENT_REASONS:
-                fam("outrider_gpu_clock_event_active").add(1 if reasons & bit else 0, *labels, reason)
+                put("outrider_gpu_clock_event_active", 1 if reasons & bit else 0, reason)
         for policy, reason in VIOLATION_POLICIES:
             v = q("nvmlDeviceGetViolationStatus", h, policy, device=i, key=f"nvmlDeviceGetViolationStatus:{reason}")
             if v is not NA:
-                fam("outrider_gpu_violation_seconds_total").add(v.violationTime / 1e9, *labels, reason)
+                put("outrider_gpu_violation_seconds_total", v.violationTime / 1e9, reason)
         for counter, direction in ((lib.NVML_PCIE_UTIL_TX_BYTES, "transmit"), (lib.NVML_PCIE_UTIL_RX_BYTES, "receive")):
             v = q("nvmlDeviceGetPcieThroughput", h, counter, device=i, key=f"nvmlDeviceGetPcieThroughput:{direction}")
             if v is not NA:
-                fam("outrider_gpu_pcie_throughput_bytes_per_second").add(v * 1024, *labels, direction)
+                put("outrider_gpu_pcie_throughput_bytes_per_second", v * 1024, direction)
         replay = q("nvmlDeviceGetPcieReplayCounter", h, device=i)
         if replay is not NA:
-            fam("outrider_gpu_pcie_replays_total").add(replay, *labels)
+            put("outrider_gpu_pcie_replays_total", replay)
         for err_type, type_name in ((lib.NVML_MEMORY_ERROR_TYPE_CORRECTED, "corrected"),
                                     (lib.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, "uncorrected")):
             for counter, counter_name in ((lib.NVML_VOLATILE_ECC, "volatile"), (lib.NVML_AGGREGATE_ECC, "aggregate")):
                 v = q("nvmlDeviceGetTotalEccErrors", h, err_type, counter, device=i,
                       key=f"nvmlDeviceGetTotalEccErrors:{type_name}:{counter_name}")
                 if v is not NA:
-                    fam("outrider_gpu_ecc_errors_total").add(v, *labels, type_name, counter_name)
+                    put("outrider_gpu_ecc_errors_total", v, type_name, counter_name)
         rows = q("nvmlDeviceGetRemappedRows", h, device=i)
         if rows is not NA:
             corr, unc, pending, failure = rows
-            fam("outrider_gpu_remapped_rows").add(corr, *labels, "correctable").add(unc, *labels, "uncorrectable")
-            fam("outrider_gpu_row_remap_pending").add(1 if pending else 0, *labels)
-            fam("outrider_gpu_row_remap_failure").add(1 if failure else 0, *labels)
+            put("outrider_gpu_remapped_rows", corr, "correctable")
+            put("outrider_gpu_remapped_rows", unc, "uncorrectable")
+            put("outrider_gpu_row_remap_pending", 1 if pending else 0)
+            put("outrider_gpu_row_remap_failure", 1 if failure else 0)
         mig = q("nvmlDeviceGetMigMode", h, device=i)
         if mig is not NA:
-            fam("outrider_gpu_mig_mode").add(1 if mig[0] else 0, *labels)
+            put("outrider_gpu_mig_mode", 1 if mig[0] else 0)
             if mig[0]:
-                self._mig_devices(i, h, labels, fam)
-        self._gpm_metrics(i, h, labels, fam)
-        self._processes(i, h, labels, fam)
+                self._mig_devices(i, h, labels, out)
+        self._gpm_metrics(i, h, put)
+        self._processes(i, h, labels, out)
 
-    def _mig_devices(self, i: int, h: Any, labels: tuple[str, ...], fam: Any) -> None:
+    def _mig_devices(self, i: int, h: Any, labels: tuple[str, ...], out: _Out) -> None:
         """With MIG on, memory per MIG device (GPU instance); device-wide utilisation is not defined there."""
         q = self.nvml.query
         slots = q("nvmlDeviceGetMaxMigDeviceCount", h, device=i)
@@ -265,21 +227,10 @@ class GpuCollector(Collector):
             mig_labels = (*labels, str(uuid if uuid is not NA else f"slot-{slot}"),
                           str(instance) if instance is not NA else "")
             if mem is not NA:
-                fam("outrider_gpu_mig_memory_used_bytes").add(mem.used, *mig_labels)
-                fam("outrider_gpu_mig_memory_total_bytes").add(mem.total, *mig_labels)
+                out.add("outrider_gpu_mig_memory_used_bytes", mem.used, mig_labels)
+                out.add("outrider_gpu_mig_memory_total_bytes", mem.total, mig_labels)
 
-    def _fields(self, i: int, h: Any) -> dict[int, float]:
-        values = self.nvml.query("nvmlDeviceGetFieldValues", h, [FIELD_MEMORY_TEMP, FIELD_NVLINK_TX, FIELD_NVLINK_RX],
-                                 device=i)
-        out: dict[int, float] = {}
-        if values is NA:
-            return out
-        for v in values:
-            if v.nvmlReturn == 0:
-                out[int(v.fieldId)] = float(v.value.ullVal)
-        return out
-
-    def _gpm_metrics(self, i: int, h: Any, labels: tuple[str, ...], fam: Any) -> None:
+    def _gpm_metrics(self, i: int, h: Any, put: Any) -> None:
         """GPM needs two samples: the previous sweep's and this one's. No exclusive profiling lock is taken."""
         nv, lib = self.nvml, self.nvml.lib
         if not nv.has("nvmlGpmQueryDeviceSupport") or self._gpm_supported.get(i) is False:
@@ -307,9 +258,9 @@ class GpuCollector(Collector):
             return
         for k, (_, name) in enumerate(GPM_METRICS):
             if result.metrics[k].nvmlReturn == 0:
-                fam(name).add(result.metrics[k].value / 100.0, *labels)
+                put(name, result.metrics[k].value / 100.0)
 
-    def _processes(self, i: int, h: Any, labels: tuple[str, ...], fam: Any) -> None:
+    def _processes(self, i: int, h: Any, labels: tuple[str, ...], out: _Out) -> None:
         nv = self.nvml
         procs = nv.probe(("nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetComputeRunningProcesses_v2"), h,
                          device=i)
@@ -325,9 +276,9 @@ class GpuCollector(Collector):
         for p in procs:
             pid, name = self._translate(int(p.pid))
             if p.usedGpuMemory is not None:
-                fam("outrider_gpu_process_memory_bytes").add(p.usedGpuMemory, *labels, pid, name)
+                out.add("outrider_gpu_process_memory_bytes", p.usedGpuMemory, (*labels, pid, name))
             if int(p.pid) in sm:
-                fam("outrider_gpu_process_sm_utilization_ratio").add(sm[int(p.pid)], *labels, pid, name)
+                out.add("outrider_gpu_process_sm_utilization_ratio", sm[int(p.pid)], (*labels, pid, name))
 
     def _translate(self, nvml_pid: int) -> tuple[str, str]:
         """NVML reports PIDs as the procfs mount we read sees them (the host's, for a node agent given the host's
@@ -348,8 +299,7 @@ class GpuCollector(Collector):
         return str(local), name
 
     def close(self) -> None:
-        if self._xid is not None:
-            self._xid.stop()
+        """The XID watcher stops and frees its event set, then NVML shuts down (nvml.Nvml.shutdown)."""
         self.nvml.shutdown()
 
 

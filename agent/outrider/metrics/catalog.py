@@ -238,6 +238,10 @@ _DEFS: tuple[MetricDef, ...] = (
               "PCIe replays (link retransmissions): a rising rate means a bad link.", GPU, "gpu"),
     MetricDef("outrider_gpu_nvlink_bytes_total", "outrider.gpu.nvlink.io", "By", "counter",
               "NVLink data bytes over all links.", (*GPU, Label("direction", "network.io.direction")), "gpu"),
+    MetricDef("outrider_gpu_nvlink_errors_total", "outrider.gpu.nvlink.errors", "{error}", "counter",
+              "NVLink data-link errors summed over the GPU's active links, by type: crc_flit and crc_data (receive "
+              "CRC errors), replay (transmit replays), recovery (link recoveries). Absent where NVLink or the "
+              "counter is not supported.", (*GPU, Label("type", "error.type")), "gpu"),
     MetricDef("outrider_gpu_ecc_errors_total", "outrider.gpu.ecc.errors", "{error}", "counter",
               "ECC memory errors: corrected or uncorrected, volatile (since the driver loaded) or aggregate "
               "(lifetime).", (*GPU, Label("type", "error.type"), Label("counter", "outrider.gpu.ecc.counter")),
