@@ -105,6 +105,18 @@ class Config:
     alert_log: bool = field(default=True, metadata={"help": "log every alert transition on the agent's log"})
     standalone: bool = field(default=True, metadata={
         "help": "with no agent on the spool, the instrumented process runs one in-process"})
+    k8s_pod_resources_socket: str = field(default="", metadata={
+        "help": "the kubelet's PodResources socket (on a node: /var/lib/kubelet/pod-resources/kubelet.sock, "
+                "mounted read-only); GPU, MIG device and GPU process series then carry the namespace, pod and "
+                "container that own the device (needs the 'k8s' extra); empty: off"})
+    k8s_pod_resources_timeout_s: float = field(default=1.0, metadata={
+        "help": "deadline of one PodResources List call; past it the GPU series go on without owner labels"})
+    k8s_owner_namespace_label: str = field(default="exported_namespace", metadata={
+        "help": "label name of the owning pod's namespace on GPU series (not 'namespace': the scrape's own)"})
+    k8s_owner_pod_label: str = field(default="exported_pod", metadata={
+        "help": "label name of the owning pod on GPU series"})
+    k8s_owner_container_label: str = field(default="exported_container", metadata={
+        "help": "label name of the owning container on GPU series"})
 
     @property
     def listen_address(self) -> tuple[str, int]:
@@ -197,6 +209,13 @@ def _regex(raw: Any) -> str:
     return text
 
 
+def _label_name(raw: Any) -> str:
+    text = _str(raw).strip()
+    if not re.fullmatch(r"[a-zA-Z_][a-zA-Z0-9_]*", text) or text.startswith("__"):
+        raise ValueError("a Prometheus label name ([a-zA-Z_][a-zA-Z0-9_]*, not starting with __)")
+    return text
+
+
 def _listen(raw: Any) -> str:
     text = _str(raw)
     parse_listen(text)
@@ -281,6 +300,11 @@ CONVERTERS: dict[str, Callable[[Any], Any]] = {
     "alertmanager_urls": _str_list,
     "resend_interval_s": _positive_float,
     "alert_log": _bool,
+    "k8s_pod_resources_socket": _str,
+    "k8s_pod_resources_timeout_s": _positive_float,
+    "k8s_owner_namespace_label": _label_name,
+    "k8s_owner_pod_label": _label_name,
+    "k8s_owner_container_label": _label_name,
 }
 assert set(CONVERTERS) == set(FIELDS), "every config field needs a converter"
 

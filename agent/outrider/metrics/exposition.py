@@ -46,19 +46,25 @@ def _label_block(names: tuple[str, ...], values: tuple[str, ...]) -> str:
     return "{" + ",".join(f'{n}="{escape_label_value(v)}"' for n, v in zip(names, values)) + "}"
 
 
-# Sample-line prefixes ("name{labels} ") keyed by name and label values: label sets repeat sweep after sweep,
-# so escaping and formatting them once saves most of the rendering. Cleared when it grows past the bound.
-_PREFIXES: dict[tuple[str, tuple[str, ...]], str] = {}
+# Sample-line prefixes ("name{labels} ") keyed by name, label names and label values: label sets repeat sweep
+# after sweep, so escaping and formatting them once saves most of the rendering. Cleared when it grows past the
+# bound. (Label names are part of the key: one metric's label names can differ between collectors' configurations.)
+_PREFIXES: dict[tuple[str, tuple[str, ...], tuple[str, ...]], str] = {}
 _PREFIX_BOUND = 50_000
 
 
-def _prefix(name: str, names: tuple[str, ...], values: tuple[str, ...]) -> str:
-    key = (name, values)
+def _prefix(name: str, names: tuple[str, ...], values: tuple[str, ...], optional: tuple[int, ...] = ()) -> str:
+    """`optional`: positions of labels left out where their value is empty (an unknown owner)."""
+    key = (name, names, values)
     hit = _PREFIXES.get(key)
     if hit is None:
         if len(_PREFIXES) >= _PREFIX_BOUND:
             _PREFIXES.clear()
-        hit = _PREFIXES[key] = f"{name}{_label_block(names, values)} "
+        shown_names, shown_values = names, values
+        if optional and any(values[i] == "" for i in optional):
+            keep = [i for i in range(len(names)) if i not in optional or values[i] != ""]
+            shown_names, shown_values = tuple(names[i] for i in keep), tuple(values[i] for i in keep)
+        hit = _PREFIXES[key] = f"{name}{_label_block(shown_names, shown_values)} "
     return hit
 
 
@@ -72,7 +78,7 @@ def render(families: Iterable[Family], openmetrics: bool = False) -> bytes:
         if seen is None:
             merged[fam.defn.name] = fam
         else:
-            combined = Family(fam.defn.name)
+            combined = Family(seen.defn)
             combined.samples = seen.samples + fam.samples
             merged[fam.defn.name] = combined
     out: list[str] = []
@@ -84,28 +90,30 @@ def render(families: Iterable[Family], openmetrics: bool = False) -> bytes:
         if openmetrics and d.prom_unit:
             out.append(f"# UNIT {head} {d.prom_unit}\n")
         names = d.label_names
+        optional = tuple(i for i, label in enumerate(d.labels) if label.optional)
         seen_series: set[tuple[str, ...]] = set()
         for values, value in fam.samples:
             if values in seen_series:  # a duplicate series would make the whole scrape fail
                 continue
             seen_series.add(values)
             if isinstance(value, HistogramValue):
-                _histogram_lines(out, d.name, names, values, value)
+                _histogram_lines(out, d.name, names, values, value, optional)
             else:
-                out.append(_prefix(d.name, names, values) + format_value(value) + "\n")
+                out.append(_prefix(d.name, names, values, optional) + format_value(value) + "\n")
     if openmetrics:
         out.append("# EOF\n")
     return "".join(out).encode("utf-8")
 
 
 def _histogram_lines(out: list[str], name: str, names: tuple[str, ...], values: tuple[str, ...],
-                     h: HistogramValue) -> None:
+                     h: HistogramValue, optional: tuple[int, ...] = ()) -> None:
     bucket_names = (*names, "le")
     cumulative = h.cumulative()
     for bound, count in zip((*h.bounds, math.inf), cumulative):
-        out.append(_prefix(name + "_bucket", bucket_names, (*values, format_le(bound))) + str(count) + "\n")
-    out.append(_prefix(name + "_sum", names, values) + format_value(h.sum) + "\n")
-    out.append(_prefix(name + "_count", names, values) + str(cumulative[-1]) + "\n")
+        out.append(_prefix(name + "_bucket", bucket_names, (*values, format_le(bound)), optional) + str(count)
+                   + "\n")
+    out.append(_prefix(name + "_sum", names, values, optional) + format_value(h.sum) + "\n")
+    out.append(_prefix(name + "_count", names, values, optional) + str(cumulative[-1]) + "\n")
 
 
 def wants_openmetrics(accept_header: str | None) -> bool:
