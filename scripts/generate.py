@@ -37,14 +37,18 @@ def _default(f: dataclasses.Field[object]) -> str:
         return "`[" + ", ".join(str(v) for v in value) + "]`" if value else "empty"
     if isinstance(value, float) and value.is_integer():
         return f"`{int(value)}`"
-    return f"`{value}`" if value != "" else "empty"
+    return "`" + str(value).replace("|", "\\|") + "`" if value != "" else "empty"
+
+
+def _number(x: float) -> str:
+    return f"{int(x):,}" if float(x).is_integer() else f"{x:g}"
 
 
 def _bounds(name: str) -> str:
     b = config.BOUNDS.get(name)
     if b is None:
         return ""
-    return f" ({b.low:g} to {b.high:g})"
+    return f" ({_number(b.low)} to {_number(b.high)})"
 
 
 def config_table() -> str:

@@ -119,6 +119,18 @@ class Config:
     spool_trusted_uids: tuple[int, ...] = field(default=(), metadata={
         "help": "uids whose shards the agent reads besides its own and those of the processes it watches; owners "
                 "a configured spool may have besides the user and root"})
+    k8s_pod_resources_socket: str = field(default="", metadata={
+        "help": "the kubelet's PodResources socket (on a node: /var/lib/kubelet/pod-resources/kubelet.sock, "
+                "mounted read-only); GPU, MIG device and GPU process series then carry the namespace, pod and "
+                "container that own the device (needs the 'k8s' extra); empty: off"})
+    k8s_pod_resources_timeout_s: float = field(default=1.0, metadata={
+        "help": "deadline of one PodResources List call; past it the GPU series go on without owner labels"})
+    k8s_owner_namespace_label: str = field(default="exported_namespace", metadata={
+        "help": "label name of the owning pod's namespace on GPU series (not 'namespace': the scrape's own)"})
+    k8s_owner_pod_label: str = field(default="exported_pod", metadata={
+        "help": "label name of the owning pod on GPU series"})
+    k8s_owner_container_label: str = field(default="exported_container", metadata={
+        "help": "label name of the owning container on GPU series"})
 
     @property
     def listen_address(self) -> tuple[str, int]:
@@ -153,6 +165,7 @@ BOUNDS: dict[str, hook_settings.Bounds] = {
     "diagnosis_window_s": hook_settings.Bounds(0.1, 86400.0),
     "rule_interval_s": hook_settings.Bounds(0.1, 86400.0),
     "resend_interval_s": hook_settings.Bounds(0.1, 86400.0),
+    "k8s_pod_resources_timeout_s": hook_settings.Bounds(0.05, 60.0),
     **hook_settings.BOUNDS,
 }
 
@@ -209,6 +222,13 @@ def _regex(raw: Any) -> str:
         re.compile(text)
     except re.error as e:
         raise ValueError(f"a valid regular expression ({e})") from None
+    return text
+
+
+def _label_name(raw: Any) -> str:
+    text = _str(raw).strip()
+    if not re.fullmatch(r"[a-zA-Z_][a-zA-Z0-9_]*", text) or text.startswith("__"):
+        raise ValueError("a Prometheus label name ([a-zA-Z_][a-zA-Z0-9_]*, not starting with __)")
     return text
 
 
@@ -301,6 +321,11 @@ CONVERTERS: dict[str, Callable[[Any], Any]] = {
     "training_job": _str,
     "role": _choice(hook_settings.ROLES),
     "spool_trusted_uids": hook_settings.parse_uids,
+    "k8s_pod_resources_socket": _str,
+    "k8s_pod_resources_timeout_s": _number("k8s_pod_resources_timeout_s"),
+    "k8s_owner_namespace_label": _label_name,
+    "k8s_owner_pod_label": _label_name,
+    "k8s_owner_container_label": _label_name,
 }
 assert set(CONVERTERS) == set(FIELDS), "every config field needs a converter"
 

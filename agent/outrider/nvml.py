@@ -8,11 +8,21 @@
 - Static facts (name, UUID, total memory, power limit, maximum clocks) are read once per device and cached.
 - After a driver failure (uninitialised, driver not loaded, unknown error), re-init is tried with exponential
   backoff; the collector reports NVML down meanwhile.
+- Field values are decoded by the value type NVML gives with each (double, unsigned or signed integers).
+- XID events: an XidWatcher thread owns one event set for its whole life. It creates the set, registers the GPUs,
+  waits on it, and frees it after its last wait has returned, so a set is never freed under a waiter.
+
+Teardown order (shutdown()): the watchers are told to stop; then no new call is admitted, and nvmlShutdown runs
+once every call in flight has returned: the sweep's, and each watcher's, whose thread holds its admission from
+creating its set to freeing it. So the order is always: last wait returns -> set freed -> nvmlShutdown, and no
+call reaches NVML after it. If a call does not return in time (a wedged driver), shutdown() does not wait for it:
+the last call to return runs nvmlShutdown.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import logging
 import threading
 import time
@@ -38,6 +48,151 @@ NA: Any = _NA()
 
 class GpuLost(Exception):
     """NVML_ERROR_GPU_IS_LOST: the GPU fell off the bus (or needs a reset)."""
+
+
+XID_EVENT = 0x0000000000000008  # nvmlEventTypeXidCriticalError
+# nvmlValueType_t -> the member of nvmlValue_t that holds a field value of that type
+FIELD_VALUE_MEMBERS = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
+# nvmlNvLinkErrorCounter_t values, by the name the metric's type label gives them
+NVLINK_ERROR_COUNTERS = (("replay", 0), ("recovery", 1), ("crc_flit", 2), ("crc_data", 3))
+
+
+class _CallGate:
+    """Admits NVML calls until closed; once closed and the last admitted call has returned, runs the close action.
+
+    Every call into the library holds an admission while it runs (an XID watcher holds one for its whole life),
+    so the close action (nvmlShutdown) can never overlap a call, and no call is admitted after it.
+
+    The per-call path takes no lock (a lock pair cost 0.55 us per call here, a third of a call): an admission is
+    an item on a list (append and pop are atomic), taken before `closed` is read, while close() sets `closed`
+    before it counts the list. So a call either is counted by close(), or sees `closed` and backs out. The lock
+    only orders the rare moments after close(): who runs the close action, once."""
+
+    def __init__(self) -> None:
+        self._flight: list[None] = []
+        self._closed = False
+        self._lock = threading.Lock()
+        self._idle = threading.Event()  # set once closed with nothing in flight
+        self._on_idle: Callable[[], None] | None = None
+
+    def enter(self) -> bool:
+        self._flight.append(None)
+        if self._closed:
+            self.exit()
+            return False
+        return True
+
+    def exit(self) -> None:
+        self._flight.pop()
+        if self._closed:
+            self._last_out()
+
+    def _last_out(self) -> None:
+        with self._lock:
+            if self._flight:
+                return
+            self._idle.set()
+            run, self._on_idle = self._on_idle, None
+        if run is not None:
+            run()
+
+    def close(self, timeout_s: float, then: Callable[[], None]) -> bool:
+        """Admit nothing more; run `then` once nothing is in flight: now (True), or by the last call out (False)."""
+        self._closed = True
+        if not self._flight:
+            self._idle.set()
+        if not self._idle.wait(timeout_s):
+            with self._lock:
+                if self._flight:
+                    self._on_idle = then
+                    return False
+        then()
+        return True
+
+    def reopen(self) -> None:
+        with self._lock:
+            self._closed = False
+            self._idle.clear()
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._flight)
+
+
+class XidWatcher:
+    """A thread that owns one NVML event set: creates it, registers the GPUs for XID events, waits on it, and frees
+    it after its last wait. Counts XIDs per (GPU index, code) with the time of each GPU's last one."""
+
+    WAIT_MS = 1000  # how long one wait blocks: also about how long stopping may take
+
+    def __init__(self, nvml: Nvml, handles: dict[int, Any], generation: int) -> None:
+        self.generation = generation
+        self._nvml = nvml
+        self._handles = dict(handles)
+        self._counts: dict[tuple[int, int], int] = {}
+        self._last: dict[int, float] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="outrider-xid", daemon=True)
+
+    def start(self) -> bool:
+        """False when NVML is closing: nothing was started."""
+        if not self._nvml._gate.enter():
+            return False
+        self.thread.start()
+        return True
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def snapshot(self) -> tuple[dict[tuple[int, int], int], dict[int, float]]:
+        """(counts by (GPU index, XID code), Unix time of each GPU's last XID), copied under the lock."""
+        with self._lock:
+            return dict(self._counts), dict(self._last)
+
+    def _run(self) -> None:
+        lib, once = self._nvml.lib, self._nvml._once
+        try:
+            try:
+                event_set = lib.nvmlEventSetCreate()
+            except Exception as e:
+                once.warning("xid", "XID events unavailable: %s", e)
+                return
+            try:
+                registered = 0
+                for index, handle in self._handles.items():
+                    try:
+                        lib.nvmlDeviceRegisterEvents(handle, XID_EVENT, event_set)
+                        registered += 1
+                    except Exception as e:
+                        once.warning(f"xid{index}", "GPU %d: XID events unavailable: %s", index, e)
+                if registered:
+                    self._wait_loop(lib, event_set)
+            finally:
+                try:
+                    lib.nvmlEventSetFree(event_set)
+                except Exception as e:
+                    once.warning("xid-free", "freeing the XID event set failed: %s", e)
+        finally:
+            self._nvml._gate.exit()
+
+    def _wait_loop(self, lib: Any, event_set: Any) -> None:
+        addresses = {ctypes.cast(h, ctypes.c_void_p).value: index for index, h in self._handles.items()}
+        while not self._stop.is_set():
+            try:
+                data = lib.nvmlEventSetWait(event_set, self.WAIT_MS)
+            except lib.NVMLError_Timeout:
+                continue
+            except Exception:  # a lost GPU or a driver failure: the sweep reports it; keep listening, slowly
+                self._stop.wait(5.0)
+                continue
+            if not data.eventType & XID_EVENT:
+                continue
+            index = addresses.get(ctypes.cast(data.device, ctypes.c_void_p).value, -1)
+            code = int(data.eventData)
+            with self._lock:
+                self._counts[(index, code)] = self._counts.get((index, code), 0) + 1
+                self._last[index] = time.time()
 
 
 @dataclass(frozen=True)
@@ -68,8 +223,12 @@ class Nvml:
         self._unsupported: set[tuple[str, int]] = set()
         self._handles: dict[int, Any] = {}
         self._facts: dict[int, StaticFacts] = {}
+        self._nvlinks: dict[int, tuple[int, ...]] = {}
         self._once = LogOnce(LOG)
         self._lock = threading.Lock()
+        self._gate = _CallGate()
+        self._generation = 0  # counts successful inits: an XID watcher belongs to one
+        self._watcher: XidWatcher | None = None
 
     # --- lifecycle -------------------------------------------------------------------------------------------
     def init(self) -> bool:
@@ -85,18 +244,19 @@ class Nvml:
                     import pynvml
 
                     if self.library_path:  # load a specific library (a test fake, an unusual install path)
-                        import ctypes
-
                         pynvml.nvmlLib = ctypes.CDLL(self.library_path)
                         pynvml._nvmlGetFunctionPointer_cache.clear()  # pointers into any library loaded before
                     self.lib = pynvml
                 self.lib.nvmlInit()
+                self._gate.reopen()
+                self._generation += 1
                 self.initialized = True
                 self._backoff = self.MIN_RETRY_S
                 if self.unavailable_reason:
                     LOG.info("NVML available again")
                 self.unavailable_reason = ""
                 self._handles.clear()
+                self._nvlinks.clear()
                 return True
             except ImportError as e:
                 reason = f"nvidia-ml-py is not installed ({e})"
@@ -115,21 +275,65 @@ class Nvml:
         self.unavailable_reason = _describe(error)
         LOG.warning("NVML failed (%s); re-initialising with backoff", self.unavailable_reason)
 
-    def shutdown(self) -> None:
-        if self.initialized and self.lib is not None:
-            with contextlib.suppress(Exception):
-                self.lib.nvmlShutdown()
-            self.initialized = False
+    def shutdown(self, timeout_s: float | None = None) -> bool:
+        """Stop the XID watcher, then nvmlShutdown once every call in flight has returned (the watcher's last wait
+        and its freeing of the event set included). Waits at most timeout_s (one event wait and a second by
+        default); True when NVML was shut down within it, False when the last call to return will do it."""
+        with self._lock:
+            watcher, self._watcher = self._watcher, None
+            was_initialized, self.initialized = self.initialized, False
+        if watcher is not None:
+            watcher.stop()
+        if not was_initialized or self.lib is None:
+            return True
+        bound = timeout_s if timeout_s is not None else XidWatcher.WAIT_MS / 1000.0 + 1.0
+        deadline = time.monotonic() + bound
+        done = self._gate.close(bound, self._shutdown_library)
+        if watcher is not None and watcher.thread.is_alive():
+            watcher.thread.join(max(0.0, deadline - time.monotonic()))
+        if not done:
+            LOG.warning("an NVML call has not returned within %.1f s; NVML is shut down when it does", bound)
+        return done
+
+    @property
+    def calls_in_flight(self) -> int:
+        """NVML calls running now (an XID watcher counts as one for its whole life)."""
+        return self._gate.in_flight
+
+    def _shutdown_library(self) -> None:
+        with contextlib.suppress(Exception):
+            self.lib.nvmlShutdown()
+
+    # --- XID events ------------------------------------------------------------------------------------------
+    def watch_xid(self, handles: dict[int, Any]) -> XidWatcher | None:
+        """The XID watcher of this NVML session, started on first use; None where there is none. A watcher from
+        before a re-initialisation is stopped (it frees its own set on its way out) and a new one started."""
+        if not self.initialized:
+            return None
+        with self._lock:
+            current = self._watcher
+            if current is not None and current.generation == self._generation:
+                return current
+            if current is not None:
+                current.stop()
+                self._watcher = None
+            if not handles or not self.has("nvmlEventSetCreate"):
+                return None
+            watcher = XidWatcher(self, handles, self._generation)
+            self._watcher = watcher if watcher.start() else None
+            return self._watcher
 
     # --- calls -----------------------------------------------------------------------------------------------
     def has(self, fn: str) -> bool:
         return fn not in self._missing and self.lib is not None and hasattr(self.lib, fn)
 
-    def query(self, fn: str, *args: Any, device: int = -1, key: str | None = None) -> Any:
+    def query(self, fn: str, *args: Any, device: int = -1, key: str | None = None,
+              expected: tuple[str, ...] = ()) -> Any:
         """Call pynvml.FN(*args). NA where unavailable; GpuLost for a lost GPU. Never raises anything else.
 
         `key` names the capability for the missing/unsupported memory when one binding covers several driver
-        symbols (nvmlDeviceGetMemoryInfo with a version calls nvmlDeviceGetMemoryInfo_v2)."""
+        symbols (nvmlDeviceGetMemoryInfo with a version calls nvmlDeviceGetMemoryInfo_v2). `expected` names NVML
+        errors (as pynvml's NVMLError_NAME) that are an answer here, not a failure: NA, not counted."""
         cap = key or fn
         if (cap, device) in self._unsupported or cap in self._missing:
             return NA
@@ -138,6 +342,8 @@ class Nvml:
         if func is None:
             self._missing.add(cap)
             self._once.warning(fn, "NVML binding %s is not available; its metrics are left out", fn)
+            return NA
+        if not self._gate.enter():  # shut down (or shutting down): no call may reach the library now
             return NA
         self.calls += 1
         try:
@@ -157,6 +363,8 @@ class Nvml:
             self._driver_failed(e)
             return NA
         except lib.NVMLError as e:
+            if any(isinstance(e, getattr(lib, f"NVMLError_{name}", ())) for name in expected):
+                return NA
             self.errors += 1
             self._once.warning(f"{fn}:{type(e).__name__}", "NVML %s failed: %s (counted)", fn, e)
             return NA
@@ -164,6 +372,8 @@ class Nvml:
             self.errors += 1
             self._once.warning(f"{fn}:{type(e).__name__}", "NVML %s raised %s: %s (counted)", fn, type(e).__name__, e)
             return NA
+        finally:
+            self._gate.exit()
 
     def probe(self, names: tuple[str, ...], *args: Any, device: int = -1) -> Any:
         """The first of `names` (newest version first) this driver has."""
@@ -206,6 +416,55 @@ class Nvml:
         if name is not NA and uuid is not NA:
             self._facts[index] = facts
         return facts
+
+
+    # --- readings that need decoding ---------------------------------------------------------------------------
+    def field_values(self, handle: Any, field_ids: list[int], device: int) -> dict[int, float]:
+        """{field id: value} for the fields the GPU answered, each decoded by the value type NVML gives with it."""
+        values = self.query("nvmlDeviceGetFieldValues", handle, field_ids, device=device)
+        out: dict[int, float] = {}
+        if values is NA:
+            return out
+        for v in values:
+            if v.nvmlReturn != 0:
+                continue
+            member = FIELD_VALUE_MEMBERS.get(int(v.valueType))
+            if member is None:
+                self.errors += 1
+                self._once.warning(f"field-type-{v.valueType}", "NVML field %d has value type %d, unknown here: "
+                                   "dropped (counted)", v.fieldId, v.valueType)
+                continue
+            out[int(v.fieldId)] = float(getattr(v.value, member))
+        return out
+
+    def nvlink_links(self, index: int, handle: Any) -> tuple[int, ...]:
+        """The GPU's active NVLink links, found once per NVML session (a link beyond the GPU's count answers
+        'invalid argument'; a GPU without NVLink answers 'not supported')."""
+        cached = self._nvlinks.get(index)
+        if cached is not None:
+            return cached
+        max_links = int(getattr(self.lib, "NVML_NVLINK_MAX_LINKS", 18))
+        links = []
+        for link in range(max_links):
+            state = self.query("nvmlDeviceGetNvLinkState", handle, link, device=index,
+                               key=f"nvmlDeviceGetNvLinkState:{link}", expected=("InvalidArgument",))
+            if "nvmlDeviceGetNvLinkState" in self._missing:
+                break
+            if state is not NA and int(state) == 1:  # NVML_FEATURE_ENABLED
+                links.append(link)
+        self._nvlinks[index] = tuple(links)
+        return self._nvlinks[index]
+
+    def nvlink_errors(self, index: int, handle: Any) -> dict[str, int]:
+        """NVLink error counters summed over the GPU's active links, by type; a type no link answers is absent."""
+        out: dict[str, int] = {}
+        for link in self.nvlink_links(index, handle):
+            for name, counter in NVLINK_ERROR_COUNTERS:
+                v = self.query("nvmlDeviceGetNvLinkErrorCounter", handle, link, counter, device=index,
+                               key=f"nvmlDeviceGetNvLinkErrorCounter:{name}:{link}")
+                if v is not NA:
+                    out[name] = out.get(name, 0) + int(v)
+        return out
 
 
 def _text(value: Any) -> str:

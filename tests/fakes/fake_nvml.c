@@ -13,15 +13,26 @@
  *   gpu I unsupported FUNCTION         FUNCTION returns NVML_ERROR_NOT_SUPPORTED for this GPU
  *   gpu I error FUNCTION CODE          FUNCTION returns CODE for this GPU
  *   gpu I lost 1                       every call on this GPU returns NVML_ERROR_GPU_IS_LOST
- *   gpu I proc PID USED_BYTES SM_UTIL  a compute process (SM_UTIL < 0: no utilisation sample)
+ *   gpu I proc PID USED_BYTES SM_UTIL [GI]  a compute process (SM_UTIL < 0: no utilisation sample), on MIG GPU
+ *                                      instance GI of a GPU with MIG on
  *   gpu I xid SEQ CODE                 an XID event, delivered once by nvmlEventSetWait_v2
- *   gpu I field ID VALUE               a field value (nvmlDeviceGetFieldValues)
+ *   gpu I field ID VALUE [TYPE]        a field value (nvmlDeviceGetFieldValues), of value type TYPE: d (double),
+ *                                      ui, ul, ull (the default), sll, si, us (nvmlValueType_t)
+ *   gpu I nvlinks N                    links 0..N-1 are active (nvmlDeviceGetNvLinkState; a link past N is an
+ *                                      invalid argument); without it the GPU has no NVLink (not supported)
+ *   gpu I nvlink_error LINK COUNTER V  an NVLink error counter (nvmlNvLinkErrorCounter_t COUNTER) of a link; a
+ *                                      counter not given is not supported on that link
  *   gpu I gpm METRIC_ID VALUE          a GPM metric (nvmlGpmMetricsGet); gpm_supported 1 enables GPM
  *   gpu I mig SLOT J                   MIG device SLOT of GPU I is the device described as "gpu J" (J beyond
  *                                      device_count: its uuid, memory_*, gpu_instance); max_mig sets the slots
  *
  * Built twice by the tests: as a current driver, and with -DOLD_DRIVER, which leaves out the symbols an old
  * driver lacks (compute processes v3, remapped rows, GPM, memory info v2), to test "function not found".
+ *
+ * Like the driver, it counts nvmlInit/nvmlShutdown and answers NVML_ERROR_UNINITIALIZED to a call while not
+ * initialised. It also keeps the books a test needs to judge teardown, read with fake_nvml_stat(NAME):
+ *   init_refcount, calls_uninitialized (calls while not initialised), live_event_sets (created, not freed),
+ *   waits_in_flight, freed_while_waiting, shutdown_while_waiting, waits_on_freed_set, sets_live_at_shutdown
  */
 #include <pthread.h>
 #include <stdio.h>
@@ -43,7 +54,7 @@ enum key {
     K_PSTATE, K_FAN, K_CLOCK_REASONS, K_VIOL_POWER_NS, K_VIOL_THERMAL_NS, K_VIOL_SYNC_BOOST_NS, K_VIOL_BOARD_NS,
     K_VIOL_LOW_UTIL_NS, K_VIOL_RELIABILITY_NS, K_PCIE_TX_KBPS, K_PCIE_RX_KBPS, K_PCIE_REPLAY, K_ECC_CORR_VOLATILE,
     K_ECC_UNC_VOLATILE, K_ECC_CORR_AGGREGATE, K_ECC_UNC_AGGREGATE, K_REMAP_CORR, K_REMAP_UNC, K_REMAP_PENDING,
-    K_REMAP_FAILURE, K_MIG_MODE, K_LOST, K_GPM_SUPPORTED, K_GPU_INSTANCE, K_MAX_MIG, K_COUNT
+    K_REMAP_FAILURE, K_MIG_MODE, K_LOST, K_GPM_SUPPORTED, K_GPU_INSTANCE, K_MAX_MIG, K_NVLINKS, K_COUNT
 };
 static const char *KEY_NAMES[K_COUNT] = {
     "memory_total", "memory_used", "memory_free", "memory_reserved", "util_gpu", "util_mem", "enc_util", "dec_util",
@@ -52,11 +63,18 @@ static const char *KEY_NAMES[K_COUNT] = {
     "violation_board_limit_ns", "violation_low_util_ns", "violation_reliability_ns", "pcie_tx_kbps", "pcie_rx_kbps",
     "pcie_replay", "ecc_corr_volatile", "ecc_unc_volatile", "ecc_corr_aggregate", "ecc_unc_aggregate", "remap_corr",
     "remap_unc", "remap_pending", "remap_failure", "mig_mode", "lost", "gpm_supported", "gpu_instance", "max_mig",
+    "nvlinks",
 };
 
 struct named_code { char fn[64]; int code; };
-struct proc { unsigned int pid; unsigned long long used; int sm; };
+struct proc { unsigned int pid; unsigned long long used; int sm; unsigned int gi; };
 struct pair { unsigned long long id; double value; };
+struct field { unsigned int id; nvmlValueType_t type; nvmlValue_t value; };
+struct event_set {
+    int freed;
+    int waiters;
+    struct gpu *registered[MAX_GPUS]; int n_registered;
+};
 
 struct gpu {
     unsigned int index;
@@ -67,7 +85,8 @@ struct gpu {
     struct named_code errors[MAX_LIST]; int n_errors;
     struct proc procs[MAX_LIST]; int n_procs;
     struct pair xids[MAX_LIST]; int n_xids;  /* id = sequence number, value = XID code */
-    struct pair fields[MAX_LIST]; int n_fields;
+    struct field fields[MAX_LIST]; int n_fields;
+    struct pair nvlink_errors[MAX_LIST]; int n_nvlink_errors;  /* id = link * 16 + counter */
     struct pair gpm[MAX_LIST]; int n_gpm;
     struct pair migs[MAX_LIST]; int n_migs;  /* id = slot, value = index of the MIG device's struct */
 };
@@ -81,7 +100,51 @@ static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static unsigned long long calls;
 static unsigned long long delivered_xid[MAX_GPUS];  /* highest sequence number delivered per GPU */
 
+/* The teardown books (see the top); read and written with atomics, from any thread. */
+static long long init_refcount, calls_uninitialized, live_event_sets, waits_in_flight, freed_while_waiting,
+    shutdown_while_waiting, waits_on_freed_set, sets_live_at_shutdown;
+#define BUMP(X, N) __atomic_add_fetch(&(X), (N), __ATOMIC_SEQ_CST)
+#define LOAD(X) __atomic_load_n(&(X), __ATOMIC_SEQ_CST)
+
 API unsigned long long fake_nvml_call_count(void) { return __atomic_load_n(&calls, __ATOMIC_RELAXED); }
+API long long fake_nvml_stat(const char *name) {
+    static const struct { const char *name; long long *value; } stats[] = {
+        {"init_refcount", &init_refcount}, {"calls_uninitialized", &calls_uninitialized},
+        {"live_event_sets", &live_event_sets}, {"waits_in_flight", &waits_in_flight},
+        {"freed_while_waiting", &freed_while_waiting}, {"shutdown_while_waiting", &shutdown_while_waiting},
+        {"waits_on_freed_set", &waits_on_freed_set}, {"sets_live_at_shutdown", &sets_live_at_shutdown},
+    };
+    for (size_t i = 0; i < sizeof stats / sizeof stats[0]; i++)
+        if (!strcmp(stats[i].name, name)) return LOAD(*stats[i].value);
+    return -1;
+}
+
+/* Every call but init: NVML_ERROR_UNINITIALIZED (and counted) while the library is not initialised. */
+static int uninitialized(void) {
+    if (LOAD(init_refcount) > 0) return 0;
+    BUMP(calls_uninitialized, 1);
+    return 1;
+}
+
+static int parse_value_type(const char *text, nvmlValueType_t *type) {
+    static const char *names[] = {"d", "ui", "ul", "ull", "sll", "si", "us"};
+    for (int i = 0; i < (int)(sizeof names / sizeof names[0]); i++)
+        if (!strcmp(text, names[i])) { *type = (nvmlValueType_t)i; return 1; }
+    return 0;
+}
+
+static void set_field(struct field *f, const char *num, nvmlValueType_t type) {
+    f->type = type;
+    switch (type) {
+    case NVML_VALUE_TYPE_DOUBLE: f->value.dVal = strtod(num, NULL); break;
+    case NVML_VALUE_TYPE_UNSIGNED_INT: f->value.uiVal = (unsigned int)strtoul(num, NULL, 0); break;
+    case NVML_VALUE_TYPE_UNSIGNED_LONG: f->value.ulVal = strtoul(num, NULL, 0); break;
+    case NVML_VALUE_TYPE_SIGNED_LONG_LONG: f->value.sllVal = strtoll(num, NULL, 0); break;
+    case NVML_VALUE_TYPE_SIGNED_INT: f->value.siVal = (int)strtol(num, NULL, 0); break;
+    case NVML_VALUE_TYPE_UNSIGNED_SHORT: f->value.usVal = (unsigned short)strtoul(num, NULL, 0); break;
+    default: f->value.ullVal = strtoull(num, NULL, 0); break;
+    }
+}
 
 static void parse(FILE *f) {
     char line[512];
@@ -116,12 +179,23 @@ static void parse(FILE *f) {
             g->errors[g->n_errors++].code = atoi(w3);
         } else if (!strcmp(w1, "proc") && g->n_procs < MAX_LIST) {
             struct proc *p = &g->procs[g->n_procs];
-            if (sscanf(line, "gpu %*d %*s %u %llu %d", &p->pid, &p->used, &p->sm) == 3) g->n_procs++;
-        } else if ((!strcmp(w1, "xid") || !strcmp(w1, "field") || !strcmp(w1, "gpm") || !strcmp(w1, "mig"))) {
-            struct pair *list = !strcmp(w1, "xid") ? g->xids : !strcmp(w1, "field") ? g->fields
-                              : !strcmp(w1, "gpm") ? g->gpm : g->migs;
-            int *n = !strcmp(w1, "xid") ? &g->n_xids : !strcmp(w1, "field") ? &g->n_fields
-                   : !strcmp(w1, "gpm") ? &g->n_gpm : &g->n_migs;
+            p->gi = 0xFFFFFFFF;
+            if (sscanf(line, "gpu %*d %*s %u %llu %d %u", &p->pid, &p->used, &p->sm, &p->gi) >= 3) g->n_procs++;
+        } else if (!strcmp(w1, "field") && g->n_fields < MAX_LIST) {
+            struct field *fv = &g->fields[g->n_fields];
+            char num[64] = "", type[16] = "ull";
+            nvmlValueType_t vt = NVML_VALUE_TYPE_UNSIGNED_LONG_LONG;
+            int n = sscanf(line, "gpu %*d %*s %u %63s %15s", &fv->id, num, type);
+            if (n >= 2 && parse_value_type(type, &vt)) { set_field(fv, num, vt); g->n_fields++; }
+        } else if (!strcmp(w1, "nvlink_error") && g->n_nvlink_errors < MAX_LIST) {
+            unsigned int link, counter; double v;
+            if (sscanf(line, "gpu %*d %*s %u %u %lf", &link, &counter, &v) == 3) {
+                g->nvlink_errors[g->n_nvlink_errors].id = link * 16ULL + counter;
+                g->nvlink_errors[g->n_nvlink_errors++].value = v;
+            }
+        } else if ((!strcmp(w1, "xid") || !strcmp(w1, "gpm") || !strcmp(w1, "mig"))) {
+            struct pair *list = !strcmp(w1, "xid") ? g->xids : !strcmp(w1, "gpm") ? g->gpm : g->migs;
+            int *n = !strcmp(w1, "xid") ? &g->n_xids : !strcmp(w1, "gpm") ? &g->n_gpm : &g->n_migs;
             if (*n < MAX_LIST && sscanf(line, "gpu %*d %*s %llu %lf", &list[*n].id, &list[*n].value) == 2) (*n)++;
         } else {
             for (int k = 0; k < K_COUNT; k++) {
@@ -159,6 +233,8 @@ static void maybe_hang(const char *fn) {
 /* Common entry of every device call: the GPU, or an error code for it. */
 static nvmlReturn_t enter(const char *fn, nvmlDevice_t device, struct gpu **out) {
     __atomic_add_fetch(&calls, 1, __ATOMIC_RELAXED);
+    *out = NULL;
+    if (uninitialized()) return NVML_ERROR_UNINITIALIZED;
     int hang_ms = 0;
     pthread_mutex_lock(&lock);
     reload();
@@ -193,10 +269,16 @@ API nvmlReturn_t nvmlInitWithFlags(unsigned int flags) {
     int err = init_error;
     pthread_mutex_unlock(&lock);
     maybe_hang("nvmlInitWithFlags");
+    if (err == NVML_SUCCESS) BUMP(init_refcount, 1);
     return (nvmlReturn_t)err;
 }
 API nvmlReturn_t nvmlInit_v2(void) { return nvmlInitWithFlags(0); }
-API nvmlReturn_t nvmlShutdown(void) { return NVML_SUCCESS; }
+API nvmlReturn_t nvmlShutdown(void) {
+    if (uninitialized()) return NVML_ERROR_UNINITIALIZED;
+    if (LOAD(waits_in_flight) > 0) BUMP(shutdown_while_waiting, 1);
+    if (BUMP(init_refcount, -1) == 0) BUMP(sets_live_at_shutdown, LOAD(live_event_sets));
+    return NVML_SUCCESS;
+}
 API const char *nvmlErrorString(nvmlReturn_t result) {
     switch (result) {
     case NVML_SUCCESS: return "Success";
@@ -205,6 +287,8 @@ API const char *nvmlErrorString(nvmlReturn_t result) {
     case NVML_ERROR_DRIVER_NOT_LOADED: return "Driver Not Loaded";
     case NVML_ERROR_TIMEOUT: return "Timeout";
     case NVML_ERROR_INSUFFICIENT_SIZE: return "Insufficient Size";
+    case NVML_ERROR_UNINITIALIZED: return "Uninitialized";
+    case NVML_ERROR_INVALID_ARGUMENT: return "Invalid Argument";
     default: return "Unknown Error";
     }
 }
@@ -215,6 +299,7 @@ API nvmlReturn_t nvmlSystemGetDriverVersion(char *version, unsigned int length) 
 
 API nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *count) {
     __atomic_add_fetch(&calls, 1, __ATOMIC_RELAXED);
+    if (uninitialized()) return NVML_ERROR_UNINITIALIZED;
     pthread_mutex_lock(&lock);
     reload();
     *count = (unsigned int)n_gpus;
@@ -223,11 +308,14 @@ API nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *count) {
 }
 API nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *device) {
     __atomic_add_fetch(&calls, 1, __ATOMIC_RELAXED);
+    if (uninitialized()) return NVML_ERROR_UNINITIALIZED;
     pthread_mutex_lock(&lock);
     reload();
     int n = n_gpus;
+    int lost = index < (unsigned int)n && gpus[index].has[K_LOST] && gpus[index].v[K_LOST];
     pthread_mutex_unlock(&lock);
     if (index >= (unsigned int)n) return NVML_ERROR_INVALID_ARGUMENT;
+    if (lost) return NVML_ERROR_GPU_IS_LOST;  /* as the driver answers for a GPU fallen off the bus */
     *device = (nvmlDevice_t)&gpus[index];
     return NVML_SUCCESS;
 }
@@ -384,7 +472,7 @@ API nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *current
             memset(&infos[i], 0, sizeof infos[i]);                                      \
             infos[i].pid = g->procs[i].pid;                                             \
             infos[i].usedGpuMemory = g->procs[i].used;                                  \
-            infos[i].gpuInstanceId = 0xFFFFFFFF;                                        \
+            infos[i].gpuInstanceId = g->procs[i].gi;                                    \
             infos[i].computeInstanceId = 0xFFFFFFFF;                                    \
         }                                                                               \
         *count = (unsigned int)g->n_procs;                                              \
@@ -426,43 +514,80 @@ API nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t device, int count, nvmlFi
         for (int j = 0; j < g->n_fields; j++) {
             if (g->fields[j].id == values[i].fieldId) {
                 values[i].nvmlReturn = NVML_SUCCESS;
-                values[i].valueType = NVML_VALUE_TYPE_UNSIGNED_LONG_LONG;
-                values[i].value.ullVal = (unsigned long long)g->fields[j].value;
+                values[i].valueType = g->fields[j].type;
+                values[i].value = g->fields[j].value;
             }
         }
     }
     return NVML_SUCCESS;
 }
 
-/* Events: one set; nvmlEventSetWait_v2 hands out scenario XIDs in sequence order, once each. */
-static struct gpu *registered[MAX_GPUS]; static int n_registered;
-API nvmlReturn_t nvmlEventSetCreate(nvmlEventSet_t *set) { *set = (nvmlEventSet_t)registered; return NVML_SUCCESS; }
-API nvmlReturn_t nvmlEventSetFree(nvmlEventSet_t set) { (void)set; return NVML_SUCCESS; }
+API nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t device, unsigned int link, nvmlEnableState_t *active) {
+    READ(K_NVLINKS, "nvmlDeviceGetNvLinkState", device, ({
+        if (link >= (unsigned int)g->v[K_NVLINKS]) return NVML_ERROR_INVALID_ARGUMENT;
+        *active = NVML_FEATURE_ENABLED;
+    }));
+}
+API nvmlReturn_t nvmlDeviceGetNvLinkErrorCounter(nvmlDevice_t device, unsigned int link,
+                                                 nvmlNvLinkErrorCounter_t counter, unsigned long long *value) {
+    READ(K_NVLINKS, "nvmlDeviceGetNvLinkErrorCounter", device, ({
+        if (link >= (unsigned int)g->v[K_NVLINKS]) return NVML_ERROR_INVALID_ARGUMENT;
+        int found = 0;
+        for (int i = 0; i < g->n_nvlink_errors; i++)
+            if (g->nvlink_errors[i].id == link * 16ULL + (unsigned)counter) {
+                *value = (unsigned long long)g->nvlink_errors[i].value;
+                found = 1;
+            }
+        if (!found) return NVML_ERROR_NOT_SUPPORTED;
+    }));
+}
+
+/* Events: each set is its own object (never released, so a use after free is seen, not undefined);
+ * nvmlEventSetWait_v2 hands out scenario XIDs of the set's GPUs in sequence order, once each. */
+API nvmlReturn_t nvmlEventSetCreate(nvmlEventSet_t *set) {
+    __atomic_add_fetch(&calls, 1, __ATOMIC_RELAXED);
+    if (uninitialized()) return NVML_ERROR_UNINITIALIZED;
+    struct event_set *es = calloc(1, sizeof *es);
+    if (!es) return NVML_ERROR_MEMORY;
+    BUMP(live_event_sets, 1);
+    *set = (nvmlEventSet_t)es;
+    return NVML_SUCCESS;
+}
+API nvmlReturn_t nvmlEventSetFree(nvmlEventSet_t set) {
+    __atomic_add_fetch(&calls, 1, __ATOMIC_RELAXED);
+    if (uninitialized()) return NVML_ERROR_UNINITIALIZED;
+    struct event_set *es = (struct event_set *)set;
+    if (!es || __atomic_exchange_n(&es->freed, 1, __ATOMIC_SEQ_CST)) return NVML_ERROR_INVALID_ARGUMENT;
+    if (LOAD(es->waiters) > 0) BUMP(freed_while_waiting, 1);
+    BUMP(live_event_sets, -1);
+    return NVML_SUCCESS;
+}
 API nvmlReturn_t nvmlDeviceGetSupportedEventTypes(nvmlDevice_t device, unsigned long long *types) {
     struct gpu *g; nvmlReturn_t r = enter("nvmlDeviceGetSupportedEventTypes", device, &g);
     if (r == NVML_SUCCESS) *types = nvmlEventTypeXidCriticalError;
     return r;
 }
 API nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t device, unsigned long long types, nvmlEventSet_t set) {
-    (void)set;
     struct gpu *g; nvmlReturn_t r = enter("nvmlDeviceRegisterEvents", device, &g);
     if (r != NVML_SUCCESS) return r;
+    struct event_set *es = (struct event_set *)set;
+    if (!es || LOAD(es->freed)) return NVML_ERROR_INVALID_ARGUMENT;
     if (!(types & nvmlEventTypeXidCriticalError)) return NVML_ERROR_NOT_SUPPORTED;
     pthread_mutex_lock(&lock);
     int known = 0;
-    for (int i = 0; i < n_registered; i++) known |= registered[i] == g;
-    if (!known && n_registered < MAX_GPUS) registered[n_registered++] = g;
+    for (int i = 0; i < es->n_registered; i++) known |= es->registered[i] == g;
+    if (!known && es->n_registered < MAX_GPUS) es->registered[es->n_registered++] = g;
     pthread_mutex_unlock(&lock);
     return NVML_SUCCESS;
 }
-API nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data, unsigned int timeoutms) {
-    (void)set;
-    __atomic_add_fetch(&calls, 1, __ATOMIC_RELAXED);
+static nvmlReturn_t wait_for_event(struct event_set *es, nvmlEventData_t *data, unsigned int timeoutms) {
+    maybe_hang("nvmlEventSetWait_v2");
     for (unsigned int waited = 0;; waited += 10) {
+        if (LOAD(es->freed)) { BUMP(waits_on_freed_set, 1); return NVML_ERROR_INVALID_ARGUMENT; }
         pthread_mutex_lock(&lock);
         reload();
-        for (int i = 0; i < n_registered; i++) {
-            struct gpu *g = registered[i];
+        for (int i = 0; i < es->n_registered; i++) {
+            struct gpu *g = es->registered[i];
             if (g->has[K_LOST] && g->v[K_LOST]) { pthread_mutex_unlock(&lock); return NVML_ERROR_GPU_IS_LOST; }
             struct pair *next = NULL;
             for (int j = 0; j < g->n_xids; j++)
@@ -484,6 +609,18 @@ API nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data, 
         usleep(10000);
     }
 }
+API nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data, unsigned int timeoutms) {
+    __atomic_add_fetch(&calls, 1, __ATOMIC_RELAXED);
+    if (uninitialized()) return NVML_ERROR_UNINITIALIZED;
+    struct event_set *es = (struct event_set *)set;
+    if (!es) return NVML_ERROR_INVALID_ARGUMENT;
+    BUMP(waits_in_flight, 1);
+    BUMP(es->waiters, 1);
+    nvmlReturn_t r = wait_for_event(es, data, timeoutms);
+    BUMP(es->waiters, -1);
+    BUMP(waits_in_flight, -1);
+    return r;
+}
 
 #ifndef OLD_DRIVER
 /* GPM: a sample is a timestamp; metrics come from the scenario. */
@@ -495,10 +632,15 @@ API nvmlReturn_t nvmlGpmQueryDeviceSupport(nvmlDevice_t device, nvmlGpmSupport_t
     return NVML_SUCCESS;
 }
 API nvmlReturn_t nvmlGpmSampleAlloc(nvmlGpmSample_t *sample) {
+    if (uninitialized()) return NVML_ERROR_UNINITIALIZED;
     *sample = (nvmlGpmSample_t)calloc(1, sizeof(struct fake_sample));
     return *sample ? NVML_SUCCESS : NVML_ERROR_MEMORY;
 }
-API nvmlReturn_t nvmlGpmSampleFree(nvmlGpmSample_t sample) { free(sample); return NVML_SUCCESS; }
+API nvmlReturn_t nvmlGpmSampleFree(nvmlGpmSample_t sample) {
+    if (uninitialized()) return NVML_ERROR_UNINITIALIZED;
+    free(sample);
+    return NVML_SUCCESS;
+}
 API nvmlReturn_t nvmlGpmSampleGet(nvmlDevice_t device, nvmlGpmSample_t sample) {
     struct gpu *g; nvmlReturn_t r = enter("nvmlGpmSampleGet", device, &g);
     if (r != NVML_SUCCESS) return r;
@@ -509,6 +651,7 @@ API nvmlReturn_t nvmlGpmSampleGet(nvmlDevice_t device, nvmlGpmSample_t sample) {
 }
 API nvmlReturn_t nvmlGpmMetricsGet(nvmlGpmMetricsGet_t *m) {
     __atomic_add_fetch(&calls, 1, __ATOMIC_RELAXED);
+    if (uninitialized()) return NVML_ERROR_UNINITIALIZED;
     struct fake_sample *a = (struct fake_sample *)m->sample1, *b = (struct fake_sample *)m->sample2;
     if (!a || !b || !a->taken || !b->taken) return NVML_ERROR_INVALID_ARGUMENT;
     pthread_mutex_lock(&lock);

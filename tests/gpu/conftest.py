@@ -63,16 +63,13 @@ def make_collector(lib: str, proc_root: str = "/proc") -> GpuCollector:
 
 @pytest.fixture(autouse=True)
 def _close_collectors(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Each test's XID watcher threads end with it, so none steals the next test's events."""
-    from outrider.collectors.gpu import XidWatcher
+    """Each test's XID watcher threads end with it (close() joins them), so none steals the next test's events."""
+    from outrider.nvml import XidWatcher
 
     monkeypatch.setattr(XidWatcher, "WAIT_MS", 50)
     yield
     while _open:
-        c = _open.pop()
-        c.close()
-        if c._xid is not None:
-            c._xid._thread.join(timeout=5)
+        _open.pop().close()
 
 
 def sweep(c: GpuCollector) -> dict:  # type: ignore[type-arg]

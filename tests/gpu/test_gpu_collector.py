@@ -210,6 +210,56 @@ def test_gpu_lost_mid_run(fake_nvml: dict[str, str], scenario: Scenario) -> None
     assert value(sweep(c), "outrider_gpu_lost_total", **G0) == 1, "one event, not one per sweep"
 
 
+def test_gpu_lost_before_its_facts_were_read_reports_it_down(fake_nvml: dict[str, str], scenario: Scenario) -> None:
+    """Lost from the first sweep on (no name or UUID ever read): that GPU reports down, the others stay."""
+    scenario.write(FULL + "gpu 0 lost 1\n")
+    c = make_collector(fake_nvml["full"])
+    parsed = sweep(c)
+    lost = {"gpu": "0", "uuid": "index-0", "model": "unknown"}
+    assert value(parsed, "outrider_gpu_up", **lost) == 0
+    assert value(parsed, "outrider_gpu_lost_total", **lost) == 1
+    assert value(parsed, "outrider_gpu_up", **G1) == 1
+    assert value(parsed, "outrider_gpu_memory_total_bytes", **G1) == 85899345920, "GPU 1's readings are there"
+    assert [k for k in parsed if k[0].startswith("outrider_gpu_") and ("gpu", "0") in k[1]
+            and k[0] not in ("outrider_gpu_up", "outrider_gpu_lost_total")] == [], "nothing read from a lost GPU"
+    scenario.write(FULL)  # reset: the GPU answers again, under its real name
+    assert value(sweep(c), "outrider_gpu_up", **G0) == 1
+
+
+NVLINK = """
+gpu 0 nvlinks 4
+gpu 0 nvlink_error 0 2 5
+gpu 0 nvlink_error 1 2 7
+gpu 0 nvlink_error 0 3 1
+gpu 0 nvlink_error 2 0 10
+gpu 0 nvlink_error 3 0 0
+"""
+
+
+def test_nvlink_errors_summed_over_links_absent_where_unsupported(fake_nvml: dict[str, str],
+                                                                 scenario: Scenario) -> None:
+    scenario.write(FULL + NVLINK)
+    c = make_collector(fake_nvml["full"])
+    parsed = sweep(c)
+    errors = {dict(labels)["type"]: v for (name, labels), v in parsed.items()
+              if name == "outrider_gpu_nvlink_errors_total" and ("gpu", "0") in labels}
+    assert errors == {"crc_flit": 12, "crc_data": 1, "replay": 10}, "recovery: no link offers it, so absent"
+    assert not [k for k in parsed if k[0] == "outrider_gpu_nvlink_errors_total" and ("gpu", "1") in k[1]], \
+        "GPU 1 has no NVLink: absent, not 0"
+    assert c.nvml.errors == 0, "links past the GPU's count are not errors"
+    calls = c.nvml.calls
+    sweep(c)
+    per_sweep = c.nvml.calls - calls
+    scenario.write(FULL)
+    c2 = make_collector(fake_nvml["full"])
+    sweep(c2)
+    calls = c2.nvml.calls
+    sweep(c2)
+    assert per_sweep - (c2.nvml.calls - calls) == 5, (
+        "after the first sweep only the 5 (link, counter) pairs the scenario offers are asked: no link probing, "
+        "no unsupported counter again")
+
+
 def test_xid_events_by_code_and_class(fake_nvml: dict[str, str], scenario: Scenario) -> None:
     scenario.write(FULL)
     c = make_collector(fake_nvml["full"])

@@ -5,17 +5,23 @@ clock event reasons and violation times, PCIe and NVLink traffic, ECC and row re
 event set on a background thread), GPM activity where the GPU supports it, MIG mode, and per compute process the
 device memory and SM share. A reading the GPU or driver does not offer is left out, never reported as 0. A lost
 GPU reports outrider_gpu_up 0; with no NVML at all the collector reports outrider_gpu_nvml_up 0 and says why, once.
+
+With k8s_pod_resources_socket set, every series of a GPU, of a MIG device and of a GPU process also carries the
+namespace, pod and container the kubelet assigned that device to (outrider/k8s/gpu_owners.py), under the configured
+label names; where the kubelet cannot be asked, the series stay, without those labels, and the failure is counted.
 """
 
 from __future__ import annotations
 
 import os
-import threading
-import time
+from collections.abc import Mapping
 from typing import Any
 
 from outrider.collectors.base import Collector, CollectorContext
 from outrider.collectors.procfs import read_proc_stat, read_text
+from outrider.config import ConfigError
+from outrider.k8s.gpu_owners import GpuOwners, Owner
+from outrider.metrics.catalog import CATALOG, K8S_OWNER, MetricDef, with_enrichment
 from outrider.metrics.family import Family
 from outrider.nvml import NA, GpuLost, Nvml
 
@@ -29,7 +35,7 @@ VIOLATION_POLICIES = ((0, "power"), (1, "thermal"), (2, "sync_boost"), (3, "boar
 GPM_METRICS = ((2, "outrider_gpu_sm_activity_ratio"), (3, "outrider_gpu_sm_occupancy_ratio"),
                (5, "outrider_gpu_tensor_activity_ratio"), (10, "outrider_gpu_dram_activity_ratio"))
 FIELD_MEMORY_TEMP, FIELD_NVLINK_TX, FIELD_NVLINK_RX = 82, 138, 139
-XID_EVENT = 0x0000000000000008  # nvmlEventTypeXidCriticalError
+NO_INSTANCE = 0xFFFFFFFF  # a process's gpuInstanceId outside MIG
 
 
 def xid_class(code: int) -> str:
@@ -47,52 +53,22 @@ def xid_class(code: int) -> str:
     return "other"
 
 
-class XidWatcher:
-    """Waits on an NVML event set for XID errors; counts them per GPU and code, with the time of the last one."""
+OWNER_LABEL_KEYS = ("k8s_owner_namespace_label", "k8s_owner_pod_label", "k8s_owner_container_label")
 
-    WAIT_MS = 1000  # how long one wait blocks: also how long stop() may take to be noticed
 
-    def __init__(self, nvml: Nvml, handles: dict[int, Any]) -> None:
-        self.nvml = nvml
-        self.counts: dict[tuple[int, int], int] = {}
-        self.last: dict[int, float] = {}
-        self._stop = threading.Event()
-        self._handles = handles
-        self._thread = threading.Thread(target=self._run, name="outrider-xid", daemon=True)
-        self._thread.start()
+class _Families:
+    """One sweep's families, by name: with attribution on, GPU metrics take the definitions that carry the owner
+    labels after their own (their values come last in every add; empty ones are left out of the exposition)."""
 
-    def _run(self) -> None:
-        lib = self.nvml.lib
-        try:
-            event_set = lib.nvmlEventSetCreate()
-            for index, handle in self._handles.items():
-                try:
-                    lib.nvmlDeviceRegisterEvents(handle, XID_EVENT, event_set)
-                except lib.NVMLError as e:
-                    self.nvml._once.warning(f"xid{index}", "GPU %d: XID events unavailable: %s", index, e)
-        except Exception as e:
-            self.nvml._once.warning("xid", "XID events unavailable: %s", e)
-            return
-        while not self._stop.is_set():
-            try:
-                data = lib.nvmlEventSetWait(event_set, self.WAIT_MS)
-            except lib.NVMLError_Timeout:
-                continue
-            except Exception:  # a lost GPU or a driver failure: the sweep reports it; keep listening, slowly
-                self._stop.wait(5.0)
-                continue
-            if not data.eventType & XID_EVENT:
-                continue
-            try:
-                index = int(lib.nvmlDeviceGetIndex(data.device))
-            except Exception:
-                index = -1
-            code = int(data.eventData)
-            self.counts[(index, code)] = self.counts.get((index, code), 0) + 1
-            self.last[index] = time.time()
+    def __init__(self, defs: Mapping[str, MetricDef]) -> None:
+        self._defs = defs
+        self.families: dict[str, Family] = {}
 
-    def stop(self) -> None:
-        self._stop.set()
+    def __call__(self, name: str) -> Family:
+        f = self.families.get(name)
+        if f is None:
+            f = self.families[name] = Family(self._defs.get(name) or CATALOG[name])
+        return f
 
 
 class GpuCollector(Collector):
@@ -100,10 +76,17 @@ class GpuCollector(Collector):
     may_block = True  # an NVML call can hang (a wedged driver, a GPU falling off the bus)
     description = "NVIDIA GPUs through NVML: utilisation, memory, power, clocks, throttling, ECC, XID, processes"
 
-    def __init__(self, ctx: CollectorContext) -> None:
+    def __init__(self, ctx: CollectorContext, owners: GpuOwners | None = None) -> None:
         super().__init__(ctx)
-        self.nvml = Nvml(ctx.config.nvml_library or None)
-        self._xid: XidWatcher | None = None
+        config = ctx.config
+        self.nvml = Nvml(config.nvml_library or None)
+        self.owners = owners
+        if self.owners is None and config.k8s_pod_resources_socket:
+            self.owners = GpuOwners(config.k8s_pod_resources_socket, config.k8s_pod_resources_timeout_s)
+        self._defs: dict[str, MetricDef] = {}
+        if self.owners is not None:
+            self._defs = _owner_definitions(config)
+        self._owner_errors_seen = 0
         self._lost: set[int] = set()
         self._lost_counts: dict[int, int] = {}
         self._util_ts: dict[int, int] = {}
@@ -112,147 +95,182 @@ class GpuCollector(Collector):
         self._ns_depth: int | None = None
 
     def collect(self) -> list[Family]:
+        owners = self._owners()
         if not self.nvml.init():
-            return [Family("outrider_gpu_nvml_up").add(0)]
+            return [Family("outrider_gpu_nvml_up").add(0), *self._owner_families()]
         count = self.nvml.device_count()
-        out: dict[str, Family] = {}
-
-        def fam(name: str) -> Family:
-            f = out.get(name)
-            if f is None:
-                f = out[name] = Family(name)
-            return f
-
+        fam = _Families(self._defs)
         fam("outrider_gpu_nvml_up").add(1 if self.nvml.initialized else 0)
         fam("outrider_gpu_count").add(count)
-        handles = {}
+        handles: dict[int, Any] = {}
+        gpu_labels: dict[int, tuple[tuple[str, ...], Owner | None]] = {}
         for index in range(count):
-            h = self.nvml.handle(index)
-            if h is NA:
-                continue
-            handles[index] = h
-            labels = (str(index), f"index-{index}", "unknown")
+            labels: tuple[str, ...] = (str(index), f"index-{index}", "unknown")
+            owner = owners.get(str(index))  # the device plugin's "index" device-id strategy
             try:
+                h = self.nvml.handle(index)
+                if h is NA:
+                    continue
+                handles[index] = h
                 facts = self.nvml.facts(index)
                 labels = (str(index), facts.uuid, facts.name)
-                self._device(index, h, facts, labels, fam)
+                owner = owners.get(facts.uuid, owner)
+                gpu_labels[index] = (labels, owner)
+                self._device(index, h, facts, labels, owner, owners, fam)
                 self._lost.discard(index)
-                fam("outrider_gpu_up").add(1, *labels)
+                fam("outrider_gpu_up").add(1, *labels, *self._owner_values(owner))
             except GpuLost:
+                gpu_labels[index] = (labels, owner)
                 if index not in self._lost:
                     self._lost.add(index)
                     self._lost_counts[index] = self._lost_counts.get(index, 0) + 1
                     self.log.error("GPU %d (%s) is lost: fallen off the bus or in need of a reset", index,
-                                   facts.uuid)
-                fam("outrider_gpu_up").add(0, *labels)
-            fam("outrider_gpu_lost_total").add(self._lost_counts.get(index, 0), *labels)
-        if self._xid is None and handles and self.nvml.has("nvmlEventSetCreate"):
-            self._xid = XidWatcher(self.nvml, dict(handles))
-        if self._xid is not None:
-            for (index, code), n in sorted(self._xid.counts.items()):
-                if index in handles:
-                    f = self.nvml.facts(index)
-                    fam("outrider_gpu_xid_errors_total").add(n, str(index), f.uuid, f.name, str(code),
-                                                            xid_class(code))
-            for index, ts in sorted(self._xid.last.items()):
-                if index in handles:
-                    f = self.nvml.facts(index)
-                    fam("outrider_gpu_last_xid_timestamp_seconds").add(ts, str(index), f.uuid, f.name)
-        self.errors = self.nvml.errors
-        return list(out.values())
+                                   labels[1])
+                fam("outrider_gpu_up").add(0, *labels, *self._owner_values(owner))
+            fam("outrider_gpu_lost_total").add(self._lost_counts.get(index, 0), *labels, *self._owner_values(owner))
+        watcher = self.nvml.watch_xid(handles)
+        if watcher is not None:
+            counts, last = watcher.snapshot()
+            for (index, code), n in sorted(counts.items()):
+                if index in gpu_labels:
+                    labels, owner = gpu_labels[index]
+                    fam("outrider_gpu_xid_errors_total").add(n, *labels, str(code), xid_class(code),
+                                                            *self._owner_values(owner))
+            for index, ts in sorted(last.items()):
+                if index in gpu_labels:
+                    labels, owner = gpu_labels[index]
+                    fam("outrider_gpu_last_xid_timestamp_seconds").add(ts, *labels, *self._owner_values(owner))
+        self.errors = self.nvml.errors + self._owner_errors_seen
+        return [*fam.families.values(), *self._owner_families()]
 
-    def _device(self, i: int, h: Any, facts: Any, labels: tuple[str, ...], fam: Any) -> None:
+    def _owner_values(self, owner: Owner | None) -> tuple[str, ...]:
+        """The owner label values a GPU series ends with: none with attribution off, empty ones where unowned."""
+        if self.owners is None:
+            return ()
+        return owner.labels() if owner is not None else ("", "", "")
+
+    def _owners(self) -> Mapping[str, Owner]:
+        """Device id -> owner from the kubelet (cached there); empty when attribution is off or failed."""
+        if self.owners is None:
+            return {}
+        owners = self.owners.owners()
+        failures = sum(self.owners.errors.values())
+        if failures > self._owner_errors_seen:
+            self._owner_errors_seen = failures
+            self._once.warning(f"podresources:{self.owners.last_error}", "GPU owners unavailable: %s (GPU series go "
+                               "on without pod labels; counted in outrider_k8s_podresources_errors_total)",
+                               self.owners.last_error_text)
+        return owners
+
+    def _owner_families(self) -> list[Family]:
+        if self.owners is None:
+            return []
+        f = Family("outrider_k8s_podresources_errors_total")
+        for reason, n in sorted(self.owners.errors.items()):
+            f.add(n, reason)
+        return [f]
+
+    def _device(self, i: int, h: Any, facts: Any, labels: tuple[str, ...], owner: Owner | None,
+                owners: Mapping[str, Owner], fam: _Families) -> None:
         q, lib = self.nvml.query, self.nvml.lib
+        owned = self._owner_values(owner)  # after each series' own labels
         util = q("nvmlDeviceGetUtilizationRates", h, device=i)
         if util is not NA:
-            fam("outrider_gpu_utilization_ratio").add(util.gpu / 100.0, *labels, "general")
-            fam("outrider_gpu_memory_bandwidth_utilization_ratio").add(util.memory / 100.0, *labels)
+            fam("outrider_gpu_utilization_ratio").add(util.gpu / 100.0, *labels, "general", *owned)
+            fam("outrider_gpu_memory_bandwidth_utilization_ratio").add(util.memory / 100.0, *labels, *owned)
         for fn, task in (("nvmlDeviceGetEncoderUtilization", "encoder"),
                          ("nvmlDeviceGetDecoderUtilization", "decoder")):
             v = q(fn, h, device=i)
             if v is not NA:
-                fam("outrider_gpu_utilization_ratio").add(v[0] / 100.0, *labels, task)
+                fam("outrider_gpu_utilization_ratio").add(v[0] / 100.0, *labels, task, *owned)
         mem = q("nvmlDeviceGetMemoryInfo", h, lib.nvmlMemory_v2, device=i, key="nvmlDeviceGetMemoryInfo_v2")
         if mem is NA:
             mem = q("nvmlDeviceGetMemoryInfo", h, device=i)
         if mem is not NA:
-            fam("outrider_gpu_memory_total_bytes").add(mem.total, *labels)
-            fam("outrider_gpu_memory_used_bytes").add(mem.used, *labels)
-            fam("outrider_gpu_memory_free_bytes").add(mem.free, *labels)
+            fam("outrider_gpu_memory_total_bytes").add(mem.total, *labels, *owned)
+            fam("outrider_gpu_memory_used_bytes").add(mem.used, *labels, *owned)
+            fam("outrider_gpu_memory_free_bytes").add(mem.free, *labels, *owned)
             if hasattr(mem, "reserved"):
-                fam("outrider_gpu_memory_reserved_bytes").add(mem.reserved, *labels)
+                fam("outrider_gpu_memory_reserved_bytes").add(mem.reserved, *labels, *owned)
         temp = q("nvmlDeviceGetTemperature", h, lib.NVML_TEMPERATURE_GPU, device=i)
         if temp is not NA:
-            fam("outrider_gpu_temperature_celsius").add(temp, *labels, "gpu")
-        fields = self._fields(i, h)
+            fam("outrider_gpu_temperature_celsius").add(temp, *labels, "gpu", *owned)
+        fields = self.nvml.field_values(h, [FIELD_MEMORY_TEMP, FIELD_NVLINK_TX, FIELD_NVLINK_RX], device=i)
         if FIELD_MEMORY_TEMP in fields:
-            fam("outrider_gpu_temperature_celsius").add(fields[FIELD_MEMORY_TEMP], *labels, "memory")
+            fam("outrider_gpu_temperature_celsius").add(fields[FIELD_MEMORY_TEMP], *labels, "memory", *owned)
         if FIELD_NVLINK_TX in fields:
-            fam("outrider_gpu_nvlink_bytes_total").add(fields[FIELD_NVLINK_TX] * 1024, *labels, "transmit")
+            fam("outrider_gpu_nvlink_bytes_total").add(fields[FIELD_NVLINK_TX] * 1024, *labels, "transmit", *owned)
         if FIELD_NVLINK_RX in fields:
-            fam("outrider_gpu_nvlink_bytes_total").add(fields[FIELD_NVLINK_RX] * 1024, *labels, "receive")
+            fam("outrider_gpu_nvlink_bytes_total").add(fields[FIELD_NVLINK_RX] * 1024, *labels, "receive", *owned)
+        for kind, n in sorted(self.nvml.nvlink_errors(i, h).items()):
+            fam("outrider_gpu_nvlink_errors_total").add(n, *labels, kind, *owned)
         power = q("nvmlDeviceGetPowerUsage", h, device=i)
         if power is not NA:
-            fam("outrider_gpu_power_watts").add(power / 1000.0, *labels)
+            fam("outrider_gpu_power_watts").add(power / 1000.0, *labels, *owned)
         if facts.power_limit_w is not NA:
-            fam("outrider_gpu_power_limit_watts").add(facts.power_limit_w, *labels)
+            fam("outrider_gpu_power_limit_watts").add(facts.power_limit_w, *labels, *owned)
         energy = q("nvmlDeviceGetTotalEnergyConsumption", h, device=i)
         if energy is not NA:
-            fam("outrider_gpu_energy_joules_total").add(energy / 1000.0, *labels)
+            fam("outrider_gpu_energy_joules_total").add(energy / 1000.0, *labels, *owned)
         for clock_type, clock in ((lib.NVML_CLOCK_SM, "sm"), (lib.NVML_CLOCK_MEM, "memory")):
             v = q("nvmlDeviceGetClockInfo", h, clock_type, device=i, key=f"nvmlDeviceGetClockInfo:{clock}")
             if v is not NA:
-                fam("outrider_gpu_clock_hertz").add(v * 1e6, *labels, clock)
+                fam("outrider_gpu_clock_hertz").add(v * 1e6, *labels, clock, *owned)
         if facts.max_sm_clock_hz is not NA:
-            fam("outrider_gpu_clock_max_hertz").add(facts.max_sm_clock_hz, *labels, "sm")
+            fam("outrider_gpu_clock_max_hertz").add(facts.max_sm_clock_hz, *labels, "sm", *owned)
         if facts.max_mem_clock_hz is not NA:
-            fam("outrider_gpu_clock_max_hertz").add(facts.max_mem_clock_hz, *labels, "memory")
+            fam("outrider_gpu_clock_max_hertz").add(facts.max_mem_clock_hz, *labels, "memory", *owned)
         pstate = q("nvmlDeviceGetPerformanceState", h, device=i)
         if pstate is not NA:
-            fam("outrider_gpu_performance_state").add(pstate, *labels)
+            fam("outrider_gpu_performance_state").add(pstate, *labels, *owned)
         fan = q("nvmlDeviceGetFanSpeed", h, device=i)
         if fan is not NA:
-            fam("outrider_gpu_fan_speed_ratio").add(fan / 100.0, *labels)
+            fam("outrider_gpu_fan_speed_ratio").add(fan / 100.0, *labels, *owned)
         reasons = self.nvml.probe(("nvmlDeviceGetCurrentClocksEventReasons",
                                    "nvmlDeviceGetCurrentClocksThrottleReasons"), h, device=i)
         if reasons is not NA:
             for bit, reason in CLOCK_EVENT_REASONS:
-                fam("outrider_gpu_clock_event_active").add(1 if reasons & bit else 0, *labels, reason)
+                fam("outrider_gpu_clock_event_active").add(1 if reasons & bit else 0, *labels, reason, *owned)
         for policy, reason in VIOLATION_POLICIES:
             v = q("nvmlDeviceGetViolationStatus", h, policy, device=i, key=f"nvmlDeviceGetViolationStatus:{reason}")
             if v is not NA:
-                fam("outrider_gpu_violation_seconds_total").add(v.violationTime / 1e9, *labels, reason)
+                fam("outrider_gpu_violation_seconds_total").add(v.violationTime / 1e9, *labels, reason, *owned)
         for counter, direction in ((lib.NVML_PCIE_UTIL_TX_BYTES, "transmit"), (lib.NVML_PCIE_UTIL_RX_BYTES, "receive")):
             v = q("nvmlDeviceGetPcieThroughput", h, counter, device=i, key=f"nvmlDeviceGetPcieThroughput:{direction}")
             if v is not NA:
-                fam("outrider_gpu_pcie_throughput_bytes_per_second").add(v * 1024, *labels, direction)
+                fam("outrider_gpu_pcie_throughput_bytes_per_second").add(v * 1024, *labels, direction, *owned)
         replay = q("nvmlDeviceGetPcieReplayCounter", h, device=i)
         if replay is not NA:
-            fam("outrider_gpu_pcie_replays_total").add(replay, *labels)
+            fam("outrider_gpu_pcie_replays_total").add(replay, *labels, *owned)
         for err_type, type_name in ((lib.NVML_MEMORY_ERROR_TYPE_CORRECTED, "corrected"),
                                     (lib.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, "uncorrected")):
             for counter, counter_name in ((lib.NVML_VOLATILE_ECC, "volatile"), (lib.NVML_AGGREGATE_ECC, "aggregate")):
                 v = q("nvmlDeviceGetTotalEccErrors", h, err_type, counter, device=i,
                       key=f"nvmlDeviceGetTotalEccErrors:{type_name}:{counter_name}")
                 if v is not NA:
-                    fam("outrider_gpu_ecc_errors_total").add(v, *labels, type_name, counter_name)
+                    fam("outrider_gpu_ecc_errors_total").add(v, *labels, type_name, counter_name, *owned)
         rows = q("nvmlDeviceGetRemappedRows", h, device=i)
         if rows is not NA:
             corr, unc, pending, failure = rows
-            fam("outrider_gpu_remapped_rows").add(corr, *labels, "correctable").add(unc, *labels, "uncorrectable")
-            fam("outrider_gpu_row_remap_pending").add(1 if pending else 0, *labels)
-            fam("outrider_gpu_row_remap_failure").add(1 if failure else 0, *labels)
+            fam("outrider_gpu_remapped_rows").add(corr, *labels, "correctable", *owned)
+            fam("outrider_gpu_remapped_rows").add(unc, *labels, "uncorrectable", *owned)
+            fam("outrider_gpu_row_remap_pending").add(1 if pending else 0, *labels, *owned)
+            fam("outrider_gpu_row_remap_failure").add(1 if failure else 0, *labels, *owned)
         mig = q("nvmlDeviceGetMigMode", h, device=i)
+        instances: dict[int, Owner | None] = {}  # GPU instance id -> the owner of its MIG device
         if mig is not NA:
-            fam("outrider_gpu_mig_mode").add(1 if mig[0] else 0, *labels)
+            fam("outrider_gpu_mig_mode").add(1 if mig[0] else 0, *labels, *owned)
             if mig[0]:
-                self._mig_devices(i, h, labels, fam)
-        self._gpm_metrics(i, h, labels, fam)
-        self._processes(i, h, labels, fam)
+                instances = self._mig_devices(i, h, labels, owners, fam)
+        self._gpm_metrics(i, h, fam, (*labels, *owned))
+        self._processes(i, h, labels, owner, instances, fam)
 
-    def _mig_devices(self, i: int, h: Any, labels: tuple[str, ...], fam: Any) -> None:
-        """With MIG on, memory per MIG device (GPU instance); device-wide utilisation is not defined there."""
+    def _mig_devices(self, i: int, h: Any, labels: tuple[str, ...], owners: Mapping[str, Owner],
+                     fam: _Families) -> dict[int, Owner | None]:
+        """With MIG on, memory per MIG device (GPU instance); device-wide utilisation is not defined there.
+        Returns the owner of each GPU instance's MIG device, for the processes running on it."""
         q = self.nvml.query
+        instances: dict[int, Owner | None] = {}
         slots = q("nvmlDeviceGetMaxMigDeviceCount", h, device=i)
         for slot in range(slots if slots is not NA else 0):
             ref = -(1000 * (i + 1) + slot)  # the MIG device's own key for unsupported readings
@@ -262,24 +280,17 @@ class GpuCollector(Collector):
             uuid = q("nvmlDeviceGetUUID", mh, device=ref)
             instance = q("nvmlDeviceGetGpuInstanceId", mh, device=ref)
             mem = q("nvmlDeviceGetMemoryInfo", mh, device=ref)
-            mig_labels = (*labels, str(uuid if uuid is not NA else f"slot-{slot}"),
-                          str(instance) if instance is not NA else "")
+            mig_uuid = str(uuid if uuid is not NA else f"slot-{slot}")
+            owner = owners.get(mig_uuid)
+            if instance is not NA:
+                instances[int(instance)] = owner
+            mig_labels = (*labels, mig_uuid, str(instance) if instance is not NA else "", *self._owner_values(owner))
             if mem is not NA:
                 fam("outrider_gpu_mig_memory_used_bytes").add(mem.used, *mig_labels)
                 fam("outrider_gpu_mig_memory_total_bytes").add(mem.total, *mig_labels)
+        return instances
 
-    def _fields(self, i: int, h: Any) -> dict[int, float]:
-        values = self.nvml.query("nvmlDeviceGetFieldValues", h, [FIELD_MEMORY_TEMP, FIELD_NVLINK_TX, FIELD_NVLINK_RX],
-                                 device=i)
-        out: dict[int, float] = {}
-        if values is NA:
-            return out
-        for v in values:
-            if v.nvmlReturn == 0:
-                out[int(v.fieldId)] = float(v.value.ullVal)
-        return out
-
-    def _gpm_metrics(self, i: int, h: Any, labels: tuple[str, ...], fam: Any) -> None:
+    def _gpm_metrics(self, i: int, h: Any, fam: _Families, labels: tuple[str, ...]) -> None:
         """GPM needs two samples: the previous sweep's and this one's. No exclusive profiling lock is taken."""
         nv, lib = self.nvml, self.nvml.lib
         if not nv.has("nvmlGpmQueryDeviceSupport") or self._gpm_supported.get(i) is False:
@@ -309,7 +320,8 @@ class GpuCollector(Collector):
             if result.metrics[k].nvmlReturn == 0:
                 fam(name).add(result.metrics[k].value / 100.0, *labels)
 
-    def _processes(self, i: int, h: Any, labels: tuple[str, ...], fam: Any) -> None:
+    def _processes(self, i: int, h: Any, labels: tuple[str, ...], owner: Owner | None,
+                   instances: Mapping[int, Owner | None], fam: _Families) -> None:
         nv = self.nvml
         procs = nv.probe(("nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetComputeRunningProcesses_v2"), h,
                          device=i)
@@ -324,10 +336,12 @@ class GpuCollector(Collector):
                 self._util_ts[i] = max(self._util_ts.get(i, 0), int(s.timeStamp))
         for p in procs:
             pid, name = self._translate(int(p.pid))
+            instance = int(getattr(p, "gpuInstanceId", NO_INSTANCE))
+            owned = self._owner_values(instances.get(instance, owner))  # a MIG device's process: its owner
             if p.usedGpuMemory is not None:
-                fam("outrider_gpu_process_memory_bytes").add(p.usedGpuMemory, *labels, pid, name)
+                fam("outrider_gpu_process_memory_bytes").add(p.usedGpuMemory, *labels, pid, name, *owned)
             if int(p.pid) in sm:
-                fam("outrider_gpu_process_sm_utilization_ratio").add(sm[int(p.pid)], *labels, pid, name)
+                fam("outrider_gpu_process_sm_utilization_ratio").add(sm[int(p.pid)], *labels, pid, name, *owned)
 
     def _translate(self, nvml_pid: int) -> tuple[str, str]:
         """NVML reports PIDs as the procfs mount we read sees them (the host's, for a node agent given the host's
@@ -348,9 +362,30 @@ class GpuCollector(Collector):
         return str(local), name
 
     def close(self) -> None:
-        if self._xid is not None:
-            self._xid.stop()
+        """The XID watcher stops and frees its event set, then NVML shuts down (nvml.Nvml.shutdown)."""
         self.nvml.shutdown()
+        if self.owners is not None:
+            self.owners.close()
+
+
+def _owner_definitions(config: Any) -> dict[str, MetricDef]:
+    """The GPU metrics with the owner labels under their configured names; a name that is not distinct or that
+    a GPU metric already uses is a configuration error naming its key."""
+    names = {default.prom: getattr(config, key) for default, key in zip(K8S_OWNER, OWNER_LABEL_KEYS)}
+    chosen = list(names.values())
+    for name in chosen:
+        keys = [key for key, other in zip(OWNER_LABEL_KEYS, chosen) if other == name]
+        if len(keys) > 1:
+            raise ConfigError(f"{' and '.join(keys)} are both '{name}': give each owner label its own name")
+    defs: dict[str, MetricDef] = {}
+    for defn in CATALOG.values():
+        if defn.collector != "gpu" or not defn.enrichment:
+            continue
+        for key, name in zip(OWNER_LABEL_KEYS, chosen):
+            if name in defn.label_names:
+                raise ConfigError(f"{key}: '{name}' is already a label of {defn.name}; choose another name")
+        defs[defn.name] = with_enrichment(defn, names)
+    return defs
 
 
 def _nspid(root: str, pid: str) -> list[int]:

@@ -59,6 +59,8 @@ def _http_endpoint(base: str) -> str:
 def _attributes(defn: MetricDef, values: tuple[str, ...]) -> dict[str, str | int]:
     out: dict[str, str | int] = {}
     for label, value in zip(defn.labels, values):
+        if not value:  # no empty attributes: an unknown owner, a process without a rank
+            continue
         out[label.otel] = int(value) if label.otel == "process.pid" and value.isdigit() else value
     return out
 

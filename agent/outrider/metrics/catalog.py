@@ -5,11 +5,17 @@ counters ending in ``_total``), its OpenTelemetry name (a semantic-convention na
 ``outrider.*``), its unit, its type, its help text and its labels with their OpenTelemetry attribute names.
 Collectors refer to definitions by Prometheus name; the exporters and the metrics reference (docs/metrics.md)
 are derived from this table, so the three cannot drift apart.
+
+Enrichment: a definition may name labels that a collector appends after its own when a source of them is
+configured (the Kubernetes owner of a GPU, from the kubelet). They are optional: a series whose owner is unknown
+leaves them out of the exposition and out of its OTLP attributes. Their Prometheus names may be renamed by
+configuration (with_enrichment); their OpenTelemetry names are the semantic-convention ones.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from typing import Literal
 
 MetricType = Literal["counter", "gauge", "histogram"]
@@ -17,10 +23,12 @@ MetricType = Literal["counter", "gauge", "histogram"]
 
 @dataclass(frozen=True)
 class Label:
-    """A label: its Prometheus name and the OpenTelemetry attribute it becomes on OTLP."""
+    """A label: its Prometheus name and the OpenTelemetry attribute it becomes on OTLP. An optional label with an
+    empty value is left out of the exposition and the OTLP attributes (an owner that is not known)."""
 
     prom: str
     otel: str
+    optional: bool = False
 
 
 @dataclass(frozen=True)
@@ -33,6 +41,7 @@ class MetricDef:
     labels: tuple[Label, ...]
     collector: str
     semconv: bool = False  # True where otel_name is an OpenTelemetry semantic-convention name
+    enrichment: tuple[Label, ...] = ()  # appended after `labels` by a collector whose enrichment is configured
 
     @property
     def label_names(self) -> tuple[str, ...]:
@@ -73,6 +82,11 @@ PHASE = Label("phase", "outrider.train.phase")
 BY_RANK = (RANK, TRAINING_JOB)  # what the agent adds to every series a hooked process publishes
 GPU = (Label("gpu", "outrider.gpu.index"), Label("uuid", "hw.id"), Label("model", "hw.model"))
 MIG_DEVICE = (*GPU, Label("mig_uuid", "outrider.gpu.mig.uuid"), Label("gpu_instance", "outrider.gpu.mig.instance"))
+# The Kubernetes workload that owns a GPU or MIG device (kubelet PodResources): "exported_" as Prometheus prefixes
+# labels that clash with a target's own, so these never collide with the namespace/pod labels of the scrape.
+K8S_OWNER = (Label("exported_namespace", "k8s.namespace.name", optional=True),
+             Label("exported_pod", "k8s.pod.name", optional=True),
+             Label("exported_container", "k8s.container.name", optional=True))
 ROUTE = Label("route", "http.route")
 STATUS_CLASS = Label("status_class", "outrider.http.status_class")
 
@@ -139,7 +153,8 @@ _DEFS: tuple[MetricDef, ...] = (
               "Time each block device had I/O in flight (its rate is the device's busy fraction).", (DEVICE,),
               "host", semconv=True),
     MetricDef("outrider_host_network_io_bytes_total", "system.network.io", "By", "counter",
-              "Bytes received and transmitted per network interface.", (INTERFACE, NET_DIRECTION), "host", semconv=True),
+              "Bytes received and transmitted per network interface.", (INTERFACE, NET_DIRECTION), "host",
+              semconv=True),
     MetricDef("outrider_host_network_packets_total", "system.network.packet.count", "{packet}", "counter",
               "Packets received and transmitted per network interface.", (INTERFACE, NET_DIRECTION), "host",
               True),
@@ -241,6 +256,10 @@ _DEFS: tuple[MetricDef, ...] = (
               "PCIe replays (link retransmissions): a rising rate means a bad link.", GPU, "gpu"),
     MetricDef("outrider_gpu_nvlink_bytes_total", "outrider.gpu.nvlink.io", "By", "counter",
               "NVLink data bytes over all links.", (*GPU, Label("direction", "network.io.direction")), "gpu"),
+    MetricDef("outrider_gpu_nvlink_errors_total", "outrider.gpu.nvlink.errors", "{error}", "counter",
+              "NVLink data-link errors summed over the GPU's active links, by type: crc_flit and crc_data (receive "
+              "CRC errors), replay (transmit replays), recovery (link recoveries). Absent where NVLink or the "
+              "counter is not supported.", (*GPU, Label("type", "error.type")), "gpu"),
     MetricDef("outrider_gpu_ecc_errors_total", "outrider.gpu.ecc.errors", "{error}", "counter",
               "ECC memory errors: corrected or uncorrected, volatile (since the driver loaded) or aggregate "
               "(lifetime).", (*GPU, Label("type", "error.type"), Label("counter", "outrider.gpu.ecc.counter")),
@@ -278,6 +297,11 @@ _DEFS: tuple[MetricDef, ...] = (
     MetricDef("outrider_gpu_process_sm_utilization_ratio", "outrider.gpu.process.sm.utilization", "1", "gauge",
               "Each compute process's share of SM time in NVML's last sample (absent where NVML gives none).",
               (*GPU, PID, PNAME), "gpu"),
+    MetricDef("outrider_k8s_podresources_errors_total", "outrider.k8s.podresources.errors", "{error}", "counter",
+              "Failed asks of the kubelet's PodResources API for the owners of the GPUs, by reason: missing (no "
+              "socket), unavailable, timeout, invalid_response, unimplemented, error, no_grpc (grpcio not "
+              "installed). GPU series go on without the owner labels meanwhile.",
+              (Label("reason", "error.type"),), "gpu"),
     # --- hook (published by instrumented processes through the spool) ------------------------------------------
     MetricDef("outrider_train_step_duration_seconds", "outrider.train.step.duration", "s", "histogram",
               "Training step time, from step begin (or the previous step's end) to step end.", BY_RANK, "hook"),
@@ -443,6 +467,10 @@ _DEFS: tuple[MetricDef, ...] = (
               "dropped and counted, never fatal.", (COLLECTOR,), "self"),
 )
 
+# Every GPU metric labelled by its GPU also names the GPU's Kubernetes owner when attribution is on.
+_DEFS = tuple(replace(d, enrichment=K8S_OWNER) if d.collector == "gpu" and d.labels[:len(GPU)] == GPU else d
+              for d in _DEFS)
+
 CATALOG: dict[str, MetricDef] = {d.name: d for d in _DEFS}
 if len(CATALOG) != len(_DEFS):  # pragma: no cover - guards the table itself
     raise RuntimeError("duplicate metric name in the catalog")
@@ -451,3 +479,16 @@ if len(CATALOG) != len(_DEFS):  # pragma: no cover - guards the table itself
 def definitions(collector: str | None = None) -> list[MetricDef]:
     """All definitions, or those of one collector, in table order."""
     return [d for d in _DEFS if collector is None or d.collector == collector]
+
+
+def with_enrichment(defn: MetricDef, names: Mapping[str, str] | None = None) -> MetricDef:
+    """The definition as a collector with its enrichment on emits it: the enrichment labels appended after its own,
+    with the Prometheus names that `names` maps them to (default name -> configured name)."""
+    if not defn.enrichment:
+        return defn
+    names = names or {}
+    extra = tuple(replace(label, prom=names.get(label.prom, label.prom)) for label in defn.enrichment)
+    clash = {label.prom for label in extra} & set(defn.label_names)
+    if clash or len({label.prom for label in extra}) != len(extra):
+        raise ValueError(f"{defn.name}: enrichment label names {sorted(lb.prom for lb in extra)} clash")
+    return replace(defn, labels=(*defn.labels, *extra), enrichment=())

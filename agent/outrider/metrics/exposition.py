@@ -60,14 +60,15 @@ def _label_block(names: tuple[str, ...], values: tuple[str, ...]) -> str:
     return "{" + ",".join(pairs) + "}" if pairs else ""
 
 
-# Sample-line prefixes ("name{labels} ") keyed by name and label values: label sets repeat sweep after sweep,
-# so escaping and formatting them once saves most of the rendering. Cleared when it grows past the bound.
-_PREFIXES: dict[tuple[str, tuple[str, ...]], str] = {}
+# Sample-line prefixes ("name{labels} ") keyed by name, label names and label values: label sets repeat sweep
+# after sweep, so escaping and formatting them once saves most of the rendering. Cleared when it grows past the
+# bound. (Label names are part of the key: one metric's label names can differ between collectors' configurations.)
+_PREFIXES: dict[tuple[str, tuple[str, ...], tuple[str, ...]], str] = {}
 _PREFIX_BOUND = 50_000
 
 
 def _prefix(name: str, names: tuple[str, ...], values: tuple[str, ...]) -> str:
-    key = (name, values)
+    key = (name, names, values)
     hit = _PREFIXES.get(key)
     if hit is None:
         if len(_PREFIXES) >= _PREFIX_BOUND:
@@ -86,7 +87,7 @@ def render(families: Iterable[Family], openmetrics: bool = False) -> bytes:
         if seen is None:
             merged[fam.defn.name] = fam
         else:
-            combined = Family(fam.defn.name)
+            combined = Family(seen.defn)
             combined.samples = seen.samples + fam.samples
             merged[fam.defn.name] = combined
     out: list[str] = []

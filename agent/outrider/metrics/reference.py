@@ -9,7 +9,9 @@ HEADER = """# Metrics reference
 Generated from `agent/outrider/metrics/catalog.py` by `python scripts/generate.py`; a test fails when this file
 drifts from the table. Prometheus names follow Prometheus conventions (base units,
 `_total` on counters); OpenTelemetry names are semantic-convention names where one exists (marked *semconv*),
-`outrider.*` otherwise. Labels are given as `prometheus label` → `OpenTelemetry attribute`.
+`outrider.*` otherwise. Labels are given as `prometheus label` → `OpenTelemetry attribute`; labels in brackets are
+present only when their enrichment is on and the value known (the GPU's Kubernetes owner, with
+`k8s_pod_resources_socket` set; their Prometheus names are configurable).
 """
 
 
@@ -24,7 +26,8 @@ def render_reference() -> str:
         out.append("| Prometheus | type | OpenTelemetry | unit | labels | help |")
         out.append("|---|---|---|---|---|---|")
         for d in definitions(collector):
-            labels = ", ".join(f"`{lb.prom}`→`{lb.otel}`" for lb in d.labels) or "—"
+            labels = ", ".join([f"`{lb.prom}`→`{lb.otel}`" for lb in d.labels]
+                               + [f"[`{lb.prom}`→`{lb.otel}`]" for lb in d.enrichment]) or "—"
             otel = f"`{d.otel_name}`" + (" *semconv*" if d.semconv else "")
             text = d.help.replace("|", "\\|")
             out.append(f"| `{d.name}` | {d.type} | {otel} | `{d.unit}` | {labels} | {text} |")

@@ -1,0 +1,166 @@
+"""GPU owners from the kubelet's PodResources API: a real gRPC server speaking the published v1 proto (through the
+generated code) on a unix socket stands in for the kubelet (tests/fakes/kubelet.py)."""
+
+from __future__ import annotations
+
+import filecmp
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from outrider.k8s.gpu_owners import GpuOwners, Owner, owners_from_response
+from outrider.k8s.podresources import api_pb2
+from outrider.k8s.podresources.generate import GENERATED, generate
+from tests.fakes.kubelet import FakeKubelet, NotGrpcSocket, pod, short_socket_dir
+from tests.helpers import REPO
+
+GPU = "nvidia.com/gpu"
+PODS = [
+    pod("research", "train-0", {"trainer": [(GPU, ["GPU-0", "GPU-1"])], "sidecar": []}),
+    pod("serving", "llm-0", {"server": [("nvidia.com/mig-1g.10gb", ["MIG-aaaa"]),
+                                        ("example.com/fpga", ["GPU-9"])]}),  # not a GPU resource
+    pod("batch", "job-a", {"main": [(GPU, ["GPU-2::0"])]}),  # time-sliced replicas of one GPU
+    pod("batch", "job-b", {"main": [(GPU, ["GPU-2::1"])]}),
+    pod("legacy", "by-index", {"c": [(GPU, ["3", ""])]}),  # the device plugin's "index" id strategy
+]
+
+
+@pytest.fixture
+def sock() -> Iterator[str]:
+    with short_socket_dir() as d:
+        yield os.path.join(d, "kubelet.sock")
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_owners_by_gpu_uuid_mig_uuid_index_and_shared_replicas(sock: str) -> None:
+    with FakeKubelet(sock, PODS):
+        owners = GpuOwners(sock, timeout_s=5).owners()
+    assert owners == {
+        "GPU-0": Owner("research", "train-0", "trainer"),
+        "GPU-1": Owner("research", "train-0", "trainer"),
+        "MIG-aaaa": Owner("serving", "llm-0", "server"),
+        "GPU-2": Owner("batch", "job-a,job-b", "main"),
+        "3": Owner("legacy", "by-index", "c"),
+    }, "GPU-9 is another resource's device; an empty id is no device"
+
+
+def test_answers_are_cached_for_the_ttl_then_asked_again(sock: str) -> None:
+    clock = Clock()
+    with FakeKubelet(sock, PODS[:1]) as kubelet:
+        owners = GpuOwners(sock, timeout_s=5, ttl_s=10, clock=clock)
+        assert "GPU-0" in owners.owners()
+        kubelet.pods = PODS[1:2]
+        clock.now += 9
+        assert "GPU-0" in owners.owners() and kubelet.requests == 1, "within the TTL: the cached answer"
+        clock.now += 1
+        assert set(owners.owners()) == {"MIG-aaaa"} and kubelet.requests == 2, "past it: asked again"
+        owners.close()
+
+
+def test_missing_socket_is_counted_and_answers_no_owners(sock: str) -> None:
+    owners = GpuOwners(sock, timeout_s=5)
+    assert owners.owners() == {}
+    assert owners.errors == {"missing": 1}
+    assert "does not exist" in owners.last_error_text
+
+
+def test_a_kubelet_slower_than_the_deadline_is_a_counted_timeout(sock: str) -> None:
+    with FakeKubelet(sock, PODS, delay_s=30):
+        owners = GpuOwners(sock, timeout_s=0.2)
+        assert owners.owners() == {}
+        owners.close()
+    assert owners.errors == {"timeout": 1}
+
+
+def test_a_response_that_does_not_decode_is_counted(sock: str) -> None:
+    with FakeKubelet(sock, garbage=True) as kubelet:
+        owners = GpuOwners(sock, timeout_s=5)
+        assert owners.owners() == {}
+        owners.close()
+    assert kubelet.requests == 1, "the server answered; the answer was garbage"
+    assert owners.errors == {"invalid_response": 1}
+
+
+def test_something_else_on_the_socket_is_unavailable(sock: str) -> None:
+    with NotGrpcSocket(sock):
+        owners = GpuOwners(sock, timeout_s=2)
+        assert owners.owners() == {}
+        owners.close()
+    assert owners.errors == {"unavailable": 1}
+
+
+def test_a_kubelet_without_the_v1_api_is_unimplemented(sock: str) -> None:
+    with FakeKubelet(sock, serve_nothing=True):
+        owners = GpuOwners(sock, timeout_s=5)
+        assert owners.owners() == {}
+        owners.close()
+    assert owners.errors == {"unimplemented": 1}
+
+
+def test_after_a_failure_the_next_ask_waits_for_the_ttl_then_recovers(sock: str) -> None:
+    clock = Clock()
+    owners = GpuOwners(sock, timeout_s=5, ttl_s=10, clock=clock)
+    assert owners.owners() == {} and owners.asks == 1
+    with FakeKubelet(sock, PODS[:1]):
+        clock.now += 5
+        assert owners.owners() == {} and owners.asks == 1, "a failed ask is not repeated every sweep"
+        clock.now += 5
+        assert "GPU-0" in owners.owners()
+        owners.close()
+
+
+def test_owners_from_a_response_ignore_other_resources() -> None:
+    response = api_pb2.ListPodResourcesResponse(pod_resources=[
+        pod("ns", "p", {"c": [("nvidia.com/gpu-not-really", ["GPU-0"]), ("amd.com/gpu", ["GPU-1"])]})])
+    assert owners_from_response(response) == {}
+
+
+def test_the_committed_client_is_what_grpcio_tools_generates(tmp_path: Path) -> None:
+    written = generate(tmp_path)
+    committed = REPO / "agent" / "outrider" / "k8s" / "podresources"
+    assert [p.name for p in written] == list(GENERATED)
+    for path in written:
+        assert filecmp.cmp(path, committed / path.name, shallow=False), (
+            f"{path.name} drifted from api.proto: PYTHONPATH=agent python -m outrider.k8s.podresources.generate")
+    assert "Copyright The Kubernetes Authors" in (committed / "api_pb2.py").read_text()
+
+
+GRPC_PROBE = """
+import sys
+from outrider.collectors.base import CollectorContext
+from outrider.collectors.gpu import GpuCollector
+from outrider.config import load
+from outrider.sampler import SweepStats
+import outrider
+outrider.instrument()
+c = GpuCollector(CollectorContext(load().config, SweepStats()))
+c.collect(); c.collect(); c.close()
+print("grpc" in sys.modules, "outrider.k8s.podresources.api_pb2_grpc" in sys.modules)
+"""
+
+
+@pytest.mark.parametrize(("socket_set", "expected"), [(False, "False False"), (True, "True True")])
+def test_grpc_is_imported_only_when_attribution_is_on(sock: str, tmp_path: Path, socket_set: bool,
+                                                       expected: str) -> None:
+    """The hook and an agent without the feature never load grpc; with the feature on, the first ask does."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OUTRIDER_", "OTEL_"))}
+    env.update(PYTHONPATH=str(REPO / "agent") + os.pathsep + str(REPO), OUTRIDER_SPOOL_DIR=str(tmp_path / "spool"),
+               OUTRIDER_NVML_LIBRARY=str(tmp_path / "no-nvml.so"), OUTRIDER_STANDALONE="false")
+    if socket_set:
+        env["OUTRIDER_K8S_POD_RESOURCES_SOCKET"] = sock
+    with FakeKubelet(sock, PODS):
+        out = subprocess.run([sys.executable, "-c", GRPC_PROBE], env=env, capture_output=True, text=True,
+                             timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == expected
