@@ -232,3 +232,64 @@ def test_a_service_that_never_steps_is_never_stalled(tmp_path: Path) -> None:
     _, parsed = agent_view(tmp_path)
     assert value(parsed, "outrider_hook_stalled") == 0
     assert value(parsed, "outrider_train_first_step_pending") is None
+
+
+def test_the_step_ring_counts_every_step_even_when_it_laps(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import outrider
+    from outrider.hook import api
+
+    monkeypatch.setattr(api, "S", api._State())
+    monkeypatch.setenv("OUTRIDER_SPOOL_DIR", str(tmp_path))
+    monkeypatch.setenv("OUTRIDER_STANDALONE", "false")
+    monkeypatch.setenv("OUTRIDER_FLUSH_INTERVAL_S", "3600")  # nothing drains until the test says so
+    assert outrider.instrument()
+    try:
+        for _ in range(20_000):  # five times the ring between two flushes
+            with outrider.step(samples=2, tokens=3):
+                pass
+        api.S.hook.flush()
+        _, parsed = agent_view(tmp_path)
+        assert value(parsed, "outrider_train_steps_total") == 20_000, "once 4,096: the ring lost counts"
+        assert value(parsed, "outrider_samples_total") == 40_000
+        assert value(parsed, "outrider_tokens_total") == 60_000
+        assert value(parsed, "outrider_train_step_duration_seconds_count") == 4096, "only durations are lost"
+        assert value(parsed, "outrider_hook_dropped_total", reason="step_ring_overflow") == 1
+    finally:
+        api.S.hook.close()
+
+
+def test_retired_series_of_dead_processes_are_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import outrider.collectors.hook as hook_collector
+
+    c = HookCollector(CollectorContext(Config(spool_dir=str(tmp_path)), hold_spool_lock=False))
+    for n in range(50):  # 50 processes came and went, each with 1,000 series of its own
+        h = hook(tmp_path, Identity(pid=10_000 + n), hook_max_series_per_metric=1000)
+        for i in range(1000):
+            h.series("counter", "request_total", {"id": f"{n}-{i}"}).inc()
+        h.close()
+        c.collect()
+    assert len(c._retired) == hook_collector.MAX_RETIRED, "was 50,000: memory grew with every process"
+    parsed = samples(render(c.collect()).decode())
+    assert value(parsed, "outrider_hook_retired_series") == hook_collector.MAX_RETIRED
+    later = time.monotonic() + hook_collector.RETIRED_TTL_S + 1
+    monkeypatch.setattr(hook_collector.time, "monotonic", lambda: later)
+    c.collect()
+    assert len(c._retired) == 0, "no live process shares them: they expire"
+
+
+def test_a_retired_counter_a_live_process_shares_never_expires(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    import outrider.collectors.hook as hook_collector
+
+    c = HookCollector(CollectorContext(Config(spool_dir=str(tmp_path)), hold_spool_lock=False))
+    gone = hook(tmp_path, Identity(pid=2**22 + 1))
+    gone.series("counter", "work_total").inc(5)
+    gone.close()
+    c.collect()
+    live = hook(tmp_path)
+    live.series("counter", "work_total").inc(2)
+    live.flush()
+    later = time.monotonic() + hook_collector.RETIRED_TTL_S + 1
+    monkeypatch.setattr(hook_collector.time, "monotonic", lambda: later)
+    parsed = samples(render(c.collect()).decode())
+    assert value(parsed, "work_total") == 7, "dropping the 5 would make the merged counter go backwards"

@@ -47,3 +47,35 @@ def test_promtool_accepts_the_exposition() -> None:
     assert "outrider_host_cpu_seconds_total" in text
     r = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_hostile_shards_never_take_the_target_down(tmp_path: Path) -> None:
+    """A workload's shard with names Prometheus refuses (a space, a dash, __name__, le on a histogram) or counts
+    it cannot take (NaN, infinity) once made a real Prometheus mark the whole target down, losing every host and GPU
+    series with it. Now each bad series is dropped alone and counted; the target stays up."""
+    import json
+    import os
+
+    from outrider import spool
+
+    sp = tmp_path / "spool"
+    sp.mkdir(mode=0o700)
+    entries = [["ok_total", "counter", {"k": "v"}, 0, []],
+               ["bad name_total", "counter", {}, 1, []],
+               ["bad-name_total", "counter", {}, 2, []],
+               ["__name__", "counter", {}, 3, []],
+               ["h_seconds", "histogram", {"le": "0.5"}, 4, [1.0]],
+               ["nan_seconds", "histogram", {}, 7, [1.0]],
+               ["inf_total", "counter", {}, 10, []]]
+    values = [3.0, 1.0, 1.0, 1.0, 1.0, 0.0, 0.5, float("nan"), 0.0, 1.0, float("inf")]
+    w = spool.ShardWriter(str(sp), os.getpid(), 1)  # this test's pid: a live process the agent can see
+    w.write(json.dumps({"meta": {"rank": "0"}, "series": entries}).encode(), values, flags=0, pid=os.getpid(),
+            stalls=0, start_ns=1, heartbeat_ns=1, last_step_ns=0, steps=0, stalled_since_ns=0)
+    with AgentProcess(env={"OUTRIDER_SPOOL_DIR": str(sp)}) as agent, \
+            PrometheusServer(tmp_path / "prom", [f"127.0.0.1:{agent.port}"]) as prom:
+        assert prom.wait_for('up{job="outrider"} == 1')
+        assert prom.wait_for('ok_total{k="v",rank="0"} == 3')
+        assert prom.wait_for("outrider_host_memory_limit_bytes")
+        errors = prom.wait_for('outrider_hook_shard_errors_total{reason="invalid_series"}')
+        assert float(errors[0]["value"][1]) >= 6, "each bad series counted"
+        assert prom.query('up{job="outrider"} == 0') == []
