@@ -105,6 +105,14 @@ class Config:
     alert_log: bool = field(default=True, metadata={"help": "log every alert transition on the agent's log"})
     standalone: bool = field(default=True, metadata={
         "help": "with no agent on the spool, the instrumented process runs one in-process"})
+    exit_when_workload_exits: bool = field(default=False, metadata={
+        "help": "stop (final sweep and flush) and exit 0 once the workload is gone: every process that published "
+                "to the spool, and the trees of `pids`, seen at least once and none alive for a grace period "
+                "(3 sweeps, at least 5 s); for a sidecar in a Job where Kubernetes has no native sidecars"})
+    host_root: str = field(default="", metadata={
+        "help": "where the host's root filesystem is mounted in a node agent's container (e.g. /host/root): "
+                "`filesystems` are then host paths, read through it, labelled and judged read-only as the host "
+                "mounts them; empty: the agent's own root"})
 
     @property
     def listen_address(self) -> tuple[str, int]:
@@ -281,6 +289,8 @@ CONVERTERS: dict[str, Callable[[Any], Any]] = {
     "alertmanager_urls": _str_list,
     "resend_interval_s": _positive_float,
     "alert_log": _bool,
+    "exit_when_workload_exits": _bool,
+    "host_root": _str,
 }
 assert set(CONVERTERS) == set(FIELDS), "every config field needs a converter"
 
