@@ -258,6 +258,20 @@ def test_legacy_sidecar_is_a_container_that_exits_with_the_workload() -> None:
     assert env_of(sidecar)["OUTRIDER_EXIT_WHEN_WORKLOAD_EXITS"]["value"] == "true"
 
 
+def test_a_native_sidecar_on_a_cluster_without_them_stops_the_install(capfd: pytest.CaptureFixture[str]) -> None:
+    """Before 1.29 the API server drops an init container's restartPolicy, and the agent, a plain init container
+    then, would hold the pod in Init forever: the chart refuses with what to do. (Helm's lint runs templates
+    against a given Kubernetes version and reports a template's `fail` on its log instead of stopping.)"""
+    job = {"examples": {"trainingJob": True}, "nodeAgent": {"enabled": False}}
+    message = "sidecar.native needs Kubernetes >= 1.29"
+    helm.lint(str(CHART), job, kube_version="1.29.0")
+    assert message not in capfd.readouterr().err
+    helm.lint(str(CHART), job, kube_version="1.28.3")
+    assert message in capfd.readouterr().err
+    helm.lint(str(CHART), {**job, "sidecar": {"native": False}}, kube_version="1.27.0")
+    assert message not in capfd.readouterr().err
+
+
 @pytest.mark.parametrize("values_file", ["training-job-values.yaml", "inference-deployment-values.yaml",
                                          "legacy-sidecar-values.yaml"])
 def test_sidecar_examples_share_the_spool_and_the_process_namespace(values_file: str) -> None:

@@ -253,6 +253,10 @@ outrider.resolveScope for what `.` may be):
 {{- end -}}
 
 {{- define "outrider.sidecarContainer" -}}
+{{- if and .Values.sidecar.native (not (semverCompare ">=1.29-0" .Capabilities.KubeVersion.Version)) }}
+{{- /* Older API servers drop restartPolicy from an init container, which then never ends: the pod would hang. */}}
+{{- fail (printf "sidecar.native needs Kubernetes >= 1.29 (native sidecars), this cluster is %s: set sidecar.native=false" .Capabilities.KubeVersion.Version) }}
+{{- end }}
 - name: outrider
   image: {{ include "outrider.image" . }}
   imagePullPolicy: {{ .Values.image.pullPolicy }}
