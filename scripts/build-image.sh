@@ -36,13 +36,21 @@ if ! podman image exists "$BASE_IMAGE"; then
     log "making the base root filesystem (mmdebstrap bookworm + python3)"
     # essential + python3 (with venv, for the image's own environment) + CA certificates (OTLP over https);
     # merged /usr without the usrmerge package (which would pull in perl); no docs, man pages or locales.
-    mmdebstrap --mode=root --format=tar --variant=essential \
-      --include=python3,python3-venv,ca-certificates \
-      --hook-dir=/usr/share/mmdebstrap/hooks/merged-usr \
-      --dpkgopt='path-exclude=/usr/share/man/*' --dpkgopt='path-exclude=/usr/share/doc/*' \
-      --dpkgopt='path-exclude=/usr/share/locale/*' --dpkgopt='path-exclude=/usr/share/info/*' \
-      bookworm "$tarball.tmp" >"$CACHE/mmdebstrap.log" 2>&1 \
-      || { tail -40 "$CACHE/mmdebstrap.log" >&2; rm -rf "$tarball.tmp"; exit 1; }
+    for try in 1 2 3; do  # a mirror's hiccup is not worth a failed CI run
+      if mmdebstrap --mode=root --format=tar --variant=essential \
+           --include=python3,python3-venv,ca-certificates \
+           --hook-dir=/usr/share/mmdebstrap/hooks/merged-usr \
+           --dpkgopt='path-exclude=/usr/share/man/*' --dpkgopt='path-exclude=/usr/share/doc/*' \
+           --dpkgopt='path-exclude=/usr/share/locale/*' --dpkgopt='path-exclude=/usr/share/info/*' \
+           bookworm "$tarball.tmp" >"$CACHE/mmdebstrap.log" 2>&1; then
+        break
+      fi
+      rm -rf "$tarball.tmp"
+      tail -20 "$CACHE/mmdebstrap.log" >&2
+      if [ "$try" = 3 ]; then exit 1; fi
+      log "mmdebstrap failed (try $try); retrying"
+      sleep 10
+    done
     mv "$tarball.tmp" "$tarball"
     find "$CACHE" -maxdepth 1 -name 'base-*.tar' ! -name "base-$base_key.tar" -delete
   fi
