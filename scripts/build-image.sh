@@ -69,12 +69,14 @@ src_key=$( (cd "$REPO" && sha256sum Dockerfile && find "${sources[@]}" -type f !
 IMAGE=localhost/outrider:src-$src_key
 WHEELHOUSE=$CACHE/wheelhouse-$src_key
 
-if [ -n "${OUTRIDER_IMAGE_REBUILD:-}" ] || ! podman image exists "$IMAGE"; then
+build_image=
+if [ -n "${OUTRIDER_IMAGE_REBUILD:-}" ] || ! podman image exists "$IMAGE"; then build_image=1; fi
+if [ -n "$build_image" ] || [ ! -d "$WHEELHOUSE" ]; then
   ctx=$(mktemp -d "$CACHE/context.XXXXXX")
   trap 'rm -rf "$ctx"' EXIT
   (cd "$REPO" && cp -a --parents "${sources[@]}" Dockerfile .dockerignore "$ctx/")
 
-  # --- 2. the wheelhouse ------------------------------------------------------------------------------------
+  # --- 2. the wheelhouse (the container tests install the hook from it too) ------------------------------
   if [ ! -d "$WHEELHOUSE" ]; then
     log "building the wheelhouse"
     tmp=$(mktemp -d "$CACHE/wheelhouse.XXXXXX")
@@ -90,7 +92,9 @@ if [ -n "${OUTRIDER_IMAGE_REBUILD:-}" ] || ! podman image exists "$IMAGE"; then
   rm -rf "$ctx/build"
   find "$ctx" \( -name __pycache__ -o -name '*.egg-info' \) -prune -exec rm -rf {} +
   cp -a "$WHEELHOUSE" "$ctx/wheelhouse"
+fi
 
+if [ -n "$build_image" ]; then
   # --- 3. the image -----------------------------------------------------------------------------------------
   log "podman build $IMAGE (base $BASE_IMAGE, no network)"
   podman build --quiet --network none --pull=never --build-arg "BASE=$BASE_IMAGE" -t "$IMAGE" "$ctx" >/dev/null
@@ -98,7 +102,7 @@ if [ -n "${OUTRIDER_IMAGE_REBUILD:-}" ] || ! podman image exists "$IMAGE"; then
 
   # Keep the latest few images and wheelhouses (other checkouts' tests may be using them).
   podman images --noheading --sort created --format '{{.Repository}}:{{.Tag}}' localhost/outrider \
-    | grep ':src-' | tail -n +$((KEEP_IMAGES + 1)) | xargs -r podman rmi --force >/dev/null 2>&1 || true
+    | grep ':src-' | tail -n +$((KEEP_IMAGES + 1)) | xargs -r podman rmi >/dev/null 2>&1 || true  # one in use stays
   # shellcheck disable=SC2012
   ls -dt "$CACHE"/wheelhouse-* 2>/dev/null | tail -n +$((KEEP_IMAGES + 1)) | xargs -r rm -rf
 fi
