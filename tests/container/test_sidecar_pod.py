@@ -94,7 +94,9 @@ def run_training_pod(podman: Podman, image: str, workload_image: str, tmp_path: 
             running = {
                 "steps": value(samples(text), "outrider_train_steps_total", rank=""),
                 "samples": value(samples(text), "outrider_samples_total", rank=""),
-                "processes": value(samples(text), "outrider_hook_processes", state="running")}
+                "processes": value(samples(text), "outrider_hook_processes", state="running"),
+                "process_names": {dict(labels)["name"] for (name, labels) in samples(text)
+                                  if name == "outrider_process_threads"}}
         finally:
             (control / "go").touch()
         t_go = time.monotonic()
@@ -124,6 +126,7 @@ def test_sidecar_pod_exports_the_workloads_steps_and_ends_with_it(
     r = run_training_pod(podman, built["IMAGE"], workload_image, tmp_path, native)
     assert r["workload_uid"] == 65532, "the trainer ran as the example pod's user"
     assert r["steps"] == STEPS and r["samples"] == 8 * STEPS and r["processes"] == 1
+    assert "python" in r["process_names"], f"one PID namespace: the sidecar sees the trainer {r['process_names']}"
     assert r["workload_exit"] == 0
     assert r["sidecar_exit"] == 0, r["sidecar_log"]
     assert r["pod_containers"] == {"outrider": "exited", "trainer": "exited"}, "the pod has ended"
