@@ -145,7 +145,7 @@ def test_sidecar_pod_exports_the_workloads_steps_and_ends_with_it(
 def test_a_workload_of_another_uid_is_seen_by_the_sidecar(
         podman: Podman, built: dict[str, str], workload_image: str, tmp_path: Path) -> None:
     r = run_training_pod(podman, built["IMAGE"], workload_image, tmp_path, native=True, workload_uid=1000,
-                         fs_group=65532, steps_timeout_s=45)
+                         fs_group=65532, steps_timeout_s=30)
     assert r["workload_uid"] == 1000
     assert r["steps"] == STEPS and r["otlp_steps"] == STEPS
     assert r["sidecar_exit"] == 0 and set(r["pod_containers"].values()) == {"exited"}
