@@ -140,8 +140,9 @@ def test_sidecar_pod_exports_the_workloads_steps_and_ends_with_it(
 
 
 @pytest.mark.xfail(strict=True, reason=(
-    "shards are written 0600, so an agent of another uid cannot open them (the sidecar is 65532); the spool "
-    "change that trusts the uids of the processes the agent watches and lets it read their shards fixes this"))
+    "shards are written 0600, so a sidecar of another uid (65532) cannot open them, trusted or not; it passes "
+    "once the hook writes shards the pod's fsGroup can read (0640 in the setgid emptyDir) and the agent trusts "
+    "the uid of the watched process that owns them"))
 def test_a_workload_of_another_uid_is_seen_by_the_sidecar(
         podman: Podman, built: dict[str, str], workload_image: str, tmp_path: Path) -> None:
     r = run_training_pod(podman, built["IMAGE"], workload_image, tmp_path, native=True, workload_uid=1000,
