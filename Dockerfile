@@ -1,22 +1,39 @@
 # The Outrider agent image (node agent and sidecar): slim, non-root, no torch.
 #   docker build -t ghcr.io/outrider-dev/outrider:0.1.0 .
+# Without a registry or network (CI): scripts/build-image.sh makes the base from Debian's packages (mmdebstrap),
+# a wheelhouse of the project and its dependencies on the host, and runs
+#   podman build --network none --build-arg BASE=localhost/outrider-base:KEY .
 # NVML comes from the node's driver through the NVIDIA container runtime (NVIDIA_DRIVER_CAPABILITIES=utility).
-FROM python:3.11-slim AS build
+ARG BASE=docker.io/library/python:3.11-slim
+
+FROM ${BASE} AS build
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY agent ./agent
 # agent/outrider/alerts links here: the wheel carries the rule catalog the embedded evaluator loads by default.
 COPY alerts ./alerts
-RUN pip install --no-cache-dir --prefix=/install .
+# An optional wheelhouse/ in the context (the project's wheel and every dependency) lets the build run offline;
+# without one pip fetches the dependencies. README.md keeps the COPY valid when there is no wheelhouse.
+COPY README.md wheelhouse* /wheels/
+RUN python3 -m venv /opt/outrider \
+ && if ls /wheels/*.whl >/dev/null 2>&1; then \
+      /opt/outrider/bin/pip install --no-cache-dir --no-index --find-links=/wheels outrider; \
+    else \
+      /opt/outrider/bin/pip install --no-cache-dir /src; \
+    fi \
+ && /opt/outrider/bin/pip uninstall -y -q pip setuptools
 
-FROM python:3.11-slim
-COPY --from=build /install /usr/local
-# The rule file and dashboards, for `outrider rules export` and the embedded evaluator.
-COPY alerts /usr/share/outrider/alerts
+FROM ${BASE}
+COPY --from=build /opt/outrider /opt/outrider
+# The dashboards' JSON, for provisioning Grafana from the image (`outrider dashboards export` needs the grafana extra).
 COPY dashboards /usr/share/outrider/dashboards
-# Alert state and the notification outbox (mount a volume here to keep them across container replacements).
-RUN mkdir -p /var/lib/outrider && chown 65532:65532 /var/lib/outrider && chmod 0700 /var/lib/outrider
-ENV OUTRIDER_RULES_FILE=/usr/share/outrider/alerts/outrider.rules.yaml \
+# A named user for uid 65532; alert state and the notification outbox (mount a volume here to keep them across
+# container replacements).
+RUN echo 'outrider:x:65532:65532:outrider:/var/lib/outrider:/usr/sbin/nologin' >> /etc/passwd \
+ && echo 'outrider:x:65532:' >> /etc/group \
+ && mkdir -p /var/lib/outrider && chown 65532:65532 /var/lib/outrider && chmod 0700 /var/lib/outrider
+# No rule-file setting: the rule catalog ships inside the package and the agent evaluates it by default.
+ENV PATH=/opt/outrider/bin:$PATH \
     OUTRIDER_STATE_DIR=/var/lib/outrider \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1

@@ -9,7 +9,7 @@ import threading
 import time
 from typing import Any
 
-from outrider import alerting
+from outrider import alerting, lifecycle
 from outrider.config import Config, ConfigError, otlp_enabled
 from outrider.exporters.prometheus import MetricsServer
 from outrider.sampler import Sampler
@@ -60,6 +60,7 @@ class Agent:
             ctx.reporters.setdefault("alerts", []).extend([engine.families, self.alerting.dispatcher.families])
             self.sampler.listeners.append(engine.on_sweep)
             active_alerts = engine.active_alerts
+        self.workload = lifecycle.attach(self.sampler, config)  # None unless exit_when_workload_exits
         host, port = config.listen_address
         try:
             self.server = MetricsServer(self.sampler, host, port, tls, basic_auth, active_alerts)
@@ -110,7 +111,8 @@ class Agent:
         self.server.stop()
 
     def run_until_signal(self) -> int:
-        """Serve until SIGTERM or SIGINT, then stop within the shutdown bound."""
+        """Serve until SIGTERM or SIGINT (or the workload is gone, with exit_when_workload_exits), then stop
+        within the shutdown bound."""
         stop = threading.Event()
         received: list[int] = []
 
@@ -119,11 +121,14 @@ class Agent:
             stop.set()
 
         previous = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
+        if self.workload is not None:
+            self.workload.on_gone = stop.set
         try:
             self.start()
             while not stop.wait(3600):
                 pass
-            LOG.info("received %s, stopping", signal.Signals(received[0]).name)
+            if received:
+                LOG.info("received %s, stopping", signal.Signals(received[0]).name)
         finally:
             self.stop()
             for s, h in previous.items():

@@ -131,6 +131,14 @@ class Config:
         "help": "label name of the owning pod on GPU series"})
     k8s_owner_container_label: str = field(default="exported_container", metadata={
         "help": "label name of the owning container on GPU series"})
+    exit_when_workload_exits: bool = field(default=False, metadata={
+        "help": "stop (final sweep and flush) and exit 0 once the workload is gone: every process that published "
+                "to the spool, and the trees of `pids`, seen at least once and none alive for a grace period "
+                "(3 sweeps, at least 5 s); for a sidecar in a Job where Kubernetes has no native sidecars"})
+    host_root: str = field(default="", metadata={
+        "help": "where the host's root filesystem is mounted in a node agent's container (e.g. /host/root): "
+                "`filesystems` are then host paths, read through it, labelled and judged read-only as the host "
+                "mounts them; empty: the agent's own root"})
 
     @property
     def listen_address(self) -> tuple[str, int]:
@@ -326,6 +334,8 @@ CONVERTERS: dict[str, Callable[[Any], Any]] = {
     "k8s_owner_namespace_label": _label_name,
     "k8s_owner_pod_label": _label_name,
     "k8s_owner_container_label": _label_name,
+    "exit_when_workload_exits": _bool,
+    "host_root": _str,
 }
 assert set(CONVERTERS) == set(FIELDS), "every config field needs a converter"
 

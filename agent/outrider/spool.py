@@ -33,8 +33,10 @@ Why it is safe for both sides:
 - Every file is opened with O_NOFOLLOW (new ones also O_EXCL); the reader accepts only regular files owned by a
   uid it trusts, and stack dumps only from the shard's owner, so planted symlinks or files are never followed,
   read or sent anywhere.
-- The default directory is private (0700, owned by the user, not a symlink); an explicitly configured one (a
-  pod's shared volume) must not be a symlink and must be owned by the user, root or a trusted uid.
+- The default directory is private (0700, owned by the user, not a symlink; files 0600); an explicitly configured
+  one (a pod's shared volume) must not be a symlink and must be owned by the user, root or a trusted uid, and its
+  files are readable by the directory's group (setgid, e.g. Kubernetes' fsGroup) or else by all, so a sidecar of
+  another uid can read them; they are never writable by anyone but their owner.
 """
 
 from __future__ import annotations
@@ -196,6 +198,19 @@ def try_lock(spool_dir: str) -> int | None:
     return fd
 
 
+PRIVATE_FILE_MODE = 0o600
+
+
+def shared_file_mode(spool_dir: str) -> int:
+    """The mode of files in a configured, shared spool: the agent reading them may run as another uid (a sidecar),
+    so they are readable by the directory's group when it passes one on (setgid: Kubernetes' fsGroup), else by
+    all. Never writable by anyone but their owner."""
+    try:
+        return 0o640 if os.stat(spool_dir).st_mode & stat.S_ISGID else 0o644
+    except OSError:
+        return PRIVATE_FILE_MODE
+
+
 def shard_path(spool_dir: str, pid: int, start_ns: int) -> str:
     return os.path.join(spool_dir, f"outrider-{pid}-{start_ns}{SHARD_SUFFIX}")
 
@@ -260,13 +275,15 @@ class ShardWriter:
     """One process's shard. Creating it reserves all its blocks, so later writes cannot meet a full volume;
     any OSError (creation on a full or read-only volume, a write error) reaches the caller, which counts it."""
 
-    def __init__(self, spool_dir: str, pid: int, start_ns: int) -> None:
+    def __init__(self, spool_dir: str, pid: int, start_ns: int, mode: int = PRIVATE_FILE_MODE) -> None:
         self.path = shard_path(spool_dir, pid, start_ns)
+        self.mode = mode
         # Written under a temporary name and renamed after the first complete write: a reader never sees a shard
         # whose header is not there yet.
         self._pending: str | None = self.path + ".new"
-        self._fd = os.open(self._pending, _OPEN_NEW, 0o600)
+        self._fd = os.open(self._pending, _OPEN_NEW, mode)
         try:
+            os.fchmod(self._fd, mode)  # exactly this mode, whatever the umask
             os.posix_fallocate(self._fd, 0, SHARD_BYTES)
         except OSError:
             self._discard()
@@ -308,7 +325,8 @@ class ShardWriter:
         path = stacks_path(self.path)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, self.mode)
+        os.fchmod(fd, self.mode)
         with os.fdopen(fd, "w", encoding="utf-8", errors="backslashreplace") as fh:
             fh.write(first_line)
             fh.flush()

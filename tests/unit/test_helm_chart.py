@@ -1,12 +1,14 @@
 """The Helm chart, rendered by the real Helm Go SDK (helm-python-sdk), linted, and every manifest validated against
-the Kubernetes schemas of two versions (kubernetes-validate --strict); the security and wiring properties asserted;
-the chart's copies of the rules and dashboards and the rendered examples kept current; the image definition
-checked as far as possible without a Docker engine."""
+the Kubernetes schemas of two versions (kubernetes-validate --strict): the security and wiring properties, the
+sidecar's lifecycle (native or exiting with the workload), the monitors' TLS and basic auth, a parent chart that
+includes the sidecar, the chart's copies of the rules and dashboards and the rendered examples kept current, and
+the image definition read statically (tests/container builds and runs the image itself)."""
 
 from __future__ import annotations
 
 import os
 import re
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,9 +25,16 @@ K8S_VERSIONS = ("1.29.0", "1.33.0")
 CRD_KINDS = {"ServiceMonitor", "PodMonitor", "PrometheusRule"}
 
 
+def merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = merged(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
 def render(values_file: str | None, overrides: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     values = yaml.safe_load((CHART / "ci" / values_file).read_text()) if values_file else {}
-    values = {**values, **(overrides or {})}
+    values = merged(values, overrides or {})
     chart = helm.Chart.load(str(CHART))
     out = chart.render(values, name="outrider", namespace="monitoring")
     return [d for path, text in sorted(out.items()) if path.endswith(".yaml") for d in yaml.safe_load_all(text) if d]
@@ -37,6 +46,35 @@ def kind(docs: list[dict[str, Any]], k: str) -> list[dict[str, Any]]:
 
 def pod_specs(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [d["spec"]["template"]["spec"] for d in docs if d["kind"] in ("DaemonSet", "Deployment", "Job")]
+
+
+def agents(spec: dict[str, Any]) -> list[dict[str, Any]]:
+    """The agent containers of a pod: a native sidecar (an init container) or an ordinary container."""
+    return [c for c in spec.get("initContainers", []) + spec["containers"] if c["name"] == "outrider"]
+
+
+def env_of(container: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {e["name"]: e for e in container.get("env", [])}
+
+
+def _values_of(key: str, node: Any) -> Any:
+    if isinstance(node, dict):
+        for k, v in node.items():
+            if k == key:
+                yield v
+            yield from _values_of(key, v)
+    elif isinstance(node, list):
+        for item in node:
+            yield from _values_of(key, item)
+
+
+def validate(docs: list[dict[str, Any]]) -> None:
+    for d in docs:
+        if d["kind"] in CRD_KINDS:
+            assert d["apiVersion"] == "monitoring.coreos.com/v1" and d["spec"]
+            continue
+        for version in K8S_VERSIONS:
+            kubernetes_validate.validate(d, version, strict=True)
 
 
 def test_lint_is_clean() -> None:
@@ -61,69 +99,194 @@ def test_every_manifest_validates_strictly(values_file: str | None, version: str
 def test_containers_are_hardened(values_file: str | None) -> None:
     for spec in pod_specs(render(values_file)):
         assert spec["automountServiceAccountToken"] is False
-        agents = [c for c in spec["containers"] if c["name"] == "outrider"]
-        assert len(agents) == 1
-        sc = agents[0]["securityContext"]
+        found = agents(spec)
+        assert len(found) == 1
+        sc = found[0]["securityContext"]
         assert sc["runAsNonRoot"] and sc["readOnlyRootFilesystem"] and not sc["allowPrivilegeEscalation"]
+        assert sc["runAsUser"] == 65532
         assert sc["capabilities"]["drop"] == ["ALL"]
-        assert agents[0]["readinessProbe"]["httpGet"]["path"] == "/readyz"
-        assert agents[0]["livenessProbe"]["httpGet"]["path"] == "/healthz"
-        assert agents[0]["resources"]["limits"]["memory"]
+        assert found[0]["startupProbe"]["httpGet"]["path"] == "/readyz"
+        assert found[0]["readinessProbe"]["httpGet"]["path"] == "/readyz"
+        assert found[0]["livenessProbe"]["httpGet"]["path"] == "/healthz"
+        assert found[0]["resources"]["limits"]["memory"]
 
 
-def test_node_agent_on_gpu_nodes_with_rolling_config() -> None:
+def test_node_agent_sees_the_host_network_root_proc_and_sys() -> None:
     docs = render(None)
     ds = kind(docs, "DaemonSet")[0]
     spec = ds["spec"]["template"]["spec"]
     assert spec["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in spec["tolerations"]
+    assert spec["hostNetwork"] is True and spec["dnsPolicy"] == "ClusterFirstWithHostNet"
     assert spec["hostPID"] is False
-    env = {e["name"]: e for e in spec["containers"][0]["env"]}
+    assert spec["priorityClassName"] == "system-node-critical"
+    agent = spec["containers"][0]
+    assert agent["args"] == ["agent", "--proc-root", "/host/proc", "--sys-root", "/host/sys"]
+    env = env_of(agent)
+    assert env["OUTRIDER_HOST_ROOT"]["value"] == "/host/root", "config.filesystems are host paths"
     assert env["NVIDIA_DRIVER_CAPABILITIES"]["value"] == "utility"
     assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
     assert "OTEL_EXPORTER_OTLP_ENDPOINT" not in env
+    mounts = {m["name"]: m for m in agent["volumeMounts"]}
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    for name, host_path, mount_path in (("host-proc", "/proc", "/host/proc"), ("host-sys", "/sys", "/host/sys"),
+                                        ("host-root", "/", "/host/root")):
+        assert volumes[name]["hostPath"]["path"] == host_path
+        assert mounts[name]["mountPath"] == mount_path and mounts[name]["readOnly"] is True
+    assert mounts["host-root"]["mountPropagation"] == "HostToContainer", "the host's later mounts show up"
+    no_host_net = kind(render(None, {"nodeAgent": {"hostNetwork": False}}), "DaemonSet")[0]["spec"]["template"]
+    assert no_host_net["spec"]["hostNetwork"] is False and "dnsPolicy" not in no_host_net["spec"]
+
+
+def test_a_config_change_rolls_the_pods() -> None:
+    docs = render(None)
+    ds = kind(docs, "DaemonSet")[0]
     checksum = ds["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
     changed = kind(render(None, {"config": {"interval_s": 10}}), "DaemonSet")[0]
-    assert changed["spec"]["template"]["metadata"]["annotations"]["checksum/config"] != checksum, \
-        "a config change rolls the pods"
+    assert changed["spec"]["template"]["metadata"]["annotations"]["checksum/config"] != checksum
+    job = kind(render("training-job-values.yaml"), "Job")[0]
+    job2 = kind(render("training-job-values.yaml", {"config": {"interval_s": 10}}), "Job")[0]
+    assert (job["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
+            != job2["spec"]["template"]["metadata"]["annotations"]["checksum/config"]), "sidecar pods roll too"
     assert {c["metadata"]["name"] for c in kind(docs, "ConfigMap")} >= {"outrider", "outrider-training"}
 
 
-def test_everything_on_wires_monitoring_otlp_auth_and_secrets() -> None:
+def test_everything_on_wires_monitoring_otlp_auth_secrets_and_extras() -> None:
     docs = render("node-agent-values.yaml")
-    spec = kind(docs, "DaemonSet")[0]["spec"]["template"]["spec"]
+    pod = kind(docs, "DaemonSet")[0]["spec"]["template"]
+    spec = pod["spec"]
     assert spec["hostPID"] is True and spec["runtimeClassName"] == "nvidia"
-    env = {e["name"]: e for e in spec["containers"][0]["env"]}
+    agent = spec["containers"][0]
+    env = env_of(agent)
     assert env["OTEL_EXPORTER_OTLP_ENDPOINT"]["value"] == "http://otel-collector.observability:4318"
     assert env["OTEL_RESOURCE_ATTRIBUTES"]["value"] == "deployment.environment=prod"
     assert env["PAGERDUTY_ROUTING_KEY"]["valueFrom"]["secretKeyRef"] == {"name": "outrider-pager",
                                                                           "key": "routing-key"}
+    assert env["OUTRIDER_BASIC_AUTH_USERNAME"]["valueFrom"]["secretKeyRef"] == {"name": "outrider-metrics-auth",
+                                                                                 "key": "username"}
     assert env["OUTRIDER_BASIC_AUTH_PASSWORD_FILE"]["value"] == "/etc/outrider/basic-auth/password"
-    assert spec["containers"][0]["readinessProbe"]["httpGet"]["scheme"] == "HTTPS"
-    text = yaml.safe_dump_all(docs)
-    assert "routing-key" in text and not re.search(r"password:\s*\S", text), "secrets by reference only"
-    sm = kind(docs, "ServiceMonitor")[0]
-    assert sm["metadata"]["labels"]["release"] == "kube-prometheus-stack"
-    assert sm["spec"]["endpoints"][0]["scheme"] == "https"
+    assert agent["readinessProbe"]["httpGet"]["scheme"] == "HTTPS"
+    passwords = list(_values_of("password", docs))
+    assert passwords and all(isinstance(v, dict) and set(v) == {"name", "key"} for v in passwords), \
+        "secrets by reference only"
+    # the extras
+    assert env["OUTRIDER_LOG_LEVEL"]["value"] == "debug"
+    assert agent["args"][-1] == "--no-collector.diagnosis"
+    assert {"name": "checkpoints", "mountPath": "/checkpoints", "readOnly": True} in agent["volumeMounts"]
+    assert any(v["name"] == "checkpoints" for v in spec["volumes"])
+    assert pod["metadata"]["labels"]["team"] == "ml-platform"
+    assert pod["metadata"]["annotations"]["example.com/owner"] == "ml-platform"
+    assert spec["affinity"]["nodeAffinity"]
+    assert agent["image"] == "registry.example.com/mirror/outrider:0.1.0"
     rule = kind(docs, "PrometheusRule")[0]
-    source = yaml.safe_load((REPO / "alerts" / "outrider.rules.yaml").read_text())
-    assert rule["spec"]["groups"] == source["groups"], "the PrometheusRule is the rule file"
     assert kind(docs, "PodMonitor")[0]["spec"]["selector"]["matchLabels"] == {"outrider.dev/sidecar": "true"}
+    assert len(rule["spec"]["groups"]) == len(yaml.safe_load((REPO / "alerts" / "outrider.rules.yaml").read_text())
+                                              ["groups"])
 
 
-def test_sidecar_examples_share_the_spool_and_the_process_namespace() -> None:
+def test_kube_prometheus_stack_selects_every_monitoring_object() -> None:
+    docs = render("node-agent-values.yaml")
+    for k in CRD_KINDS:
+        objects = kind(docs, k)
+        assert objects, k
+        assert all(o["metadata"]["labels"]["release"] == "kube-prometheus-stack" for o in objects), k
+
+
+@pytest.mark.parametrize("auth", [
+    {"tlsSecretName": "tls", "caSecretName": "ca", "basicAuthSecretName": "auth"},
+    {"tlsSecretName": "tls", "basicAuthSecretName": "auth", "serverName": "agents.example.com"},
+])
+def test_with_metrics_auth_every_monitor_endpoint_has_tls_and_basic_auth(auth: dict[str, str]) -> None:
+    docs = render(None, {"serviceMonitor": {"enabled": True}, "podMonitor": {"enabled": True},
+                         "metricsAuth": auth})
+    endpoints = [e for sm in kind(docs, "ServiceMonitor") for e in sm["spec"]["endpoints"]]
+    endpoints += [e for pm in kind(docs, "PodMonitor") for e in pm["spec"]["podMetricsEndpoints"]]
+    assert len(endpoints) == 2
+    for e in endpoints:
+        assert e["scheme"] == "https"
+        assert e["tlsConfig"]["ca"]["secret"] == {"name": auth.get("caSecretName", "tls"), "key": "ca.crt"}
+        assert e["tlsConfig"]["serverName"] == auth.get("serverName", "outrider.monitoring.svc")
+        assert e["basicAuth"] == {"username": {"name": "auth", "key": "username"},
+                                  "password": {"name": "auth", "key": "password"}}
+    assert "insecureSkipVerify" not in yaml.safe_dump_all(docs), "no blanket insecureSkipVerify"
+
+
+def test_without_metrics_auth_monitors_scrape_plain_http() -> None:
+    docs = render(None, {"serviceMonitor": {"enabled": True}, "podMonitor": {"enabled": True}})
+    for e in (kind(docs, "ServiceMonitor")[0]["spec"]["endpoints"]
+              + kind(docs, "PodMonitor")[0]["spec"]["podMetricsEndpoints"]):
+        assert not {"scheme", "tlsConfig", "basicAuth"} & set(e)
+
+
+def test_each_sidecar_workload_is_its_own_job() -> None:
+    pm = kind(render(None, {"podMonitor": {"enabled": True}}), "PodMonitor")[0]
+    assert pm["spec"]["jobLabel"] == "outrider.dev/job"
+    jobs = set()
     for values_file, k in (("training-job-values.yaml", "Job"), ("inference-deployment-values.yaml", "Deployment")):
-        workload = kind(render(values_file), k)[0]
-        spec = workload["spec"]["template"]["spec"]
-        assert spec["shareProcessNamespace"] is True
-        spool = next(v for v in spec["volumes"] if v["name"] == "outrider-spool")
-        assert "emptyDir" in spool
-        for c in spec["containers"]:
-            mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
-            assert mounts["outrider-spool"] == "/var/run/outrider", c["name"]
-        app = next(c for c in spec["containers"] if c["name"] != "outrider")
-        assert {"name": "OUTRIDER_SPOOL_DIR", "value": "/var/run/outrider"} in app["env"]
-        assert workload["spec"]["template"]["metadata"]["labels"]["outrider.dev/sidecar"] == "true"
+        labels = kind(render(values_file), k)[0]["spec"]["template"]["metadata"]["labels"]
+        jobs.add(labels["outrider.dev/job"])
+    assert len(jobs) == 2, "the examples' pods carry the job label, one value per workload"
+
+
+def test_runbook_urls_follow_the_base_the_values_set() -> None:
+    source = yaml.safe_load((REPO / "alerts" / "outrider.rules.yaml").read_text())
+    urls = [r["annotations"]["runbook_url"] for g in source["groups"] for r in g["rules"] if "alert" in r]
+    base = yaml.safe_load((CHART / "values.yaml").read_text())["prometheusRule"]["runbookUrlBase"]
+    assert urls and all(u.startswith(base + "/") for u in urls), "the chart rewrites every runbook URL"
+    docs = render(None, {"prometheusRule": {"enabled": True, "runbookUrlBase": "https://wiki.example.com/rb/"}})
+    rendered = [r["annotations"]["runbook_url"] for g in kind(docs, "PrometheusRule")[0]["spec"]["groups"]
+                for r in g["rules"] if "alert" in r]
+    assert rendered == ["https://wiki.example.com/rb/" + u[len(base) + 1:] for u in urls]
+    default = kind(render(None, {"prometheusRule": {"enabled": True}}), "PrometheusRule")[0]
+    assert default["spec"]["groups"] == source["groups"], "by default the PrometheusRule is the rule file"
+
+
+def test_training_job_runs_the_agent_as_a_native_sidecar() -> None:
+    spec = kind(render("training-job-values.yaml"), "Job")[0]["spec"]["template"]["spec"]
+    assert [c["name"] for c in spec["initContainers"]] == ["outrider"]
+    sidecar = spec["initContainers"][0]
+    assert sidecar["restartPolicy"] == "Always", "a native sidecar: the Job completes when the trainer does"
+    assert "OUTRIDER_EXIT_WHEN_WORKLOAD_EXITS" not in env_of(sidecar), "SIGTERM after the trainer stops it"
+    assert [c["name"] for c in spec["containers"]] == ["trainer"]
+
+
+def test_legacy_sidecar_is_a_container_that_exits_with_the_workload() -> None:
+    spec = kind(render("legacy-sidecar-values.yaml"), "Job")[0]["spec"]["template"]["spec"]
+    assert "initContainers" not in spec
+    sidecar = agents(spec)[0]
+    assert sidecar in spec["containers"] and "restartPolicy" not in sidecar
+    assert env_of(sidecar)["OUTRIDER_EXIT_WHEN_WORKLOAD_EXITS"]["value"] == "true"
+
+
+def test_a_native_sidecar_on_a_cluster_without_them_stops_the_install(capfd: pytest.CaptureFixture[str]) -> None:
+    """Before 1.29 the API server drops an init container's restartPolicy, and the agent, a plain init container
+    then, would hold the pod in Init forever: the chart refuses with what to do. (Helm's lint runs templates
+    against a given Kubernetes version and reports a template's `fail` on its log instead of stopping.)"""
+    job = {"examples": {"trainingJob": True}, "nodeAgent": {"enabled": False}}
+    message = "sidecar.native needs Kubernetes >= 1.29"
+    helm.lint(str(CHART), job, kube_version="1.29.0")
+    assert message not in capfd.readouterr().err
+    helm.lint(str(CHART), job, kube_version="1.28.3")
+    assert message in capfd.readouterr().err
+    helm.lint(str(CHART), {**job, "sidecar": {"native": False}}, kube_version="1.27.0")
+    assert message not in capfd.readouterr().err
+
+
+@pytest.mark.parametrize("values_file", ["training-job-values.yaml", "inference-deployment-values.yaml",
+                                         "legacy-sidecar-values.yaml"])
+def test_sidecar_examples_share_the_spool_and_the_process_namespace(values_file: str) -> None:
+    workload = next(d for d in render(values_file) if d["kind"] in ("Job", "Deployment"))
+    spec = workload["spec"]["template"]["spec"]
+    assert spec["shareProcessNamespace"] is True
+    spool = next(v for v in spec["volumes"] if v["name"] == "outrider-spool")
+    assert "emptyDir" in spool
+    for c in spec.get("initContainers", []) + spec["containers"]:
+        mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
+        assert mounts["outrider-spool"] == "/var/run/outrider", c["name"]
+        assert env_of(c)["OUTRIDER_SPOOL_DIR"]["value"] == "/var/run/outrider", c["name"]
+    app = next(c for c in spec["containers"] if c["name"] != "outrider")
+    assert env_of(app)["OUTRIDER_STANDALONE"]["value"] == "false", "the sidecar is the agent, never the workload"
+    assert workload["spec"]["template"]["metadata"]["labels"]["outrider.dev/sidecar"] == "true"
 
 
 @pytest.mark.parametrize(("values", "message"), [
@@ -131,13 +294,113 @@ def test_sidecar_examples_share_the_spool_and_the_process_namespace() -> None:
     ({"port": "9477"}, "port"),
     ({"otlp": {"protocol": "udp"}}, "protocol"),
     ({"serviceMonitor": {"interval": "often"}}, "interval"),
-    ({"metricsAuth": {"basicAuthUsername": "prometheus"}}, "basicAuthPasswordSecretName"),
+    ({"metricsAuth": {"basicAuthUsername": "prometheus"}}, "basicAuthUsername"),
     ({"secretEnv": {"KEY": {"secretName": "s"}}}, "key"),
+    ({"sidecar": {"native": "yes"}}, "native"),
+    ({"nodeAgent": {"extraEnv": [{"value": "x"}]}}, "name"),
+    ({"prometheusRule": {"runbookUrlBase": "wiki/runbooks"}}, "runbookUrlBase"),
 ])
 def test_schema_rejects_bad_values(values: dict[str, Any], message: str) -> None:
     chart = helm.Chart.load(str(CHART))
     with pytest.raises(helm.HelmError, match=message):
         chart.validate_schema(values)
+
+
+def test_schema_accepts_a_parent_charts_global_values() -> None:
+    helm.Chart.load(str(CHART)).validate_schema({"global": {"imageRegistry": "registry.example.com"}})
+
+
+PARENT_TEMPLATE = """\
+apiVersion: batch/v1
+kind: Job
+metadata:
+  name: {{ .Release.Name }}-train
+spec:
+  template:
+    metadata:
+      labels:
+        {{- include "outrider.sidecarPodLabels" . | nindent 8 }}
+        outrider.dev/job: {{ .Release.Name }}-train
+      annotations:
+        {{- include "outrider.sidecarPodAnnotations" . | nindent 8 }}
+    spec:
+      restartPolicy: Never
+      shareProcessNamespace: true
+      initContainers:
+        {{- include "outrider.sidecar" . | nindent 8 }}
+      containers:
+        - name: trainer
+          image: {{ .Values.image.repository }}:{{ .Values.image.tag }}
+          env:
+            {{- include "outrider.workloadEnv" . | nindent 12 }}
+          volumeMounts:
+            {{- include "outrider.workloadVolumeMounts" . | nindent 12 }}
+      volumes:
+        {{- include "outrider.sidecarVolumes" . | nindent 8 }}
+---
+{{- $sidecar := dict "context" . "values" (dict "sidecar" (dict "native" false "spoolDir" "/spool")) }}
+apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: {{ .Release.Name }}-serve
+spec:
+  selector: {matchLabels: {app: serve}}
+  template:
+    metadata:
+      labels: {app: serve}
+    spec:
+      shareProcessNamespace: true
+      containers:
+        - name: server
+          image: {{ .Values.image.repository }}:{{ .Values.image.tag }}
+          env:
+            {{- include "outrider.workloadEnv" $sidecar | nindent 12 }}
+          volumeMounts:
+            {{- include "outrider.workloadVolumeMounts" $sidecar | nindent 12 }}
+        {{- include "outrider.sidecar" $sidecar | nindent 8 }}
+      volumes:
+        {{- include "outrider.sidecarVolumes" $sidecar | nindent 8 }}
+"""
+
+
+def test_a_parent_chart_includes_the_sidecar_with_the_subcharts_values(tmp_path: Path) -> None:
+    """A workload's own chart depending on outrider (a file:// dependency, fetched by Helm's dependency update)
+    renders the sidecar with outrider's defaults plus what its values pass under `outrider:`, never its own
+    `image`; a second workload passes values of its own inline. Helm's `global` reaches the subchart's schema."""
+    parent = tmp_path / "trainer"
+    (parent / "templates").mkdir(parents=True)
+    (parent / "Chart.yaml").write_text(yaml.safe_dump({
+        "apiVersion": "v2", "name": "trainer", "version": "1.0.0",
+        "dependencies": [{"name": "outrider", "version": "0.1.0", "repository": f"file://{CHART}"}]}))
+    (parent / "values.yaml").write_text(yaml.safe_dump({
+        "image": {"repository": "example.com/trainer", "tag": "2.0"},
+        "global": {"team": "ml"},
+        "outrider": {"nodeAgent": {"enabled": False}, "dashboards": {"enabled": False},
+                     "image": {"tag": "9.9.9"}, "config": {"interval_s": 2}}}))
+    (parent / "templates" / "workloads.yaml").write_text(PARENT_TEMPLATE)
+    helm.dependency_update(str(parent))
+    out = helm.Chart.load(str(parent)).render({}, name="run1", namespace="ml")
+    docs = [d for p, text in sorted(out.items()) if p.endswith(".yaml") for d in yaml.safe_load_all(text) if d]
+    validate(docs)
+    configmap = next(d for d in docs if d["kind"] == "ConfigMap")
+    assert configmap["metadata"]["name"] == "run1-outrider" and "interval_s: 2" in configmap["data"]["outrider.yaml"]
+
+    job = kind(docs, "Job")[0]["spec"]["template"]
+    sidecar = job["spec"]["initContainers"][0]
+    assert sidecar["image"] == "ghcr.io/outrider-dev/outrider:9.9.9", "the subchart's repository, the tag passed"
+    assert sidecar["restartPolicy"] == "Always"
+    volumes = {v["name"]: v for v in job["spec"]["volumes"]}
+    assert volumes["outrider-config"]["configMap"]["name"] == "run1-outrider", "the subchart's own ConfigMap"
+    assert env_of(job["spec"]["containers"][0])["OUTRIDER_SPOOL_DIR"]["value"] == "/var/run/outrider"
+    assert job["metadata"]["labels"]["outrider.dev/sidecar"] == "true"
+
+    serve = kind(docs, "Deployment")[0]["spec"]["template"]["spec"]
+    inline = agents(serve)[0]
+    assert "initContainers" not in serve and "restartPolicy" not in inline
+    assert env_of(inline)["OUTRIDER_EXIT_WHEN_WORKLOAD_EXITS"]["value"] == "true"
+    assert env_of(inline)["OUTRIDER_SPOOL_DIR"]["value"] == "/spool"
+    assert env_of(serve["containers"][0])["OUTRIDER_SPOOL_DIR"]["value"] == "/spool"
+    assert inline["image"] == "ghcr.io/outrider-dev/outrider:9.9.9"
 
 
 def test_every_value_is_documented() -> None:
@@ -179,14 +442,21 @@ def test_rendered_examples_are_current(example: str) -> None:
 
 
 def test_image_definition() -> None:
+    """What can be read without building: tests/container builds the image and runs its ENV and CMD."""
+    from outrider.config import FIELDS
+
     dockerfile = (REPO / "Dockerfile").read_text()
     assert "torch" not in dockerfile.lower().replace("no torch", "")
+    assert re.search(r"^ARG BASE=\S*python:3\.\d+-slim$", dockerfile, re.M), "the base is a build argument"
+    assert re.search(r"^FROM \$\{BASE\}", dockerfile, re.M)
     assert re.search(r"^USER 65532", dockerfile, re.M), "non-root"
     assert 'ENTRYPOINT ["outrider"]' in dockerfile
+    for key in re.findall(r"\bOUTRIDER_(\w+)=", dockerfile):
+        assert key.lower() in FIELDS, f"the image sets OUTRIDER_{key}, which the agent rejects as unknown"
     pyproject = (REPO / "pyproject.toml").read_text()
     assert 'outrider = "outrider.cli:main"' in pyproject, "the entrypoint command exists"
-    for src in re.findall(r"^COPY (?!--)(\S+)", dockerfile, re.M):
+    for src in re.findall(r"^COPY (?!--)(.+) \S+$", dockerfile, re.M):
         for part in src.split():
-            assert (REPO / part).exists(), f"Dockerfile copies {part}, which does not exist"
+            assert "*" in part or (REPO / part).exists(), f"Dockerfile copies {part}, which does not exist"
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     assert values["image"]["repository"].endswith("/outrider")

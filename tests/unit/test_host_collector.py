@@ -126,6 +126,27 @@ def test_filesystem_space_matches_statvfs_and_names_its_mount(proc_fixture: Path
     assert c.errors == 1, "a configured path that does not exist is a counted drop"
 
 
+def test_host_root_reports_host_paths_as_the_host_mounts_them(proc_fixture: Path, tmp_path: Path) -> None:
+    """A node agent sees the host's / through a read-only bind mount at host_root: the paths are the host's, the
+    space is read through host_root, and read-only is the host's own mount flag (not the bind's), so the disk
+    alerts, which skip read-only filesystems, still watch the host's disks."""
+    host = tmp_path / "host-root"
+    (host / "data").mkdir(parents=True)
+    (proc_fixture / "mounts").write_text(f"/dev/vda1 {host} ext4 ro,relatime 0 0\n")  # the container's view
+    (proc_fixture / "1").mkdir()
+    (proc_fixture / "1" / "mounts").write_text("/dev/vda1 / ext4 rw,relatime 0 0\n/dev/vdb /data xfs rw 0 0\n"
+                                               "/dev/vdc /ro xfs ro 0 0\n")  # the host's init's view
+    (host / "ro").mkdir()
+    c = collector(proc_fixture, filesystems=("/", "/data", "/ro"), host_root=str(host))
+    m = by_name(c.collect())
+    st = os.statvfs(host)
+    assert m["outrider_host_filesystem_size_bytes"][("/", "/dev/vda1", "ext4")] == st.f_blocks * st.f_frsize
+    assert m["outrider_host_filesystem_readonly"][("/", "/dev/vda1", "ext4")] == 0
+    assert m["outrider_host_filesystem_readonly"][("/data", "/dev/vdb", "xfs")] == 0
+    assert m["outrider_host_filesystem_readonly"][("/ro", "/dev/vdc", "xfs")] == 1
+    assert c.errors == 0
+
+
 def test_mount_paths_with_escaped_spaces(proc_fixture: Path) -> None:
     from outrider.collectors.procfs import mount_of, read_mounts
 

@@ -193,3 +193,65 @@ def test_whole_host_mode_skips_kernel_threads(fake: FakeProc) -> None:
     fake.add(50, 1, "sshd")
     m = by_name(make(fake.root, roots=()).collect())
     assert {k[0] for k in m["outrider_process_threads"]} == {"1", "50"}
+
+
+def _unreadable(fake: FakeProc, pid: int, *names: str) -> None:
+    """Make /proc/PID/NAME fail with an OSError, as EACCES does for another user's process without ptrace."""
+    for name in names:
+        path = fake.root / str(pid) / name
+        if path.is_dir():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+        path.write_text("") if name == "fd" else path.mkdir()
+
+
+def test_readings_of_other_users_processes_are_absent_never_zero(fake: FakeProc) -> None:
+    """A non-root node agent cannot read root's /proc/PID/io or /proc/PID/fd: the readings are left out of the
+    per-process series, of "other" and of the tree total, and counted as drops; nothing says 0."""
+    fake.add(100, 1, "train", utime=1000)
+    fake.add(101, 100, "root-owned-a", io=(1 << 20, 1 << 21))
+    fake.add(102, 100, "root-owned-b", io=(1 << 22, 1 << 23))
+    for pid in (100, 101, 102):
+        _unreadable(fake, pid, "io", "fd")
+    c = make(fake.root, top_n=1)
+    m = by_name(c.collect())
+    assert ("100", "train") in m["outrider_process_threads"], "the process itself is still reported"
+    assert ("other", "other") in m["outrider_process_threads"]
+    assert m["outrider_process_io_bytes_total"] == {}, "no I/O series at all: none could be read"
+    assert m["outrider_process_open_fds"] == {}
+    assert m["outrider_watched_io_bytes_total"] == {}, "the tree total is absent, not 0"
+    assert c.errors == 6, "two drops (io, fd) per process, counted"
+
+
+def test_sums_add_only_what_could_be_read(fake: FakeProc) -> None:
+    fake.add(100, 1, "train", utime=1000, io=(10, 20), fds=5)
+    fake.add(101, 100, "mine", utime=10, io=(1000, 2000), fds=7)
+    fake.add(102, 100, "not-mine", utime=5, io=(1 << 30, 1 << 30), fds=9)
+    _unreadable(fake, 102, "io", "fd")
+    m = by_name(make(fake.root, top_n=1).collect())
+    assert m["outrider_process_io_bytes_total"][("other", "other", "read")] == 1000
+    assert m["outrider_process_open_fds"][("other", "other")] == 7
+    assert m["outrider_watched_io_bytes_total"][("read",)] == 1010
+
+
+def test_unreadable_context_switches_are_absent_not_zero(fake: FakeProc) -> None:
+    fake.add(100, 1, "train", ctx=(50, 5))
+    _unreadable(fake, 100, "status")
+    c = make(fake.root)
+    m = by_name(c.collect())
+    assert ("100", "train", "voluntary") not in m["outrider_process_context_switches_total"]
+    assert c.errors == 1
+
+
+def test_io_unreadable_for_a_while_neither_resets_nor_double_counts(fake: FakeProc) -> None:
+    fake.add(100, 1, "train", io=(1000, 0))
+    c = make(fake.root)
+    c.collect()
+    _unreadable(fake, 100, "io")
+    m = by_name(c.collect())
+    assert m["outrider_watched_io_bytes_total"][("read",)] == 1000, "the last known total, not a drop to 0"
+    (fake.root / "100" / "io").rmdir()
+    fake.add(100, 1, "train", io=(1500, 0))
+    m = by_name(c.collect())
+    assert m["outrider_watched_io_bytes_total"][("read",)] == 1500

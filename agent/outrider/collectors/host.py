@@ -143,11 +143,17 @@ class HostCollector(Collector):
         return [nbytes, packets, errors, dropped]
 
     def _mounts(self) -> list[procfs.Mount]:
-        """The mount table, re-read at most every MOUNTS_TTL_S: it changes rarely and is the largest read."""
+        """The mount table, re-read at most every MOUNTS_TTL_S: it changes rarely and is the largest read.
+
+        With host_root, the host's (its init's, through the host's procfs): the container sees the host's root
+        through a read-only bind mount, which says nothing about how the host mounts it.
+        """
         now = time.monotonic()
         if self._mount_cache is None or now - self._mount_cache[0] > MOUNTS_TTL_S:
             try:
-                self._mount_cache = (now, procfs.read_mounts(self._root, self._r))
+                host = bool(self.ctx.config.host_root)
+                self._mount_cache = (now, procfs.read_mounts(f"{self._root}/1") if host
+                                     else procfs.read_mounts(self._root, self._r))
             except OSError as e:
                 self.drop("mounts", e)
                 return []
@@ -159,9 +165,10 @@ class HostCollector(Collector):
         avail = Family("outrider_host_filesystem_avail_bytes")
         readonly = Family("outrider_host_filesystem_readonly")
         mounts = self._mounts()
+        host_root = self.ctx.config.host_root.rstrip("/")
         for path in self.ctx.config.filesystems:
             try:
-                st = os.statvfs(path)
+                st = os.statvfs(host_root + "/" + path.lstrip("/") if host_root else path)
             except OSError as e:
                 self.drop(f"filesystem {path}", e)
                 continue
@@ -170,6 +177,7 @@ class HostCollector(Collector):
             size.add(st.f_blocks * st.f_frsize, *labels)
             free.add(st.f_bfree * st.f_frsize, *labels)
             avail.add(st.f_bavail * st.f_frsize, *labels)
-            ro = bool(st.f_flag & os.ST_RDONLY) or bool(m and m.readonly)
+            # Through host_root the bind mount is read-only by design: only the host's own mount flags count.
+            ro = bool(m and m.readonly) if host_root else bool(st.f_flag & os.ST_RDONLY) or bool(m and m.readonly)
             readonly.add(1 if ro else 0, *labels)
         return [size, free, avail, readonly]

@@ -4,6 +4,10 @@ Per-process series are bounded: N slots, each held by one process until it exits
 churn), filled by the busiest processes not yet shown. Everything else is summed under pid="other": gauges as
 sums, counters as the deltas accumulated while a process was not shown, so "other" never goes backwards. The
 tree totals (`outrider_watched_*`) keep counting processes that have exited since watching began.
+
+A reading the agent may not take (another user's I/O and open fds, without CAP_SYS_PTRACE: a non-root node
+agent) is absent, never 0: the process's series is left out and the drop counted. Sums ("other", the tree totals)
+add only what could be read, and are absent while nothing of theirs could.
 """
 
 from __future__ import annotations
@@ -20,17 +24,20 @@ OTHER = "other"
 @dataclass
 class _Reading:
     stat: procfs.ProcStat
-    vol: int
-    invol: int
-    io: tuple[int, int] | None
+    ctx: tuple[int, int] | None  # voluntary, involuntary; None: unreadable
+    io: tuple[int, int] | None  # read, write bytes; None: unreadable
     fds: int | None
 
-    def counters(self) -> tuple[float, float, int, int, int, int]:
-        rd, wr = self.io if self.io is not None else (0, 0)
-        return (self.stat.user_s, self.stat.system_s, rd, wr, self.vol, self.invol)
+    def counters(self, before: tuple[float, ...]) -> tuple[float, float, int, int, int, int]:
+        """Cumulative counters; an unreadable one keeps its last known value, so it neither counts as 0 nor
+        jumps when it becomes readable again."""
+        rd, wr = self.io if self.io is not None else (int(before[2]), int(before[3]))
+        vol, invol = self.ctx if self.ctx is not None else (int(before[4]), int(before[5]))
+        return (self.stat.user_s, self.stat.system_s, rd, wr, vol, invol)
 
 
 ZERO = (0.0, 0.0, 0, 0, 0, 0)
+IO, CTX = (2, 3), (4, 5)  # positions of the counters that may be unreadable
 
 
 class ProcessCollector(Collector):
@@ -45,6 +52,9 @@ class ProcessCollector(Collector):
         self._slots: list[tuple[int, int]] = []  # (pid, start_ticks) of processes shown one by one
         self._other = [0.0, 0.0, 0, 0, 0, 0]
         self._tree = [0.0, 0.0, 0, 0, 0, 0]
+        # Which counter groups of "other" and of the tree were ever read (an absent sum is not a sum of 0).
+        self._other_read: set[tuple[int, int]] = set()
+        self._tree_read: set[tuple[int, int]] = set()
         self.last_rss_total = 0  # for the end-of-run summary's peak
         self.peak_rss_total = 0
 
@@ -66,13 +76,14 @@ class ProcessCollector(Collector):
             return None  # exited, waiting to be reaped: nothing left to measure
         if not self.ctx.roots and (pid == 2 or stat.ppid == 2):
             return None  # kernel threads
+        ctx: tuple[int, int] | None
         try:
-            vol, invol = procfs.read_proc_ctx_switches(self._root, pid)
+            ctx = procfs.read_proc_ctx_switches(self._root, pid)
         except (FileNotFoundError, ProcessLookupError):
             return None
         except (OSError, ValueError, IndexError) as e:
             self.drop("status", e)
-            vol = invol = 0
+            ctx = None
         io: tuple[int, int] | None
         try:
             io = procfs.read_proc_io(self._root, pid)
@@ -89,7 +100,7 @@ class ProcessCollector(Collector):
         except OSError as e:
             self.drop("fd", e)
             fds = None
-        return _Reading(stat, vol, invol, io, fds)
+        return _Reading(stat, ctx, io, fds)
 
     def collect(self) -> list[Family]:
         readings: dict[tuple[int, int], _Reading] = {}
@@ -100,10 +111,11 @@ class ProcessCollector(Collector):
 
         deltas: dict[tuple[int, int], tuple[float, ...]] = {}
         for key, r in readings.items():
-            now = r.counters()
             before = self._last.get(key, ZERO)
+            now = r.counters(before)
             deltas[key] = tuple(max(0, a - b) for a, b in zip(now, before))
             self._last[key] = now
+            self._tree_read.update(_read_groups(r))
         for key in [k for k in self._last if k not in readings]:
             del self._last[key]
         for d in deltas.values():
@@ -119,15 +131,18 @@ class ProcessCollector(Collector):
                                 reverse=True)
             self._slots.extend(candidates[:free])
         shown = set(self._slots)
-        other_rss = other_threads = other_fds = 0
+        other_rss = other_threads = 0
+        other_fds: int | None = None
         for key, r in readings.items():
             if key in shown:
                 continue
             for i, v in enumerate(deltas[key]):
                 self._other[i] += v
+            self._other_read.update(_read_groups(r))
             other_rss += r.stat.rss_bytes
             other_threads += r.stat.threads
-            other_fds += r.fds or 0
+            if r.fds is not None:
+                other_fds = (other_fds or 0) + r.fds
 
         cpu = Family("outrider_process_cpu_seconds_total")
         rss = Family("outrider_process_memory_rss_bytes")
@@ -145,30 +160,41 @@ class ProcessCollector(Collector):
                 fds.add(r.fds, p, n)
             if r.io is not None:
                 io.add(r.io[0], p, n, "read").add(r.io[1], p, n, "write")
-            ctx.add(r.vol, p, n, "voluntary").add(r.invol, p, n, "involuntary")
+            if r.ctx is not None:
+                ctx.add(r.ctx[0], p, n, "voluntary").add(r.ctx[1], p, n, "involuntary")
         if len(readings) > len(self._slots) or any(self._other):
             o = self._other
             cpu.add(o[0], OTHER, OTHER, "user").add(o[1], OTHER, OTHER, "system")
             rss.add(other_rss, OTHER, OTHER)
             threads.add(other_threads, OTHER, OTHER)
-            fds.add(other_fds, OTHER, OTHER)
-            io.add(o[2], OTHER, OTHER, "read").add(o[3], OTHER, OTHER, "write")
-            ctx.add(o[4], OTHER, OTHER, "voluntary").add(o[5], OTHER, OTHER, "involuntary")
+            if other_fds is not None:
+                fds.add(other_fds, OTHER, OTHER)
+            if IO in self._other_read:
+                io.add(o[2], OTHER, OTHER, "read").add(o[3], OTHER, OTHER, "write")
+            if CTX in self._other_read:
+                ctx.add(o[4], OTHER, OTHER, "voluntary").add(o[5], OTHER, OTHER, "involuntary")
 
         total_rss = sum(r.stat.rss_bytes for r in readings.values())
         self.last_rss_total = total_rss
         self.peak_rss_total = max(self.peak_rss_total, total_rss)
         t = self._tree
+        tree_io = Family("outrider_watched_io_bytes_total")
+        if IO in self._tree_read:
+            tree_io.add(t[2], "read").add(t[3], "write")
         return [
             cpu, rss, threads, fds, io, ctx,
             Family("outrider_watched_up").add(1 if readings else 0),
             Family("outrider_watched_processes").add(len(readings)),
             Family("outrider_watched_cpu_seconds_total").add(t[0], "user").add(t[1], "system"),
             Family("outrider_watched_memory_rss_bytes").add(total_rss),
-            Family("outrider_watched_io_bytes_total").add(t[2], "read").add(t[3], "write"),
+            tree_io,
             Family("outrider_watched_threads").add(sum(r.stat.threads for r in readings.values())),
         ]
 
     @property
     def tree_io_bytes(self) -> tuple[int, int]:
         return int(self._tree[2]), int(self._tree[3])
+
+
+def _read_groups(r: _Reading) -> list[tuple[int, int]]:
+    return [g for g, v in ((IO, r.io), (CTX, r.ctx)) if v is not None]

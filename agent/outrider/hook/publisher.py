@@ -39,7 +39,8 @@ class ShardPublisher:
             return None
         try:
             spool.prepare_dir(self.spool_dir, private=not self.explicit, trusted_uids=self.trusted_uids)
-            writer = spool.ShardWriter(self.spool_dir, pid, start_ns)
+            mode = spool.shared_file_mode(self.spool_dir) if self.explicit else spool.PRIVATE_FILE_MODE
+            writer = spool.ShardWriter(self.spool_dir, pid, start_ns, mode)
         except OSError as e:
             self._failed("spool_unsafe" if isinstance(e, spool.SpoolError) else "spool_unwritable", e)
             return None

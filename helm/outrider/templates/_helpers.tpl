@@ -25,8 +25,52 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- end -}}
 
+{{/* Labels of the prometheus-operator objects: the chart's, monitoringLabels (what a Prometheus selects by, e.g.
+     release: kube-prometheus-stack), then the object's own. . is (dict "top" $ "own" $labels). */}}
+{{- define "outrider.monitoringLabels" -}}
+{{ include "outrider.labels" .top }}
+{{- with (merge (dict) (.own | default dict) .top.Values.monitoringLabels) }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
 {{- define "outrider.image" -}}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
+
+{{/* A hash of the agent's configuration: a pod annotation, so a change rolls the pods. */}}
+{{- define "outrider.configChecksum" -}}
+{{- toYaml .Values.config | sha256sum -}}
+{{- end -}}
+
+{{/*
+The scope the sidecar templates render with: this chart's own values, also when a parent chart that depends on
+this one includes them. `.` may be
+  - this chart's context (the examples),
+  - a parent chart's context: the dependency's scope (.Subcharts.outrider) is used, so its defaults and whatever
+    the parent's values set under `outrider:` apply (a parent's own `image` or `config` are not read),
+  - (dict "context" $ "values" (dict ...) "subchart" "NAME"): the same, with values merged over the subchart's for
+    this one workload, and NAME where the dependency has an alias.
+Fills .out.scope. Go templates return only text, so the scope is passed back through a dict.
+*/}}
+{{- define "outrider.resolveScope" -}}
+{{- $in := .in -}}
+{{- $over := dict -}}
+{{- $name := "outrider" -}}
+{{- if hasKey $in "context" -}}
+{{- $over = $in.values | default dict -}}
+{{- $name = $in.subchart | default "outrider" -}}
+{{- $in = $in.context -}}
+{{- end -}}
+{{- $scope := $in -}}
+{{- if and $in.Subcharts (hasKey $in.Subcharts $name) -}}
+{{- $scope = index $in.Subcharts $name -}}
+{{- end -}}
+{{- if $over -}}
+{{- $values := mergeOverwrite (deepCopy $scope.Values) $over -}}
+{{- $scope = dict "Values" $values "Chart" $scope.Chart "Release" $scope.Release "Capabilities" $scope.Capabilities "Template" $scope.Template "Files" $scope.Files -}}
+{{- end -}}
+{{- $_ := set .out "scope" $scope -}}
 {{- end -}}
 
 {{/* Hardened container security context: non-root, read-only root, no privilege escalation, no capabilities. */}}
@@ -74,9 +118,10 @@ seccompProfile:
 - name: OUTRIDER_TLS_KEY_FILE
   value: /etc/outrider/tls/tls.key
 {{- end }}
-{{- if .Values.metricsAuth.basicAuthUsername }}
+{{- with .Values.metricsAuth.basicAuthSecretName }}
 - name: OUTRIDER_BASIC_AUTH_USERNAME
-  value: {{ .Values.metricsAuth.basicAuthUsername | quote }}
+  valueFrom:
+    secretKeyRef: {name: {{ . | quote }}, key: username}
 - name: OUTRIDER_BASIC_AUTH_PASSWORD_FILE
   value: /etc/outrider/basic-auth/password
 {{- end }}
@@ -93,9 +138,14 @@ seccompProfile:
 {{- join "," $pairs -}}
 {{- end -}}
 
-{{/* Probes on the agent's own endpoints. */}}
+{{/* Probes on the agent's own endpoints. The startup probe holds a native sidecar's workload back until the agent
+     serves (and holds the spool's lock, so the workload only publishes and starts no agent of its own). */}}
 {{- define "outrider.probes" -}}
 {{- $scheme := ternary "HTTPS" "HTTP" (ne .Values.metricsAuth.tlsSecretName "") -}}
+startupProbe:
+  httpGet: {path: /readyz, port: metrics, scheme: {{ $scheme }}}
+  periodSeconds: 1
+  failureThreshold: 60
 readinessProbe:
   httpGet: {path: /readyz, port: metrics, scheme: {{ $scheme }}}
   periodSeconds: 10
@@ -120,7 +170,7 @@ livenessProbe:
   mountPath: /etc/outrider/tls
   readOnly: true
 {{- end }}
-{{- if .Values.metricsAuth.basicAuthUsername }}
+{{- if .Values.metricsAuth.basicAuthSecretName }}
 - name: outrider-basic-auth
   mountPath: /etc/outrider/basic-auth
   readOnly: true
@@ -146,35 +196,88 @@ livenessProbe:
   secret:
     secretName: {{ .Values.metricsAuth.tlsSecretName }}
 {{- end }}
-{{- if .Values.metricsAuth.basicAuthUsername }}
+{{- if .Values.metricsAuth.basicAuthSecretName }}
 - name: outrider-basic-auth
   secret:
-    secretName: {{ .Values.metricsAuth.basicAuthPasswordSecretName }}
+    secretName: {{ .Values.metricsAuth.basicAuthSecretName }}
     items: [{key: password, path: password}]
 {{- end }}
 {{- end -}}
 
+{{/* TLS and basic auth of a ServiceMonitor or PodMonitor endpoint, when metricsAuth is on: Prometheus checks the
+     agent's certificate against the CA from a Secret (never insecureSkipVerify) and sends the credentials from a
+     Secret (in the monitor's namespace). */}}
+{{- define "outrider.monitorAuth" -}}
+{{- with .Values.metricsAuth }}
+{{- if .tlsSecretName }}
+scheme: https
+tlsConfig:
+  ca:
+    secret: {name: {{ default .tlsSecretName .caSecretName | quote }}, key: ca.crt}
+  serverName: {{ default (printf "%s.%s.svc" (include "outrider.fullname" $) $.Release.Namespace) .serverName | quote }}
+{{- end }}
+{{- if .basicAuthSecretName }}
+basicAuth:
+  username: {name: {{ .basicAuthSecretName | quote }}, key: username}
+  password: {name: {{ .basicAuthSecretName | quote }}, key: password}
+{{- end }}
+{{- end }}
+{{- end -}}
+
 {{/*
-The sidecar for users' workloads. In your pod template:
+The sidecar for users' workloads. In a pod template (of this chart, or of a chart that depends on it; see
+outrider.resolveScope for what `.` may be):
+  metadata:
+    labels:
+      {{- include "outrider.sidecarPodLabels" . | nindent 6 }}
+      outrider.dev/job: my-training          # the `job` label of the scraped series (podMonitor.jobLabel)
+    annotations:
+      {{- include "outrider.sidecarPodAnnotations" . | nindent 6 }}
   spec:
     shareProcessNamespace: true
+    initContainers:                          # sidecar.native (Kubernetes >= 1.29); else under containers:
+      {{- include "outrider.sidecar" . | nindent 6 }}
     containers:
       - name: trainer
-        env: [{name: OUTRIDER_SPOOL_DIR, value: /var/run/outrider}]
-        volumeMounts: [{name: outrider-spool, mountPath: /var/run/outrider}]
-      {{- include "outrider.sidecar" . | nindent 6 }}
+        env:
+          {{- include "outrider.workloadEnv" . | nindent 10 }}
+        volumeMounts:
+          {{- include "outrider.workloadVolumeMounts" . | nindent 10 }}
     volumes:
       {{- include "outrider.sidecarVolumes" . | nindent 6 }}
 */}}
 {{- define "outrider.sidecar" -}}
+{{- $r := dict -}}
+{{- include "outrider.resolveScope" (dict "in" . "out" $r) -}}
+{{- include "outrider.sidecarContainer" $r.scope -}}
+{{- end -}}
+
+{{- define "outrider.sidecarContainer" -}}
+{{- if and .Values.sidecar.native (not (semverCompare ">=1.29-0" .Capabilities.KubeVersion.Version)) }}
+{{- /* Older API servers drop restartPolicy from an init container, which then never ends: the pod would hang. */}}
+{{- fail (printf "sidecar.native needs Kubernetes >= 1.29 (native sidecars), this cluster is %s: set sidecar.native=false" .Capabilities.KubeVersion.Version) }}
+{{- end }}
 - name: outrider
   image: {{ include "outrider.image" . }}
   imagePullPolicy: {{ .Values.image.pullPolicy }}
-  args: ["agent"]
+  {{- if .Values.sidecar.native }}
+  {{- /* A native sidecar: started before the workload, stopped (SIGTERM: final sweep and flush) after it, and
+         no reason for a Job to stay Running. */}}
+  restartPolicy: Always
+  {{- end }}
+  args: {{ concat (list "agent") .Values.sidecar.extraArgs | toJson }}
   env:
     {{- include "outrider.env" . | nindent 4 }}
     - name: OUTRIDER_SPOOL_DIR
       value: {{ .Values.sidecar.spoolDir | quote }}
+    {{- if not .Values.sidecar.native }}
+    {{- /* An ordinary container would keep a Job's pod Running after the workload: the agent leaves with it. */}}
+    - name: OUTRIDER_EXIT_WHEN_WORKLOAD_EXITS
+      value: "true"
+    {{- end }}
+    {{- with .Values.sidecar.extraEnv }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
   ports:
     - {name: metrics, containerPort: {{ .Values.port }}, protocol: TCP}
   {{- include "outrider.probes" . | nindent 2 }}
@@ -186,10 +289,45 @@ The sidecar for users' workloads. In your pod template:
     {{- include "outrider.volumeMounts" . | nindent 4 }}
     - name: outrider-spool
       mountPath: {{ .Values.sidecar.spoolDir }}
+    {{- with .Values.sidecar.extraVolumeMounts }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
 {{- end -}}
 
 {{- define "outrider.sidecarVolumes" -}}
+{{- $r := dict -}}
+{{- include "outrider.resolveScope" (dict "in" . "out" $r) -}}
+{{- with $r.scope -}}
 {{ include "outrider.volumes" . }}
 - name: outrider-spool
   emptyDir: {sizeLimit: 64Mi}
+{{- with .Values.sidecar.extraVolumes }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+{{- end -}}
+
+{{/* The workload container's side: the spool it publishes to, and no in-process agent of its own (the sidecar is
+     the agent; without this, a workload that starts first would serve /metrics itself). */}}
+{{- define "outrider.workloadEnv" -}}
+{{- $r := dict -}}
+{{- include "outrider.resolveScope" (dict "in" . "out" $r) -}}
+- {name: OUTRIDER_SPOOL_DIR, value: {{ $r.scope.Values.sidecar.spoolDir | quote }}}
+- {name: OUTRIDER_STANDALONE, value: "false"}
+{{- end -}}
+
+{{- define "outrider.workloadVolumeMounts" -}}
+{{- $r := dict -}}
+{{- include "outrider.resolveScope" (dict "in" . "out" $r) -}}
+- {name: outrider-spool, mountPath: {{ $r.scope.Values.sidecar.spoolDir | quote }}}
+{{- end -}}
+
+{{- define "outrider.sidecarPodLabels" -}}
+outrider.dev/sidecar: "true"
+{{- end -}}
+
+{{- define "outrider.sidecarPodAnnotations" -}}
+{{- $r := dict -}}
+{{- include "outrider.resolveScope" (dict "in" . "out" $r) -}}
+checksum/config: {{ include "outrider.configChecksum" $r.scope }}
 {{- end -}}
