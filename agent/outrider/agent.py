@@ -11,7 +11,7 @@ from typing import Any
 
 from outrider import alerting
 from outrider.config import Config, ConfigError, otlp_enabled
-from outrider.exporters.prometheus import MetricsServer
+from outrider.exporters.prometheus import Endpoints, MetricsServer, alerts_api_json
 from outrider.sampler import Sampler
 
 LOG = logging.getLogger("outrider.agent")
@@ -58,18 +58,30 @@ class Agent:
             self.sampler.listeners.append(self.alerting.engine.on_sweep)
         host, port = config.listen_address
         try:
-            self.server = MetricsServer(self.sampler, host, port, tls, basic_auth)
+            self.server = MetricsServer(self._endpoints(), host, port, tls, basic_auth)
         except OSError as e:
             if not (listen_fallback and e.errno == errno.EADDRINUSE):
                 raise OSError(e.errno, f"cannot listen on {config.listen}: {e.strerror or e}") from None
             LOG.warning("%s is in use; serving /metrics on a free port instead", config.listen)
-            self.server = MetricsServer(self.sampler, host, 0, tls, basic_auth)
+            self.server = MetricsServer(self._endpoints(), host, 0, tls, basic_auth)
         self.otlp: Any = None
         if otlp_enabled(config):
             from outrider.exporters.otlp import OtlpExporter
 
             self.otlp = OtlpExporter(config, self.sampler)
         self._stopped = False
+
+    def _endpoints(self) -> Endpoints:
+        sampler, engine = self.sampler, self.alerting.engine if self.alerting is not None else None
+
+        def exposition(openmetrics: bool, gzip: bool) -> bytes:
+            sampler.stats.scrapes += 1  # until the self collector reports MetricsServer.scrapes itself
+            return sampler.exposition(openmetrics, compressed=gzip)
+
+        def alerts_json() -> bytes:
+            return alerts_api_json([a for _, a in engine.active_alerts()] if engine is not None else [])
+
+        return Endpoints(exposition, alerts_json, healthy=sampler.healthy, ready=sampler.ready.is_set)
 
     def _stack_dumps(self) -> Any:
         from outrider.collectors.hook import HookCollector
