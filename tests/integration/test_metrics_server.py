@@ -223,6 +223,31 @@ def test_a_kept_alive_response_arrives_in_one_tcp_segment(server: MetricsServer)
         sock.close()
 
 
+@pytest.mark.parametrize(("raw", "status"), [
+    (b"garbage\r\n\r\n", 400),
+    (b"GET /metrics\r\n\r\n", 400),  # HTTP/0.9
+    (b"GET /metrics HTTP/2.0\r\n\r\n", 400),
+    (b"GET /metrics HTTP/1.1\r\nno colon here\r\n\r\n", 400),
+    (b"GET /metrics HTTP/1.1\r\n folded: header\r\n\r\n", 400),
+    (b"GET /metrics HTTP/1.1\r\nX: " + b"a" * 40_000 + b"\r\n\r\n", 431),
+    (b"GET /metrics HTTP/1.1\r\nX: " + b"a" * 40_000, 431),  # too long before it even ends
+    (b"POST /metrics HTTP/1.1\r\nContent-Length: 3\r\n\r\nabc", 405),
+    (b"GET /metrics HTTP/1.1\r\nHost: \xff\xfe\r\n\r\n", 200),  # header bytes are latin-1, never a crash
+])
+def test_a_malformed_request_is_answered_and_closed_and_the_server_serves_on(server: MetricsServer, raw: bytes,
+                                                                              status: int) -> None:
+    sock = socket.create_connection(server.address, timeout=CLIENT_TIMEOUT_S)
+    try:
+        sock.sendall(raw)
+        reader = sock.makefile("rb")
+        assert reader.readline().split(b" ", 2)[1] == str(status).encode()
+        if status != 200:
+            assert reader.read().endswith(b"\n") and closed_by_server(sock)
+    finally:
+        sock.close()
+    assert get(server)[2] == BODY
+
+
 # --- what the server kept --------------------------------------------------------------------------------------------
 
 def test_metrics_formats_gzip_head_probes_and_alerts() -> None:

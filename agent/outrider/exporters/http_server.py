@@ -53,6 +53,7 @@ class Request:
     target: str
     headers: Mapping[str, str]  # names in lower case; repeated headers joined with ", "
     client: str
+    version: str = "HTTP/1.1"
 
     @property
     def path(self) -> str:
@@ -404,16 +405,16 @@ class HttpServer:
             key = name.lower()
             value = value.strip(" \t")
             headers[key] = f"{headers[key]}, {value}" if key in headers else value
-        if parts[2] == "HTTP/1.0" and "keep-alive" not in headers.get("connection", "").lower():
-            headers["connection"] = "close"
-        return Request(parts[0], parts[1], headers, conn.client)
+        return Request(parts[0], parts[1], headers, conn.client, parts[2])
 
     def _respond(self, request: Request | _BadRequest) -> tuple[bytes, bool]:
         """The whole response as one buffer, and whether the connection stays open."""
         if isinstance(request, _BadRequest):
             return _serialise(Response(request.status, HTTPStatus(request.status).phrase.encode() + b"\n"), False,
                               head_only=False), False
-        keep_alive = "close" not in request.headers.get("connection", "").lower()
+        connection = request.headers.get("connection", "").lower()
+        http10 = request.version == "HTTP/1.0"  # closes unless it asks to keep the connection
+        keep_alive = "keep-alive" in connection if http10 else "close" not in connection
         if request.headers.get("content-length", "0") not in ("", "0") or "transfer-encoding" in request.headers:
             keep_alive = False  # a body we do not read: answer, then close rather than parse it as a request
         if request.method not in ("GET", "HEAD"):
@@ -427,10 +428,10 @@ class HttpServer:
                 response = Response(500, b"internal error\n")
         if LOG.isEnabledFor(logging.DEBUG):
             LOG.debug("%s %s %s %d", request.client, request.method, request.path, response.status)
-        return _serialise(response, keep_alive, head_only=request.method == "HEAD"), keep_alive
+        return _serialise(response, keep_alive, head_only=request.method == "HEAD", http10=http10), keep_alive
 
 
-def _serialise(response: Response, keep_alive: bool, head_only: bool) -> bytes:
+def _serialise(response: Response, keep_alive: bool, head_only: bool, http10: bool = False) -> bytes:
     try:
         phrase = HTTPStatus(response.status).phrase
     except ValueError:
@@ -442,5 +443,7 @@ def _serialise(response: Response, keep_alive: bool, head_only: bool) -> bytes:
     lines.append(f"Content-Length: {len(response.body)}")
     if not keep_alive:
         lines.append("Connection: close")
+    elif http10:
+        lines.append("Connection: keep-alive")
     head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
     return head if head_only else head + response.body
