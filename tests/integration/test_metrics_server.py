@@ -223,7 +223,8 @@ def test_a_kept_alive_response_arrives_in_one_tcp_segment(server: MetricsServer)
         sock.close()
 
 
-@pytest.mark.parametrize(("raw", "status"), [
+@pytest.mark.parametrize(("raw", "status"), ids=["garbage", "http-0.9", "http-2.0", "no-colon", "folded", "40k-header",
+                                                  "40k-unfinished", "post-body", "latin-1-header"], argvalues=[
     (b"garbage\r\n\r\n", 400),
     (b"GET /metrics\r\n\r\n", 400),  # HTTP/0.9
     (b"GET /metrics HTTP/2.0\r\n\r\n", 400),
@@ -268,6 +269,25 @@ def test_metrics_formats_gzip_head_probes_and_alerts() -> None:
         assert get(s, "/nope")[0] == 404 and get(s, "/metrics", method="POST")[0] == 405
         assert s.scrapes == 4  # the server counts its own /metrics answers (GET and HEAD)
     finally:
+        s.stop()
+
+
+@pytest.mark.parametrize("use_tls", [False, True], ids=["plain", "tls"])
+def test_a_large_exposition_arrives_whole_on_a_kept_alive_connection(use_tls: bool,
+                                                                     tls_files: tuple[str, str]) -> None:
+    big = b"".join(b'big_series{n="%d"} %d\n' % (i, i) for i in range(120_000))  # ~3 MB: many writes
+    s = MetricsServer(Endpoints(lambda om, gz: big, lambda: b"{}", lambda: True, lambda: True), "127.0.0.1", 0,
+                      tls=tls_files if use_tls else None)
+    s.start()
+    host, port = s.address
+    conn = (http.client.HTTPSConnection(host, port, timeout=CLIENT_TIMEOUT_S, context=client_tls(tls_files[0]))
+            if use_tls else http.client.HTTPConnection(host, port, timeout=CLIENT_TIMEOUT_S))
+    try:
+        for _ in range(3):
+            conn.request("GET", "/metrics")
+            assert conn.getresponse().read() == big
+    finally:
+        conn.close()
         s.stop()
 
 

@@ -12,6 +12,8 @@ with a deadline. What a hostile or broken peer can hold is therefore one table s
 - A response the peer does not read: `write_timeout_s`.
 - `max_connections` open at once: a new connection evicts the least recently active waiting one; with none to
   evict the loop stops accepting, and new connections wait in the listen backlog (`backlog`).
+- Memory: a connection buffers at most one request head (`max_header_bytes`), so the server's worst case is
+  max_connections x max_header_bytes (8 MiB on the defaults) plus the responses being written.
 
 Each response (status line, headers, body) is written with one send, so a kept-alive client never waits on
 Nagle's algorithm against its own delayed ACK (about 40 ms per scrape); TCP_NODELAY is set as well.
@@ -80,16 +82,17 @@ class _Conn:
     """One connection's state. Owned by the loop while parked in the selector, by one worker while in the queue or
     being served: never by two threads at once."""
 
-    __slots__ = ("client", "close_after_write", "deadline", "handshaking", "inbuf", "last_active", "out",
-                 "request_started", "served", "sock", "want")
+    __slots__ = ("client", "close_after_write", "deadline", "handshaking", "inbuf", "last_active", "lingering",
+                 "out", "request_started", "served", "sock", "want")
 
     def __init__(self, sock: socket.socket, client: str, now: float, header_timeout_s: float) -> None:
         self.sock = sock
         self.client = client
         self.handshaking = isinstance(sock, ssl.SSLSocket)
         self.inbuf = bytearray()
-        self.out: memoryview | None = None
+        self.out: list[memoryview] = []  # what is left of the response being written
         self.close_after_write = False
+        self.lingering = False
         self.request_started = now  # the first request's clock starts at accept (a silent peer is timed too)
         self.deadline = now + header_timeout_s
         self.last_active = now  # bytes last read, or the last response written
@@ -98,6 +101,8 @@ class _Conn:
 
 
 _PARK, _CLOSE = "park", "close"
+FIRST_WRITE = 65536
+LINGER_S = 2.0
 
 
 class HttpServer:
@@ -129,7 +134,7 @@ class HttpServer:
         self._lock = threading.Lock()  # guards _returned and _closed
         self._closed = False
         self._live: set[_Conn] = set()  # every open connection (loop thread only)
-        self._parked: dict[_Conn, None] = {}  # waiting in the selector, oldest activity first (loop thread only)
+        self._parked: dict[_Conn, None] = {}  # waiting in the selector (loop thread only)
         self._accepting = False
         self._next_expiry = 0.0
         self._stop = threading.Event()
@@ -315,10 +320,10 @@ class HttpServer:
             except ssl.SSLWantWriteError:
                 return self._park(conn, selectors.EVENT_WRITE, conn.deadline)
             conn.handshaking = False
-        if conn.out is not None and not self._flush(conn):
+        if conn.out and not self._flush(conn):
             return self._park(conn, conn.want, conn.deadline)
-        if conn.close_after_write:
-            return _CLOSE
+        if conn.lingering or conn.close_after_write:
+            return self._linger(conn)
         while True:
             request = self._parse(conn)
             if request is None:
@@ -336,20 +341,42 @@ class HttpServer:
                 return self._park(conn, want, conn.last_active + self.limits.idle_timeout_s)
             response, keep_alive = self._respond(request)
             conn.served += 1
-            conn.out = memoryview(response)
+            conn.out = response
             conn.close_after_write = not keep_alive
             if not self._flush(conn):
                 return self._park(conn, conn.want, time.monotonic() + self.limits.write_timeout_s)
             if not keep_alive:
-                return _CLOSE
+                return self._linger(conn)
             conn.last_active = conn.request_started = time.monotonic()
+
+    def _linger(self, conn: _Conn) -> str:
+        """Close after a response: send FIN, then read and drop what the peer still sends until it closes (or
+        LINGER_S passes), since closing with unread input makes the kernel send a reset that can destroy the
+        response before the peer reads it (a 431 answered while the header is still arriving)."""
+        if not conn.lingering:
+            conn.lingering = True
+            conn.inbuf.clear()
+            conn.deadline = time.monotonic() + LINGER_S
+            try:
+                conn.sock.shutdown(socket.SHUT_WR)
+            except OSError:
+                return _CLOSE
+        for _ in range(16):  # at most 16 x 64 KiB per turn; the deadline bounds the rest
+            try:
+                if not conn.sock.recv(65536):
+                    return _CLOSE
+            except (BlockingIOError, InterruptedError, ssl.SSLWantReadError):
+                return self._park(conn, selectors.EVENT_READ, conn.deadline)
+            except (OSError, ssl.SSLError):
+                return _CLOSE
+        return self._park(conn, selectors.EVENT_READ, conn.deadline)
 
     def _fill(self, conn: _Conn) -> tuple[bool, bool, int]:
         """Read what has arrived: (got any bytes, peer closed, what to wait for next)."""
         got = False
         while len(conn.inbuf) <= self.limits.max_header_bytes:
-            try:
-                chunk = conn.sock.recv(65536)
+            try:  # never more than a request head's worth: a connection's buffer is bounded by max_header_bytes
+                chunk = conn.sock.recv(self.limits.max_header_bytes + 1 - len(conn.inbuf))
             except (BlockingIOError, InterruptedError, ssl.SSLWantReadError):
                 return got, False, selectors.EVENT_READ
             except ssl.SSLWantWriteError:
@@ -364,18 +391,20 @@ class HttpServer:
 
     def _flush(self, conn: _Conn) -> bool:
         """Write what the socket takes; True once the whole response is out."""
-        assert conn.out is not None
         while conn.out:
             try:
-                sent = conn.sock.send(conn.out)
+                sent = conn.sock.send(conn.out[0])
             except (BlockingIOError, InterruptedError, ssl.SSLWantWriteError):
                 conn.want = selectors.EVENT_WRITE
                 return False
             except ssl.SSLWantReadError:
                 conn.want = selectors.EVENT_READ
                 return False
-            conn.out = conn.out[sent:]
-        conn.out = None
+            rest = conn.out[0][sent:]
+            if rest:
+                conn.out[0] = rest
+            else:
+                del conn.out[0]
         return True
 
     def _parse(self, conn: _Conn) -> Request | _BadRequest | None:
@@ -407,8 +436,8 @@ class HttpServer:
             headers[key] = f"{headers[key]}, {value}" if key in headers else value
         return Request(parts[0], parts[1], headers, conn.client, parts[2])
 
-    def _respond(self, request: Request | _BadRequest) -> tuple[bytes, bool]:
-        """The whole response as one buffer, and whether the connection stays open."""
+    def _respond(self, request: Request | _BadRequest) -> tuple[list[memoryview], bool]:
+        """The response as buffers to write in order, and whether the connection stays open."""
         if isinstance(request, _BadRequest):
             return _serialise(Response(request.status, HTTPStatus(request.status).phrase.encode() + b"\n"), False,
                               head_only=False), False
@@ -431,7 +460,10 @@ class HttpServer:
         return _serialise(response, keep_alive, head_only=request.method == "HEAD", http10=http10), keep_alive
 
 
-def _serialise(response: Response, keep_alive: bool, head_only: bool, http10: bool = False) -> bytes:
+def _serialise(response: Response, keep_alive: bool, head_only: bool, http10: bool = False) -> list[memoryview]:
+    """Status line and headers with the start of the body in one buffer, so a response up to FIRST_WRITE bytes is
+    one write; the rest of a larger body stays a view of the handler's bytes (the exposition, shared by every
+    scrape of a sweep), so a client that reads slowly holds no copy of it."""
     try:
         phrase = HTTPStatus(response.status).phrase
     except ValueError:
@@ -446,4 +478,10 @@ def _serialise(response: Response, keep_alive: bool, head_only: bool, http10: bo
     elif http10:
         lines.append("Connection: keep-alive")
     head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
-    return head if head_only else head + response.body
+    if head_only:
+        return [memoryview(head)]
+    body = memoryview(response.body)
+    out = [memoryview(head + body[:FIRST_WRITE])]
+    if len(body) > FIRST_WRITE:
+        out.append(body[FIRST_WRITE:])
+    return out
