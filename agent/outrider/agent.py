@@ -75,7 +75,7 @@ class Agent:
         sampler, engine = self.sampler, self.alerting.engine if self.alerting is not None else None
 
         def exposition(openmetrics: bool, gzip: bool) -> bytes:
-            sampler.stats.scrapes += 1  # until the self collector reports MetricsServer.scrapes itself
+            sampler.stats.scrapes = self.server.scrapes  # until the self collector reports the server's count itself
             return sampler.exposition(openmetrics, compressed=gzip)
 
         def alerts_json() -> bytes:
