@@ -11,7 +11,7 @@ from typing import Any
 
 from outrider import alerting, lifecycle
 from outrider.config import Config, ConfigError, otlp_enabled
-from outrider.exporters.prometheus import MetricsServer
+from outrider.exporters.prometheus import Endpoints, MetricsServer, alerts_api_json
 from outrider.sampler import Sampler
 
 LOG = logging.getLogger("outrider.agent")
@@ -54,21 +54,19 @@ class Agent:
         ctx = self.sampler.ctx
         # Upward wiring happens here and only here: collectors, exporters, rules and notifiers get plain callables.
         self.alerting = alerting.build(config, stack_dumps=lambda: list(ctx.stalled_stacks))
-        active_alerts = None
         if self.alerting is not None:
             engine = self.alerting.engine
             ctx.reporters.setdefault("alerts", []).extend([engine.families, self.alerting.dispatcher.families])
             self.sampler.listeners.append(engine.on_sweep)
-            active_alerts = engine.active_alerts
         self.workload = lifecycle.attach(self.sampler, config)  # None unless exit_when_workload_exits
         host, port = config.listen_address
         try:
-            self.server = MetricsServer(self.sampler, host, port, tls, basic_auth, active_alerts)
+            self.server = MetricsServer(self._endpoints(), host, port, tls, basic_auth)
         except OSError as e:
             if not (listen_fallback and e.errno == errno.EADDRINUSE):
                 raise OSError(e.errno, f"cannot listen on {config.listen}: {e.strerror or e}") from None
             LOG.warning("%s is in use; serving /metrics on a free port instead", config.listen)
-            self.server = MetricsServer(self.sampler, host, 0, tls, basic_auth, active_alerts)
+            self.server = MetricsServer(self._endpoints(), host, 0, tls, basic_auth)
         ctx.reporters.setdefault("self", []).append(self.server.families)
         self.otlp: Any = None
         if otlp_enabled(config):
@@ -77,6 +75,15 @@ class Agent:
             self.otlp = OtlpExporter(config, lambda: self.sampler.families)
             ctx.reporters["self"].append(self.otlp.families)
         self._stopped = False
+
+    def _endpoints(self) -> Endpoints:
+        sampler, engine = self.sampler, self.alerting.engine if self.alerting is not None else None
+
+        def alerts_json() -> bytes:
+            return alerts_api_json([a for _, a in engine.active_alerts()] if engine is not None else [])
+
+        return Endpoints(lambda openmetrics, gzip: sampler.exposition(openmetrics, compressed=gzip), alerts_json,
+                         healthy=sampler.healthy, ready=sampler.ready.is_set)
 
     def start(self) -> None:
         if self.alerting is not None:

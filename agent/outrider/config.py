@@ -463,6 +463,15 @@ def otlp_enabled(config: Config, env: Mapping[str, str] | None = None) -> bool:
                 or env.get("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"))
 
 
+def redact_url_password(url: str) -> str:
+    """`https://user:<secret>@host/`: the password of a URL's userinfo hidden, for showing the URL."""
+    scheme, sep, rest = url.partition("://")
+    userinfo, at, _ = re.split(r"[/?#]", rest, maxsplit=1)[0].rpartition("@")
+    if not sep or not at or ":" not in userinfo:
+        return url
+    return f"{scheme}://{userinfo.split(':', 1)[0]}:<secret>@{rest[len(userinfo) + 1:]}"
+
+
 def to_yaml(loaded: LoadedConfig) -> str:
     """The effective configuration as YAML, each key with its source as a comment (for `config show`)."""
     import yaml
@@ -470,6 +479,8 @@ def to_yaml(loaded: LoadedConfig) -> str:
     lines = []
     for name in FIELDS:
         value = getattr(loaded.config, name)
+        if name == "alertmanager_urls":
+            value = [redact_url_password(u) for u in value]
         if isinstance(value, tuple):
             value = list(value)
         text = yaml.safe_dump({name: value}, default_flow_style=True, width=1000).strip()

@@ -5,6 +5,7 @@ webhook: real HTTP servers on 127.0.0.1 that check every body against the servic
 from __future__ import annotations
 
 import json
+import ssl
 import threading
 import time
 from collections.abc import Callable
@@ -91,12 +92,13 @@ class Received:
 
 
 class ScriptedReceiver:
-    """Records every POST; answers `respond(n)` for the n-th request (default 200 or 202), or 400 when the body
-    breaks `schema`. `delay_s` holds each answer back (a slow receiver); `port` reuses a port (down, then back)."""
+    """Records every request; answers `respond(n)` for the n-th request (default 200 or 202), or 400 when the body
+    breaks `schema`. `delay_s` holds each answer back (a slow receiver); `port` reuses a port (down, then back);
+    `host` binds another loopback address (another host, for a redirect); `tls` serves HTTPS."""
 
     def __init__(self, schema: dict[str, Any] | None = None, ok_status: int = 200,
                  respond: Callable[[int], tuple[int, dict[str, str]]] | None = None, delay_s: float = 0.0,
-                 port: int | None = None) -> None:
+                 port: int | None = None, host: str = "127.0.0.1", tls: ssl.SSLContext | None = None) -> None:
         self.schema, self.ok_status, self.respond, self.delay_s = schema, ok_status, respond, delay_s
         self.received: list[Received] = []
         self.schema_errors: list[str] = []
@@ -117,13 +119,18 @@ class ScriptedReceiver:
                 self.end_headers()
                 self.wfile.write(body)
 
+            do_GET = do_POST  # a followed redirect arrives as a GET
+
             def log_message(self, *args: object) -> None:
                 pass
 
         self.port = port or free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self._server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        self.url = f"{'https' if tls else 'http'}://{host}:{self.port}"
+        self._server = ThreadingHTTPServer((host, self.port), Handler)
         self._server.daemon_threads = True
+        self._server.handle_error = lambda request, client_address: None  # type: ignore[method-assign]
+        if tls is not None:
+            self._server.socket = tls.wrap_socket(self._server.socket, server_side=True)
         threading.Thread(target=self._server.serve_forever, daemon=True).start()
 
     def _answer(self, raw: bytes, headers: dict[str, str], path: str) -> tuple[int, dict[str, str]]:

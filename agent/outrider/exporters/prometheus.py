@@ -2,7 +2,9 @@
 /api/v1/alerts (the agent's own pending and firing alerts, in Prometheus's API shape), /healthz (the sweep loop is
 alive and current) and /readyz (the first sweep is done).
 
-Binds 127.0.0.1 unless the configuration says otherwise.
+It serves what it is given as `Endpoints` (narrow callables the agent wires), knows nothing of the sampler or the
+rule engine, and counts its own scrapes. Binds 127.0.0.1 unless the configuration says otherwise; the connection
+handling and its bounds are http_server's.
 """
 
 from __future__ import annotations
@@ -10,14 +12,15 @@ from __future__ import annotations
 import base64
 import binascii
 import hmac
-import logging
-import socket
+import json
 import ssl
 import threading
-from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Protocol
 
+from outrider.exporters.http_server import HttpServer, Limits, Request, Response
 from outrider.metrics.exposition import (
     OPENMETRICS_CONTENT_TYPE,
     TEXT_CONTENT_TYPE,
@@ -25,122 +28,59 @@ from outrider.metrics.exposition import (
     wants_openmetrics,
 )
 from outrider.metrics.family import Family
-from outrider.sampler import Sampler
-
-LOG = logging.getLogger("outrider.exporters.prometheus")
 
 INDEX = b"""<html><head><title>Outrider</title></head><body><h1>Outrider agent</h1>
 <p><a href="/metrics">/metrics</a> &middot; <a href="/api/v1/alerts">/api/v1/alerts</a> &middot;
 <a href="/healthz">/healthz</a> &middot;
 <a href="/readyz">/readyz</a></p></body></html>
 """
+PROTECTED = ("/metrics", "/api/v1/alerts")  # probes (/healthz, /readyz) stay open for the kubelet
 
 
-def alerts_json(active_alerts: Callable[[], list[Any]] | None) -> bytes:
-    """Pending and firing alerts of the agent's own rule evaluation, as Prometheus's /api/v1/alerts answers."""
-    import json
-    from datetime import datetime, timezone
+@dataclass(frozen=True)
+class Endpoints:
+    """What the endpoint serves. exposition(openmetrics, gzip) is the latest sweep rendered; alerts_json() the
+    body of /api/v1/alerts; healthy() and ready() answer the probes."""
 
-    alerts = []
-    for _, a in active_alerts() if active_alerts is not None else []:
-        alerts.append({"labels": dict(a.labels), "annotations": dict(a.annotations), "state": a.state,
-                       "activeAt": datetime.fromtimestamp(a.active_at / 1000, tz=timezone.utc).isoformat(),
-                       "value": format_value(a.value)})
-    return json.dumps({"status": "success", "data": {"alerts": alerts}}).encode()
+    exposition: Callable[[bool, bool], bytes]
+    alerts_json: Callable[[], bytes]
+    healthy: Callable[[], bool]
+    ready: Callable[[], bool]
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-    sampler: Sampler
-    basic_auth: tuple[str, str] | None = None  # (user, password)
-    active_alerts: Callable[[], list[Any]] | None = None
-    scrapes: int = 0
+class ActiveAlert(Protocol):
+    @property
+    def labels(self) -> Iterable[tuple[str, str]] | Mapping[str, str]: ...
+    @property
+    def annotations(self) -> Mapping[str, str]: ...
+    @property
+    def state(self) -> str: ...
+    @property
+    def active_at(self) -> int: ...  # unix milliseconds
+    @property
+    def value(self) -> float: ...
 
 
-class _Handler(BaseHTTPRequestHandler):
-    server: _Server
-    protocol_version = "HTTP/1.1"
-    server_version = "outrider"
-    sys_version = ""
-
-    def do_GET(self) -> None:
-        path = self.path.split("?", 1)[0]
-        sampler = self.server.sampler
-        if path in ("/metrics", "/api/v1/alerts") and not self._authorised():
-            self.send_response(401)
-            self.send_header("WWW-Authenticate", 'Basic realm="outrider"')
-            self.send_header("Content-Length", "0")
-            self.end_headers()
-            return
-        if path == "/metrics":
-            openmetrics = wants_openmetrics(self.headers.get("Accept"))
-            use_gzip = "gzip" in (self.headers.get("Accept-Encoding") or "")
-            self.server.scrapes += 1
-            body = sampler.exposition(openmetrics, compressed=use_gzip)
-            ctype = OPENMETRICS_CONTENT_TYPE if openmetrics else TEXT_CONTENT_TYPE
-            self._send(200, body, ctype, "gzip" if use_gzip else None)
-        elif path == "/api/v1/alerts":
-            self._send(200, alerts_json(self.server.active_alerts), "application/json")
-        elif path == "/healthz":
-            ok = sampler.healthy()
-            self._send(200 if ok else 503, b"ok\n" if ok else b"sweep loop stalled\n")
-        elif path == "/readyz":
-            ready = sampler.ready.is_set()
-            self._send(200 if ready else 503, b"ready\n" if ready else b"first sweep not done\n")
-        elif path == "/":
-            self._send(200, INDEX, "text/html; charset=utf-8")
-        else:
-            self._send(404, b"not found\n")
-
-    def _authorised(self) -> bool:
-        expected = self.server.basic_auth
-        if expected is None:
-            return True
-        header = self.headers.get("Authorization") or ""
-        scheme, _, encoded = header.partition(" ")
-        if scheme.lower() != "basic":
-            return False
-        try:
-            user, _, password = base64.b64decode(encoded, validate=True).decode().partition(":")
-        except (binascii.Error, UnicodeDecodeError):
-            return False
-        # compare both in constant time, so neither the user nor the password leaks through timing
-        ok_user = hmac.compare_digest(user.encode(), expected[0].encode())
-        ok_password = hmac.compare_digest(password.encode(), expected[1].encode())
-        return ok_user and ok_password
-
-    def do_HEAD(self) -> None:
-        self.do_GET()
-
-    def _send(self, code: int, body: bytes, ctype: str = "text/plain; charset=utf-8",
-              encoding: str | None = None) -> None:
-        self.send_response(code)
-        self.send_header("Content-Type", ctype)
-        if encoding:
-            self.send_header("Content-Encoding", encoding)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        if self.command != "HEAD":
-            self.wfile.write(body)
-
-    def log_message(self, format: str, *args: object) -> None:
-        LOG.debug("%s " + format, self.client_address[0], *args)
+def alerts_api_json(alerts: Iterable[ActiveAlert]) -> bytes:
+    """Pending and firing alerts as Prometheus's /api/v1/alerts answers."""
+    out = [{"labels": dict(a.labels), "annotations": dict(a.annotations), "state": a.state,
+            "activeAt": datetime.fromtimestamp(a.active_at / 1000, tz=timezone.utc).isoformat(),
+            "value": format_value(a.value)} for a in alerts]
+    return json.dumps({"status": "success", "data": {"alerts": out}}).encode()
 
 
 class MetricsServer:
-    """Serves the sampler's latest sweep. `start()` binds and serves on a daemon thread."""
+    """Serves `endpoints` over HTTP(S). Binds on construction; `start()` serves on daemon threads."""
 
-    def __init__(self, sampler: Sampler, host: str, port: int, tls: tuple[str, str] | None = None,
-                 basic_auth: tuple[str, str] | None = None,
-                 active_alerts: Callable[[], list[Any]] | None = None) -> None:
-        """tls: (certificate file, key file); basic_auth: (user, password) required on /metrics."""
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        server_cls = type("_BoundServer", (_Server,), {"address_family": family})
-        self._httpd: _Server = server_cls((host, port), _Handler)
-        self._httpd.sampler = sampler
-        self._httpd.basic_auth = basic_auth
-        self._httpd.active_alerts = active_alerts
+    def __init__(self, endpoints: Endpoints, host: str, port: int, tls: tuple[str, str] | None = None,
+                 basic_auth: tuple[str, str] | None = None, limits: Limits | None = None) -> None:
+        """tls: (certificate file, key file); basic_auth: (user, password) required on /metrics and
+        /api/v1/alerts."""
+        self.endpoints = endpoints
+        self._basic_auth = basic_auth
+        self._scrapes = 0
+        self._lock = threading.Lock()
+        context = None
         self.scheme = "http"
         if tls is not None:
             context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
@@ -148,20 +88,22 @@ class MetricsServer:
             try:
                 context.load_cert_chain(*tls)
             except (OSError, ssl.SSLError) as e:
-                self._httpd.server_close()
                 raise OSError(getattr(e, "errno", None), f"cannot load TLS certificate {tls[0]}: {e}") from None
-            self._httpd.socket = context.wrap_socket(self._httpd.socket, server_side=True)
             self.scheme = "https"
-        self._thread: threading.Thread | None = None
+        self._http = HttpServer(host, port, self._handle, context, limits)
+
+    @property
+    def scrapes(self) -> int:
+        """/metrics requests answered (authorised ones)."""
+        return self._scrapes
 
     def families(self) -> list[Family]:
-        """Scrapes served so far, for the self collector."""
-        return [Family("outrider_agent_scrapes_total").add(self._httpd.scrapes)]
+        """The scrapes so far, for the self collector (agent.py wires it as a reporter)."""
+        return [Family("outrider_agent_scrapes_total").add(self._scrapes)]
 
     @property
     def address(self) -> tuple[str, int]:
-        host, port = self._httpd.server_address[:2]
-        return str(host), int(port)
+        return self._http.address
 
     @property
     def url(self) -> str:
@@ -170,12 +112,49 @@ class MetricsServer:
         return f"{self.scheme}://{shown}:{port}"
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.5},
-                                        name="outrider-http", daemon=True)
-        self._thread.start()
+        self._http.start()
 
     def stop(self) -> None:
-        if self._thread is not None:
-            self._httpd.shutdown()
-            self._thread = None
-        self._httpd.server_close()
+        self._http.stop()
+
+    def _handle(self, request: Request) -> Response:
+        path = request.path
+        if path in PROTECTED and not self._authorised(request.headers.get("authorization", "")):
+            return Response(401, b"", (("WWW-Authenticate", 'Basic realm="outrider"'),))
+        if path == "/metrics":
+            openmetrics = wants_openmetrics(request.headers.get("accept"))
+            use_gzip = "gzip" in request.headers.get("accept-encoding", "")
+            with self._lock:
+                self._scrapes += 1
+            body = self.endpoints.exposition(openmetrics, use_gzip)
+            headers = [("Content-Type", OPENMETRICS_CONTENT_TYPE if openmetrics else TEXT_CONTENT_TYPE)]
+            if use_gzip:
+                headers.append(("Content-Encoding", "gzip"))
+            return Response(200, body, tuple(headers))
+        if path == "/api/v1/alerts":
+            return Response(200, self.endpoints.alerts_json(), (("Content-Type", "application/json"),))
+        if path == "/healthz":
+            ok = self.endpoints.healthy()
+            return Response(200 if ok else 503, b"ok\n" if ok else b"sweep loop stalled\n")
+        if path == "/readyz":
+            ready = self.endpoints.ready()
+            return Response(200 if ready else 503, b"ready\n" if ready else b"first sweep not done\n")
+        if path == "/":
+            return Response(200, INDEX, (("Content-Type", "text/html; charset=utf-8"),))
+        return Response(404, b"not found\n")
+
+    def _authorised(self, header: str) -> bool:
+        expected = self._basic_auth
+        if expected is None:
+            return True
+        scheme, _, encoded = header.partition(" ")
+        if scheme.lower() != "basic":
+            return False
+        try:
+            user, _, password = base64.b64decode(encoded.strip(), validate=True).decode().partition(":")
+        except (binascii.Error, UnicodeDecodeError):
+            return False
+        # compare both in constant time, so neither the user nor the password leaks through timing
+        ok_user = hmac.compare_digest(user.encode(), expected[0].encode())
+        ok_password = hmac.compare_digest(password.encode(), expected[1].encode())
+        return ok_user and ok_password

@@ -452,8 +452,9 @@ _DEFS: tuple[MetricDef, ...] = (
     MetricDef("outrider_notify_sent_total", "outrider.notify.sent", "{notification}", "counter",
               "Alert notifications a receiver confirmed.", (RECEIVER, RECEIVER_TYPE), "alerts"),
     MetricDef("outrider_notify_failed_total", "outrider.notify.failed", "{attempt}", "counter",
-              "Failed delivery attempts: reason retry (429, 5xx, timeout; tried again) or rejected (other 4xx; "
-              "dropped).", (RECEIVER, RECEIVER_TYPE, Label("reason", "error.type")), "alerts"),
+              "Failed delivery attempts: reason retry (429, 5xx, a redirect, a timeout, a connection, DNS or TLS "
+              "error; tried again) or rejected (other 4xx; dropped).",
+              (RECEIVER, RECEIVER_TYPE, Label("reason", "error.type")), "alerts"),
     MetricDef("outrider_notify_queued", "outrider.notify.queued", "{notification}", "gauge",
               "Notifications waiting in a receiver's outbox.", (RECEIVER, RECEIVER_TYPE), "alerts"),
     MetricDef("outrider_notify_oldest_queued_age_seconds", "outrider.notify.oldest_queued.age", "s", "gauge",

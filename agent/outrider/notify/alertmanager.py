@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from typing import Any, ClassVar
 
-from outrider.notify.base import Notification, Notifier, NotifyConfigError, Outcome, rfc3339
+from outrider.notify.base import Notification, Notifier, Outcome, rfc3339
 
 
 class AlertmanagerNotifier(Notifier):
@@ -20,11 +20,9 @@ class AlertmanagerNotifier(Notifier):
     generator_url: str = ""
 
     def __post_init__(self) -> None:
-        url = str(self.spec.get("url", "")).rstrip("/")
-        if not url.startswith(("http://", "https://")):
-            raise NotifyConfigError(f"receiver {self.name!r}: url must be Alertmanager's http(s) base URL")
-        self.endpoint = url + "/api/v2/alerts"
         self.http_options()  # a hosted Alertmanager (Mimir, Grafana Cloud) wants auth
+        url = self.http_url(str(self.spec.get("url", "")))  # user:password@ in it becomes basic auth
+        self.endpoint = url.rstrip("/") + "/api/v2/alerts"
 
     def payload(self, n: Notification, now: float) -> dict[str, Any]:
         alert = {"labels": n.labels, "annotations": n.annotations, "startsAt": rfc3339(n.starts_at),
@@ -37,6 +35,5 @@ class AlertmanagerNotifier(Notifier):
         now = time.time()
         return self.post_json(self.endpoint, [self.payload(n, now) for n in notifications])
 
-    def refresh(self, firing: list[Notification]) -> None:
-        if firing:
-            self.send(firing)
+    def refresh(self, firing: list[Notification]) -> Outcome | None:
+        return self.send(firing) if firing else None

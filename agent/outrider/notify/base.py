@@ -1,18 +1,26 @@
 """What every notifier shares: the notification a receiver gets, the outcome of one delivery attempt, HTTP
-delivery with its outcome classified, and secrets read from the environment or a file (never from the config).
+delivery with its outcome classified, receiver URLs checked when receivers load, and secrets read from the
+environment or a file (never from the config).
 
-Outcomes: 2xx is delivered; 429, 5xx, timeouts and connection errors are retried with backoff (honouring
-Retry-After); any other 4xx is rejected: the message is dropped, logged and counted, since sending the same
-request again cannot succeed.
+Outcomes: 2xx is delivered; any other 4xx is rejected: the message is dropped, logged and counted, since sending
+the same request again cannot succeed. Everything else is retried with backoff (honouring Retry-After): 429, 5xx,
+timeouts, connection, DNS and TLS errors, any exception delivery raises, and redirects. A redirect is never
+followed: the request carries credentials (a bearer token, a PagerDuty key in the body) meant for the configured
+host only, and a receiver that moved is a configuration to fix, not a place to send them.
+
+Secrets never leave in a message: every detail a notifier reports is scrubbed of them (`scrub`), and a URL is
+never echoed in a configuration error, since a Slack webhook URL is itself the secret.
 """
 
 from __future__ import annotations
 
 import base64
+import http.client
 import json
 import os
 import ssl
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -72,6 +80,55 @@ def read_secret(spec: Mapping[str, Any], key: str, receiver: str, required: bool
     return ""
 
 
+def check_url(url: str, receiver: str, key: str) -> urllib.parse.SplitResult:
+    """An absolute http(s) URL with a host, or NotifyConfigError saying what is wrong with it (never the URL: it
+    may be a secret, or carry one)."""
+    where = f"receiver {receiver!r}: {key}"
+    if not url:
+        raise NotifyConfigError(f"{where} is empty")
+    if any(c.isspace() or ord(c) < 0x20 or ord(c) == 0x7F for c in url):
+        raise NotifyConfigError(f"{where} contains whitespace or a control character (percent-encode it)")
+    if not url.isascii():
+        raise NotifyConfigError(f"{where} contains non-ASCII characters (percent-encode them, or use the "
+                                f"host's punycode form)")
+    try:
+        parts = urllib.parse.urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError for a port that is not a number in 0-65535
+    except ValueError:
+        raise NotifyConfigError(f"{where} is malformed (a bad port or IPv6 address)") from None
+    if parts.scheme.lower() not in ("http", "https"):
+        raise NotifyConfigError(f"{where} must start with http:// or https://")
+    if not parts.hostname:
+        raise NotifyConfigError(f"{where} has no host")
+    return parts
+
+
+def url_secrets(url: str) -> list[str]:
+    """The forms in which a secret URL can show up in an error: whole, its path and query, its last path segment
+    (a Slack webhook's token), its userinfo."""
+    parts = urllib.parse.urlsplit(url)
+    forms = [url, url.split("://", 1)[-1]]
+    path = parts.path + ("?" + parts.query if parts.query else "")
+    if len(path) > 1:
+        forms.append(path)
+    last = parts.path.rstrip("/").rsplit("/", 1)[-1]
+    if len(last) >= 8:
+        forms.append(last)
+    if parts.query:
+        forms.append(parts.query)
+    if parts.password:
+        forms += [parts.password, urllib.parse.unquote(parts.password)]
+    return forms
+
+
+class _RefuseRedirects(urllib.request.HTTPRedirectHandler):
+    """A 3xx comes back as an HTTPError instead of being followed."""
+
+    def redirect_request(self, req: urllib.request.Request, fp: Any, code: int, msg: str,
+                         headers: Any, newurl: str) -> urllib.request.Request | None:
+        return None
+
+
 @dataclass
 class Notifier:
     """One receiver. Subclasses set `type` and build requests in `send`; `batch` is how many queued
@@ -81,6 +138,7 @@ class Notifier:
     spec: Mapping[str, Any]
     timeout_s: float = 10.0
     secrets: list[str] = field(default_factory=list)  # values scrubbed from every message this notifier logs
+    _opener: urllib.request.OpenerDirector | None = field(default=None, init=False, repr=False)
 
     type: ClassVar[str] = ""
     batch: ClassVar[int] = 1
@@ -105,10 +163,9 @@ class Notifier:
         if password and not user:
             raise NotifyConfigError(f"receiver {self.name!r}: basic_auth_password needs basic_auth_username")
         if user:
-            self.secrets.append(password)
-            encoded = base64.b64encode(f"{user}:{password}".encode()).decode()
-            self.secrets.append(encoded)
-            self.headers["Authorization"] = f"Basic {encoded}"
+            if token:
+                raise NotifyConfigError(f"receiver {self.name!r}: set one of bearer_token and basic_auth")
+            self._basic_auth(user, password)
         self.context: ssl.SSLContext | None = None
         ca_file = self.spec.get("ca_file")
         if ca_file:
@@ -117,11 +174,33 @@ class Notifier:
             except (OSError, ssl.SSLError) as e:
                 raise NotifyConfigError(f"receiver {self.name!r}: ca_file {ca_file}: {e}") from None
 
+    def _basic_auth(self, user: str, password: str) -> None:
+        self.secrets.append(password)
+        encoded = base64.b64encode(f"{user}:{password}".encode()).decode()
+        self.secrets.append(encoded)
+        self.headers["Authorization"] = f"Basic {encoded}"
+
+    def http_url(self, url: str, key: str = "url") -> str:
+        """The receiver's URL, checked, with credentials in it (`https://user:password@host`) taken out and sent
+        as basic auth instead (urllib would not send them; and a URL is shown where a password must not be).
+        Call after http_options."""
+        parts = check_url(url, self.name, key)
+        if parts.username is None and parts.password is None:
+            return url
+        self.secrets += url_secrets(url)
+        if "Authorization" in self.headers:
+            raise NotifyConfigError(f"receiver {self.name!r}: credentials both in {key} and in "
+                                    f"bearer_token/basic_auth: keep one")
+        self._basic_auth(urllib.parse.unquote(parts.username or ""), urllib.parse.unquote(parts.password or ""))
+        host = parts.netloc.rsplit("@", 1)[1]
+        return urllib.parse.urlunsplit((parts.scheme, host, parts.path, parts.query, parts.fragment))
+
     def send(self, notifications: list[Notification]) -> Outcome:
         raise NotImplementedError
 
-    def refresh(self, firing: list[Notification]) -> None:
+    def refresh(self, firing: list[Notification]) -> Outcome | None:
         """Called every resend interval with the alerts still firing, while nothing is queued (Alertmanager)."""
+        return None
 
     def scrub(self, text: str) -> str:
         for secret in self.secrets:
@@ -134,20 +213,34 @@ class Notifier:
         request = urllib.request.Request(url, data=data, method="POST", headers={
             "Content-Type": "application/json", "User-Agent": "outrider", **getattr(self, "headers", {}),
             **(headers or {})})
+        opener = self._opener
+        if opener is None:
+            opener = self._opener = urllib.request.build_opener(
+                _RefuseRedirects(), urllib.request.HTTPSHandler(context=getattr(self, "context", None)))
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s,
-                                        context=getattr(self, "context", None)) as response:
+            with opener.open(request, timeout=self.timeout_s) as response:
                 response.read(65536)
                 return DELIVERED
         except urllib.error.HTTPError as e:
-            text = e.read(512).decode("utf-8", "replace").strip()
+            try:
+                text = e.read(512).decode("utf-8", "replace").strip()
+            except (OSError, http.client.HTTPException):
+                text = ""
+            if 300 <= e.code < 400:
+                return Outcome("retry", f"HTTP {e.code}: the receiver redirects, and redirects are not followed "
+                                        f"(they would carry its credentials elsewhere): fix its URL")
             detail = self.scrub(f"HTTP {e.code}: {text[:200]}")
             if e.code == 429 or e.code >= 500:
                 return Outcome("retry", detail, _retry_after(e.headers.get("Retry-After")))
             return Outcome("rejected", detail)
-        except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as e:
-            reason = getattr(e, "reason", e)
-            return Outcome("retry", self.scrub(f"{type(reason).__name__}: {reason}"))
+        except Exception as e:  # any failure to deliver (DNS, TLS, reset, a malformed answer) is retried
+            return Outcome("retry", self.describe(e))
+
+    def describe(self, e: BaseException) -> str:
+        """An exception as one line with the secrets scrubbed (urllib wraps the cause in URLError.reason)."""
+        reason = getattr(e, "reason", None) if isinstance(e, urllib.error.URLError) else None
+        cause = reason if isinstance(reason, BaseException) else e
+        return self.scrub(f"{type(cause).__name__}: {cause}")
 
 
 def _retry_after(value: str | None) -> float:

@@ -1,9 +1,11 @@
 """Routing and delivery: each alert transition goes to every receiver whose matchers it satisfies, through that
 receiver's outbox, on that receiver's own thread (a slow or dead receiver never holds up another).
 
-A failed delivery that can succeed later (429, 5xx, timeout, connection refused) is retried with exponential
-backoff and jitter (50-100% of the step), honouring Retry-After, with the queue held in order; a rejected one
-(other 4xx) is dropped, logged and counted. Delivery metrics: sent, failed (by reason), queued, oldest queued age.
+A failed delivery that can succeed later (429, 5xx, a redirect, a timeout, a connection, DNS or TLS error, any
+exception a notifier raises) is counted and retried with exponential backoff and jitter (50-100% of the step),
+honouring Retry-After, with the queue held in order; a rejected one (other 4xx) is dropped, logged and counted.
+Failures are logged as one scrubbed line, never with a traceback (whose messages could carry a URL or a token).
+Delivery metrics: sent, failed (by reason), queued, oldest queued age.
 """
 
 from __future__ import annotations
@@ -14,13 +16,14 @@ import random
 import re
 import threading
 import time
+import traceback
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from outrider.metrics.family import Family
 from outrider.notify.alertmanager import AlertmanagerNotifier
-from outrider.notify.base import Notification, Notifier, NotifyConfigError
+from outrider.notify.base import Notification, Notifier, NotifyConfigError, Outcome
 from outrider.notify.log import LogNotifier
 from outrider.notify.outbox import Outbox
 from outrider.notify.pagerduty import PagerDutyNotifier
@@ -81,7 +84,11 @@ def parse_receivers(data: Any, source: str) -> list[tuple[Notifier, Route]]:
         except (TypeError, ValueError):
             raise NotifyConfigError(f"{source}: receiver {name!r}: timeout_s and group_wait_s are seconds") from None
         params = {k: v for k, v in spec.items() if k not in ROUTE_KEYS}
-        out.append((cls(name, params, timeout), route))
+        try:
+            notifier = cls(name, params, timeout)
+        except NotifyConfigError as e:
+            raise NotifyConfigError(f"{source}: {e}") from None
+        out.append((notifier, route))
     return out
 
 
@@ -116,9 +123,10 @@ class Delivery:
         while not self.stop.is_set():
             try:
                 delay = self.step()
-            except Exception:  # a notifier bug must not end delivery for good
-                LOG.exception("receiver %s: delivery failed unexpectedly", self.notifier.name)
-                delay = self.retry_max_s
+            except Exception as e:  # a notifier bug must not end delivery: counted, retried like any failure
+                LOG.debug("receiver %s: %s", self.notifier.name,
+                          self.notifier.scrub("".join(traceback.format_exception(e))))
+                delay = self._failed(Outcome("retry", "unexpected " + self.notifier.describe(e)), [])
             self.wake.wait(delay)
             self.wake.clear()
 
@@ -130,7 +138,11 @@ class Delivery:
             self._attempt = 0
             if time.monotonic() - self._last_refresh >= self.resend_interval_s:
                 self._last_refresh = time.monotonic()
-                self.notifier.refresh([n for n in self.firing() if self.route.accepts(n.labels)])
+                outcome = self.notifier.refresh([n for n in self.firing() if self.route.accepts(n.labels)])
+                if outcome is not None and not outcome.delivered:  # counted; the next resend is the retry
+                    self.failed[outcome.kind] = self.failed.get(outcome.kind, 0) + 1
+                    LOG.warning("receiver %s: re-sending the firing alerts failed (%s); next try in %g s",
+                                self.notifier.name, outcome.detail, self.resend_interval_s)
             return max(0.05, self.resend_interval_s - (time.monotonic() - self._last_refresh))
         if len(batch) < self.notifier.batch and self._attempt == 0:
             wait = batch[0].created + self.route.group_wait_s - time.time()
@@ -144,6 +156,10 @@ class Delivery:
                 LOG.info("receiver %s: delivering again after %d failed attempts", self.notifier.name, self._attempt)
             self._attempt = 0
             return 0.0
+        return self._failed(outcome, batch)
+
+    def _failed(self, outcome: Outcome, batch: list[Notification]) -> float:
+        """Count a failed attempt; drop a rejected batch; returns the wait before the next try."""
         self.failed[outcome.kind] = self.failed.get(outcome.kind, 0) + 1
         if outcome.kind == "rejected":
             LOG.error("receiver %s rejected %s %s (%s): dropped; fix the receiver's configuration (counted in "

@@ -9,7 +9,15 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from outrider.notify.base import Notification, Notifier, Outcome, read_secret, rfc3339
+from outrider.notify.base import (
+    Notification,
+    Notifier,
+    NotifyConfigError,
+    Outcome,
+    check_url,
+    read_secret,
+    rfc3339,
+)
 
 EVENTS_URL = "https://events.pagerduty.com/v2/enqueue"
 SEVERITIES = {"critical": "critical", "warning": "warning", "info": "info"}
@@ -22,6 +30,9 @@ class PagerDutyNotifier(Notifier):
         self.routing_key = read_secret(self.spec, "routing_key", self.name)
         self.secrets.append(self.routing_key)
         self.url = str(self.spec.get("url") or EVENTS_URL)
+        parts = check_url(self.url, self.name, "url")
+        if parts.username is not None or parts.password is not None:
+            raise NotifyConfigError(f"receiver {self.name!r}: url carries credentials; PagerDuty takes none")
 
     @staticmethod
     def dedup_key(n: Notification) -> str:

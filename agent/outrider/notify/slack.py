@@ -7,7 +7,15 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from outrider.notify.base import Notification, Notifier, Outcome, read_secret
+from outrider.notify.base import (
+    Notification,
+    Notifier,
+    NotifyConfigError,
+    Outcome,
+    check_url,
+    read_secret,
+    url_secrets,
+)
 
 ICONS = {"critical": ":rotating_light:", "warning": ":warning:", "info": ":information_source:"}
 
@@ -19,7 +27,11 @@ class SlackNotifier(Notifier):
 
     def __post_init__(self) -> None:
         self.url = read_secret(self.spec, "url", self.name)
-        self.secrets.append(self.url)
+        self.secrets += url_secrets(self.url)
+        parts = check_url(self.url, self.name, "the webhook URL")
+        if parts.username is not None or parts.password is not None:
+            raise NotifyConfigError(f"receiver {self.name!r}: the webhook URL carries credentials; a Slack "
+                                    f"webhook URL has none")
 
     @staticmethod
     def _section(n: Notification, detail: bool) -> str:

@@ -6,17 +6,15 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from outrider.notify.base import Notification, Notifier, NotifyConfigError, Outcome, rfc3339
+from outrider.notify.base import Notification, Notifier, Outcome, rfc3339
 
 
 class WebhookNotifier(Notifier):
     type: ClassVar[str] = "webhook"
 
     def __post_init__(self) -> None:
-        self.url = str(self.spec.get("url", ""))
-        if not self.url.startswith(("http://", "https://")):
-            raise NotifyConfigError(f"receiver {self.name!r}: url must be an http(s) URL")
         self.http_options()
+        self.url = self.http_url(str(self.spec.get("url", "")))
 
     def payload(self, n: Notification) -> dict[str, Any]:
         alert = {"status": n.event, "labels": n.labels, "annotations": n.annotations,

@@ -1,0 +1,487 @@
+"""A small HTTP/1.1 server for the agent's endpoint, bounded in threads, connections and time.
+
+One loop thread owns the listening socket and every connection that is waiting for something (a TLS handshake
+message, a request, room to write); a fixed pool of worker threads does the I/O once a socket is ready. Sockets
+are non-blocking, so a worker never waits on a peer: it does what the socket allows (a handshake step, reading
+what has arrived, answering every complete request, writing what fits) and hands the connection back to the loop
+with a deadline. What a hostile or broken peer can hold is therefore one table slot and a buffer, never a thread:
+
+- TLS handshake and the first request head: `header_timeout_s` from accept; a later request's head:
+  `header_timeout_s` from its first byte. A half-sent request or an idle TCP connection is closed at its deadline.
+- Between requests on a kept-alive connection: `idle_timeout_s`.
+- A response the peer does not read: `write_timeout_s`.
+- `max_connections` open at once: a new connection evicts the least recently active waiting one; with none to
+  evict the loop stops accepting, and new connections wait in the listen backlog (`backlog`).
+- Memory: a connection buffers at most one request head (`max_header_bytes`), so the server's worst case is
+  max_connections x max_header_bytes (8 MiB on the defaults) plus the responses being written.
+
+Each response (status line, headers, body) is written with one send, so a kept-alive client never waits on
+Nagle's algorithm against its own delayed ACK (about 40 ms per scrape); TCP_NODELAY is set as well.
+Only GET and HEAD are served; a request with a body is answered and the connection closed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import queue
+import selectors
+import socket
+import ssl
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from email.utils import formatdate
+from http import HTTPStatus
+
+LOG = logging.getLogger("outrider.exporters.http")
+
+
+@dataclass(frozen=True)
+class Limits:
+    workers: int = 4
+    max_connections: int = 256
+    backlog: int = 512  # the kernel caps it at net.core.somaxconn (4096 on current kernels)
+    header_timeout_s: float = 10.0
+    idle_timeout_s: float = 120.0  # longer than a 60 s scrape interval, so Prometheus's connection is kept
+    write_timeout_s: float = 30.0
+    max_header_bytes: int = 32768
+
+
+@dataclass(frozen=True)
+class Request:
+    method: str
+    target: str
+    headers: Mapping[str, str]  # names in lower case; repeated headers joined with ", "
+    client: str
+    version: str = "HTTP/1.1"
+
+    @property
+    def path(self) -> str:
+        return self.target.split("?", 1)[0]
+
+
+@dataclass(frozen=True)
+class Response:
+    status: int
+    body: bytes = b""
+    headers: tuple[tuple[str, str], ...] = ()
+
+
+Handler = Callable[[Request], Response]
+
+
+class _BadRequest(Exception):
+    def __init__(self, status: int) -> None:
+        super().__init__(status)
+        self.status = status
+
+
+class _Conn:
+    """One connection's state. Owned by the loop while parked in the selector, by one worker while in the queue or
+    being served: never by two threads at once."""
+
+    __slots__ = ("client", "close_after_write", "deadline", "handshaking", "inbuf", "last_active", "lingering",
+                 "out", "request_started", "served", "sock", "want")
+
+    def __init__(self, sock: socket.socket, client: str, now: float, header_timeout_s: float) -> None:
+        self.sock = sock
+        self.client = client
+        self.handshaking = isinstance(sock, ssl.SSLSocket)
+        self.inbuf = bytearray()
+        self.out: list[memoryview] = []  # what is left of the response being written
+        self.close_after_write = False
+        self.lingering = False
+        self.request_started = now  # the first request's clock starts at accept (a silent peer is timed too)
+        self.deadline = now + header_timeout_s
+        self.last_active = now  # bytes last read, or the last response written
+        self.served = 0
+        self.want = selectors.EVENT_READ
+
+
+_PARK, _CLOSE = "park", "close"
+FIRST_WRITE = 65536
+LINGER_S = 2.0
+
+
+class HttpServer:
+    """Binds on construction (so a busy port is an error at once); `start()` runs the loop and the workers."""
+
+    def __init__(self, host: str, port: int, handler: Handler, tls: ssl.SSLContext | None = None,
+                 limits: Limits | None = None) -> None:
+        self.handler = handler
+        self.tls = tls
+        self.limits = limits or Limits()
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self._listener = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            self._listener.bind((host, port))
+            self._listener.listen(self.limits.backlog)
+            self._listener.setblocking(False)
+            bound = self._listener.getsockname()
+        except OSError:
+            self._listener.close()
+            raise
+        self._address = (str(bound[0]), int(bound[1]))  # kept: a run's report names it after the server stopped
+        self._selector = selectors.DefaultSelector()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self._work: queue.SimpleQueue[_Conn | None] = queue.SimpleQueue()
+        self._returned: list[tuple[_Conn, str]] = []
+        self._lock = threading.Lock()  # guards _returned and _closed
+        self._closed = False
+        self._live: set[_Conn] = set()  # every open connection (loop thread only)
+        self._parked: dict[_Conn, None] = {}  # waiting in the selector (loop thread only)
+        self._accepting = False
+        self._next_expiry = 0.0
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self.evicted = 0  # connections closed to make room for a new one
+        self.timed_out = 0  # connections closed at a deadline
+
+    @property
+    def address(self) -> tuple[str, int]:
+        return self._address
+
+    def start(self) -> None:
+        self._selector.register(self._wake_r, selectors.EVENT_READ)
+        self._selector.register(self._listener, selectors.EVENT_READ)
+        self._accepting = True
+        self._threads = [threading.Thread(target=self._loop, name="outrider-http", daemon=True)]
+        self._threads += [threading.Thread(target=self._worker, name=f"outrider-http-{i}", daemon=True)
+                          for i in range(self.limits.workers)]
+        for t in self._threads:
+            t.start()
+
+    def stop(self, timeout_s: float = 2.0) -> None:
+        self._stop.set()
+        self._wake()
+        deadline = time.monotonic() + timeout_s
+        for t in self._threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+        self._threads = []
+        if not self._closed:  # never started, or the loop is stuck: close what is left from here
+            self._shut()
+
+    # --- the loop ---------------------------------------------------------------------------------------------------
+
+    def _wake(self) -> None:
+        with contextlib.suppress(OSError):  # already woken (the pipe is full), or closed
+            self._wake_w.send(b"\0")
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                timeout = max(0.0, min(self._next_expiry - time.monotonic(), 1.0))
+                for key, _ in self._selector.select(timeout):
+                    if key.fileobj is self._listener:
+                        self._accept()
+                    elif key.fileobj is self._wake_r:
+                        self._take_returned()
+                    else:
+                        conn: _Conn = key.data
+                        self._selector.unregister(conn.sock)
+                        del self._parked[conn]
+                        self._work.put(conn)
+                now = time.monotonic()
+                if now >= self._next_expiry:
+                    self._expire(now)
+            except Exception:  # the loop must outlive anything one connection does
+                LOG.exception("HTTP server loop")
+                time.sleep(0.01)
+        self._shut()
+
+    def _accept(self) -> None:
+        while self._accepting:
+            if len(self._live) >= self.limits.max_connections and not self._evict():
+                self._selector.unregister(self._listener)  # the backlog holds the rest until a slot frees
+                self._accepting = False
+                return
+            try:
+                sock, addr = self._listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as e:  # EMFILE and friends: keep serving the connections we have
+                LOG.warning("HTTP server cannot accept: %s", e)
+                return
+            try:
+                sock.setblocking(False)
+                if sock.family in (socket.AF_INET, socket.AF_INET6):
+                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                if self.tls is not None:
+                    sock = self.tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
+            except (OSError, ValueError) as e:
+                LOG.debug("HTTP server: dropping a new connection from %s: %s", addr[0], e)
+                sock.close()
+                continue
+            conn = _Conn(sock, str(addr[0]), time.monotonic(), self.limits.header_timeout_s)
+            self._live.add(conn)
+            self._work.put(conn)
+
+    def _evict(self) -> bool:
+        """Close the least recently active waiting connection; False if every connection is being served."""
+        if not self._parked:
+            return False
+        conn = min(self._parked, key=lambda c: c.last_active)
+        self._selector.unregister(conn.sock)
+        del self._parked[conn]
+        self._close(conn)
+        self.evicted += 1
+        return True
+
+    def _take_returned(self) -> None:
+        try:
+            while self._wake_r.recv(4096):
+                pass
+        except (BlockingIOError, InterruptedError):
+            pass
+        with self._lock:
+            returned, self._returned = self._returned, []
+        for conn, action in returned:
+            if action == _CLOSE:
+                self._close(conn)
+                continue
+            self._parked[conn] = None
+            self._selector.register(conn.sock, conn.want, conn)
+            self._next_expiry = min(self._next_expiry, conn.deadline)
+        if not self._accepting and self._parked and not self._stop.is_set():
+            self._resume_accepting()  # there is a connection to evict now, for whoever waits in the backlog
+
+    def _expire(self, now: float) -> None:
+        """Close parked connections past their deadline, and note when the next one falls due."""
+        for conn in [c for c in self._parked if c.deadline <= now]:
+            self._selector.unregister(conn.sock)
+            del self._parked[conn]
+            self._close(conn)
+            self.timed_out += 1
+        self._next_expiry = min((c.deadline for c in self._parked), default=now + 1.0)
+
+    def _close(self, conn: _Conn) -> None:
+        self._live.discard(conn)
+        with contextlib.suppress(OSError):
+            conn.sock.close()
+        if not self._accepting and not self._stop.is_set() and len(self._live) < self.limits.max_connections:
+            self._resume_accepting()
+
+    def _resume_accepting(self) -> None:
+        self._selector.register(self._listener, selectors.EVENT_READ)
+        self._accepting = True
+
+    def _shut(self) -> None:
+        with self._lock:
+            self._closed = True
+            returned, self._returned = self._returned, []
+        for conn in list(self._live) + [c for c, _ in returned]:
+            with contextlib.suppress(OSError):
+                conn.sock.close()
+        self._live.clear()
+        self._parked.clear()
+        for _ in range(self.limits.workers):
+            self._work.put(None)
+        for s in (self._listener, self._wake_r, self._wake_w):
+            s.close()
+        self._selector.close()
+
+    # --- the workers ------------------------------------------------------------------------------------------------
+
+    def _worker(self) -> None:
+        while True:
+            conn = self._work.get()
+            if conn is None:
+                return
+            try:
+                action = self._advance(conn)
+            except Exception as e:  # a broken peer (reset, bad TLS) or a handler bug: that connection only
+                LOG.debug("HTTP connection from %s: %s: %s", conn.client, type(e).__name__, e)
+                action = _CLOSE
+            with self._lock:
+                if self._closed:
+                    conn.sock.close()
+                    continue
+                self._returned.append((conn, action))
+            self._wake()
+
+    def _park(self, conn: _Conn, want: int, deadline: float) -> str:
+        conn.want = want
+        conn.deadline = deadline
+        return _PARK
+
+    def _advance(self, conn: _Conn) -> str:
+        """Do everything the socket allows now; returns whether to park the connection or close it."""
+        if conn.handshaking:
+            assert isinstance(conn.sock, ssl.SSLSocket)
+            try:
+                conn.sock.do_handshake()
+            except ssl.SSLWantReadError:
+                return self._park(conn, selectors.EVENT_READ, conn.deadline)
+            except ssl.SSLWantWriteError:
+                return self._park(conn, selectors.EVENT_WRITE, conn.deadline)
+            conn.handshaking = False
+        if conn.out and not self._flush(conn):
+            return self._park(conn, conn.want, conn.deadline)
+        if conn.lingering or conn.close_after_write:
+            return self._linger(conn)
+        while True:
+            request = self._parse(conn)
+            if request is None:
+                was_empty = not conn.inbuf
+                got, eof, want = self._fill(conn)
+                if got:
+                    conn.last_active = time.monotonic()
+                    if was_empty and conn.served:  # a later request: its own header clock starts at its first byte
+                        conn.request_started = time.monotonic()
+                    continue
+                if eof:
+                    return _CLOSE
+                if conn.inbuf or not conn.served:
+                    return self._park(conn, want, conn.request_started + self.limits.header_timeout_s)
+                return self._park(conn, want, conn.last_active + self.limits.idle_timeout_s)
+            response, keep_alive = self._respond(request)
+            conn.served += 1
+            conn.out = response
+            conn.close_after_write = not keep_alive
+            if not self._flush(conn):
+                return self._park(conn, conn.want, time.monotonic() + self.limits.write_timeout_s)
+            if not keep_alive:
+                return self._linger(conn)
+            conn.last_active = conn.request_started = time.monotonic()
+
+    def _linger(self, conn: _Conn) -> str:
+        """Close after a response: send FIN, then read and drop what the peer still sends until it closes (or
+        LINGER_S passes), since closing with unread input makes the kernel send a reset that can destroy the
+        response before the peer reads it (a 431 answered while the header is still arriving)."""
+        if not conn.lingering:
+            conn.lingering = True
+            conn.inbuf.clear()
+            conn.deadline = time.monotonic() + LINGER_S
+            try:
+                conn.sock.shutdown(socket.SHUT_WR)
+            except OSError:
+                return _CLOSE
+        for _ in range(16):  # at most 16 x 64 KiB per turn; the deadline bounds the rest
+            try:
+                if not conn.sock.recv(65536):
+                    return _CLOSE
+            except (BlockingIOError, InterruptedError, ssl.SSLWantReadError):
+                return self._park(conn, selectors.EVENT_READ, conn.deadline)
+            except (OSError, ssl.SSLError):
+                return _CLOSE
+        return self._park(conn, selectors.EVENT_READ, conn.deadline)
+
+    def _fill(self, conn: _Conn) -> tuple[bool, bool, int]:
+        """Read what has arrived: (got any bytes, peer closed, what to wait for next)."""
+        got = False
+        while len(conn.inbuf) <= self.limits.max_header_bytes:
+            try:  # never more than a request head's worth: a connection's buffer is bounded by max_header_bytes
+                chunk = conn.sock.recv(self.limits.max_header_bytes + 1 - len(conn.inbuf))
+            except (BlockingIOError, InterruptedError, ssl.SSLWantReadError):
+                return got, False, selectors.EVENT_READ
+            except ssl.SSLWantWriteError:
+                return got, False, selectors.EVENT_WRITE
+            except (ssl.SSLZeroReturnError, ssl.SSLEOFError, ConnectionResetError):
+                return got, True, selectors.EVENT_READ
+            if not chunk:
+                return got, True, selectors.EVENT_READ
+            conn.inbuf += chunk
+            got = True
+        return got, False, selectors.EVENT_READ
+
+    def _flush(self, conn: _Conn) -> bool:
+        """Write what the socket takes; True once the whole response is out."""
+        while conn.out:
+            try:
+                sent = conn.sock.send(conn.out[0])
+            except (BlockingIOError, InterruptedError, ssl.SSLWantWriteError):
+                conn.want = selectors.EVENT_WRITE
+                return False
+            except ssl.SSLWantReadError:
+                conn.want = selectors.EVENT_READ
+                return False
+            rest = conn.out[0][sent:]
+            if rest:
+                conn.out[0] = rest
+            else:
+                del conn.out[0]
+        return True
+
+    def _parse(self, conn: _Conn) -> Request | _BadRequest | None:
+        buf = conn.inbuf
+        while buf[:2] == b"\r\n" or buf[:1] == b"\n":  # RFC 9112 2.2: ignore empty lines before a request
+            del buf[:2 if buf[:2] == b"\r\n" else 1]
+        end = buf.find(b"\r\n\r\n")
+        size = end + 4
+        if end < 0:
+            end = buf.find(b"\n\n")
+            size = end + 2
+        if end < 0:
+            return _BadRequest(431) if len(buf) > self.limits.max_header_bytes else None
+        if end > self.limits.max_header_bytes:
+            return _BadRequest(431)
+        head = bytes(buf[:end]).decode("latin-1")
+        del buf[:size]
+        lines = head.replace("\r\n", "\n").split("\n")
+        parts = lines[0].split(" ")
+        if len(parts) != 3 or not parts[2].startswith("HTTP/1.") or not parts[1]:
+            return _BadRequest(400)
+        headers: dict[str, str] = {}
+        for line in lines[1:]:
+            name, sep, value = line.partition(":")
+            if not sep or not name or name != name.strip() or " " in name or "\t" in name:
+                return _BadRequest(400)
+            key = name.lower()
+            value = value.strip(" \t")
+            headers[key] = f"{headers[key]}, {value}" if key in headers else value
+        return Request(parts[0], parts[1], headers, conn.client, parts[2])
+
+    def _respond(self, request: Request | _BadRequest) -> tuple[list[memoryview], bool]:
+        """The response as buffers to write in order, and whether the connection stays open."""
+        if isinstance(request, _BadRequest):
+            return _serialise(Response(request.status, HTTPStatus(request.status).phrase.encode() + b"\n"), False,
+                              head_only=False), False
+        connection = request.headers.get("connection", "").lower()
+        http10 = request.version == "HTTP/1.0"  # closes unless it asks to keep the connection
+        keep_alive = "keep-alive" in connection if http10 else "close" not in connection
+        if request.headers.get("content-length", "0") not in ("", "0") or "transfer-encoding" in request.headers:
+            keep_alive = False  # a body we do not read: answer, then close rather than parse it as a request
+        if request.method not in ("GET", "HEAD"):
+            response = Response(405, b"method not allowed\n", (("Allow", "GET, HEAD"),))
+            keep_alive = False
+        else:
+            try:
+                response = self.handler(request)
+            except Exception:
+                LOG.exception("HTTP handler failed for %s", request.path)
+                response = Response(500, b"internal error\n")
+        if LOG.isEnabledFor(logging.DEBUG):
+            LOG.debug("%s %s %s %d", request.client, request.method, request.path, response.status)
+        return _serialise(response, keep_alive, head_only=request.method == "HEAD", http10=http10), keep_alive
+
+
+def _serialise(response: Response, keep_alive: bool, head_only: bool, http10: bool = False) -> list[memoryview]:
+    """Status line and headers with the start of the body in one buffer, so a response up to FIRST_WRITE bytes is
+    one write; the rest of a larger body stays a view of the handler's bytes (the exposition, shared by every
+    scrape of a sweep), so a client that reads slowly holds no copy of it."""
+    try:
+        phrase = HTTPStatus(response.status).phrase
+    except ValueError:
+        phrase = ""
+    lines = [f"HTTP/1.1 {response.status} {phrase}", "Server: outrider", f"Date: {formatdate(usegmt=True)}"]
+    lines += [f"{k}: {v}" for k, v in response.headers]
+    if not any(k.lower() == "content-type" for k, _ in response.headers):
+        lines.append("Content-Type: text/plain; charset=utf-8")
+    lines.append(f"Content-Length: {len(response.body)}")
+    if not keep_alive:
+        lines.append("Connection: close")
+    elif http10:
+        lines.append("Connection: keep-alive")
+    head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+    if head_only:
+        return [memoryview(head)]
+    body = memoryview(response.body)
+    out = [memoryview(head + body[:FIRST_WRITE])]
+    if len(body) > FIRST_WRITE:
+        out.append(body[FIRST_WRITE:])
+    return out

@@ -1,0 +1,339 @@
+"""The endpoint's server against hostile and slow peers, over real sockets on 127.0.0.1: idle and half-open
+connections (plain and TLS) hold no thread and block nobody, deadlines close them, the connection table and the
+worker pool are bounded, the listen backlog is deep, and a kept-alive response is one TCP segment; with every
+behaviour of /metrics, the alerts API, the probes, basic auth and TLS kept.
+
+The server serves fake `Endpoints` (fixed bodies): what is under test is the HTTP layer, not the sweep."""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import http.client
+import os
+import socket
+import ssl
+import struct
+import subprocess
+import sys
+import threading
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from outrider.exporters.http_server import Limits
+from outrider.exporters.prometheus import Endpoints, MetricsServer, alerts_api_json
+from tests.integration.test_metrics_security import self_signed
+
+pytestmark = pytest.mark.integration
+BODY = b"# HELP up_test A test gauge.\n# TYPE up_test gauge\nup_test 1\n"
+PASSWORD = "s3rver-pw-Zk2"
+CLIENT_TIMEOUT_S = 10.0  # a hang bound: a server that blocks makes the client time out, never a speed test
+
+
+def endpoints(ready: bool = True) -> Endpoints:
+    def exposition(openmetrics: bool, use_gzip: bool) -> bytes:
+        body = BODY + (b"# EOF\n" if openmetrics else b"")
+        return gzip.compress(body) if use_gzip else body
+
+    return Endpoints(exposition, lambda: alerts_api_json([]), lambda: True, lambda: ready)
+
+
+@pytest.fixture
+def server(request: pytest.FixtureRequest) -> Iterator[MetricsServer]:
+    kw = getattr(request, "param", {})
+    s = MetricsServer(endpoints(), "127.0.0.1", 0, **kw)
+    s.start()
+    yield s
+    s.stop()
+
+
+@pytest.fixture
+def tls_files(tmp_path: Path) -> tuple[str, str]:
+    cert, key = self_signed(tmp_path)
+    return str(cert), str(key)
+
+
+def get(server: MetricsServer, path: str = "/metrics", headers: dict[str, str] | None = None,
+        context: ssl.SSLContext | None = None, method: str = "GET") -> tuple[int, dict[str, str], bytes]:
+    host, port = server.address
+    conn: http.client.HTTPConnection = (
+        http.client.HTTPSConnection(host, port, timeout=CLIENT_TIMEOUT_S, context=context) if context
+        else http.client.HTTPConnection(host, port, timeout=CLIENT_TIMEOUT_S))
+    try:
+        conn.request(method, path, headers=headers or {})
+        r = conn.getresponse()
+        return r.status, {k.lower(): v for k, v in r.getheaders()}, r.read()
+    finally:
+        conn.close()
+
+
+def half_sent(server: MetricsServer, n: int, tls: ssl.SSLContext | None = None) -> list[socket.socket]:
+    """n connections that send the start of a request and then nothing."""
+    socks = []
+    for _ in range(n):
+        s = socket.create_connection(server.address, timeout=CLIENT_TIMEOUT_S)
+        if tls is not None:
+            s = tls.wrap_socket(s, server_hostname="127.0.0.1")
+        s.sendall(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nAccept: te")
+        socks.append(s)
+    return socks
+
+
+def server_side_connections(server: MetricsServer) -> int:
+    port = server.address[1]
+    return sum(1 for c in psutil.Process().net_connections(kind="tcp")
+               if c.laddr and c.laddr.port == port and c.status == psutil.CONN_ESTABLISHED)
+
+
+def closed_by_server(sock: socket.socket) -> bool:
+    """True once the server closes; a server that never does makes recv time out (TimeoutError)."""
+    try:
+        return sock.recv(1) == b""
+    except (ssl.SSLEOFError, ConnectionResetError):
+        return True  # closed without a TLS close_notify: a close all the same
+
+
+def client_tls(cert: str) -> ssl.SSLContext:
+    return ssl.create_default_context(cafile=cert)
+
+
+# --- the regressions -------------------------------------------------------------------------------------------------
+
+def test_an_idle_tcp_connection_to_the_tls_port_blocks_nobody(tls_files: tuple[str, str]) -> None:
+    """It used to: the handshake ran in the accept loop without a timeout, so one silent socket stopped the server."""
+    s = MetricsServer(endpoints(), "127.0.0.1", 0, tls=tls_files)
+    s.start()
+    idle = socket.create_connection(s.address)  # no ClientHello, ever
+    try:
+        assert get(s, "/healthz", context=client_tls(tls_files[0]))[0] == 200
+        assert get(s, "/metrics", context=client_tls(tls_files[0]))[2] == BODY
+    finally:
+        idle.close()
+        s.stop()
+
+
+@pytest.mark.parametrize("use_tls", [False, True], ids=["plain", "tls"])
+def test_a_hundred_half_sent_requests_hold_no_thread_and_block_nobody(use_tls: bool,
+                                                                      tls_files: tuple[str, str]) -> None:
+    """It used to hold a thread per connection for as long as the peer liked (100 half-sent requests: 100
+    threads)."""
+    limits = Limits(workers=4)
+    s = MetricsServer(endpoints(), "127.0.0.1", 0, tls=tls_files if use_tls else None, limits=limits)
+    s.start()
+    context = client_tls(tls_files[0]) if use_tls else None
+    before = threading.active_count()
+    socks = half_sent(s, 100, context)
+    try:
+        assert get(s, context=context)[2] == BODY
+        assert threading.active_count() <= before, "the pool and the loop exist already: nothing per connection"
+        assert threading.active_count() <= 1 + limits.workers + 8  # this test's own threads, with margin
+    finally:
+        for sock in socks:
+            sock.close()
+        s.stop()
+
+
+@pytest.mark.parametrize("use_tls", [False, True], ids=["plain", "tls"])
+def test_a_half_sent_request_and_a_silent_connection_are_closed_at_the_header_deadline(
+        use_tls: bool, tls_files: tuple[str, str]) -> None:
+    s = MetricsServer(endpoints(), "127.0.0.1", 0, tls=tls_files if use_tls else None,
+                      limits=Limits(header_timeout_s=0.3))
+    s.start()
+    context = client_tls(tls_files[0]) if use_tls else None
+    silent = socket.create_connection(s.address, timeout=CLIENT_TIMEOUT_S)  # not even a TLS handshake
+    half = half_sent(s, 1, context)[0]
+    try:
+        assert closed_by_server(silent), "closed by the server, not left to the client's timeout"
+        assert closed_by_server(half)
+        assert get(s, context=context)[0] == 200
+    finally:
+        silent.close()
+        half.close()
+        s.stop()
+
+
+def test_an_idle_kept_alive_connection_is_closed_after_the_idle_timeout() -> None:
+    s = MetricsServer(endpoints(), "127.0.0.1", 0, limits=Limits(idle_timeout_s=0.3))
+    s.start()
+    conn = http.client.HTTPConnection(*s.address, timeout=CLIENT_TIMEOUT_S)
+    try:
+        conn.request("GET", "/metrics")
+        r = conn.getresponse()
+        assert r.read() == BODY and r.getheader("Connection") is None  # kept alive...
+        assert conn.sock is not None and closed_by_server(conn.sock)  # ...until it idles past the timeout
+    finally:
+        conn.close()
+        s.stop()
+
+
+def test_connections_beyond_the_table_never_hold_more_sockets_and_a_scrape_still_gets_through() -> None:
+    limits = Limits(workers=2, max_connections=8)
+    s = MetricsServer(endpoints(), "127.0.0.1", 0, limits=limits)
+    s.start()
+    socks = half_sent(s, 50)
+    try:
+        assert get(s)[2] == BODY  # the oldest waiting connections are closed to make room
+        assert server_side_connections(s) <= limits.max_connections
+    finally:
+        for sock in socks:
+            sock.close()
+        s.stop()
+
+
+def test_the_listen_backlog_is_at_least_128(server: MetricsServer) -> None:
+    """It was 5: 50 concurrent scrapes overflowed it and waited for SYN retransmits (p99 1.3 s)."""
+    port = server.address[1]
+    listening = [c for c in psutil.Process().net_connections(kind="tcp")
+                 if c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN]
+    assert len(listening) == 1
+    with socket.fromfd(listening[0].fd, socket.AF_INET, socket.SOCK_STREAM) as sock:
+        info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 104)
+    max_backlog = struct.unpack_from("I", info, 28)[0]  # tcp_info.tcpi_sacked: sk_max_ack_backlog when listening
+    assert max_backlog >= 128
+
+
+def test_a_kept_alive_response_arrives_in_one_tcp_segment(server: MetricsServer) -> None:
+    """Headers and body written separately made a kept-alive scrape wait on Nagle against the client's delayed ACK
+    (about 40 ms, against 0.6 ms on a new connection): each response must be one write, hence one segment here
+    (loopback's MSS is far above the response's size)."""
+    sock = socket.create_connection(server.address, timeout=CLIENT_TIMEOUT_S)
+
+    def data_segments_in() -> int:  # tcp_info.tcpi_data_segs_in (Linux 4.6+)
+        return int(struct.unpack_from("I", sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 160), 152)[0])
+
+    try:
+        reader = sock.makefile("rb")
+        counts = []
+        for _ in range(5):
+            before = data_segments_in()
+            sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            head = []
+            while (line := reader.readline()) not in (b"\r\n", b""):
+                head.append(line.decode("latin-1").strip())
+            assert head[0] == "HTTP/1.1 200 OK" and "Connection: close" not in head
+            length = next(int(h.split(":")[1]) for h in head if h.lower().startswith("content-length:"))
+            assert reader.read(length) == BODY
+            counts.append(data_segments_in() - before)
+        assert counts == [1] * 5
+    finally:
+        sock.close()
+
+
+@pytest.mark.parametrize(("raw", "status"), ids=["garbage", "http-0.9", "http-2.0", "no-colon", "folded", "40k-header",
+                                                  "40k-unfinished", "post-body", "latin-1-header"], argvalues=[
+    (b"garbage\r\n\r\n", 400),
+    (b"GET /metrics\r\n\r\n", 400),  # HTTP/0.9
+    (b"GET /metrics HTTP/2.0\r\n\r\n", 400),
+    (b"GET /metrics HTTP/1.1\r\nno colon here\r\n\r\n", 400),
+    (b"GET /metrics HTTP/1.1\r\n folded: header\r\n\r\n", 400),
+    (b"GET /metrics HTTP/1.1\r\nX: " + b"a" * 40_000 + b"\r\n\r\n", 431),
+    (b"GET /metrics HTTP/1.1\r\nX: " + b"a" * 40_000, 431),  # too long before it even ends
+    (b"POST /metrics HTTP/1.1\r\nContent-Length: 3\r\n\r\nabc", 405),
+    (b"GET /metrics HTTP/1.1\r\nHost: \xff\xfe\r\n\r\n", 200),  # header bytes are latin-1, never a crash
+])
+def test_a_malformed_request_is_answered_and_closed_and_the_server_serves_on(server: MetricsServer, raw: bytes,
+                                                                              status: int) -> None:
+    sock = socket.create_connection(server.address, timeout=CLIENT_TIMEOUT_S)
+    try:
+        sock.sendall(raw)
+        reader = sock.makefile("rb")
+        assert reader.readline().split(b" ", 2)[1] == str(status).encode()
+        if status != 200:
+            assert reader.read().endswith(b"\n") and closed_by_server(sock)
+    finally:
+        sock.close()
+    assert get(server)[2] == BODY
+
+
+# --- what the server kept --------------------------------------------------------------------------------------------
+
+def test_metrics_formats_gzip_head_probes_and_alerts() -> None:
+    s = MetricsServer(endpoints(ready=False), "127.0.0.1", 0)
+    s.start()
+    try:
+        status, headers, body = get(s)
+        assert (status, body) == (200, BODY) and headers["content-type"].startswith("text/plain; version=0.0.4")
+        status, headers, body = get(s, headers={"Accept": "application/openmetrics-text; version=1.0.0"})
+        assert headers["content-type"].startswith("application/openmetrics-text") and body.endswith(b"# EOF\n")
+        status, headers, body = get(s, headers={"Accept-Encoding": "gzip"})
+        assert headers["content-encoding"] == "gzip" and gzip.decompress(body) == BODY
+        status, headers, body = get(s, method="HEAD")
+        assert status == 200 and body == b"" and headers["content-length"] == str(len(BODY))
+        assert get(s, "/healthz")[0] == 200 and get(s, "/readyz")[0] == 503
+        status, headers, body = get(s, "/api/v1/alerts")
+        assert status == 200 and body == b'{"status": "success", "data": {"alerts": []}}'
+        assert get(s, "/nope")[0] == 404 and get(s, "/metrics", method="POST")[0] == 405
+        assert s.scrapes == 4  # the server counts its own /metrics answers (GET and HEAD)
+    finally:
+        s.stop()
+
+
+@pytest.mark.parametrize("use_tls", [False, True], ids=["plain", "tls"])
+def test_a_large_exposition_arrives_whole_on_a_kept_alive_connection(use_tls: bool,
+                                                                     tls_files: tuple[str, str]) -> None:
+    big = b"".join(b'big_series{n="%d"} %d\n' % (i, i) for i in range(120_000))  # ~3 MB: many writes
+    s = MetricsServer(Endpoints(lambda om, gz: big, lambda: b"{}", lambda: True, lambda: True), "127.0.0.1", 0,
+                      tls=tls_files if use_tls else None)
+    s.start()
+    host, port = s.address
+    conn = (http.client.HTTPSConnection(host, port, timeout=CLIENT_TIMEOUT_S, context=client_tls(tls_files[0]))
+            if use_tls else http.client.HTTPConnection(host, port, timeout=CLIENT_TIMEOUT_S))
+    try:
+        for _ in range(3):
+            conn.request("GET", "/metrics")
+            assert conn.getresponse().read() == big
+    finally:
+        conn.close()
+        s.stop()
+
+
+def test_basic_auth_guards_metrics_and_alerts_only_and_tls_below_1_2_is_refused(tls_files: tuple[str, str]) -> None:
+    s = MetricsServer(endpoints(), "127.0.0.1", 0, tls=tls_files, basic_auth=("prometheus", PASSWORD))
+    s.start()
+    ctx = client_tls(tls_files[0])
+    good = {"Authorization": "Basic " + base64.b64encode(f"prometheus:{PASSWORD}".encode()).decode()}
+    bad = {"Authorization": "Basic " + base64.b64encode(b"prometheus:nope").decode()}
+    try:
+        assert s.url.startswith("https://")
+        assert get(s, context=ctx)[0] == 401 and get(s, context=ctx, headers=bad)[0] == 401
+        assert get(s, "/api/v1/alerts", context=ctx)[0] == 401
+        assert get(s, context=ctx, headers=good)[2] == BODY
+        assert get(s, "/healthz", context=ctx)[0] == 200 and get(s, "/readyz", context=ctx)[0] == 200
+        old = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        old.check_hostname, old.verify_mode = False, ssl.CERT_NONE
+        old.set_ciphers("DEFAULT:@SECLEVEL=0")  # let this client offer TLS 1.1 where OpenSSL still can
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            old.minimum_version, old.maximum_version = ssl.TLSVersion.TLSv1, ssl.TLSVersion.TLSv1_1
+        with pytest.raises((ssl.SSLError, ConnectionError)):
+            get(s, context=old)
+    finally:
+        s.stop()
+
+
+def test_ipv6_and_port_zero() -> None:
+    try:
+        s = MetricsServer(endpoints(), "::1", 0)
+    except OSError as e:
+        pytest.skip(f"no IPv6 loopback here: {e}")
+    s.start()
+    try:
+        assert s.address[1] > 0 and s.url == f"http://[::1]:{s.address[1]}"
+        conn = http.client.HTTPConnection("::1", s.address[1], timeout=CLIENT_TIMEOUT_S)
+        conn.request("GET", "/metrics")
+        assert conn.getresponse().read() == BODY
+        conn.close()
+    finally:
+        s.stop()
+
+
+def test_the_exporter_imports_neither_the_sampler_nor_the_rule_engine() -> None:
+    code = ("import sys, outrider.exporters.prometheus; "
+            "print(sorted(m for m in sys.modules if m in ('outrider.sampler', 'outrider.rules.engine')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**os.environ}).stdout.strip()
+    assert out == "[]"
