@@ -490,6 +490,15 @@ class Prometheus:
     def by(self, promql: str, label: str) -> dict[str, float]:
         return {r["metric"].get(label, ""): float(r["value"][1]) for r in self.query(promql)}
 
+    def query_stats(self, promql: str) -> dict[str, Any]:
+        """Prometheus's own account of one evaluation: samples read (totalQueryableSamples) and time taken."""
+        status, body, _ = http_get(self.url + "/api/v1/query?" + urllib.parse.urlencode(
+            {"query": promql, "stats": "all"}), timeout_s=60)
+        data = json.loads(body)
+        if status != 200 or data.get("status") != "success":
+            raise RuntimeError(f"{promql}: {data}")
+        return dict(data["data"]["stats"])
+
     def rules(self) -> list[dict[str, Any]]:
         status, body, _ = http_get(self.url + "/api/v1/rules", timeout_s=30)
         return list(json.loads(body)["data"]["groups"]) if status == 200 else []
@@ -536,6 +545,21 @@ class Watch:
             time.sleep(min(self.prom.interval_s / 3, max(0.0, end - time.monotonic())))
 
 
+def rule_samples(prom: Prometheus) -> dict[str, dict[str, float]]:
+    """{rule: samples it reads per evaluation, and the time of one evaluation as a query}: why a rule costs what it
+    costs (a range window reads every sample of every series it selects)."""
+    import yaml
+
+    out = {}
+    for group in yaml.safe_load(RULES.read_text())["groups"]:
+        for rule in group["rules"]:
+            stats = prom.query_stats(rule["expr"])
+            out[rule.get("alert") or rule["record"]] = {
+                "group": group["name"], "samples": float(stats["samples"]["totalQueryableSamples"]),
+                "query_s": float(stats["timings"]["evalTotalTime"])}
+    return out
+
+
 def drift_scenarios(nodes: list[Node], gpus: int, rng: random.Random) -> None:
     for n in nodes:
         write_scenario(n, gpus, rng)
@@ -550,7 +574,7 @@ def main() -> int:
     ap.add_argument("--stagger-s", type=float, default=1.5, help="seconds between two nodes' starts")
     ap.add_argument("--warmup-min", type=float, default=5.0, help="after the last node is up, before measuring")
     ap.add_argument("--phase-min", type=float, default=3.0, help="length of each rules-on and rules-off phase")
-    ap.add_argument("--cycles", type=int, default=2, help="(rules on, rules off) phase pairs")
+    ap.add_argument("--cycles", type=int, default=2, help="(rules off, rules on) phase pairs")
     ap.add_argument("--step-s", type=float, default=0.5, help="training step time of the workload")
     ap.add_argument("--request-s", type=float, default=0.1, help="seconds between inference requests")
     ap.add_argument("--flush-interval", type=float, default=5.0, help="the hook's shard updates, seconds")
@@ -643,7 +667,7 @@ def run(args: argparse.Namespace, prometheus: str, work: Path, procs: Processes,
         fleet_pids = [pid for n in nodes for pid in n.pids()]
         fleet_cpu0, busy0, wall0 = sum(cpu_seconds(p) for p in fleet_pids), machine_busy_seconds(), time.monotonic()
         for _ in range(args.cycles):
-            for rules in (True, False):
+            for rules in (False, True):  # ends with the rules loaded: the figures below see them fresh
                 prom.reload(rules)
                 log(f"phase {len(phases) + 1}: rules {'loaded' if rules else 'unloaded'}, {args.phase_min} min")
                 appended0 = prom.scalar("prometheus_tsdb_head_samples_appended_total")
@@ -655,7 +679,7 @@ def run(args: argparse.Namespace, prometheus: str, work: Path, procs: Processes,
                                "samples_appended": appended1 - appended0,
                                "rss_mib": status_kib(prom.proc.pid, "VmRSS") / 1024})
         fleet_cpu1, busy1, wall1 = sum(cpu_seconds(p) for p in fleet_pids), machine_busy_seconds(), time.monotonic()
-        prom.reload(True)
+        rule_reads = rule_samples(prom)
 
         # the series and the bytes, at the end, rules loaded
         scraped = prom.by('scrape_samples_scraped{job="outrider"}', "instance")
@@ -663,7 +687,7 @@ def run(args: argparse.Namespace, prometheus: str, work: Path, procs: Processes,
         duration = prom.by('scrape_duration_seconds{job="outrider"}', "instance")
         in_head = prom.by('count by (instance) ({job="outrider"})', "instance")
         head_series = prom.scalar("prometheus_tsdb_head_series")
-        recorded = prom.scalar('count({__name__=~"outrider:.+"})')
+        recorded = prom.scalar('count({__name__=~"outrider:.+"})')  # the rules-on phase has just run
         alerts = prom.scalar("count(ALERTS)")
         self_series = prom.scalar('count({job="prometheus"})')
         heap = prom.scalar('go_memstats_heap_inuse_bytes{job="prometheus"}')
@@ -738,8 +762,15 @@ def run(args: argparse.Namespace, prometheus: str, work: Path, procs: Processes,
             "rule_eval_quantiles_s": quantiles, "phases": phases,
         },
         "groups": groups,
-        "top_rules": [{"group": g, "rule": r, "median_s": s} for s, g, r in rule_costs[:8]],
+        "top_rules": [{"group": g, "rule": r, "median_s": s,
+                       "samples_read_per_node": rule_reads.get(r, {}).get("samples", float("nan")) / len(nodes)}
+                      for s, g, r in rule_costs[:10]],
+        "rule_samples_read": rule_reads,
     }
+    # the groups' wall time against the CPU the rules took (the difference between the phases): above 1 where
+    # the machine's load stretched the evaluations
+    wall_per_s = sum(v["median_s"] / v["interval_s"] for v in groups.values())
+    figures["prometheus"]["rule_wall_over_cpu"] = wall_per_s / max(cpu_on - cpu_off, 1e-9)
     figures["sizing"] = sizing(figures)
     return figures
 
@@ -800,7 +831,7 @@ def report(f: dict[str, Any], args: argparse.Namespace) -> None:
     par, m, node, p, s = f["parameters"], f["machine"], f["per_node"], f["prometheus"], f["sizing"]
     print(f"\n{par['nodes']} simulated nodes x {par['gpus_per_node']} fake GPUs, {par['ranks_per_node']} training "
           f"ranks + 1 inference server each; scrape = sweep = evaluation interval {par['interval_s']} s; "
-          f"{par['warmup_min']} min warm-up, then {par['cycles']} x (rules on, rules off) phases of "
+          f"{par['warmup_min']} min warm-up, then {par['cycles']} x (rules off, rules on) phases of "
           f"{par['phase_min']} min; {par['prometheus']}; rule file {par['rules_file_sha']}")
     if par["backfill"]:
         b = par["backfill"]
@@ -859,8 +890,13 @@ def report(f: dict[str, Any], args: argparse.Namespace) -> None:
     for g, v in sorted(f["groups"].items()):
         print(f"  {g:<24}{v['interval_s']:>8.0f}s{v['evaluations']:>7}{1000 * v['median_s']:>8.1f}ms"
               f"{1000 * v['p90_s']:>8.1f}ms{1000 * v['max_s']:>8.1f}ms{v['missed_iterations']:>8.0f}")
-    print("  costliest rules (median evaluation): " + "; ".join(
-        f"{r['rule']} ({r['group']}) {1000 * r['median_s']:.2f} ms" for r in f["top_rules"][:6]))
+    print(f"  the groups' median wall time is {p['rule_wall_over_cpu']:.2f}x the CPU the rules took (rules on - off)")
+    total_reads = sum(r["samples"] for r in f["rule_samples_read"].values())
+    print(f"  samples read by one evaluation of every rule: {total_reads / par['nodes']:,.0f} per node")
+    print(f"  costliest rules: {'rule':<42}{'group':<22}{'median':>9}{'samples read per node':>23}")
+    for r in f["top_rules"]:
+        print(f"  {'':<17}{r['rule']:<42}{r['group']:<22}{1000 * r['median_s']:>7.2f}ms"
+              f"{r['samples_read_per_node']:>23,.0f}")
     if p["firing"]:
         print(f"  firing at the end: {', '.join(p['firing'])}")
 
