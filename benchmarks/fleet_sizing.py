@@ -545,6 +545,29 @@ class Watch:
             time.sleep(min(self.prom.interval_s / 3, max(0.0, end - time.monotonic())))
 
 
+SOURCES = (  # metric name prefix -> what publishes it (the collectors; the hook's through the spool)
+    ("outrider_gpu_", "gpu collector"), ("outrider_host_", "host collector"),
+    ("outrider_process_", "process collector"), ("outrider_train_", "hook: training"),
+    ("outrider_samples_", "hook: training"), ("outrider_tokens_", "hook: training"),
+    ("outrider_torch_", "hook: training"), ("outrider_request", "hook: inference"),
+    ("outrider_inference_", "hook: inference"), ("outrider_hook_", "hook: processes"),
+    ("outrider_bottleneck", "diagnosis"), ("outrider_diagnosis_", "diagnosis"),
+)
+
+
+def samples_by_source(body: str) -> dict[str, dict[str, int]]:
+    """{source: {"samples": n, "buckets": histogram bucket samples among them}} of one node's exposition."""
+    out: dict[str, dict[str, int]] = defaultdict(lambda: {"samples": 0, "buckets": 0})
+    for line in body.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        source = next((s for prefix, s in SOURCES if name.startswith(prefix)), "agent itself (self, alerts, info)")
+        out[source]["samples"] += 1
+        out[source]["buckets"] += name.endswith("_bucket")
+    return dict(out)
+
+
 def rule_samples(prom: Prometheus) -> dict[str, dict[str, float]]:
     """{rule: samples it reads per evaluation, and the time of one evaluation as a query}: why a rule costs what it
     costs (a range window reads every sample of every series it selects)."""
@@ -747,6 +770,7 @@ def run(args: argparse.Namespace, prometheus: str, work: Path, procs: Processes,
             "fetched_bytes_uncompressed_median": statistics.median(f[1] for f in fetched),
             "scrape_duration_s_median": statistics.median(duration.values()),
             "scrape_duration_s_max": max(duration.values()),
+            "samples_by_source": samples_by_source(fetched[0][2]),
             "recorded_series": recorded / n_nodes,
         },
         "prometheus": {
@@ -885,6 +909,9 @@ def report(f: dict[str, Any], args: argparse.Namespace) -> None:
     print("\nmeasured")
     for k, v in rows:
         print(f"  {k:<{width}}  {v}")
+    print("  one node's samples by source: " + "; ".join(
+        f"{src} {v['samples']} ({v['buckets']} histogram buckets)"
+        for src, v in sorted(node["samples_by_source"].items(), key=lambda kv: -kv[1]["samples"])))
     print("\nrule groups (prometheus_rule_group_last_duration_seconds, every evaluation of the rules-on phases)")
     print(f"  {'group':<24}{'interval':>9}{'evals':>7}{'median':>10}{'p90':>10}{'max':>10}{'missed':>8}")
     for g, v in sorted(f["groups"].items()):
