@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from functools import cached_property
 from typing import Literal
 
 MetricType = Literal["counter", "gauge", "histogram"]
@@ -43,18 +44,20 @@ class MetricDef:
     semconv: bool = False  # True where otel_name is an OpenTelemetry semantic-convention name
     enrichment: tuple[Label, ...] = ()  # appended after `labels` by a collector whose enrichment is configured
 
-    @property
+    # Derived once per definition (cached_property writes the instance's __dict__, which a frozen dataclass allows):
+    # rendering asks for them for every family of every scrape.
+    @cached_property
     def label_names(self) -> tuple[str, ...]:
         return tuple(label.prom for label in self.labels)
 
-    @property
+    @cached_property
     def family_name(self) -> str:
         """The OpenMetrics family name: a counter's name without its ``_total`` suffix."""
         if self.type == "counter" and self.name.endswith("_total"):
             return self.name[: -len("_total")]
         return self.name
 
-    @property
+    @cached_property
     def prom_unit(self) -> str:
         """The OpenMetrics ``# UNIT``, only where the family name ends with it (as the spec requires)."""
         for unit in ("seconds", "bytes", "ratio", "joules", "celsius", "watts", "hertz"):
