@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from outrider.collectors import procfs
 from outrider.collectors.base import Collector, CollectorContext
+from outrider.collectors.process_identity import ProcessIdentities
 from outrider.metrics.family import Family
 
 OTHER = "other"
@@ -47,6 +48,7 @@ class ProcessCollector(Collector):
         self._tree = [0.0, 0.0, 0, 0, 0, 0]
         self.last_rss_total = 0  # for the end-of-run summary's peak
         self.peak_rss_total = 0
+        self._identities = ProcessIdentities(self._root)
 
     def _pids(self) -> list[int]:
         roots = self.ctx.roots
@@ -167,6 +169,7 @@ class ProcessCollector(Collector):
             Family("outrider_watched_memory_rss_bytes").add(total_rss),
             Family("outrider_watched_io_bytes_total").add(t[2], "read").add(t[3], "write"),
             Family("outrider_watched_threads").add(sum(r.stat.threads for r in readings.values())),
+            *self._identities.families(self._slots, {k: readings[k].stat.name for k in self._slots}),
         ]
 
     @property
