@@ -72,6 +72,8 @@ GPU = (Label("gpu", "outrider.gpu.index"), Label("uuid", "hw.id"), Label("model"
 MIG_DEVICE = (*GPU, Label("mig_uuid", "outrider.gpu.mig.uuid"), Label("gpu_instance", "outrider.gpu.mig.instance"))
 ROUTE = Label("route", "http.route")
 STATUS_CLASS = Label("status_class", "outrider.http.status_class")
+# Groups the ranks of one training job across pods and nodes (OUTRIDER_TRAINING_JOB, else TORCHELASTIC_RUN_ID).
+TRAINING_JOB = Label("training_job", "outrider.training_job")
 
 _DEFS: tuple[MetricDef, ...] = (
     # --- host -----------------------------------------------------------------------------------------------
@@ -155,6 +157,23 @@ _DEFS: tuple[MetricDef, ...] = (
               (MOUNTPOINT, DEVICE, FSTYPE), "host"),
     MetricDef("outrider_host_filesystem_readonly", "outrider.host.filesystem.readonly", "1", "gauge",
               "1 where the filesystem is mounted read-only.", (MOUNTPOINT, DEVICE, FSTYPE), "host"),
+    MetricDef("outrider_host_filesystem_files", "outrider.host.filesystem.files", "{inode}", "gauge",
+              "Inodes of the filesystem (statvfs f_files; 0 where the filesystem has no fixed inode table).",
+              (MOUNTPOINT, DEVICE, FSTYPE), "host"),
+    MetricDef("outrider_host_filesystem_files_free", "outrider.host.filesystem.files.free", "{inode}", "gauge",
+              "Free inodes of the filesystem (statvfs f_ffree): at 0 no file can be created, whatever the space.",
+              (MOUNTPOINT, DEVICE, FSTYPE), "host"),
+    MetricDef("outrider_cgroup_memory_limit_bytes", "outrider.cgroup.memory.limit", "By", "gauge",
+              "Memory limit of the cgroup the agent runs in (its container: memory.max, or memory.limit_in_bytes "
+              "on cgroup v1); absent where no limit is set. The kernel OOM-kills in the cgroup at this limit, "
+              "whatever the host's memory.", (), "host"),
+    MetricDef("outrider_cgroup_memory_usage_bytes", "outrider.cgroup.memory.usage", "By", "gauge",
+              "Memory charged to the agent's cgroup, page cache included (memory.current).", (), "host"),
+    MetricDef("outrider_cgroup_memory_working_set_bytes", "outrider.cgroup.memory.working_set", "By", "gauge",
+              "Memory of the agent's cgroup the kernel cannot simply drop: usage minus inactive page cache (the "
+              "number the kubelet evicts on and the one to compare with the limit).", (), "host"),
+    MetricDef("outrider_cgroup_memory_oom_kills_total", "outrider.cgroup.memory.oom_kills", "{kill}", "counter",
+              "Processes the kernel OOM-killed in the agent's cgroup (memory.events oom_kill).", (), "host"),
     # --- process (the watched tree) -------------------------------------------------------------------------
     MetricDef("outrider_process_cpu_seconds_total", "process.cpu.time", "s", "counter",
               "CPU time of each watched process (top N; pid=\"other\" accumulates the rest while they are not "
@@ -238,6 +257,9 @@ _DEFS: tuple[MetricDef, ...] = (
               "PCIe replays (link retransmissions): a rising rate means a bad link.", GPU, "gpu"),
     MetricDef("outrider_gpu_nvlink_bytes_total", "outrider.gpu.nvlink.io", "By", "counter",
               "NVLink data bytes over all links.", (*GPU, Label("direction", "network.io.direction")), "gpu"),
+    MetricDef("outrider_gpu_nvlink_errors_total", "outrider.gpu.nvlink.errors", "{error}", "counter",
+              "NVLink errors over all links, by type: crc_flit, crc_data, replay, recovery.",
+              (*GPU, Label("type", "error.type")), "gpu"),
     MetricDef("outrider_gpu_ecc_errors_total", "outrider.gpu.ecc.errors", "{error}", "counter",
               "ECC memory errors: corrected or uncorrected, volatile (since the driver loaded) or aggregate "
               "(lifetime).", (*GPU, Label("type", "error.type"), Label("counter", "outrider.gpu.ecc.counter")),
@@ -293,6 +315,18 @@ _DEFS: tuple[MetricDef, ...] = (
               "Seconds from process start to the end of the first training step.", (RANK,), "hook"),
     MetricDef("outrider_train_last_step_timestamp_seconds", "outrider.train.last_step.time", "s", "gauge",
               "Unix time the last training step completed (of the live processes of the rank).", (RANK,), "hook"),
+    MetricDef("outrider_train_start_timestamp_seconds", "outrider.train.start.time", "s", "gauge",
+              "Unix time the rank's oldest live process was instrumented (absent once no process of the rank "
+              "lives).", (RANK, TRAINING_JOB), "hook"),
+    MetricDef("outrider_train_first_step_pending", "outrider.train.first_step.pending", "1", "gauge",
+              "1 while a training process of the rank has not completed its first step.", (RANK, TRAINING_JOB),
+              "hook"),
+    MetricDef("outrider_train_phase_active", "outrider.train.phase.active", "1", "gauge",
+              "1 while the rank is inside a declared long phase (outrider.phase(\"checkpoint\"), \"evaluation\", "
+              "...): time that is not a stall.", (RANK, TRAINING_JOB, Label("phase", "outrider.train.phase")), "hook"),
+    MetricDef("outrider_train_phase_seconds_total", "outrider.train.phase.time", "s", "counter",
+              "Time spent inside each declared phase.", (RANK, TRAINING_JOB, Label("phase", "outrider.train.phase")),
+              "hook"),
     MetricDef("outrider_latency_seconds", "outrider.latency", "s", "histogram",
               "Latency recorded with outrider.latency(), record_latency() or @outrider.timed, by name.",
               (Label("name", "outrider.latency.name"), RANK), "hook"),
