@@ -49,7 +49,7 @@ ONSETS = {
     # meta.test.yaml
     "OutriderAgentDown": 6, "WatchedTargetAbsent": 6, "OutriderCollectorFailing": 0, "Watchdog": 0,
     "OutriderTargetMissing": 21, "OutriderNotificationsDropped": 15, "OutriderNotificationsDelayed": 10,
-    "OutriderRuleEvaluationFailures": 15, "OutriderHookDrops": 15,
+    "OutriderRuleEvaluationFailures": 15, "OutriderHookDrops": 15, "AlertmanagerNotificationsFailing": 11,
 }
 
 
