@@ -125,8 +125,10 @@ def frame(new: dict[Sample, float], old: dict[Sample, float], dt: float, url: st
         lines.append(f" verdict    {verdict[0]}")
         lines.append(f"            {RECOMMENDATIONS.get(verdict[0], '')[:110]}")
     stalled = [r or "-" for r, v in by_label(new, "outrider_hook_stalled", "rank").items() if v]
+    # severity "none" is the Watchdog, a heartbeat for a dead man's switch that always fires: not news
     firing = sorted({dict(labels).get("alertname", "") for (n, labels), v in new.items()
-                     if n == "outrider_alerts" and v and dict(labels).get("alertstate") == "firing"})
+                     if n == "outrider_alerts" and v and dict(labels).get("alertstate") == "firing"
+                     and dict(labels).get("severity") != "none"})
     lines.append(f" alerts     {', '.join(firing) if firing else 'none firing'}"
                  + (f"   STALLED ranks: {', '.join(stalled)}" if stalled else ""))
     return "\n".join(lines) + "\n"

@@ -206,6 +206,23 @@ _DEFS: tuple[MetricDef, ...] = (
               (MOUNTPOINT, DEVICE, FSTYPE), "host"),
     MetricDef("outrider_host_filesystem_readonly", "outrider.host.filesystem.readonly", "1", "gauge",
               "1 where the filesystem is mounted read-only.", (MOUNTPOINT, DEVICE, FSTYPE), "host"),
+    MetricDef("outrider_host_filesystem_files", "outrider.host.filesystem.files", "{inode}", "gauge",
+              "Inodes of the filesystem (statvfs f_files; 0 where the filesystem has no fixed inode table).",
+              (MOUNTPOINT, DEVICE, FSTYPE), "host"),
+    MetricDef("outrider_host_filesystem_files_free", "outrider.host.filesystem.files.free", "{inode}", "gauge",
+              "Free inodes of the filesystem (statvfs f_ffree): at 0 no file can be created, whatever the space.",
+              (MOUNTPOINT, DEVICE, FSTYPE), "host"),
+    MetricDef("outrider_cgroup_memory_limit_bytes", "outrider.cgroup.memory.limit", "By", "gauge",
+              "Memory limit of the cgroup the agent runs in (its container: memory.max, or memory.limit_in_bytes "
+              "on cgroup v1); absent where no limit is set. The kernel OOM-kills in the cgroup at this limit, "
+              "whatever the host's memory.", (), "host"),
+    MetricDef("outrider_cgroup_memory_usage_bytes", "outrider.cgroup.memory.usage", "By", "gauge",
+              "Memory charged to the agent's cgroup, page cache included (memory.current).", (), "host"),
+    MetricDef("outrider_cgroup_memory_working_set_bytes", "outrider.cgroup.memory.working_set", "By", "gauge",
+              "Memory of the agent's cgroup the kernel cannot simply drop: usage minus inactive page cache (the "
+              "number the kubelet evicts on and the one to compare with the limit).", (), "host"),
+    MetricDef("outrider_cgroup_memory_oom_kills_total", "outrider.cgroup.memory.oom_kills", "{kill}", "counter",
+              "Processes the kernel OOM-killed in the agent's cgroup (memory.events oom_kill).", (), "host"),
     # --- process (the watched tree) -------------------------------------------------------------------------
     MetricDef("outrider_process_cpu_seconds_total", "process.cpu.time", "s", "counter",
               "CPU time of each watched process (top N; pid=\"other\" accumulates the rest while they are not "
