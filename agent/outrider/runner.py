@@ -87,7 +87,8 @@ class RunSummary:
             lines.append(f"  record     {self.run_id}: outrider report {self.run_id}")
         lines += ["", "what the agent measured:"]
         lines += [f"  {topic:<10} {text}" for topic, text in self.measured.rows()]
-        lines += _wrapped("alerts", [a.text(self.started) for a in self.alerts] or ["none fired"], "; ")
+        for i, alert in enumerate([a.text(self.started) for a in self.alerts] or ["none fired"]):
+            lines += _wrapped("" if i else "alerts", [alert], "")
         v = self.verdict
         lines += ["", f"verdict: {v.headline()}"]
         if v.cls:
@@ -208,7 +209,7 @@ def run(cmd: Sequence[str], config: Config, on_exit: Callable[[list[Family]], No
         written_bytes=max((after.ru_oublock - before.ru_oublock) * 512, tree.io.get("write", 0)),
         max_processes=max(tree.max_processes, 1), signals_forwarded=forwarded,
         metrics_url=agent.server.url + "/metrics", started=started_unix, measured=measure(final),
-        alerts=sorted(recorder.alerts.values(), key=lambda a: a.fired), verdict=recorder.verdict(),
+        alerts=sorted(recorder.alerts, key=lambda a: a.fired), verdict=recorder.verdict(),
         timeline=recorder.timeline(),
     )
     if store is not None:

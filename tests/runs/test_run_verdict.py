@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from outrider.rules.notification import Notification
+from outrider.runs.recorder import RunRecorder
 from outrider.runs.report import dominant_verdict
 from outrider.runs.store import RunStore
 from outrider.runs.verdict import VerdictTally, from_timeline, timeline_text
@@ -100,3 +102,29 @@ def test_an_older_record_without_a_kept_verdict_gets_one_from_its_timeline(tmp_p
     v = rec.run_verdict()
     assert v.cls == "compute_bound" and round(v.seconds["compute_bound"]) == 30
     assert from_timeline(rec.verdicts, rec.end).result().cls == "compute_bound"
+
+
+def notification(event: str, fp: str, starts: float, ends: float = 0.0, summary: str = "") -> Notification:
+    return Notification(f"{fp}-{event}", event, {"alertname": f"Alert{fp}", "severity": "warning"},
+                        {"summary": summary}, starts, ends, fp)
+
+
+def test_the_recorder_keeps_every_time_an_alert_fired(tmp_path: Path) -> None:
+    """An alert that fires, resolves and fires again is two entries; one restored from the agent's state that
+    resolves during the run is kept too; a store that fails never raises into the rule engine."""
+    store = RunStore(tmp_path)
+    run_id = store.start_run(["serve.py"])
+    t0 = store.load(run_id).started
+    recorder = RunRecorder(store, run_id)
+    recorder.on_alert(notification("firing", "1", t0 + 1, summary="slow at first"))
+    recorder.on_alert(notification("resolved", "1", t0 + 1, t0 + 4, summary="recovering"))
+    recorder.on_alert(notification("firing", "1", t0 + 6, summary="slow again"))
+    recorder.on_alert(notification("resolved", "2", t0 - 50, t0 + 2, summary="carried over"))
+    recorder.on_alert(notification("resolved", "1", t0 + 6, t0 + 9))
+    expected = [("Alert1", t0 + 1, t0 + 4, "slow at first"), ("Alert2", t0 - 50, t0 + 2, "carried over"),
+                ("Alert1", t0 + 6, t0 + 9, "slow again")]
+    assert sorted((a.name, a.fired, a.resolved, a.summary) for a in recorder.alerts) == sorted(expected)
+    assert sorted((a.name, a.fired, a.resolved, a.summary) for a in store.load(run_id).alerts) == sorted(expected)
+    store.close()
+    recorder.on_alert(notification("firing", "3", t0 + 10))  # the store is closed: logged, not raised
+    assert recorder.alerts[-1].name == "Alert3"

@@ -13,6 +13,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from outrider.diagnosis.signals import signals, snapshot
@@ -57,7 +58,8 @@ class RunRecorder:
         self.run_id = run_id
         self.window = VerdictWindow(window_s)
         self.tally = VerdictTally()
-        self.alerts: dict[str, AlertRecord] = {}  # fingerprint -> the latest transition, for the summary
+        self.alerts: list[AlertRecord] = []  # every time an alert fired during the run, for the summary
+        self._open: dict[str, int] = {}  # fingerprint -> its entry in alerts while it fires
         self._prev: tuple[float, float, dict[str, float], dict[str, HistogramValue | None],
                           dict[str, float]] | None = None
         self._last_verdict = ""
@@ -129,14 +131,16 @@ class RunRecorder:
             with self._lock:
                 summary = n.annotations.get("summary", "") or n.annotations.get("description", "")
                 if n.event == "firing":
-                    self.alerts[n.fingerprint] = AlertRecord(n.alertname, dict(n.labels), summary, n.starts_at, None)
+                    self._open[n.fingerprint] = len(self.alerts)
+                    self.alerts.append(AlertRecord(n.alertname, dict(n.labels), summary, n.starts_at, None))
                     self._write(RunStore.alert_fired, n.fingerprint, dict(n.labels), summary, n.starts_at)
                 elif n.event == "resolved":
                     ended = n.ends_at or time.time()
-                    fired = self.alerts.get(n.fingerprint)
-                    summary = fired.summary if fired is not None else summary  # as it was when it fired
-                    self.alerts[n.fingerprint] = AlertRecord(n.alertname, dict(n.labels), summary, n.starts_at,
-                                                             ended)
+                    at = self._open.pop(n.fingerprint, None)
+                    if at is None:  # it fired before this run (the agent's saved state)
+                        self.alerts.append(AlertRecord(n.alertname, dict(n.labels), summary, n.starts_at, ended))
+                    else:  # keeps the summary it fired with
+                        self.alerts[at] = replace(self.alerts[at], resolved=ended)
                     self._write(RunStore.alert_resolved, n.fingerprint, dict(n.labels), summary, n.starts_at, ended)
         except Exception:
             LOG.exception("recording an alert transition failed")
