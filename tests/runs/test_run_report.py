@@ -22,6 +22,7 @@ from PIL import Image
 
 from outrider.diagnosis.bottleneck import CLASSES
 from outrider.runs.kpis import KPIS
+from outrider.runs.measured import Measured
 from outrider.runs.report import COLORS
 from tests.conftest import need_binary
 from tests.helpers import REPO, outrider_cmd
@@ -96,7 +97,8 @@ def test_the_summary_ends_with_the_verdict_and_its_evidence_after_what_was_measu
     assert measured < verdict
     training = re.search(r"\n  training   ([\d,]+) steps, step time p50 [\d.]+ ms, p99 [\d.]+ ms, ([\d,]+) "
                          r"samples/s\n", text)
-    assert training and int(training.group(1).replace(",", "")) == demo_run.summary["measured"]["steps"] > 5, text
+    steps = demo_run.summary["measured"]["training"]["steps"]
+    assert training and int(training.group(1).replace(",", "")) == steps > 5, text
     assert re.search(r"\n {13}data-loader wait p50 [\d.]+ (ms|µs), [\d.]+% of the loop waiting for data\n", text)
     inference = re.search(r"\n  inference  ([\d,]+) requests on /predict/\{model\}, latency p50 [\d.]+ (ms|µs), "
                           r"p90 [\d.]+ (ms|µs), p99 [\d.]+ (ms|µs); ([\d,]+) errors \(([\d,]+) 4xx, 0 5xx\)", text)
@@ -194,6 +196,9 @@ def test_the_report_in_headless_chromium(demo_run: Recorded, tmp_path: Path) -> 
     assert "No alert fired" not in visible and "no stall or alert" not in visible
     raw_keys = [k for k in (*KPIS, "wall_s", "peak_tree_rss_bytes", "cpu_user_s") if k in visible]
     assert raw_keys == [] and not LONG_FLOAT.search(visible), (raw_keys, LONG_FLOAT.findall(visible))
+    measured = Measured.from_json(demo_run.summary["measured"]).rows()
+    assert [topic for topic, _ in measured] == ["training", "", "inference"]
+    assert all(text in summary_text(demo_run.stderr) and text in visible for _, text in measured)
     assert re.search(r"ran for\n[\d.]+ s\n", visible) and re.search(r"peak memory \(RSS\)\n[\d.]+ MiB", visible)
 
     # the charts: the run's RSS, requests and errors among them, each with ticks on both axes and its unit
