@@ -285,15 +285,19 @@ def cmd_report(store: Any, args: argparse.Namespace) -> int:
 
 
 def cmd_compare(store: Any, args: argparse.Namespace) -> int:
-    from outrider.runs.compare import compare
+    from outrider.runs.compare import compare_all
 
     a, b = store.load(args.run_a), store.load(args.run_b)
-    results = compare(a, b)
+    results, skipped = compare_all(a, b)
     print(f"A = {a.id} ({' '.join(a.command)[:60]})\nB = {b.id} ({' '.join(b.command)[:60]})")
-    if not results:
-        print("no KPI with enough samples in both runs (at least 5 sweeps after warm-up)")
+    if not results and not skipped:
+        print("no KPI recorded in either run")
     for r in results:
         print("  " + r.sentence())
+    if skipped:
+        print("not compared:")
+        for s in skipped:
+            print("  " + s.sentence())
     return 0
 
 
