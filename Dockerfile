@@ -3,7 +3,8 @@
 # Without a registry or network (CI): scripts/build-image.sh makes the base from Debian's packages (mmdebstrap),
 # a wheelhouse of the project and its dependencies on the host, and runs
 #   podman build --network none --build-arg BASE=localhost/outrider-base:KEY .
-# NVML comes from the node's driver through the NVIDIA container runtime (NVIDIA_DRIVER_CAPABILITIES=utility).
+# NVML comes from the node's driver through the NVIDIA container runtime (NVIDIA_DRIVER_CAPABILITIES=utility); the
+# k8s extra (grpcio) lets the node agent ask the kubelet which pod owns each GPU.
 ARG BASE=docker.io/library/python:3.11-slim
 
 FROM ${BASE} AS build
@@ -17,9 +18,9 @@ COPY alerts ./alerts
 COPY README.md wheelhouse* /wheels/
 RUN python3 -m venv /opt/outrider \
  && if ls /wheels/*.whl >/dev/null 2>&1; then \
-      /opt/outrider/bin/pip install --no-cache-dir --no-index --find-links=/wheels outrider; \
+      /opt/outrider/bin/pip install --no-cache-dir --no-index --find-links=/wheels 'outrider[k8s]'; \
     else \
-      /opt/outrider/bin/pip install --no-cache-dir /src; \
+      /opt/outrider/bin/pip install --no-cache-dir '/src[k8s]'; \
     fi \
  && /opt/outrider/bin/pip uninstall -y -q pip setuptools
 

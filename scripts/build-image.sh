@@ -82,11 +82,13 @@ if [ -n "$build_image" ] || [ ! -d "$WHEELHOUSE" ]; then
     tmp=$(mktemp -d "$CACHE/wheelhouse.XXXXXX")
     # The project's wheel, from the copied sources (an in-tree build would leave build/ in the repository).
     python3 -m pip wheel --quiet --disable-pip-version-check --no-deps -w "$tmp" "$ctx" >&2
-    # Its dependencies as binary wheels for the image's Python, whatever Python the host runs.
+    # Its dependencies as binary wheels for the image's Python, whatever Python the host runs; with the k8s extra
+    # (grpcio), which the node agent needs to ask the kubelet which pod owns each GPU.
+    wheel=$(ls "$tmp"/outrider-*.whl)
     python3 -m pip download --quiet --disable-pip-version-check --only-binary=:all: -d "$tmp" \
       --python-version "$PYTHON_VERSION" --implementation cp --abi "cp${PYTHON_VERSION/./}" --abi abi3 --abi none \
       --platform "manylinux_2_28_$(uname -m)" --platform "manylinux2014_$(uname -m)" --platform any \
-      "$tmp"/outrider-*.whl >&2
+      "outrider[k8s] @ file://$wheel" >&2
     mv "$tmp" "$WHEELHOUSE"
   fi
   rm -rf "$ctx/build"

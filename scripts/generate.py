@@ -23,6 +23,7 @@ sys.path.insert(0, str(REPO / "agent"))
 
 from outrider import config  # noqa: E402
 from outrider.dashboards import render_all  # noqa: E402
+from outrider.links import DEFAULT_DOCS_URL  # noqa: E402
 from outrider.metrics.reference import render_reference  # noqa: E402
 
 BEGIN = "<!-- BEGIN GENERATED: configuration table (python scripts/generate.py) -->"
@@ -69,7 +70,7 @@ def readme(current: str) -> str:
 
 def outputs() -> dict[Path, str]:
     out: dict[Path, str] = {REPO / "docs" / "metrics.md": render_reference()}
-    for name, text in render_all().items():
+    for name, text in render_all(DEFAULT_DOCS_URL).items():  # never a mirror set in this shell
         out[REPO / "dashboards" / name] = text
         out[REPO / "helm" / "outrider" / "files" / "dashboards" / name] = text
     out[REPO / "helm" / "outrider" / "files" / "outrider.rules.yaml"] = \

@@ -6,10 +6,15 @@
         with outrider.step(samples=len(batch)): # times the step, counts samples
             ...
 
+Services: `outrider.OutriderMiddleware` (ASGI: FastAPI, Starlette) and `outrider.OutriderWSGIMiddleware` (WSGI:
+Flask, Django), loaded on first use.
+
 Importing this package is cheap and imports none of OpenTelemetry, prometheus_client, psutil, pynvml or torch.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from outrider.hook.api import (
     count_samples,
@@ -36,7 +41,29 @@ from outrider.hook.api import (
 )
 from outrider.version import __version__
 
+# name -> module: the middlewares are imported when first asked for (PEP 562), so that a training script that
+# imports outrider loads no web-server code.
+_LAZY = {"OutriderMiddleware": "outrider.hook.asgi", "OutriderWSGIMiddleware": "outrider.hook.wsgi"}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'outrider' has no attribute {name!r}")
+    from importlib import import_module
+
+    value = getattr(import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_LAZY])
+
+
 __all__ = [
+    "OutriderMiddleware",
+    "OutriderWSGIMiddleware",
     "__version__",
     "count_samples",
     "count_tokens",

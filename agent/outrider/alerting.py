@@ -51,7 +51,7 @@ def receivers(config: Config) -> list[tuple[Any, Any]]:
         if config.alert_log:
             out.append((LogNotifier("log", {}), Route()))
         for i, url in enumerate(config.alertmanager_urls):
-            out.append((AlertmanagerNotifier(f"alertmanager-{i}", {"url": url}), Route()))
+            out.append((AlertmanagerNotifier(f"alertmanager-{i}", {"url": url}), Route(heartbeats=True)))
         if config.receivers_file:
             out.extend(load_receivers(config.receivers_file))
     except NotifyConfigError as e:

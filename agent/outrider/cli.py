@@ -175,6 +175,10 @@ def cmd_rules_test(args: argparse.Namespace) -> int:
 
 # --- dashboards ------------------------------------------------------------------------------------------------
 
+DOCS_URL_HELP = ("base URL of Outrider's documentation for the runbook links (a mirror or wiki; default: "
+                 "$OUTRIDER_DOCS_URL, else the repository)")
+
+
 def _provision() -> Any:
     try:
         from outrider.dashboards import provision
@@ -187,17 +191,22 @@ def _provision() -> Any:
 def cmd_dashboards_export(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    for path in _provision().export(Path(args.dir), args.provider_path):
-        print(path)
+    try:
+        for path in _provision().export(Path(args.dir), args.provider_path, args.docs_url):
+            print(path)
+    except ValueError as e:  # a documentation URL that is not one
+        print(f"outrider dashboards export: {e}", file=sys.stderr)
+        return 2
     return 0
 
 
 def cmd_dashboards_push(args: argparse.Namespace) -> int:
     provision = _provision()
     try:
-        for url in provision.push(args.url, provision.read_token(args.token_file), args.datasource_uid):
+        for url in provision.push(args.url, provision.read_token(args.token_file), args.datasource_uid,
+                                  docs_url=args.docs_url):
             print(url)
-    except provision.PushError as e:
+    except (provision.PushError, ValueError) as e:
         print(f"outrider dashboards push: {e}", file=sys.stderr)
         return 1
     return 0
@@ -276,15 +285,19 @@ def cmd_report(store: Any, args: argparse.Namespace) -> int:
 
 
 def cmd_compare(store: Any, args: argparse.Namespace) -> int:
-    from outrider.runs.compare import compare
+    from outrider.runs.compare import compare_all
 
     a, b = store.load(args.run_a), store.load(args.run_b)
-    results = compare(a, b)
+    results, skipped = compare_all(a, b)
     print(f"A = {a.id} ({' '.join(a.command)[:60]})\nB = {b.id} ({' '.join(b.command)[:60]})")
-    if not results:
-        print("no KPI with enough samples in both runs (at least 5 sweeps after warm-up)")
+    if not results and not skipped:
+        print("no KPI recorded in either run")
     for r in results:
         print("  " + r.sentence())
+    if skipped:
+        print("not compared:")
+        for s in skipped:
+            print("  " + s.sentence())
     return 0
 
 
@@ -361,11 +374,13 @@ def build_parser() -> argparse.ArgumentParser:
     d = actions.add_parser("export", help="write the dashboards' JSON and a Grafana file-provisioning provider")
     d.add_argument("dir")
     d.add_argument("--provider-path", help="the path Grafana will read them from (default: DIR)")
+    d.add_argument("--docs-url", help=DOCS_URL_HELP)
     d.set_defaults(func=cmd_dashboards_export)
     d = actions.add_parser("push", help="create the Outrider folder and upsert the dashboards through Grafana's API")
     d.add_argument("--url", required=True, help="Grafana's URL, e.g. https://grafana.example.com")
     d.add_argument("--token-file", help="file holding a service account token (default: $GRAFANA_TOKEN)")
     d.add_argument("--datasource-uid", help="Prometheus datasource to select by default (checked to exist)")
+    d.add_argument("--docs-url", help=DOCS_URL_HELP)
     d.set_defaults(func=cmd_dashboards_push)
 
     p = sub.add_parser("top", help="a live terminal view of an agent: GPUs, KPIs, the verdict, stalls")

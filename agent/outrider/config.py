@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from outrider import links
 from outrider.hook import settings as hook_settings
 
 ENV_PREFIX = "OUTRIDER_"
@@ -90,6 +91,9 @@ class Config:
                 "(RULE.threshold=VALUE, RULE.for=DURATION)"})
     rule_interval_s: float = field(default=15.0, metadata={
         "help": "seconds between rule evaluations (a group's own interval, if longer, wins)"})
+    docs_url: str = field(default=links.DEFAULT_DOCS_URL, metadata={
+        "help": "base URL of Outrider's documentation, where the dashboards' runbook links point (a mirror or an "
+                "internal wiki; `outrider dashboards export/push` read it from the environment or --docs-url)"})
     alert_job: str = field(default="outrider", metadata={
         "help": "the job label the agent's own series carry for rule evaluation (Prometheus's target label)"})
     alert_instance: str = field(default="", metadata={
@@ -317,6 +321,7 @@ CONVERTERS: dict[str, Callable[[Any], Any]] = {
     "rule_files": _str_list,
     "rule_settings": _str_list,
     "rule_interval_s": _number("rule_interval_s"),
+    "docs_url": lambda raw: links.docs_url(_str(raw)),
     "alert_job": _str,
     "alert_instance": _str,
     "state_dir": _str,

@@ -223,6 +223,7 @@ class Nvml:
         self._unsupported: set[tuple[str, int]] = set()
         self._handles: dict[int, Any] = {}
         self._facts: dict[int, StaticFacts] = {}
+        self._driver_version: str | None = None
         self._nvlinks: dict[int, tuple[int, ...]] = {}
         self._once = LogOnce(LOG)
         self._lock = threading.Lock()
@@ -397,6 +398,15 @@ class Nvml:
             if h is not NA:
                 self._handles[index] = h
         return h
+
+    def driver_version(self) -> str:
+        """The driver's version ("" where NVML does not say); read once, as it changes only with a reload."""
+        if self._driver_version is None:
+            v = self.query("nvmlSystemGetDriverVersion")
+            if v is NA:
+                return ""
+            self._driver_version = _text(v)
+        return self._driver_version
 
     def facts(self, index: int) -> StaticFacts:
         cached = self._facts.get(index)

@@ -24,14 +24,20 @@ import shutil
 import signal
 import sys
 import tempfile
+import textwrap
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import asdict, dataclass, field
 
 from outrider.agent import Agent
 from outrider.config import Config
+from outrider.metrics import units
 from outrider.metrics.family import Family
+from outrider.rules.notification import Notification
+from outrider.runs.measured import Measured, measure
+from outrider.runs.recorder import RunRecorder
+from outrider.runs.store import AlertRecord, RunStore
+from outrider.runs.verdict import RunVerdict, Segment, timeline_text
 
 LOG = logging.getLogger("outrider.run")
 
@@ -56,24 +62,49 @@ class RunSummary:
     signals_forwarded: list[str]
     metrics_url: str
     run_id: str = ""
+    started: float = 0.0  # unix seconds
+    measured: Measured = field(default_factory=Measured)  # what the hook measured, over the whole run
+    alerts: list[AlertRecord] = field(default_factory=list)  # fired (and resolved) during the run
+    verdict: RunVerdict = field(default_factory=lambda: RunVerdict("", "", {}))
+    timeline: list[Segment] = field(default_factory=list)
 
     def text(self) -> str:
+        """The end-of-run summary: what the run cost, what the agent measured, and last the verdict with its
+        evidence. The demo prints the same; the report shows the same numbers."""
         cores = (self.cpu_user_s + self.cpu_system_s) / self.wall_s if self.wall_s > 0 else 0.0
         how = (f"exited with code {self.exit_code}" if self.signal is None
                else f"ended by signal {self.signal} (exit code {self.exit_code})")
-        return "\n".join([
-            f"outrider: {' '.join(self.command)} {how} after {self.wall_s:.1f} s",
-            f"  cpu        user {self.cpu_user_s:.2f} s, system {self.cpu_system_s:.2f} s "
-            f"({cores:.2f} cores on average)",
-            f"  memory     peak RSS {_mib(self.peak_tree_rss_bytes)} (whole tree, sampled), "
-            f"largest process {_mib(self.peak_process_rss_bytes)}",
-            f"  storage    read {_mib(self.read_bytes)}, written {_mib(self.written_bytes)}",
+        lines = [
+            f"outrider: {' '.join(self.command)} {how} after {units.seconds(self.wall_s)}",
+            f"  cpu        user {units.seconds(self.cpu_user_s)}, system {units.seconds(self.cpu_system_s)} "
+            f"({units.cores(cores)} on average)",
+            f"  memory     peak RSS {units.bytes_iec(self.peak_tree_rss_bytes)} (whole tree, sampled), "
+            f"largest process {units.bytes_iec(self.peak_process_rss_bytes)}",
+            f"  storage    read {units.bytes_iec(self.read_bytes)}, written {units.bytes_iec(self.written_bytes)}",
             f"  processes  up to {self.max_processes} at once",
-        ])
+        ]
+        if self.run_id:
+            lines.append(f"  record     {self.run_id}: outrider report {self.run_id}")
+        lines += ["", "what the agent measured:"]
+        lines += [f"  {topic:<10} {text}" for topic, text in self.measured.rows()]
+        for i, alert in enumerate([a.text(self.started) for a in self.alerts] or ["none fired"]):
+            lines += _wrapped("" if i else "alerts", [alert], "")
+        v = self.verdict
+        lines += ["", f"verdict: {v.headline()}"]
+        if v.cls:
+            if v.reason:
+                lines.append(f"  {'why':<10} {v.reason}")
+            lines += _wrapped("evidence", [f"{label} {value}" for label, value in v.evidence_rows()], ", ")
+            if self.timeline:
+                lines += _wrapped("timeline", [timeline_text(self.timeline, self.started)], "")
+            lines += _wrapped("advice", [v.recommendation], "")
+        return "\n".join(lines)
 
 
-def _mib(n: int) -> str:
-    return f"{n / 2**20:.1f} MiB"
+def _wrapped(topic: str, items: list[str], sep: str, width: int = 118) -> list[str]:
+    """`  topic      item, item, ...` wrapped under itself."""
+    return textwrap.wrap(sep.join(items), width, initial_indent=f"  {topic:<10} ", subsequent_indent=" " * 13,
+                         break_on_hyphens=False)
 
 
 def _signal_name(num: int) -> str:
@@ -128,7 +159,11 @@ def run(cmd: Sequence[str], config: Config, on_exit: Callable[[list[Family]], No
             agent.server.stop()
             return 126, None
         agent.sampler.listeners.extend(listeners)
-        store, run_id = _open_run_record(config, cmd, agent)
+        store, run_id = _open_run_record(config, cmd)
+        recorder = RunRecorder(store, run_id, config.diagnosis_window_s)
+        agent.sampler.listeners.append(recorder)
+        _record_alerts(agent, recorder)
+        started_unix = time.time()
         agent.start()
         if not quiet:
             print(f"outrider: watching {cmd[0]} (pid {child}); metrics at {agent.server.url}/metrics",
@@ -152,8 +187,9 @@ def run(cmd: Sequence[str], config: Config, on_exit: Callable[[list[Family]], No
                 continue
             status = _reap(child)
         wall = time.monotonic() - started
+        final = agent.sampler.sweep()  # after CMD ended: its hooked processes' closing flushes included
         if on_exit is not None:
-            on_exit(agent.sampler.sweep())
+            on_exit(final)
         agent.stop()
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
     finally:
@@ -172,7 +208,9 @@ def run(cmd: Sequence[str], config: Config, on_exit: Callable[[list[Family]], No
         read_bytes=max((after.ru_inblock - before.ru_inblock) * 512, tree.io.get("read", 0)),
         written_bytes=max((after.ru_oublock - before.ru_oublock) * 512, tree.io.get("write", 0)),
         max_processes=max(tree.max_processes, 1), signals_forwarded=forwarded,
-        metrics_url=agent.server.url + "/metrics",
+        metrics_url=agent.server.url + "/metrics", started=started_unix, measured=measure(final),
+        alerts=sorted(recorder.alerts, key=lambda a: a.fired), verdict=recorder.verdict(),
+        timeline=recorder.timeline(),
     )
     if store is not None:
         summary.run_id = run_id
@@ -180,10 +218,10 @@ def run(cmd: Sequence[str], config: Config, on_exit: Callable[[list[Family]], No
             store.finish_run(run_id, code, asdict(summary))
         except Exception as e:  # a record is a convenience: never fail the run over it
             LOG.warning("could not finish the run record: %s", e)
+    if store is not None:
+        store.close()
     if not quiet:
         print(summary.text(), file=sys.stderr)
-        if store is not None:
-            print(f"  record     {run_id}: outrider report {run_id}", file=sys.stderr)
     if summary_json:
         with open(summary_json, "w", encoding="utf-8") as fh:
             json.dump(asdict(summary), fh, indent=2)
@@ -212,19 +250,28 @@ class TreeTotals:
                     self.io[labels[0]] = max(self.io.get(labels[0], 0), int(v))
 
 
-def _open_run_record(config: Config, cmd: Sequence[str], agent: Agent) -> tuple[Any, str]:
-    """The run store and this run's id, with a recorder on the sweeps; (None, "") if the store cannot be opened."""
+def _open_run_record(config: Config, cmd: Sequence[str]) -> tuple[RunStore | None, str]:
+    """The run store and this run's id; (None, "") if the store cannot be opened (the run goes on unrecorded)."""
     try:
-        from outrider.runs.recorder import RunRecorder
-        from outrider.runs.store import RunStore
-
         store = RunStore(config.runs_dir or None)
-        run_id = store.start_run(list(cmd))
-        agent.sampler.listeners.append(RunRecorder(store, run_id, config.diagnosis_window_s))
-        return store, run_id
+        return store, store.start_run(list(cmd))
     except Exception as e:
         LOG.warning("not keeping a record of this run: %s", e)
         return None, ""
+
+
+def _record_alerts(agent: Agent, recorder: RunRecorder) -> None:
+    """The recorder hears every alert transition of the agent's own rule evaluation, ahead of the notifiers."""
+    if agent.alerting is None:
+        return
+    engine = agent.alerting.engine
+    deliver = engine.notify
+
+    def notify(n: Notification) -> None:
+        recorder.on_alert(n)
+        deliver(n)
+
+    engine.notify = notify
 
 
 def _pgid(pid: int) -> int:

@@ -44,13 +44,16 @@ def test_every_alert_has_must_fire_and_must_not_fire_cases() -> None:
                 (fire if t.get("exp_alerts") else quiet).add(t["alertname"])
     names = set(alerts(RULES))
     assert names - fire == set(), "alerts without a must-fire case"
-    assert names - quiet == set(), "alerts without a must-not-fire case"
+    # Watchdog fires always: its silence is the alarm, so it has nothing to stay quiet about
+    assert names - quiet == {"Watchdog"}, "alerts without a must-not-fire case"
 
 
 def test_every_alert_is_complete_and_its_runbook_exists() -> None:
     for name, rule in alerts(RULES).items():
         assert "for" in rule, name
-        assert rule["labels"]["severity"] in ("critical", "warning", "info"), name
+        # "none" only for the Watchdog, which a dead man's switch receives rather than a person
+        allowed = ("none",) if name == "Watchdog" else ("critical", "warning", "info")
+        assert rule["labels"]["severity"] in allowed, name
         ann = rule["annotations"]
         assert ann["summary"] and ann["description"], name
         assert "$value" not in str(rule["labels"]), f"{name}: values belong in annotations, not labels"
@@ -146,3 +149,15 @@ def test_cli_export_formats() -> None:
     r = subprocess.run([sys.executable, "-m", "outrider", "rules", "export", "--set", "GPULost.ratio=1"],
                        capture_output=True, text=True)
     assert r.returncode == 2 and "GPULost has no tunable" in r.stderr
+
+
+def test_top_leaves_the_watchdog_heartbeat_out_of_the_firing_alerts() -> None:
+    from outrider.top import frame, parse
+
+    text = ('outrider_alerts{alertname="Watchdog",alertstate="firing",severity="none"} 1\n'
+            'outrider_alerts{alertname="GPULost",alertstate="firing",severity="critical"} 1\n'
+            'outrider_alerts{alertname="DiskNearlyFull",alertstate="pending",severity="critical"} 1\n')
+    shown = frame(parse(text), parse(text), 1.0, "http://agent")
+    assert re.search(r"alerts +GPULost\n", shown), shown
+    only_watchdog = parse('outrider_alerts{alertname="Watchdog",alertstate="firing",severity="none"} 1\n')
+    assert "none firing" in frame(only_watchdog, only_watchdog, 1.0, "http://agent")

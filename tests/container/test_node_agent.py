@@ -40,8 +40,10 @@ def _memory_limit_bytes(text: str) -> int:
 def test_node_agent_reads_the_host_as_the_chart_runs_it(podman: Podman, built: dict[str, str],
                                                         tmp_path: Path) -> None:
     promtool = need_binary("promtool")
-    # Every process one by one (a large top N), so each one's readings can be checked.
-    docs = render(built["IMAGE"], {"config": {"interval_s": 1, "filesystems": ["/"], "process_top_n": 10000}})
+    # Every process one by one (a large top N), so each one's readings can be checked. Without the kubelet's
+    # pod-resources socket (no kubelet here): the node agent as it runs without GPU -> pod attribution, non-root.
+    docs = render(built["IMAGE"], {"config": {"interval_s": 1, "filesystems": ["/"], "process_top_n": 10000},
+                                   "nodeAgent": {"podResources": {"enabled": False}}})
     spec = pod_spec(docs, "DaemonSet")
     assert spec["hostNetwork"] is True and not spec["hostPID"]
     agent = spec["containers"][0]

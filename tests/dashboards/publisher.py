@@ -23,6 +23,7 @@ for kind in ("allocated", "reserved", "active", "inactive_split"):
 hook.series("gauge", "outrider_torch_cuda_memory_peak_bytes", {"device": "0"}, builtin=True).set(3 << 30)
 retries = hook.series("counter", "outrider_torch_cuda_alloc_retries_total", {"device": "0"}, builtin=True)
 ooms = hook.series("counter", "outrider_torch_cuda_ooms_total", {"device": "0"}, builtin=True)
+hook.series("gauge", "outrider_torch_cuda_oom_step", {"device": "0"}, builtin=True).set(1234)
 gpu_step = hook.series("histogram", "outrider_train_gpu_step_duration_seconds", builtin=True)
 in_flight = outrider.in_flight("all")
 in_flight.add(1)
@@ -34,7 +35,12 @@ for i, _ in enumerate(outrider.dataloader(batches)):
     retries.inc(0)
     ooms.inc(0)
     route = "/v1/chat" if i % 2 else "/v1/embed"
-    outrider.record_request(rng.uniform(0.01, 0.3), route=route, status=500 if i % 20 == 0 else 200)
+    outrider.record_request(rng.uniform(0.01, 0.3), route=route, status=500 if i % 20 == 0 else 200, method="POST",
+                            scheme="http")
+    outrider.record_latency(rng.uniform(0.001, 0.01), "tokenize")
+    if i % 25 == 0:
+        with outrider.phase("checkpoint"):
+            time.sleep(0.01)
     outrider.record_phase("queue", rng.uniform(0.001, 0.01))
     outrider.record_phase("compute", rng.uniform(0.01, 0.2))
     outrider.record_batch_size(rng.randint(1, 16))

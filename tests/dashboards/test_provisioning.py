@@ -6,6 +6,7 @@ standing in for Grafana."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -121,7 +122,7 @@ def test_export_writes_dashboards_and_a_provider(tmp_path: Path) -> None:
 
 def test_push_creates_the_folder_and_upserts_idempotently(grafana: GrafanaStandIn) -> None:
     urls = push(grafana.url, "glsa_good", datasource_uid="prom-main")
-    assert len(urls) == 5 and set(grafana.folders) == {"outrider"}
+    assert len(urls) == len(render_all()) == 6 and set(grafana.folders) == {"outrider"}
     assert {d["folderUid"] for d in grafana.dashboards.values()} == {"outrider"}
     training = grafana.dashboards["outrider-training"]["dashboard"]
     current = next(v for v in training["templating"]["list"] if v["type"] == "datasource")["current"]
@@ -156,9 +157,10 @@ def test_push_unreachable() -> None:
 
 def test_cli_push_reads_the_token_from_the_environment(grafana: GrafanaStandIn, tmp_path: Path) -> None:
     env_ok = subprocess.run(outrider_cmd("dashboards", "push", "--url", grafana.url), capture_output=True, text=True,
-                            env={"PATH": "/usr/bin:/bin", "GRAFANA_TOKEN": "glsa_good", "HOME": str(tmp_path)})
+                            env={"PATH": "/usr/bin:/bin", "GRAFANA_TOKEN": "glsa_good", "HOME": str(tmp_path),
+                                 "PYTHONPATH": os.environ.get("PYTHONPATH", "")})  # this checkout's outrider
     assert env_ok.returncode == 0, env_ok.stderr
-    assert len(env_ok.stdout.split()) == 5
+    assert len(env_ok.stdout.split()) == len(render_all())
     missing = subprocess.run(outrider_cmd("dashboards", "push", "--url", grafana.url), capture_output=True,
                              text=True, env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
     assert missing.returncode == 1 and "no Grafana token" in missing.stderr
@@ -167,3 +169,16 @@ def test_cli_push_reads_the_token_from_the_environment(grafana: GrafanaStandIn, 
     bad = subprocess.run(outrider_cmd("dashboards", "push", "--url", grafana.url, "--token-file", str(token_file)),
                          capture_output=True, text=True)
     assert bad.returncode == 1 and "rejected the token" in bad.stderr and "glsa_wrong" not in bad.stderr
+
+
+def test_cli_export_takes_the_documentation_url_of_the_runbook_links(tmp_path: Path) -> None:
+    r = subprocess.run([*outrider_cmd("dashboards", "export", str(tmp_path), "--docs-url",
+                                      "https://wiki.example.com/outrider")], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    text = (tmp_path / "outrider-gpu-node.json").read_text()
+    assert "https://wiki.example.com/outrider/alerts/runbooks/hardware.md#gpulost" in text
+    assert "github.com/outrider-dev" not in text
+    bad = subprocess.run([*outrider_cmd("dashboards", "export", str(tmp_path / "x"), "--docs-url", "wiki")],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "expected an http(s) URL" in bad.stderr

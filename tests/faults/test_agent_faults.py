@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.faults.tmpfs import fill, small_tmpfs
 from tests.helpers import REPO, AgentProcess, outrider_cmd, sleeper, wait_until
 from tests.notify.receivers import PAGERDUTY_SCHEMA, WEBHOOK_SCHEMA, ScriptedReceiver
 
@@ -74,18 +75,6 @@ def test_sigkill_at_arbitrary_points_counts_nothing_twice_and_loses_no_alert(tmp
     assert 'outrider_alerts{alertname="ManySteps",alertstate="firing"' in text
 
 
-def _mount_tmpfs(path: Path, size: str) -> None:
-    path.mkdir()
-    try:
-        r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(path)],
-                           capture_output=True, text=True)
-    except FileNotFoundError:
-        r = subprocess.CompletedProcess([], 1, "", "no mount command")
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs here ({r.stderr.strip()}); "
-                    "tests/notify/test_delivery.py covers a full disk with a failing write instead")
-
-
 WATCHED_RULE = """
 groups:
   - name: faults
@@ -98,9 +87,8 @@ groups:
 
 
 def test_outbox_on_a_full_disk_is_counted_and_recovers_when_space_returns(tmp_path: Path) -> None:
-    state = tmp_path / "state"
-    _mount_tmpfs(state, "256k")
-    try:
+    with small_tmpfs(tmp_path / "state", "256k", "tests/notify/test_delivery.py covers a full disk with a failing "
+                     "write instead") as state:
         rules, receivers = tmp_path / "r.yaml", tmp_path / "receivers.yaml"
         rules.write_text(WATCHED_RULE)
         port_holder = ScriptedReceiver()  # reserve a port, then close it: the receiver is down at first
@@ -110,12 +98,11 @@ def test_outbox_on_a_full_disk_is_counted_and_recovers_when_space_returns(tmp_pa
         env = {"OUTRIDER_STATE_DIR": str(state), "OUTRIDER_RULE_FILES": str(rules), "OUTRIDER_RULE_INTERVAL_S": "0.3",
                "OUTRIDER_RECEIVERS_FILE": str(receivers)}
         workload = sleeper(120)
-        filler = state / "filler"
         try:
             with AgentProcess("--pid", str(workload.pid), "--no-collector.gpu", env={**env, "OUTRIDER_ALERT_LOG": "0"},
                               interval_s=0.3) as agent:
                 wait_until(lambda: (state / "outbox" / "hook").is_dir(), timeout_s=10, what="the outbox")
-                subprocess.run(["dd", "if=/dev/zero", f"of={filler}", "bs=4k"], capture_output=True)  # fill it up
+                filler = fill(state)
                 wait_until(lambda: "outrider_notify_outbox_write_errors_total{receiver=\"hook\",type=\"webhook\"} 1"
                            in agent.metrics(), timeout_s=20, what="the failed outbox write counted")
                 assert 'outrider_notify_queued{receiver="hook",type="webhook"} 1' in agent.metrics()  # held in memory
@@ -130,8 +117,6 @@ def test_outbox_on_a_full_disk_is_counted_and_recovers_when_space_returns(tmp_pa
         finally:
             workload.kill()
             workload.wait()
-    finally:
-        subprocess.run(["umount", str(state)], capture_output=True)
 
 
 ROUTING_KEY = "PLANTEDroutingKEY000000000000042"

@@ -17,6 +17,7 @@ from outrider.collectors.base import CollectorContext
 from outrider.collectors.hook import HookCollector
 from outrider.config import Config
 from outrider.metrics.exposition import render
+from tests.faults.tmpfs import fill, small_tmpfs
 from tests.helpers import REPO, AgentProcess, free_port, http_get, samples, value, wait_until
 
 WORKLOAD = str(REPO / "tests" / "hook" / "workload.py")
@@ -31,23 +32,6 @@ def _env(spool_dir: Path | None, **extra: str) -> dict[str, str]:
     return {**base, "OUTRIDER_FLUSH_INTERVAL_S": "0.1", "OUTRIDER_STANDALONE": "false", **extra}
 
 
-def _mount_tmpfs(path: Path, size: str) -> None:
-    path.mkdir()
-    try:
-        r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(path)],
-                           capture_output=True, text=True)
-    except FileNotFoundError:
-        r = subprocess.CompletedProcess([], 1, "", "no mount command")
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs here ({r.stderr.strip()})")
-
-
-def _fill(volume: Path) -> Path:
-    filler = volume / "filler"
-    subprocess.run(["dd", "if=/dev/zero", f"of={filler}", "bs=4k"], capture_output=True)
-    return filler
-
-
 def _agent_view(spool_dir: Path) -> dict:  # type: ignore[type-arg]
     c = HookCollector(CollectorContext(Config(spool_dir=str(spool_dir)), hold_spool_lock=False))
     try:
@@ -59,17 +43,15 @@ def _agent_view(spool_dir: Path) -> dict:  # type: ignore[type-arg]
 @needs_root
 @pytest.mark.parametrize("when", ["at_start", "mid_run"])
 def test_a_full_spool_volume_never_kills_the_workload_and_loses_no_step(tmp_path: Path, when: str) -> None:
-    volume = tmp_path / "spool"
-    _mount_tmpfs(volume, "1m")
     pause, grown, hold = tmp_path / "pause", tmp_path / "grown", tmp_path / "hold"
-    try:
-        filler = _fill(volume) if when == "at_start" else None
+    with small_tmpfs(tmp_path / "spool", "1m", "the unit tests cover a failing write") as volume:
+        filler = fill(volume) if when == "at_start" else None
         p = subprocess.Popen([sys.executable, WORKLOAD, "--steps", "40", "--pause", str(pause), "--grow", "100",
                               "--grown", str(grown), "--hold", str(hold)], env=_env(volume), stderr=subprocess.PIPE)
         try:
             if when == "mid_run":
                 wait_until(lambda: list(volume.glob("*.shard")), timeout_s=30, what="the shard")
-                filler = _fill(volume)  # full now; the workload grows into new series next
+                filler = fill(volume)  # full now; the workload grows into new series next
             pause.touch()  # 100 new series (new pages of the shard) and 40 steps, on the full volume
             wait_until(lambda: p.poll() is not None or grown.exists(), timeout_s=60, what="the work on a full volume")
             assert p.poll() is None, f"the workload died on a full spool: {p.returncode}"
@@ -86,8 +68,6 @@ def test_a_full_spool_volume_never_kills_the_workload_and_loses_no_step(tmp_path
         assert "Traceback" not in err
         if when == "at_start":
             assert "cannot publish to the spool" in err, "said once, clearly"
-    finally:
-        subprocess.run(["umount", str(volume)], capture_output=True)
 
 
 def test_a_shard_truncated_under_a_running_agent_is_counted_and_the_agent_serves_on(tmp_path: Path) -> None:

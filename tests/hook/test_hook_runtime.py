@@ -225,7 +225,8 @@ def test_a_training_process_that_never_steps_is_stalled_after_the_first_step_tim
 
 def test_a_service_that_never_steps_is_never_stalled(tmp_path: Path) -> None:
     h = hook(tmp_path, first_step_timeout_s=1.0)
-    h.series("counter", "outrider_requests_total", {"route": "/", "status_class": "2xx"}, builtin=True).inc()
+    h.series("counter", "outrider_requests_total", {"route": "/", "method": "GET", "scheme": "http",
+                                                    "status_code": "200", "status_class": "2xx"}, builtin=True).inc()
     h.progress.serving_seen = True
     h.progress.started_perf -= 3600
     h.flush()

@@ -78,13 +78,16 @@ def test_asgi_route_template_status_class_and_streaming(tmp_path: Path, live_hoo
     drive(OutriderMiddleware(failing_app), "/nope/123")
     parsed = read(tmp_path, live_hook)
     route = "/v1/items/{item_id}"
-    assert value(parsed, "outrider_requests_total", route=route, status_class="2xx", rank="") == 3
-    assert value(parsed, "outrider_requests_total", route="unmatched", status_class="5xx", rank="") == 1
+    ok = {"route": route, "method": "GET", "status_code": "200", "status_class": "2xx"}
+    gen_ai = {"operation": "chat", "provider": "self_hosted"}
+    assert value(parsed, "outrider_requests_total", **ok) == 3
+    assert value(parsed, "outrider_requests_total", route="unmatched", method="GET", status_code="503",
+                 status_class="5xx") == 1
     assert not any("/v1/items/1" in str(k) for k in parsed), "never the raw path"
-    assert value(parsed, "outrider_inference_time_to_first_token_seconds_count", route=route, rank="") == 3
-    assert value(parsed, "outrider_inference_inter_token_latency_seconds_count", route=route, rank="") == 6
-    assert value(parsed, "outrider_requests_in_flight", route="all", rank="") == 0
-    assert value(parsed, "outrider_request_duration_seconds_sum", route=route, status_class="2xx", rank="") > 0.05
+    assert value(parsed, "outrider_inference_time_to_first_token_seconds_count", route=route, **gen_ai) == 3
+    assert value(parsed, "outrider_inference_inter_token_latency_seconds_count", route=route, **gen_ai) == 6
+    assert value(parsed, "outrider_requests_in_flight", route="all", method="GET") == 0
+    assert value(parsed, "outrider_request_duration_seconds_sum", **ok) > 0.05
 
 
 def test_wsgi_through_a_real_server(tmp_path: Path, live_hook: Hook) -> None:
@@ -106,9 +109,10 @@ def test_wsgi_through_a_real_server(tmp_path: Path, live_hook: Hook) -> None:
     finally:
         server.shutdown()
     parsed = read(tmp_path, live_hook)
-    assert value(parsed, "outrider_requests_total", route="/predict/{model}", status_class="2xx", rank="") == 2
+    assert value(parsed, "outrider_requests_total", route="/predict/{model}", method="GET", scheme="http",
+                 status_code="200", status_class="2xx") == 2
     assert value(parsed, "outrider_inference_inter_token_latency_seconds_count", route="/predict/{model}",
-                 rank="") == 4
+                 operation="chat", provider="self_hosted") == 4
 
 
 def test_latency_helpers(tmp_path: Path, live_hook: Hook) -> None:

@@ -83,17 +83,26 @@ def test_demo_runs_the_synthetic_workload_and_reports(tmp_path: object) -> None:
     fired = r.stderr.find("alert DemoStepTimeRegression FIRING {instance=demo, job=outrider, severity=warning}")
     resolved = r.stderr.find("alert DemoStepTimeRegression RESOLVED")
     assert 0 <= fired < resolved, r.stderr
-    assert re.search(r"DemoStepTimeRegression: fired [\d:]+, resolved [\d:]+ \(inactive\); Training steps on demo "
-                     r"take [\d.]+ms", r.stderr), r.stderr
+    assert re.search(r"DemoStepTimeRegression \(warning\) fired at [\d:]+, resolved at [\d:]+ after [\d.]+ s: "
+                     r"Training\s+steps\s+on\s+demo\s+take\s+[\d.]+ms", r.stderr), r.stderr
     assert "exited with code 0" in r.stderr
     assert "cores" in r.stderr and "peak RSS" in r.stderr
-    training = re.search(r"training\s+(\d+) steps, step time p50 ([\d.]+) ms, p99 ([\d.]+) ms, (\d+) samples/s",
+    duration = r"([\d.]+ (?:µs|ms|s))"
+    training = re.search(rf"training\s+([\d,]+) steps, step time p50 {duration}, p99 {duration}, ([\d,]+) samples/s",
                          r.stderr)
     assert training, r.stderr
-    steps, p50, p99, _ = (float(g) for g in training.groups())
+    steps, p50, p99 = int(training.group(1).replace(",", "")), _seconds(training.group(2)), _seconds(training.group(3))
     assert steps > 5 and 0 < p50 <= p99
-    assert re.search(r"data-loader wait p50 [\d.]+ ms, \d+% of the loop waiting for data", r.stderr), r.stderr
-    inference = re.search(r"inference\s+(\d+) requests on /predict/\{model\}, latency p50 ([\d.]+) ms, "
-                          r"p90 ([\d.]+) ms, p99 ([\d.]+) ms; (\d+) errors", r.stderr)
+    assert re.search(rf"data-loader wait p50 {duration}, [\d.]+% of the loop waiting for data", r.stderr), r.stderr
+    inference = re.search(rf"inference\s+([\d,]+) requests on /predict/\{{model\}}, latency p50 {duration}, "
+                          rf"p90 {duration}, p99 {duration}; ([\d,]+) errors", r.stderr)
     assert inference, r.stderr
-    assert int(inference.group(1)) > 10 and float(inference.group(2)) <= float(inference.group(4))
+    assert re.search(r"\nverdict: \w+", r.stderr) and "report: " in r.stderr, r.stderr
+    assert int(inference.group(1).replace(",", "")) > 10
+    assert _seconds(inference.group(2)) <= _seconds(inference.group(4))
+
+
+def _seconds(text: str) -> float:
+    """A duration as the summary prints it (12.3 ms) in seconds."""
+    number, unit = text.split()
+    return float(number) * {"µs": 1e-6, "ms": 1e-3, "s": 1.0}[unit]

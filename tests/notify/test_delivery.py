@@ -232,6 +232,22 @@ def test_webhook_notifier_type_checks_its_url() -> None:
     assert not Route(match={"severity": "critical"}).accepts({"severity": "warning"})
 
 
+def test_a_heartbeat_reaches_alertmanager_and_who_asks_for_it_never_a_pager_by_default(tmp_path: Path) -> None:
+    """The Watchdog fires at every agent start: a pager that did not ask for it must not be paged."""
+    from outrider.notify.dispatcher import parse_receivers
+
+    watchdog = {"alertname": "Watchdog", "severity": "none"}
+    routes = dict((n.name, r) for n, r in parse_receivers({"receivers": [
+        {"name": "am", "type": "alertmanager", "url": "http://127.0.0.1:9093"},
+        {"name": "hook", "type": "webhook", "url": "http://127.0.0.1:1/"},
+        {"name": "deadman", "type": "webhook", "url": "http://127.0.0.1:2/", "match": {"severity": "none"}},
+        {"name": "beat", "type": "webhook", "url": "http://127.0.0.1:3/", "heartbeats": True},
+    ]}, "test"))
+    assert routes["am"].accepts(watchdog) and routes["deadman"].accepts(watchdog) and routes["beat"].accepts(watchdog)
+    assert not routes["hook"].accepts(watchdog)
+    assert routes["hook"].accepts({"alertname": "GPULost", "severity": "critical"}), "everything else as before"
+
+
 def test_http_receivers_take_bearer_or_basic_auth_and_a_private_ca(tmp_path: Path,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     import base64

@@ -68,7 +68,10 @@ def test_the_builtin_catalog_loads_and_its_store_keeps_only_what_rules_read() ->
     assert "outrider_process_cpu_seconds_total" not in kept  # no rule reads it: never stored
     # the longest window: 6 h of the latency histogram for the slow SLO burn, plus one evaluation interval
     assert kept["outrider_request_duration_seconds_bucket"] == 6 * 3_600_000 + 15_000
-    assert kept["outrider:request_latency_seconds:p99_5m"] == 3_600_000 + 300_000 + 15_000
+    # a recorded series: the hour around this time yesterday (offset 23h30m) the latency alert compares with
+    assert kept["outrider:request_latency_seconds:p99_5m"] == 23 * 3_600_000 + 30 * 60_000 + 3_600_000 + 15_000
+    # the baselines read a day of hourly means, in the recording group's own 30 s interval
+    assert kept["outrider:train_step_seconds:mean1h"] == 24 * 3_600_000 + 30_000
 
 
 def test_the_store_is_trimmed_to_the_rules_windows() -> None:

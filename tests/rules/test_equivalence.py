@@ -35,7 +35,8 @@ def test_embedded_evaluator_passes_the_promtool_cases(path: Path) -> None:
 def test_promtool_agrees_with_the_embedded_evaluator_at_every_step(path: Path, tmp_path: Path) -> None:
     spec = as_promtool_expectations(path)
     checks = sum(len(case["alert_rule_test"]) for case in spec["tests"])
-    firing = sum(len(t["exp_alerts"]) for case in spec["tests"] for t in case["alert_rule_test"])
+    firing = sum(len(t["exp_alerts"]) for case in spec["tests"] for t in case["alert_rule_test"]
+                 if t["alertname"] != "Watchdog")  # it fires at every step of every case
     assert checks > 1000 and firing > 50  # every step x every alert, and alerts do fire in these scenarios
     r = promtool_test(spec, tmp_path)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]

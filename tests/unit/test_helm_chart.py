@@ -97,18 +97,43 @@ def test_every_manifest_validates_strictly(values_file: str | None, version: str
 
 @pytest.mark.parametrize("values_file", VALUES_FILES)
 def test_containers_are_hardened(values_file: str | None) -> None:
-    for spec in pod_specs(render(values_file)):
+    for doc in kind(render(values_file), "DaemonSet") + kind(render(values_file), "Deployment") + \
+            kind(render(values_file), "Job"):
+        spec = doc["spec"]["template"]["spec"]
         assert spec["automountServiceAccountToken"] is False
         found = agents(spec)
         assert len(found) == 1
         sc = found[0]["securityContext"]
-        assert sc["runAsNonRoot"] and sc["readOnlyRootFilesystem"] and not sc["allowPrivilegeEscalation"]
-        assert sc["runAsUser"] == 65532
+        assert sc["readOnlyRootFilesystem"] and not sc["allowPrivilegeEscalation"]
         assert sc["capabilities"]["drop"] == ["ALL"]
+        reads_pod_resources = any(v["name"] == "pod-resources" for v in spec.get("volumes", []))
+        # Only the node agent that asks the kubelet which pod owns each GPU runs as root (the socket's rule)
+        assert reads_pod_resources == (doc["kind"] == "DaemonSet" and sc["runAsUser"] == 0)
+        if not reads_pod_resources:
+            assert sc["runAsNonRoot"] and sc["runAsUser"] == 65532
         assert found[0]["startupProbe"]["httpGet"]["path"] == "/readyz"
         assert found[0]["readinessProbe"]["httpGet"]["path"] == "/readyz"
         assert found[0]["livenessProbe"]["httpGet"]["path"] == "/healthz"
         assert found[0]["resources"]["limits"]["memory"]
+
+
+def test_node_agent_asks_the_kubelet_which_pod_owns_each_gpu_or_runs_without_root() -> None:
+    (ds,) = kind(render(None), "DaemonSet")
+    spec = ds["spec"]["template"]["spec"]
+    (agent,) = agents(spec)
+    mounts = {m["name"]: m for m in agent["volumeMounts"]}
+    assert mounts["pod-resources"]["mountPath"] == "/var/lib/kubelet/pod-resources" and mounts["pod-resources"][
+        "readOnly"]
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    assert volumes["pod-resources"]["hostPath"]["path"] == "/var/lib/kubelet/pod-resources"
+    assert env_of(agent)["OUTRIDER_K8S_POD_RESOURCES_SOCKET"]["value"] == \
+        "/var/lib/kubelet/pod-resources/kubelet.sock"
+    (ds,) = kind(render(None, {"nodeAgent": {"podResources": {"enabled": False}}}), "DaemonSet")
+    spec = ds["spec"]["template"]["spec"]
+    (agent,) = agents(spec)
+    assert "pod-resources" not in {v["name"] for v in spec["volumes"]}
+    assert "OUTRIDER_K8S_POD_RESOURCES_SOCKET" not in env_of(agent)
+    assert agent["securityContext"]["runAsUser"] == 65532 and agent["securityContext"]["runAsNonRoot"]
 
 
 def test_node_agent_sees_the_host_network_root_proc_and_sys() -> None:

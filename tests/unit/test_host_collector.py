@@ -1,8 +1,10 @@
-"""Host collector against fixture procfs trees (tests/fixtures/proc), node_exporter style."""
+"""Host collector against fixture procfs and sysfs trees (tests/fixtures/proc, tests/fixtures/sys), node_exporter
+style."""
 
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -14,11 +16,21 @@ from outrider.metrics.exposition import render
 from outrider.metrics.family import Family
 from outrider.sampler import SweepStats
 
-GOLDEN = Path(__file__).parent.parent / "fixtures" / "host.prom"
+FIXTURES = Path(__file__).parent.parent / "fixtures"
+GOLDEN = FIXTURES / "host.prom"
+
+
+def sys_tree(proc_root: Path) -> Path:
+    """A writable copy of the fixture sysfs tree beside the procfs copy (a cgroup v2 container with a limit)."""
+    root = proc_root.parent / "sys"
+    if not root.exists():
+        shutil.copytree(FIXTURES / "sys", root)
+    return root
 
 
 def collector(root: Path, **cfg: object) -> HostCollector:
-    config = Config(proc_root=str(root), **{"filesystems": (), **cfg})  # type: ignore[arg-type]
+    config = Config(proc_root=str(root), **{"filesystems": (), "sys_root": str(sys_tree(root)),  # type: ignore[arg-type]
+                                            **cfg})
     return HostCollector(CollectorContext(config, SweepStats()))
 
 
@@ -198,3 +210,83 @@ def test_kept_open_reader_rereads_live_procfs() -> None:
     assert ctxt(r.read("stat")) > first, "the same descriptor yields fresh content"
     assert r.read("self/mounts").strip(), "larger seq files are read whole"
     r.close()
+
+
+def test_inodes_match_statvfs(proc_fixture: Path, tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    (proc_fixture / "mounts").write_text(f"tmpfs {tmp_path} tmpfs rw 0 0\n")
+    m = by_name(collector(proc_fixture, filesystems=(str(data),)).collect())
+    st = os.statvfs(data)
+    labels = (str(data), "tmpfs", "tmpfs")
+    assert m["outrider_host_filesystem_files"][labels] == st.f_files
+    # the free count moves as other tests create files on the same filesystem: it is statvfs's, within a margin
+    assert abs(m["outrider_host_filesystem_files_free"][labels] - st.f_ffree) < 1000
+    assert m["outrider_host_filesystem_files_free"][labels] <= m["outrider_host_filesystem_files"][labels]
+
+
+def test_cgroup_v2_limit_usage_working_set_and_oom_kills(proc_fixture: Path) -> None:
+    m = by_name(collector(proc_fixture).collect())
+    assert m["outrider_cgroup_memory_limit_bytes"][()] == 16 * 2**30
+    assert m["outrider_cgroup_memory_usage_bytes"][()] == 12 * 2**30
+    assert m["outrider_cgroup_memory_working_set_bytes"][()] == 10 * 2**30  # usage minus inactive_file (2 GiB)
+    assert m["outrider_cgroup_memory_oom_kills_total"][()] == 1
+    assert m["outrider_host_memory_limit_bytes"][()] == 65799224 * 1024, "the host's MemTotal stays the host's"
+
+
+def test_cgroup_v2_without_a_limit_omits_it(proc_fixture: Path) -> None:
+    (sys_tree(proc_fixture) / "fs" / "cgroup" / "memory.max").write_text("max\n")
+    c = collector(proc_fixture)
+    m = by_name(c.collect())
+    assert "outrider_cgroup_memory_limit_bytes" not in m, "absent, not a misleading huge number"
+    assert m["outrider_cgroup_memory_usage_bytes"][()] == 12 * 2**30
+    assert c.errors == 0
+
+
+def test_cgroup_v2_path_below_the_mount_without_a_cgroup_namespace(proc_fixture: Path) -> None:
+    cgroup = sys_tree(proc_fixture) / "fs" / "cgroup"
+    own = cgroup / "kubepods.slice" / "pod-a.slice" / "cri-abc.scope"
+    own.mkdir(parents=True)
+    for name, text in (("memory.max", "8589934592\n"), ("memory.current", "4294967296\n"),
+                       ("memory.stat", "inactive_file 0\n"), ("memory.events", "oom_kill 0\n")):
+        (own / name).write_text(text)
+    (proc_fixture / "self" / "cgroup").write_text("0::/kubepods.slice/pod-a.slice/cri-abc.scope\n")
+    m = by_name(collector(proc_fixture).collect())
+    assert m["outrider_cgroup_memory_limit_bytes"][()] == 8 * 2**30, "the agent's own cgroup, not the mount's root"
+    assert m["outrider_cgroup_memory_working_set_bytes"][()] == 4 * 2**30
+
+
+def test_cgroup_v1_memory_controller(proc_fixture: Path) -> None:
+    root = sys_tree(proc_fixture)
+    shutil.rmtree(root / "fs" / "cgroup")
+    memory = root / "fs" / "cgroup" / "memory"
+    memory.mkdir(parents=True)
+    (memory / "memory.limit_in_bytes").write_text("4294967296\n")
+    (memory / "memory.usage_in_bytes").write_text("3221225472\n")
+    (memory / "memory.stat").write_text("cache 1073741824\ninactive_file 0\ntotal_inactive_file 1073741824\n")
+    (memory / "memory.oom_control").write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 3\n")
+    # a v1 runtime that mounts only the container's cgroup: its full path does not exist below the mount
+    (proc_fixture / "self" / "cgroup").write_text("5:cpuacct,cpu:/docker/abc\n4:memory:/docker/abc\n0::/\n")
+    m = by_name(collector(proc_fixture).collect())
+    assert m["outrider_cgroup_memory_limit_bytes"][()] == 4 * 2**30
+    assert m["outrider_cgroup_memory_working_set_bytes"][()] == 2 * 2**30
+    assert m["outrider_cgroup_memory_oom_kills_total"][()] == 3
+    (memory / "memory.limit_in_bytes").write_text("9223372036854771712\n")
+    assert "outrider_cgroup_memory_limit_bytes" not in by_name(collector(proc_fixture).collect()), "v1's no limit"
+
+
+def test_no_memory_controller_is_absent_not_an_error(proc_fixture: Path) -> None:
+    shutil.rmtree(sys_tree(proc_fixture) / "fs" / "cgroup")
+    c = collector(proc_fixture)
+    m = by_name(c.collect())
+    assert not any(name.startswith("outrider_cgroup_") for name in m)
+    assert "outrider_host_memory_limit_bytes" in m
+    assert c.errors == 0
+
+
+def test_a_malformed_cgroup_file_is_a_counted_drop(proc_fixture: Path) -> None:
+    (sys_tree(proc_fixture) / "fs" / "cgroup" / "memory.current").write_text("lots\n")
+    c = collector(proc_fixture)
+    m = by_name(c.collect())
+    assert "outrider_cgroup_memory_usage_bytes" not in m and "outrider_host_memory_limit_bytes" in m
+    assert c.errors == 1

@@ -255,3 +255,28 @@ def test_io_unreadable_for_a_while_neither_resets_nor_double_counts(fake: FakePr
     fake.add(100, 1, "train", io=(1500, 0))
     m = by_name(c.collect())
     assert m["outrider_watched_io_bytes_total"][("read",)] == 1500
+def test_identity_of_a_shown_process_user_command_and_start_time() -> None:
+    import pwd
+
+    import psutil
+
+    from outrider.collectors import procfs
+    from outrider.collectors.process_identity import MAX_COMMAND, ProcessIdentities
+
+    me = os.getpid()
+    key = (me, procfs.read_proc_stat("/proc", me).start_ticks)
+    start, info = ProcessIdentities("/proc").families([key], {key: "python"})
+    (labels, started), = start.samples
+    assert labels == (str(me), "python")
+    assert abs(started - psutil.Process(me).create_time()) <= 1.0 / procfs.CLOCK_TICKS + 1.0  # btime is whole seconds
+    (labels, one), = info.samples
+    assert one == 1 and labels[2] == pwd.getpwuid(os.getuid()).pw_name
+    assert labels[3] == " ".join(psutil.Process(me).cmdline())[:MAX_COMMAND]
+
+
+def test_identity_of_a_process_gone_meanwhile_is_left_out_not_an_error(tmp_path: Path) -> None:
+    from outrider.collectors.process_identity import ProcessIdentities
+
+    (tmp_path / "stat").write_text("cpu 1 2 3 4 5 6 7 8\nbtime 1700000000\n")
+    start, info = ProcessIdentities(str(tmp_path)).families([(4242, 100)], {(4242, 100): "gone"})
+    assert start.samples and not info.samples

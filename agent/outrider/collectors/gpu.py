@@ -141,6 +141,11 @@ class GpuCollector(Collector):
                     labels, owner = gpu_labels[index]
                     fam("outrider_gpu_last_xid_timestamp_seconds").add(ts, *labels, *self._owner_values(owner))
         self.errors = self.nvml.errors + self._owner_errors_seen
+        driver = self.nvml.driver_version()
+        if driver:  # an OTLP fact about the GPU, not a Prometheus label (a driver upgrade starts no new series)
+            for f in fam.families.values():
+                if f.defn.otel_name.startswith("hw."):
+                    f.attributes = {"hw.driver_version": driver}
         return [*fam.families.values(), *self._owner_families()]
 
     def _owner_values(self, owner: Owner | None) -> tuple[str, ...]:
@@ -190,6 +195,8 @@ class GpuCollector(Collector):
             fam("outrider_gpu_memory_total_bytes").add(mem.total, *labels, *owned)
             fam("outrider_gpu_memory_used_bytes").add(mem.used, *labels, *owned)
             fam("outrider_gpu_memory_free_bytes").add(mem.free, *labels, *owned)
+            if mem.total:
+                fam("outrider_gpu_memory_utilization_ratio").add(mem.used / mem.total, *labels, *owned)
             if hasattr(mem, "reserved"):
                 fam("outrider_gpu_memory_reserved_bytes").add(mem.reserved, *labels, *owned)
         temp = q("nvmlDeviceGetTemperature", h, lib.NVML_TEMPERATURE_GPU, device=i)

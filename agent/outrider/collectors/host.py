@@ -1,4 +1,5 @@
-"""Host collector: CPU, memory and swap, load, PSI pressure, disk and network I/O, and filesystem space."""
+"""Host collector: CPU, memory and swap, load, PSI pressure, disk and network I/O, filesystem space and inodes, and
+the memory limit and usage of the cgroup (container) the agent runs in."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import os
 import re
 import time
 
-from outrider.collectors import procfs
+from outrider.collectors import cgroupfs, procfs
 from outrider.collectors.base import Collector, CollectorContext
 from outrider.metrics.family import Family
 
@@ -16,11 +17,14 @@ MOUNTS_TTL_S = 60.0
 
 class HostCollector(Collector):
     name = "host"
-    description = "host CPU, memory, swap, load, PSI, disk and network I/O, filesystem space (from /proc)"
+    description = ("host CPU, memory, swap, load, PSI, disk and network I/O, filesystem space and inodes (from /proc), "
+                   "and the agent's cgroup memory limit")
 
     def __init__(self, ctx: CollectorContext) -> None:
         super().__init__(ctx)
         self._root = ctx.config.proc_root
+        self._sys_root = ctx.config.sys_root
+        self._memory_cgroup: cgroupfs.MemoryCgroup | None = None
         self._disk_exclude = re.compile(ctx.config.disk_exclude)
         self._net_exclude = re.compile(ctx.config.network_exclude)
         self._prev_cpu: dict[str, float] | None = None
@@ -30,8 +34,8 @@ class HostCollector(Collector):
 
     def collect(self) -> list[Family]:
         fams: list[Family] = []
-        for part in (self._cpu, self._load, self._memory, self._vmstat, self._pressure, self._disks,
-                     self._network, self._filesystems):
+        for part in (self._cpu, self._load, self._memory, self._cgroup_memory, self._vmstat, self._pressure,
+                     self._disks, self._network, self._filesystems):
             try:
                 fams.extend(part())
             except FileNotFoundError as e:
@@ -82,6 +86,20 @@ class HostCollector(Collector):
                 Family("outrider_host_memory_available_bytes").add(available), usage, swap,
                 Family("outrider_host_memory_shared_bytes").add(mem.get("Shmem", 0)),
                 Family("outrider_host_memory_dirty_bytes").add(mem.get("Dirty", 0) + mem.get("Writeback", 0))]
+
+    def _cgroup_memory(self) -> list[Family]:
+        if self._memory_cgroup is None:
+            self._memory_cgroup = cgroupfs.find_memory_cgroup(self._root, self._sys_root)
+            if self._memory_cgroup is None:
+                raise FileNotFoundError(f"{self._sys_root}/fs/cgroup: no memory controller for this process")
+        mem = cgroupfs.read_memory(self._memory_cgroup)
+        fams = [Family("outrider_cgroup_memory_usage_bytes").add(mem.usage_bytes),
+                Family("outrider_cgroup_memory_working_set_bytes").add(mem.working_set_bytes)]
+        if mem.limit_bytes is not None:  # absent, not a misleading huge number, where no limit is set
+            fams.append(Family("outrider_cgroup_memory_limit_bytes").add(mem.limit_bytes))
+        if mem.oom_kills is not None:
+            fams.append(Family("outrider_cgroup_memory_oom_kills_total").add(mem.oom_kills))
+        return fams
 
     def _vmstat(self) -> list[Family]:
         vm = procfs.read_vmstat(self._root, self._r)
@@ -164,6 +182,8 @@ class HostCollector(Collector):
         free = Family("outrider_host_filesystem_free_bytes")
         avail = Family("outrider_host_filesystem_avail_bytes")
         readonly = Family("outrider_host_filesystem_readonly")
+        files = Family("outrider_host_filesystem_files")
+        files_free = Family("outrider_host_filesystem_files_free")
         mounts = self._mounts()
         host_root = self.ctx.config.host_root.rstrip("/")
         for path in self.ctx.config.filesystems:
@@ -180,4 +200,8 @@ class HostCollector(Collector):
             # Through host_root the bind mount is read-only by design: only the host's own mount flags count.
             ro = bool(m and m.readonly) if host_root else bool(st.f_flag & os.ST_RDONLY) or bool(m and m.readonly)
             readonly.add(1 if ro else 0, *labels)
-        return [size, free, avail, readonly]
+            # f_files is 0 on filesystems without a fixed inode table (btrfs, many FUSE mounts): exported as it is,
+            # the rules leave such filesystems out rather than divide by it
+            files.add(st.f_files, *labels)
+            files_free.add(st.f_ffree, *labels)
+        return [size, free, avail, readonly, files, files_free]

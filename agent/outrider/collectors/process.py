@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from outrider.collectors import procfs
 from outrider.collectors.base import Collector, CollectorContext
+from outrider.collectors.process_identity import ProcessIdentities
 from outrider.metrics.family import Family
 
 OTHER = "other"
@@ -57,6 +58,7 @@ class ProcessCollector(Collector):
         self._tree_read: set[tuple[int, int]] = set()
         self.last_rss_total = 0  # for the end-of-run summary's peak
         self.peak_rss_total = 0
+        self._identities = ProcessIdentities(self._root)
 
     def _pids(self) -> list[int]:
         roots = self.ctx.roots
@@ -189,6 +191,7 @@ class ProcessCollector(Collector):
             Family("outrider_watched_memory_rss_bytes").add(total_rss),
             tree_io,
             Family("outrider_watched_threads").add(sum(r.stat.threads for r in readings.values())),
+            *self._identities.families(self._slots, {k: readings[k].stat.name for k in self._slots}),
         ]
 
     @property

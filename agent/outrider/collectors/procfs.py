@@ -364,3 +364,26 @@ def _descendants_by_ppid(root: str, roots: tuple[int, ...]) -> list[int]:
         out.append(pid)
         stack.extend(by_parent.get(pid, ()))
     return out
+
+
+def read_boot_time(root: str) -> float:
+    """Unix time the host booted (btime in /proc/stat): a process's start is this plus its start ticks."""
+    for line in read_text(f"{root}/stat").splitlines():
+        if line.startswith("btime "):
+            return float(line.split()[1])
+    raise ValueError(f"{root}/stat has no btime line")
+
+
+def read_proc_uid(root: str, pid: int) -> int:
+    """The process's real uid (the user it runs as, as `ps` shows it)."""
+    for line in read_text(f"{root}/{pid}/status").splitlines():
+        if line.startswith("Uid:"):
+            return int(line.split()[1])
+    raise ValueError(f"{root}/{pid}/status has no Uid line")
+
+
+def read_proc_cmdline(root: str, pid: int) -> str:
+    """The command line, arguments joined by spaces ("" for a kernel thread or a process that is exiting)."""
+    with open(f"{root}/{pid}/cmdline", "rb") as fh:
+        raw = fh.read(4096)
+    return raw.rstrip(b"\0").replace(b"\0", b" ").decode("utf-8", "replace")

@@ -33,6 +33,10 @@ def build() -> Dashboard:
                            "(outrider_alerts): the same rules, evaluated where no Prometheus may run.", "short",
                            query(f'outrider_alerts{{alertstate=~"firing|pending", {SEL}}}', instant=True,
                                  table=True)))
+    d = d.with_panel(ts("Agents' alerts active for", "How long each alert of the agents' own evaluation has been "
+                        "pending or firing (ALERTS_FOR_STATE under Outrider's prefix).", "s",
+                        query(f"time() - outrider_alert_active_since_timestamp_seconds{{{SEL}}}",
+                              "{{alertname}} {{instance}}"), width=24))
     d = d.with_panel(ts("Notifications queued", "Alert notifications waiting in each agent's outbox, per receiver: "
                         "above zero for long, a receiver is down or refusing.", "short",
                         query(f"sum by (instance, receiver) (outrider_notify_queued{{{SEL}}})",

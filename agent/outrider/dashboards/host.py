@@ -1,10 +1,11 @@
-"""Host dashboard: CPU, memory, pressure, disks, network and filesystems."""
+"""Host dashboard: CPU, memory, pressure, disks, network and filesystems, and the watched process tree (the job's
+processes one by one, and their totals)."""
 
 from __future__ import annotations
 
 from grafana_foundation_sdk.builders.dashboard import Dashboard, Row
 
-from outrider.dashboards.panels import GREEN, SEL, dashboard, query, runbook, thresholds, ts
+from outrider.dashboards.panels import GREEN, SEL, dashboard, joined_table, query, runbook, stat, thresholds, ts
 
 
 def build() -> Dashboard:
@@ -29,8 +30,14 @@ def build() -> Dashboard:
                         links=[runbook("exhaustion.md", "hostpressurestall", "pressure")]))
     d = d.with_panel(ts("Load and run queue", "Load average and runnable threads.", "short",
                         query(f"outrider_host_load1{{{SEL}}}", "load1 {{instance}}"),
+                        query(f"outrider_host_load5{{{SEL}}}", "load5 {{instance}}"),
+                        query(f"outrider_host_load15{{{SEL}}}", "load15 {{instance}}"),
                         query(f"outrider_host_procs_running{{{SEL}}}", "running {{instance}}"),
+                        query(f"outrider_host_procs_blocked{{{SEL}}}", "blocked on I/O {{instance}}"),
                         query(f"outrider_host_logical_cpus{{{SEL}}}", "CPUs {{instance}}")))
+    d = d.with_panel(ts("Context switches", "Context switches per second on the host.", "short",
+                        query(f"rate(outrider_host_context_switches_total{{{SEL}}}[$__rate_interval])",
+                              "{{instance}}")))
     d = d.with_panel(ts("OOM kills and major faults", "Kernel OOM kills and major page faults per interval.", "short",
                         query(f"increase(outrider_host_oom_kills_total{{{SEL}}}[$__rate_interval])",
                               "OOM kills {{instance}}"),
@@ -38,6 +45,16 @@ def build() -> Dashboard:
                               "major faults/s {{instance}}"),
                         th=thresholds(GREEN, (1, "red")),
                         links=[runbook("exhaustion.md", "hostoomkills", "OOM kills")]))
+    d = d.with_panel(ts("Memory by state", "Host memory used, free, cached and in buffers; dirty pages waiting to be "
+                        "written back (checkpoint writes in flight).", "bytes",
+                        query(f"outrider_host_memory_usage_bytes{{{SEL}}}", "{{state}} {{instance}}"),
+                        query(f"outrider_host_memory_dirty_bytes{{{SEL}}}", "dirty {{instance}}")))
+    d = d.with_panel(ts("Swap", "Swap used and free, and pages swapped in and out per second: a training host "
+                        "that swaps is slow.", "short",
+                        query(f"outrider_host_swap_usage_bytes{{{SEL}}}", "{{state}} bytes {{instance}}"),
+                        query(f"rate(outrider_host_paging_operations_total{{{SEL}}}[$__rate_interval])",
+                              "pages {{direction}}/s {{instance}}"),
+                        th=thresholds(GREEN, (1, "orange"))))
     d = d.with_row(Row("Disks and network"))
     d = d.with_panel(ts("Disk throughput", "Bytes read and written per device.", "Bps",
                         query(f"rate(outrider_host_disk_io_bytes_total{{{SEL}}}[$__rate_interval])",
@@ -45,6 +62,15 @@ def build() -> Dashboard:
     d = d.with_panel(ts("Disk busy", "Share of time each device had I/O in flight.", "percentunit",
                         query(f"rate(outrider_host_disk_io_time_seconds_total{{{SEL}}}[$__rate_interval])",
                               "{{device}}"), min_val=0, max_val=1))
+    d = d.with_panel(ts("Disk operations and latency", "Completed reads and writes per second, and their mean "
+                        "latency (operation time over operations).", "short",
+                        query(f"rate(outrider_host_disk_operations_total{{{SEL}}}[$__rate_interval])",
+                              "ops/s {{device}} {{direction}}"),
+                        query(f"rate(outrider_host_disk_operation_time_seconds_total{{{SEL}}}[$__rate_interval]) / "
+                              f"rate(outrider_host_disk_operations_total{{{SEL}}}[$__rate_interval])",
+                              "latency s {{device}} {{direction}}")))
+    d = d.with_panel(ts("Disk queue", "I/O operations in flight on each device right now.", "short",
+                        query(f"outrider_host_disk_io_in_progress{{{SEL}}}", "{{device}}")))
     d = d.with_panel(ts("Network throughput", "Bytes received and transmitted per interface.", "Bps",
                         query(f"rate(outrider_host_network_io_bytes_total{{{SEL}}}[$__rate_interval])",
                               "{{interface}} {{direction}}")))
@@ -53,6 +79,9 @@ def build() -> Dashboard:
                               "errors {{interface}} {{direction}}"),
                         query(f"rate(outrider_host_network_dropped_total{{{SEL}}}[$__rate_interval])",
                               "drops {{interface}} {{direction}}")))
+    d = d.with_panel(ts("Network packets", "Packets received and transmitted per second per interface.", "pps",
+                        query(f"rate(outrider_host_network_packets_total{{{SEL}}}[$__rate_interval])",
+                              "{{interface}} {{direction}}")))
     d = d.with_row(Row("Filesystems"))
     d = d.with_panel(ts("Filesystem space used", "Used share of each configured path's filesystem (checkpoint and "
                         "data directories).", "percentunit",
@@ -61,5 +90,51 @@ def build() -> Dashboard:
                         th=thresholds(GREEN, (0.8, "orange"), (0.95, "red")), min_val=0, max_val=1,
                         links=[runbook("exhaustion.md", "diskfillingup", "disk filling")]))
     d = d.with_panel(ts("Filesystem space available", "Bytes an unprivileged writer can still use.", "bytes",
-                        query(f"outrider_host_filesystem_avail_bytes{{{SEL}}}", "{{mountpoint}}")))
+                        query(f"outrider_host_filesystem_avail_bytes{{{SEL}}}", "available {{mountpoint}}"),
+                        query(f"outrider_host_filesystem_free_bytes{{{SEL}}}", "free (with root's reserve) "
+                              "{{mountpoint}}")))
+    d = d.with_panel(stat("Read-only filesystems", "Configured paths whose filesystem is mounted read-only: a "
+                          "checkpoint written there fails.", "short",
+                          query(f"sum(outrider_host_filesystem_readonly{{{SEL}}})", instant=True),
+                          th=thresholds(GREEN, (1, "red"))))
+    d = d.with_row(Row("Watched processes"))
+    d = d.with_panel(stat("Watched tree alive", "1 while the root of the watched process tree lives (always 1 when "
+                          "the whole host is watched).", "short",
+                          query(f"min(outrider_watched_up{{{SEL}}})", instant=True),
+                          th=thresholds((None, "red"), (1, "green")),
+                          links=[runbook("meta.md", "watchedtargetabsent", "watched target absent")]))
+    d = d.with_panel(stat("Processes", "Live processes in the watched tree.", "short",
+                          query(f"sum(outrider_watched_processes{{{SEL}}})", instant=True)))
+    d = d.with_panel(stat("Threads", "Threads of the live processes in the watched tree.", "short",
+                          query(f"sum(outrider_watched_threads{{{SEL}}})", instant=True)))
+    d = d.with_panel(stat("Resident memory", "Resident memory of the whole watched tree.", "bytes",
+                          query(f"sum(outrider_watched_memory_rss_bytes{{{SEL}}})", instant=True)))
+    d = d.with_panel(ts("Tree CPU and I/O", "CPU (1 = one core) and storage bytes per second of the whole watched "
+                        "tree, exited processes included.", "short",
+                        query(f"sum by (mode) (rate(outrider_watched_cpu_seconds_total{{{SEL}}}[$__rate_interval]))",
+                              "CPU {{mode}}"),
+                        query(f"sum by (direction) (rate(outrider_watched_io_bytes_total{{{SEL}}}[$__rate_interval]))",
+                              "bytes/s {{direction}}")))
+    d = d.with_panel(ts("Process CPU", "CPU of each watched process (top N; \"other\": the rest), 1 = one core.",
+                        "percentunit",
+                        query(f"sum by (pid, name) (rate(outrider_process_cpu_seconds_total{{{SEL}}}"
+                              "[$__rate_interval]))", "{{pid}} {{name}}")))
+    d = d.with_panel(joined_table(
+        "Processes", "The watched processes shown one by one (top N), like top: user and command, CPU (1 = one core), "
+        "resident memory, threads, open files, storage I/O, context switches and running time.", [
+            ("CPU", "percentunit", query(f"sum by (instance, pid) (rate(outrider_process_cpu_seconds_total{{{SEL}}}"
+                                         "[$__rate_interval]))")),
+            ("Resident memory", "bytes", query(f"max by (instance, pid) (outrider_process_memory_rss_bytes{{{SEL}}})")),
+            ("Threads", "short", query(f"max by (instance, pid) (outrider_process_threads{{{SEL}}})")),
+            ("Open files", "short", query(f"max by (instance, pid) (outrider_process_open_fds{{{SEL}}})")),
+            ("Storage I/O", "Bps", query(f"sum by (instance, pid) (rate(outrider_process_io_bytes_total{{{SEL}}}"
+                                         "[$__rate_interval]))")),
+            ("Context switches", "short",
+             query(f"sum by (instance, pid) (rate(outrider_process_context_switches_total{{{SEL}}}"
+                   "[$__rate_interval]))")),
+            ("Running", "dtdurations",
+             query(f"time() - max by (instance, pid) (outrider_process_start_time_seconds{{{SEL}}})")),
+            ("User and command", "short",
+             query(f"max by (instance, pid, name, user, command) (outrider_process_info{{{SEL}}})")),
+        ], height=10))
     return d

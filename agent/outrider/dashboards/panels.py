@@ -1,7 +1,9 @@
 """Shared pieces of Outrider's dashboards: template variables, query and panel factories, thresholds, runbook links.
 
-Built with grafana-foundation-sdk (the Grafana 11.6 build). Every panel has a unit and a description; queries use
-the template variables, so one dashboard serves every job, pod, rank and GPU.
+Built with grafana-foundation-sdk (the Grafana 11.6 build). Every panel has a unit, a description and thresholds;
+queries use the template variables, so one dashboard serves every job, pod, rank and GPU. Links to runbooks and to
+the metrics reference start with the one documentation URL (outrider.links), chosen when the dashboards are
+rendered.
 """
 
 from __future__ import annotations
@@ -38,15 +40,27 @@ from grafana_foundation_sdk.models.dashboard import (
     DashboardCursorSync,
     DashboardLinkType,
     DataSourceRef,
+    DataTransformerConfig,
+    DynamicConfigValue,
     Threshold,
     ThresholdsMode,
     VariableRefresh,
     VariableSort,
 )
 
+from outrider import links
+
 DATASOURCE = DataSourceRef(type_val="prometheus", uid="${datasource}")
 SEL = 'namespace=~"$namespace", job=~"$job", instance=~"$instance"'
-RUNBOOKS = "https://github.com/outrider-dev/outrider/blob/main/alerts/runbooks/"
+# The Kubernetes workload that owns a GPU (kubelet PodResources; the agent's default owner label names). A GPU no pod
+# owns has no such label, and the variables' All (.*) matches the empty value: unowned GPUs stay in view.
+OWNER = 'exported_namespace=~"$workload_namespace", exported_pod=~"$workload_pod"'
+_docs: str | None = None  # the documentation base URL of the dashboards being rendered (None: links.docs_url())
+
+
+def set_docs_url(url: str | None) -> None:
+    global _docs
+    _docs = url
 
 
 def variable(name: str, label: str, query: str, multi: bool = True) -> QueryVariable:
@@ -61,14 +75,25 @@ def dashboard(uid: str, title: str, description: str, tags: list[str], variables
          .time("now-1h", "now").timezone("browser").tooltip(DashboardCursorSync.CROSSHAIR)
          .with_variable(DatasourceVariable("datasource").label("Data source").type("prometheus"))
          .link(DashboardLink("Outrider dashboards").type(DashboardLinkType.DASHBOARDS).tags(["outrider"])
-               .as_dropdown(True).include_vars(True).keep_time(True)))
+               .as_dropdown(True).include_vars(True).keep_time(True))
+         .link(DashboardLink("Metrics reference").type(DashboardLinkType.LINK)
+               .url(f"{links.docs_url(_docs)}docs/metrics.md").target_blank(True)))
     base = "outrider_agent_info"
+    by_node = "node" in variables  # the agents of the chosen Kubernetes nodes (outrider_k8s_info, Downward API)
+    owned = "workload_pod" in variables
     known = {
         "namespace": ("Namespace", f"label_values({base}, namespace)"),
         "job": ("Job", f'label_values({base}{{namespace=~"$namespace"}}, job)'),
-        "instance": ("Pod / instance", f'label_values({base}{{namespace=~"$namespace", job=~"$job"}}, instance)'),
+        "node": ("Node", 'label_values(outrider_k8s_info{namespace=~"$namespace", job=~"$job"}, node)'),
+        "instance": ("Pod / instance",
+                     'label_values(outrider_k8s_info{namespace=~"$namespace", job=~"$job", node=~"$node"}, instance)'
+                     if by_node else f'label_values({base}{{namespace=~"$namespace", job=~"$job"}}, instance)'),
+        "workload_namespace": ("Workload namespace", f"label_values(outrider_gpu_up{{{SEL}}}, exported_namespace)"),
+        "workload_pod": ("Workload pod", f'label_values(outrider_gpu_up{{{SEL}, '
+                         f'exported_namespace=~"$workload_namespace"}}, exported_pod)'),
         "rank": ("Rank", f"label_values(outrider_train_steps_total{{{SEL}}}, rank)"),
-        "gpu": ("GPU", f"label_values(outrider_gpu_up{{{SEL}}}, gpu)"),
+        "gpu": ("GPU", f"label_values(outrider_gpu_up{{{SEL}, {OWNER}}}, gpu)" if owned
+                else f"label_values(outrider_gpu_up{{{SEL}}}, gpu)"),
         "route": ("Route", f"label_values(outrider_requests_total{{{SEL}}}, route)"),
     }
     for name in variables:
@@ -102,8 +127,8 @@ GREEN = (None, "green")
 
 
 def runbook(anchor_file: str, anchor: str, title: str) -> DashboardLink:
-    return (DashboardLink(f"Runbook: {title}").type(DashboardLinkType.LINK).url(f"{RUNBOOKS}{anchor_file}#{anchor}")
-            .target_blank(True))
+    return (DashboardLink(f"Runbook: {title}").type(DashboardLinkType.LINK)
+            .url(links.runbook_url(anchor_file, anchor, _docs)).target_blank(True))
 
 
 _ids = itertools.count(1)
@@ -149,6 +174,28 @@ def stat(title: str, description: str, unit: str, q: Dataquery, width: int = 6, 
 def table(title: str, description: str, unit: str, *queries: Dataquery, width: int = 24, height: int = 8,
           th: ThresholdsConfig | None = None, links: list[DashboardLink] | None = None) -> Any:
     return _common(table_panel.Panel(), title, description, unit, list(queries), width, height, th, links)
+
+
+def joined_table(title: str, description: str, columns: list[tuple[str, str, Dataquery]], width: int = 24,
+                 height: int = 8, th: ThresholdsConfig | None = None) -> Any:
+    """One row per entity from several instant queries (nvitop's process table): each query gives one column, its
+    value titled and with its own unit; Grafana's merge transformation joins the rows on the labels the queries
+    share (instance and pid, say), so every query keeps exactly those labels plus its own descriptive ones."""
+    queries = [q.format(_table_format()).instant() for _, _, q in columns]
+    p = _common(table_panel.Panel(), title, description, "short", queries, width, height, th, None)
+    p = p.with_transformation(DataTransformerConfig(id_val="merge", options={}))
+    p = p.with_transformation(DataTransformerConfig(id_val="organize", options={
+        "excludeByName": {"Time": True}, "renameByName": {}}))
+    for i, (name, unit, _) in enumerate(columns):
+        p = p.override_by_name(f"Value #{chr(ord('A') + i)}", [DynamicConfigValue("unit", unit),
+                                                                DynamicConfigValue("displayName", name)])
+    return p
+
+
+def _table_format() -> Any:
+    from grafana_foundation_sdk.models.prometheus import PromQueryFormat
+
+    return PromQueryFormat.TABLE
 
 
 def heatmap(title: str, description: str, unit: str, q: Dataquery, width: int = 12,

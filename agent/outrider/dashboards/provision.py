@@ -20,11 +20,12 @@ class PushError(RuntimeError):
     """A push that cannot proceed; the message says what to fix."""
 
 
-def export(directory: Path, provider_path: str | None = None) -> list[Path]:
-    """Write every dashboard and a provider file pointing Grafana's file provisioning at them."""
+def export(directory: Path, provider_path: str | None = None, docs_url: str | None = None) -> list[Path]:
+    """Write every dashboard and a provider file pointing Grafana's file provisioning at them. `docs_url`: the
+    documentation base URL of their runbook links (default: outrider.links.docs_url())."""
     directory.mkdir(parents=True, exist_ok=True)
     written = []
-    for name, text in render_all().items():
+    for name, text in render_all(docs_url).items():
         (directory / name).write_text(text)
         written.append(directory / name)
     provider = {"apiVersion": 1, "providers": [{
@@ -48,7 +49,8 @@ def read_token(token_file: str | None) -> str:
     return token
 
 
-def push(url: str, token: str, datasource_uid: str | None = None, timeout_s: float = 10.0) -> list[str]:
+def push(url: str, token: str, datasource_uid: str | None = None, timeout_s: float = 10.0,
+         docs_url: str | None = None) -> list[str]:
     """Create the folder if needed and upsert every dashboard into it. Returns the dashboards' URLs."""
     from grafana_client.api import GrafanaApi
     from grafana_client.client import GrafanaClientError, GrafanaException, GrafanaUnauthorizedError
@@ -71,7 +73,7 @@ def push(url: str, token: str, datasource_uid: str | None = None, timeout_s: flo
                 raise
             api.folder.create_folder(FOLDER_TITLE, uid=FOLDER_UID)
         urls = []
-        for name, text in render_all().items():
+        for name, text in render_all(docs_url).items():
             dashboard: dict[str, Any] = json.loads(text)
             dashboard.pop("id", None)
             if datasource_uid:

@@ -1,4 +1,5 @@
-"""Training job dashboard: step time, throughput, data wait, GPU use and memory, allocator, stragglers, alerts."""
+"""Training job dashboard: step time, throughput, data wait, GPU use and memory, allocator, stragglers, the
+instrumented processes (stalls, heartbeats, declared phases), the diagnosis' evidence, alerts."""
 
 from __future__ import annotations
 
@@ -103,4 +104,42 @@ def build() -> Dashboard:
                               "OOMs rank {{rank}}"),
                         th=thresholds(GREEN, (1, "red")),
                         links=[runbook("exhaustion.md", "gpuallocatorretries", "allocator retries")]))
+    d = d.with_panel(stat("Last OOM at step", "The training step during which each rank's last CUDA out-of-memory "
+                          "error happened.", "short",
+                          query(f"max by (rank) (outrider_torch_cuda_oom_step{{{R}}})", "rank {{rank}}", instant=True),
+                          width=24, height=3, th=thresholds(GREEN, (1, "red")),
+                          links=[runbook("exhaustion.md", "gpuoutofmemoryerrors", "OOM errors")]))
+    d = d.with_row(Row("Processes, stalls and phases"))
+    d = d.with_panel(stat("Job age", "Time since the oldest live instrumented process of the selected ranks called "
+                          "instrument().", "s",
+                          query(f"time() - min(outrider_train_start_timestamp_seconds{{{R}}})", instant=True)))
+    d = d.with_panel(stat("Waiting for a first step", "Ranks whose processes have not completed a first step yet "
+                          "(loading data, compiling, waiting for peers).", "short",
+                          query(f"sum(outrider_train_first_step_pending{{{R}}})", instant=True),
+                          th=thresholds(GREEN, (1, "orange"))))
+    d = d.with_panel(stat("Stalled ranks", "Ranks with a process stalled or unresponsive now (their Python stacks "
+                          "are in the spool).", "short", query(f"sum(outrider_hook_stalled{{{R}}})", instant=True),
+                          th=thresholds(GREEN, (1, "red")),
+                          links=[runbook("degradation.md", "trainingstalled", "stalled")]))
+    d = d.with_panel(stat("Oldest heartbeat", "Age of the stalest heartbeat among the instrumented processes (the "
+                          "publisher thread writes one every flush).", "s",
+                          query(f"time() - min(outrider_hook_last_heartbeat_timestamp_seconds{{{R}}})", instant=True),
+                          th=thresholds(GREEN, (30, "orange"), (120, "red"))))
+    d = d.with_panel(ts("Instrumented processes", "Processes publishing to the spool, by state: running, stalled (no "
+                        "step within the stall threshold), unresponsive (alive, publisher silent).", "short",
+                        query(f"sum by (state) (outrider_hook_processes{{{SEL}}})", "{{state}}"),
+                        th=thresholds(GREEN, (1, "orange"))))
+    d = d.with_panel(ts("Declared phases", "Share of time each rank spends in its declared phases (checkpoint, "
+                        "evaluation: outrider.phase), and 1 while one is open.", "percentunit",
+                        query(f"sum by (rank, phase) (rate(outrider_train_phase_seconds_total{{{R}}}"
+                              "[$__rate_interval]))", "{{phase}} rank {{rank}}"),
+                        query(f"max by (rank, phase) (outrider_train_phase_active{{{R}}})",
+                              "open: {{phase}} rank {{rank}}"), min_val=0, max_val=1))
+    d = d.with_panel(ts("Custom latencies p50 / p99", "What the job times itself (outrider.latency, @timed, "
+                        "record_latency), by name.", "s",
+                        *percentiles(f"outrider_latency_seconds_bucket{{{R}}}", 0.5, 0.99, by="le, name",
+                                     legend=" {{name}}")))
+    d = d.with_panel(ts("Diagnosis evidence", "The signals behind the bottleneck verdict over the diagnosis window "
+                        "(data-wait fraction, GPU utilisation, process CPU cores, step time, ...).", "short",
+                        query(f"max by (signal) (outrider_diagnosis_signal{{{SEL}}})", "{{signal}}")))
     return d

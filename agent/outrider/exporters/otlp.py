@@ -22,7 +22,7 @@ import random
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from opentelemetry.sdk.metrics.export import (
@@ -56,17 +56,28 @@ def _http_endpoint(base: str) -> str:
     return base if base.endswith("/v1/metrics") else base + "/v1/metrics"
 
 
-def _attributes(defn: MetricDef, values: tuple[str, ...]) -> dict[str, str | int]:
-    out: dict[str, str | int] = {}
+def _attributes(defn: MetricDef, values: tuple[str, ...], extra: Mapping[str, str]) -> dict[str, str | int]:
+    """A sample's OTLP attributes: the definition's constants, the family's (hw.driver_version), then its labels
+    under their semantic-convention names and enum values. Never an empty one (an unknown owner, a process without
+    a rank) and never a Prometheus-only label."""
+    out: dict[str, str | int] = dict(defn.otel_attributes)
+    out.update(extra)
     for label, value in zip(defn.labels, values):
-        if not value:  # no empty attributes: an unknown owner, a process without a rank
+        if not value or not label.otel:
             continue
-        out[label.otel] = int(value) if label.otel == "process.pid" and value.isdigit() else value
+        if label.otel_int:
+            if value.isdigit():
+                out[label.otel] = int(value)
+            elif label.otel_other:
+                out[label.otel_other] = value  # "other": the processes not shown one by one, never a pid
+            continue
+        out[label.otel] = dict(label.otel_values).get(value, value) if label.otel_values else value
     return out
 
 
-K8S_ATTRIBUTES = {"pod": "k8s.pod.name", "namespace": "k8s.namespace.name", "node": "k8s.node.name",
-                  "container": "k8s.container.name"}
+# Only what the chart sets from the Downward API (POD_NAME, POD_NAMESPACE, NODE_NAME): the container's name has no
+# Downward API field, and a CONTAINER_NAME variable outside Kubernetes says nothing about a Kubernetes container.
+K8S_ATTRIBUTES = {"pod": "k8s.pod.name", "namespace": "k8s.namespace.name", "node": "k8s.node.name"}
 
 
 def _resource(config: Config) -> Resource:
@@ -76,7 +87,7 @@ def _resource(config: Config) -> Resource:
     attrs = detected.attributes
     defaults: dict[str, str] = {}
     for name, value in k8s_identity(config).items():
-        if value and K8S_ATTRIBUTES[name] not in attrs:
+        if value and name in K8S_ATTRIBUTES and K8S_ATTRIBUTES[name] not in attrs:
             defaults[K8S_ATTRIBUTES[name]] = value
     if str(attrs.get("service.name", "unknown_service")).startswith("unknown_service"):
         defaults["service.name"] = "outrider"
@@ -88,26 +99,41 @@ def _resource(config: Config) -> Resource:
 
 
 def to_metrics_data(families: list[Family], resource: Resource, start_ns: int, now_ns: int) -> MetricsData:
-    """One sweep as OTLP data: one Metric per metric name, its samples as data points."""
-    by_name: dict[str, tuple[MetricDef, list[tuple[tuple[str, ...], Any]]]] = {}
+    """One sweep as OTLP data: one Metric per metric name, its samples as data points. Samples that map to the same
+    attributes (the kernel's irq and softirq as cpu.mode "interrupt") are summed into one point."""
+    by_name: dict[str, tuple[MetricDef, dict[frozenset[tuple[str, str | int]], Any]]] = {}
     for fam in families:
-        if fam.samples:
-            by_name.setdefault(fam.defn.name, (fam.defn, []))[1].extend(fam.samples)
+        if not fam.samples:
+            continue
+        points = by_name.setdefault(fam.defn.name, (fam.defn, {}))[1]
+        for labels, value in fam.samples:
+            attrs = _attributes(fam.defn, labels, fam.attributes)
+            key = frozenset(attrs.items())
+            have = points.get(key)
+            if have is None:
+                points[key] = value
+            elif isinstance(value, HistogramValue) and isinstance(have, HistogramValue):
+                points[key] = HistogramValue(value.bounds, tuple(a + b for a, b in zip(have.counts, value.counts)),
+                                             have.sum + value.sum)
+            elif not isinstance(value, HistogramValue) and not isinstance(have, HistogramValue):
+                points[key] = have + value
     metrics = []
-    for defn, samples in by_name.values():
+    for defn, points in by_name.values():
         data: Any
-        if defn.type == "histogram":
-            points = [HistogramDataPoint(
-                attributes=_attributes(defn, labels), start_time_unix_nano=start_ns, time_unix_nano=now_ns,
+        if defn.instrument == "histogram":
+            data = Histogram(data_points=[HistogramDataPoint(
+                attributes=dict(key), start_time_unix_nano=start_ns, time_unix_nano=now_ns,
                 count=h.count, sum=h.sum, bucket_counts=list(h.counts), explicit_bounds=list(h.bounds),
                 min=None, max=None)  # type: ignore[arg-type]  # unknown: left unset in the protobuf
-                for labels, h in samples if isinstance(h, HistogramValue)]
-            data = Histogram(data_points=points, aggregation_temporality=CUMULATIVE)
+                for key, h in points.items() if isinstance(h, HistogramValue)], aggregation_temporality=CUMULATIVE)
         else:
-            numbers = [NumberDataPoint(attributes=_attributes(defn, labels), start_time_unix_nano=start_ns,
-                                       time_unix_nano=now_ns, value=v) for labels, v in samples]
-            data = (Sum(data_points=numbers, aggregation_temporality=CUMULATIVE, is_monotonic=True)
-                    if defn.type == "counter" else Gauge(data_points=numbers))
+            numbers = [NumberDataPoint(attributes=dict(key), start_time_unix_nano=start_ns, time_unix_nano=now_ns,
+                                       value=v) for key, v in points.items()]
+            if defn.instrument == "gauge":
+                data = Gauge(data_points=numbers)
+            else:  # counter: monotonic; updowncounter (a usage, a count of things): not
+                data = Sum(data_points=numbers, aggregation_temporality=CUMULATIVE,
+                           is_monotonic=defn.instrument == "counter")
         metrics.append(Metric(name=defn.otel_name, description=defn.help, unit=defn.unit, data=data))
     scope = InstrumentationScope("outrider", __version__)
     return MetricsData(resource_metrics=[ResourceMetrics(

@@ -59,6 +59,10 @@ class _State:
         self.drained_w = 0
         self.loader_used = False  # a data-loader wrapper was iterated: a training process
         self.served = False  # a request was recorded: a service
+        # Request series by the caller's raw (route, status, method, scheme): a hit costs one dict lookup; the
+        # label normalisation runs once per distinct key (bounded: MAX_HTTP_KEYS, then uncached).
+        self.http: dict[tuple[str, object, str, str], tuple[Any, Any]] = {}
+        self.http_in_flight: dict[tuple[str, str, str], Any] = {}
 
 
 RING = 4096  # more steps (or batches) than this between two flushes (1 s) lose their durations, never their count
@@ -365,13 +369,50 @@ def timed(name: str | None = None) -> Callable[[F], F]:
     return wrap
 
 
-def record_request(seconds: float, route: str = "", status: int | str = 200) -> None:
-    """One finished request: its duration by route template and status class, and the request count."""
+# http.request.method's known values (OpenTelemetry semantic conventions); any other method is "_OTHER", so the
+# label has at most ten values whatever clients send.
+HTTP_METHODS = frozenset({"CONNECT", "DELETE", "GET", "HEAD", "OPTIONS", "PATCH", "POST", "PUT", "TRACE"})
+HTTP_SCHEMES = frozenset({"http", "https"})
+MAX_HTTP_KEYS = 4096
+
+
+def http_method(method: str) -> str:
+    return method if method in HTTP_METHODS else "_OTHER"
+
+
+def http_scheme(scheme: str) -> str:
+    return scheme if scheme in HTTP_SCHEMES else ""
+
+
+def http_status(status: int | str) -> tuple[str, str]:
+    """(status code, status class) of a response: a code outside 100-599 is no code (left out) and class "other"."""
+    text = str(status).strip()
+    if text.isdigit() and 100 <= int(text) <= 599:
+        return str(int(text)), f"{int(text) // 100}xx"
+    return "", "other"
+
+
+def _request_series(route: str, status: int | str, method: str, scheme: str) -> tuple[Any, Any]:
+    code, status_class = http_status(status)
+    labels = {"route": route, "method": http_method(method), "scheme": http_scheme(scheme), "status_code": code,
+              "status_class": status_class}
+    return (_cached("histogram", "outrider_request_duration_seconds", labels),
+            _cached("counter", "outrider_requests_total", labels))
+
+
+def record_request(seconds: float, route: str = "", status: int | str = 200, method: str = "_OTHER",
+                   scheme: str = "") -> None:
+    """One finished request: its duration and the request count, by route template, method (GET, POST, ... else
+    _OTHER), scheme (http, https), status code and status class."""
     S.served = True
-    status_class = f"{str(status)[:1]}xx" if str(status)[:1].isdigit() else "other"
-    labels = {"route": route, "status_class": status_class}
-    _cached("histogram", "outrider_request_duration_seconds", labels).observe(seconds)
-    _cached("counter", "outrider_requests_total", labels).inc()
+    key = (route, status, method, scheme)
+    series = S.http.get(key)
+    if series is None:
+        series = _request_series(route, status, method, scheme)
+        if S.hook is not None and len(S.http) < MAX_HTTP_KEYS:
+            S.http[key] = series
+    series[0].observe(seconds)
+    series[1].inc()
 
 
 def record_phase(phase: str, seconds: float) -> None:
@@ -379,17 +420,32 @@ def record_phase(phase: str, seconds: float) -> None:
     _cached("histogram", "outrider_request_phase_duration_seconds", {"phase": phase}).observe(seconds)
 
 
-def record_time_to_first_token(seconds: float, route: str = "") -> None:
-    _cached("histogram", "outrider_inference_time_to_first_token_seconds", {"route": route}).observe(seconds)
+GEN_AI_OPERATION = "chat"  # gen_ai.operation.name: what a streamed completion usually is
+GEN_AI_PROVIDER = "self_hosted"  # gen_ai.provider.name: name your server (vllm, tgi, ...) where it matters
 
 
-def record_inter_token_latency(seconds: float, route: str = "") -> None:
-    _cached("histogram", "outrider_inference_inter_token_latency_seconds", {"route": route}).observe(seconds)
+def record_time_to_first_token(seconds: float, route: str = "", operation: str = GEN_AI_OPERATION,
+                               provider: str = GEN_AI_PROVIDER) -> None:
+    labels = {"route": route, "operation": operation, "provider": provider}
+    _cached("histogram", "outrider_inference_time_to_first_token_seconds", labels).observe(seconds)
 
 
-def in_flight(route: str = "") -> Any:
+def record_inter_token_latency(seconds: float, route: str = "", operation: str = GEN_AI_OPERATION,
+                               provider: str = GEN_AI_PROVIDER) -> None:
+    labels = {"route": route, "operation": operation, "provider": provider}
+    _cached("histogram", "outrider_inference_inter_token_latency_seconds", labels).observe(seconds)
+
+
+def in_flight(route: str = "", method: str = "_OTHER", scheme: str = "") -> Any:
     """The in-flight gauge of a route: .add(1) when a request starts, .add(-1) when it ends."""
-    return _cached("gauge", "outrider_requests_in_flight", {"route": route})
+    key = (route, method, scheme)
+    gauge = S.http_in_flight.get(key)
+    if gauge is None:
+        labels = {"route": route, "method": http_method(method), "scheme": http_scheme(scheme)}
+        gauge = _cached("gauge", "outrider_requests_in_flight", labels)
+        if S.hook is not None and len(S.http_in_flight) < MAX_HTTP_KEYS:
+            S.http_in_flight[key] = gauge
+    return gauge
 
 
 # --- custom metrics ----------------------------------------------------------------------------------------------

@@ -6,6 +6,14 @@ counters ending in ``_total``), its OpenTelemetry name (a semantic-convention na
 Collectors refer to definitions by Prometheus name; the exporters and the metrics reference (docs/metrics.md)
 are derived from this table, so the three cannot drift apart.
 
+OpenTelemetry: a definition's OTLP instrument is its type, except where the conventions make a gauge-like value an
+UpDownCounter (`otel_instrument="updowncounter"`: a non-monotonic cumulative Sum on OTLP, a gauge on /metrics). A
+label whose OpenTelemetry name is empty is Prometheus-only (status_class: a convenience derived from the status
+code); constant attributes (`otel_attributes`, e.g. hw.type=gpu) are added on OTLP only. A label may map its values
+to the conventions' enum (`otel_values`: the kernel's irq and softirq are cpu.mode "interrupt"); data points that
+end up with the same attributes are summed by the exporter. An integer attribute (process.pid) whose value is not an
+integer (the top-N process collector's "other") goes under `otel_other` instead, so that the pid stays an integer.
+
 Enrichment: a definition may name labels that a collector appends after its own when a source of them is
 configured (the Kubernetes owner of a GPU, from the kubelet). They are optional: a series whose owner is unknown
 leaves them out of the exposition and out of its OTLP attributes. Their Prometheus names may be renamed by
@@ -16,9 +24,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from functools import cached_property
 from typing import Literal
 
 MetricType = Literal["counter", "gauge", "histogram"]
+Instrument = Literal["counter", "updowncounter", "gauge", "histogram"]
 
 
 @dataclass(frozen=True)
@@ -27,8 +37,11 @@ class Label:
     empty value is left out of the exposition and the OTLP attributes (an owner that is not known)."""
 
     prom: str
-    otel: str
+    otel: str  # "" for a Prometheus-only label
     optional: bool = False
+    otel_values: tuple[tuple[str, str], ...] = ()  # Prometheus value -> OpenTelemetry enum value, where they differ
+    otel_int: bool = False  # an integer attribute (process.pid)
+    otel_other: str = ""  # where a non-integer value of an integer attribute goes
 
 
 @dataclass(frozen=True)
@@ -42,19 +55,28 @@ class MetricDef:
     collector: str
     semconv: bool = False  # True where otel_name is an OpenTelemetry semantic-convention name
     enrichment: tuple[Label, ...] = ()  # appended after `labels` by a collector whose enrichment is configured
+    otel_instrument: Instrument | None = None  # the OTLP instrument where it is not `type` (updowncounter)
+    otel_attributes: tuple[tuple[str, str], ...] = ()  # constant OTLP attributes (hw.type=gpu)
 
     @property
+    def instrument(self) -> Instrument:
+        """The OpenTelemetry instrument: counter, updowncounter, gauge or histogram."""
+        return self.otel_instrument or self.type
+
+    # Derived once per definition (cached_property writes the instance's __dict__, which a frozen dataclass allows):
+    # rendering asks for them for every family of every scrape.
+    @cached_property
     def label_names(self) -> tuple[str, ...]:
         return tuple(label.prom for label in self.labels)
 
-    @property
+    @cached_property
     def family_name(self) -> str:
         """The OpenMetrics family name: a counter's name without its ``_total`` suffix."""
         if self.type == "counter" and self.name.endswith("_total"):
             return self.name[: -len("_total")]
         return self.name
 
-    @property
+    @cached_property
     def prom_unit(self) -> str:
         """The OpenMetrics ``# UNIT``, only where the family name ends with it (as the spec requires)."""
         for unit in ("seconds", "bytes", "ratio", "joules", "celsius", "watts", "hertz"):
@@ -66,14 +88,15 @@ class MetricDef:
 # Labels shared by several definitions.
 RECEIVER = Label("receiver", "outrider.receiver")
 RECEIVER_TYPE = Label("type", "outrider.receiver.type")
-MODE = Label("mode", "cpu.mode")
+# The kernel's irq and softirq modes are one "interrupt" in the conventions' cpu.mode enum.
+MODE = Label("mode", "cpu.mode", otel_values=(("irq", "interrupt"), ("softirq", "interrupt")))
 DEVICE = Label("device", "system.device")
 DISK_DIRECTION = Label("direction", "disk.io.direction")
 NET_DIRECTION = Label("direction", "network.io.direction")
 INTERFACE = Label("interface", "network.interface.name")
 MOUNTPOINT = Label("mountpoint", "system.filesystem.mountpoint")
 FSTYPE = Label("fstype", "system.filesystem.type")
-PID = Label("pid", "process.pid")
+PID = Label("pid", "process.pid", otel_int=True, otel_other="outrider.process.group")
 PNAME = Label("name", "process.executable.name")
 COLLECTOR = Label("collector", "outrider.collector")
 RANK = Label("rank", "outrider.rank")
@@ -88,7 +111,13 @@ K8S_OWNER = (Label("exported_namespace", "k8s.namespace.name", optional=True),
              Label("exported_pod", "k8s.pod.name", optional=True),
              Label("exported_container", "k8s.container.name", optional=True))
 ROUTE = Label("route", "http.route")
-STATUS_CLASS = Label("status_class", "outrider.http.status_class")
+STATUS_CLASS = Label("status_class", "")  # 2xx, 5xx: derived from the status code, for PromQL only
+METHOD = Label("method", "http.request.method")  # a fixed set: the known methods, else _OTHER
+SCHEME = Label("scheme", "url.scheme")
+STATUS_CODE = Label("status_code", "http.response.status_code", otel_int=True)
+HTTP = (ROUTE, METHOD, SCHEME, STATUS_CODE, STATUS_CLASS)
+GEN_AI = (Label("operation", "gen_ai.operation.name"), Label("provider", "gen_ai.provider.name"))
+HW_GPU = (("hw.type", "gpu"), ("hw.vendor", "nvidia"))  # every hw.* series of a GPU
 
 _DEFS: tuple[MetricDef, ...] = (
     # --- host -----------------------------------------------------------------------------------------------
@@ -98,7 +127,8 @@ _DEFS: tuple[MetricDef, ...] = (
               "Fraction of host CPU time not idle or waiting for I/O, averaged over all CPUs since the previous "
               "sweep.", (), "host", semconv=True),
     MetricDef("outrider_host_logical_cpus", "system.cpu.logical.count", "{cpu}", "gauge",
-              "Number of logical CPUs online.", (), "host", semconv=True),
+              "Number of logical CPUs online.", (), "host", semconv=True,
+              otel_instrument="updowncounter"),
     MetricDef("outrider_host_context_switches_total", "outrider.host.context_switches", "{switch}", "counter",
               "Context switches on the host.", (), "host"),
     MetricDef("outrider_host_procs_running", "outrider.host.procs.running", "{process}", "gauge",
@@ -106,23 +136,25 @@ _DEFS: tuple[MetricDef, ...] = (
               "saturation).", (), "host"),
     MetricDef("outrider_host_procs_blocked", "outrider.host.procs.blocked", "{process}", "gauge",
               "Threads blocked waiting for I/O.", (), "host"),
-    MetricDef("outrider_host_load1", "system.cpu.load_average.1m", "{thread}", "gauge",
+    MetricDef("outrider_host_load1", "outrider.host.load.1m", "{thread}", "gauge",
               "1-minute load average.", (), "host"),
-    MetricDef("outrider_host_load5", "system.cpu.load_average.5m", "{thread}", "gauge",
+    MetricDef("outrider_host_load5", "outrider.host.load.5m", "{thread}", "gauge",
               "5-minute load average.", (), "host"),
-    MetricDef("outrider_host_load15", "system.cpu.load_average.15m", "{thread}", "gauge",
+    MetricDef("outrider_host_load15", "outrider.host.load.15m", "{thread}", "gauge",
               "15-minute load average.", (), "host"),
     MetricDef("outrider_host_memory_limit_bytes", "system.memory.limit", "By", "gauge",
-              "Total usable host memory (MemTotal).", (), "host", semconv=True),
+              "Total usable host memory (MemTotal).", (), "host", semconv=True,
+              otel_instrument="updowncounter"),
     MetricDef("outrider_host_memory_available_bytes", "system.memory.linux.available", "By", "gauge",
               "Memory available for new work without swapping (MemAvailable): the number to alert on.", (),
-              "host", semconv=True),
+              "host", semconv=True, otel_instrument="updowncounter"),
     MetricDef("outrider_host_memory_usage_bytes", "system.memory.usage", "By", "gauge",
               "Host memory by state: used (total - available), free, cached, buffers.",
-              (Label("state", "system.memory.state"),), "host", semconv=True),
+              (Label("state", "system.memory.state"),), "host", semconv=True,
+              otel_instrument="updowncounter"),
     MetricDef("outrider_host_memory_shared_bytes", "system.memory.linux.shared", "By", "gauge",
               "Shared memory (Shmem: tmpfs and /dev/shm, where PyTorch data-loader workers pass batches).", (),
-              "host", semconv=True),
+              "host", semconv=True, otel_instrument="updowncounter"),
     MetricDef("outrider_host_memory_dirty_bytes", "outrider.host.memory.dirty", "By", "gauge",
               "Memory waiting to be written back to storage (Dirty + Writeback): checkpoint writes in flight.", (),
               "host"),
@@ -134,7 +166,8 @@ _DEFS: tuple[MetricDef, ...] = (
     MetricDef("outrider_host_paging_operations_total", "system.paging.operations", "{operation}", "counter",
               "Pages swapped in and out.", (Label("direction", "system.paging.direction"),), "host", semconv=True),
     MetricDef("outrider_host_swap_usage_bytes", "system.paging.usage", "By", "gauge",
-              "Swap space by state: used, free.", (Label("state", "system.paging.state"),), "host", semconv=True),
+              "Swap space by state: used, free.", (Label("state", "system.paging.state"),), "host", semconv=True,
+              otel_instrument="updowncounter"),
     MetricDef("outrider_host_pressure_stalled_seconds_total", "outrider.host.pressure.stall_time", "s", "counter",
               "Pressure stall information: time some (or all, kind=full) runnable tasks were stalled on a "
               "resource (from /proc/pressure). Its rate is the stalled fraction.",
@@ -164,7 +197,7 @@ _DEFS: tuple[MetricDef, ...] = (
               "Packets dropped per network interface.", (INTERFACE, NET_DIRECTION), "host", semconv=True),
     MetricDef("outrider_host_filesystem_size_bytes", "system.filesystem.limit", "By", "gauge",
               "Size of the filesystem holding each configured path (checkpoint and data directories).",
-              (MOUNTPOINT, DEVICE, FSTYPE), "host", semconv=True),
+              (MOUNTPOINT, DEVICE, FSTYPE), "host", semconv=True, otel_instrument="updowncounter"),
     MetricDef("outrider_host_filesystem_free_bytes", "outrider.host.filesystem.free", "By", "gauge",
               "Free bytes on the filesystem, including blocks reserved for root.", (MOUNTPOINT, DEVICE, FSTYPE),
               "host"),
@@ -173,23 +206,49 @@ _DEFS: tuple[MetricDef, ...] = (
               (MOUNTPOINT, DEVICE, FSTYPE), "host"),
     MetricDef("outrider_host_filesystem_readonly", "outrider.host.filesystem.readonly", "1", "gauge",
               "1 where the filesystem is mounted read-only.", (MOUNTPOINT, DEVICE, FSTYPE), "host"),
+    MetricDef("outrider_host_filesystem_files", "outrider.host.filesystem.files", "{inode}", "gauge",
+              "Inodes of the filesystem (statvfs f_files; 0 where the filesystem has no fixed inode table).",
+              (MOUNTPOINT, DEVICE, FSTYPE), "host"),
+    MetricDef("outrider_host_filesystem_files_free", "outrider.host.filesystem.files.free", "{inode}", "gauge",
+              "Free inodes of the filesystem (statvfs f_ffree): at 0 no file can be created, whatever the space.",
+              (MOUNTPOINT, DEVICE, FSTYPE), "host"),
+    MetricDef("outrider_cgroup_memory_limit_bytes", "outrider.cgroup.memory.limit", "By", "gauge",
+              "Memory limit of the cgroup the agent runs in (its container: memory.max, or memory.limit_in_bytes "
+              "on cgroup v1); absent where no limit is set. The kernel OOM-kills in the cgroup at this limit, "
+              "whatever the host's memory.", (), "host"),
+    MetricDef("outrider_cgroup_memory_usage_bytes", "outrider.cgroup.memory.usage", "By", "gauge",
+              "Memory charged to the agent's cgroup, page cache included (memory.current).", (), "host"),
+    MetricDef("outrider_cgroup_memory_working_set_bytes", "outrider.cgroup.memory.working_set", "By", "gauge",
+              "Memory of the agent's cgroup the kernel cannot simply drop: usage minus inactive page cache (the "
+              "number the kubelet evicts on and the one to compare with the limit).", (), "host"),
+    MetricDef("outrider_cgroup_memory_oom_kills_total", "outrider.cgroup.memory.oom_kills", "{kill}", "counter",
+              "Processes the kernel OOM-killed in the agent's cgroup (memory.events oom_kill).", (), "host"),
     # --- process (the watched tree) -------------------------------------------------------------------------
     MetricDef("outrider_process_cpu_seconds_total", "process.cpu.time", "s", "counter",
               "CPU time of each watched process (top N; pid=\"other\" accumulates the rest while they are not "
               "in the top N).", (PID, PNAME, MODE), "process", semconv=True),
     MetricDef("outrider_process_memory_rss_bytes", "process.memory.usage", "By", "gauge",
               "Resident set size of each watched process (top N; pid=\"other\" sums the rest).", (PID, PNAME),
-              "process", semconv=True),
+              "process", semconv=True, otel_instrument="updowncounter"),
     MetricDef("outrider_process_threads", "process.thread.count", "{thread}", "gauge",
-              "Threads of each watched process.", (PID, PNAME), "process", semconv=True),
+              "Threads of each watched process.", (PID, PNAME), "process", semconv=True,
+              otel_instrument="updowncounter"),
     MetricDef("outrider_process_open_fds", "process.unix.file_descriptor.count", "{file_descriptor}", "gauge",
-              "Open file descriptors of each watched process.", (PID, PNAME), "process", semconv=True),
+              "Open file descriptors of each watched process.", (PID, PNAME), "process", semconv=True,
+              otel_instrument="updowncounter"),
     MetricDef("outrider_process_io_bytes_total", "process.disk.io", "By", "counter",
               "Bytes each watched process caused to be read from and written to storage.",
               (PID, PNAME, DISK_DIRECTION), "process", semconv=True),
     MetricDef("outrider_process_context_switches_total", "process.context_switches", "{context_switch}",
               "counter", "Voluntary and involuntary context switches of each watched process.",
               (PID, PNAME, Label("type", "process.context_switch.type")), "process", semconv=True),
+    MetricDef("outrider_process_start_time_seconds", "outrider.process.start_time", "s", "gauge",
+              "Unix time each watched process started (its running time is time() minus this).", (PID, PNAME),
+              "process"),
+    MetricDef("outrider_process_info", "outrider.process.info", "1", "gauge",
+              "Constant 1 per watched process shown one by one, labelled with its user and command line (the first "
+              "128 characters): join on pid.",
+              (PID, PNAME, Label("user", "process.owner"), Label("command", "process.command_line")), "process"),
     MetricDef("outrider_watched_up", "outrider.watched.up", "1", "gauge",
               "1 while the root of the watched process tree is alive (always 1 when the whole host is "
               "watched).", (), "process"),
@@ -209,32 +268,35 @@ _DEFS: tuple[MetricDef, ...] = (
     MetricDef("outrider_gpu_nvml_up", "outrider.gpu.nvml.up", "1", "gauge",
               "1 while NVML answers; 0 with no driver or library (the reason is logged once).", (), "gpu"),
     MetricDef("outrider_gpu_count", "outrider.gpu.count", "{gpu}", "gauge", "GPUs NVML reports.", (), "gpu"),
-    MetricDef("outrider_gpu_up", "outrider.gpu.up", "1", "gauge",
+    MetricDef("outrider_gpu_up", "hw.status", "1", "gauge",
               "1 while the GPU answers; 0 once NVML says it is lost (fallen off the bus, needs a reset).", GPU,
-              "gpu"),
+              "gpu", semconv=True, otel_instrument="updowncounter", otel_attributes=(*HW_GPU, ("hw.state", "ok"))),
     MetricDef("outrider_gpu_lost_total", "outrider.gpu.lost", "{event}", "counter",
               "Times the GPU was found lost.", GPU, "gpu"),
     MetricDef("outrider_gpu_utilization_ratio", "hw.gpu.utilization", "1", "gauge",
               "Fraction of time a kernel (task=general), the encoder or the decoder was running.",
-              (*GPU, Label("task", "hw.gpu.task")), "gpu", semconv=True),
+              (*GPU, Label("task", "hw.gpu.task")), "gpu", semconv=True, otel_attributes=HW_GPU),
     MetricDef("outrider_gpu_memory_bandwidth_utilization_ratio", "outrider.gpu.memory_bandwidth.utilization", "1",
               "gauge", "Fraction of time device memory was being read or written.", GPU, "gpu"),
     MetricDef("outrider_gpu_memory_total_bytes", "hw.gpu.memory.limit", "By", "gauge", "Device memory.", GPU,
-              "gpu", semconv=True),
+              "gpu", semconv=True, otel_instrument="updowncounter", otel_attributes=HW_GPU),
     MetricDef("outrider_gpu_memory_used_bytes", "hw.gpu.memory.usage", "By", "gauge", "Device memory in use.", GPU,
-              "gpu", semconv=True),
+              "gpu", semconv=True, otel_instrument="updowncounter", otel_attributes=HW_GPU),
+    MetricDef("outrider_gpu_memory_utilization_ratio", "hw.gpu.memory.utilization", "1", "gauge",
+              "Fraction of device memory in use (used / total).", GPU, "gpu", semconv=True, otel_attributes=HW_GPU),
     MetricDef("outrider_gpu_memory_free_bytes", "outrider.gpu.memory.free", "By", "gauge",
               "Device memory free.", GPU, "gpu"),
     MetricDef("outrider_gpu_memory_reserved_bytes", "outrider.gpu.memory.reserved", "By", "gauge",
               "Device memory reserved by the driver and firmware.", GPU, "gpu"),
     MetricDef("outrider_gpu_temperature_celsius", "hw.temperature", "Cel", "gauge",
               "GPU die (sensor=gpu) and memory (sensor=memory) temperature.",
-              (*GPU, Label("sensor", "hw.sensor_location")), "gpu", semconv=True),
-    MetricDef("outrider_gpu_power_watts", "hw.power", "W", "gauge", "Power draw.", GPU, "gpu", semconv=True),
+              (*GPU, Label("sensor", "hw.sensor_location")), "gpu", semconv=True, otel_attributes=HW_GPU),
+    MetricDef("outrider_gpu_power_watts", "hw.power", "W", "gauge", "Power draw.", GPU, "gpu", semconv=True,
+              otel_attributes=HW_GPU),
     MetricDef("outrider_gpu_power_limit_watts", "outrider.gpu.power.limit", "W", "gauge",
               "Enforced power limit.", GPU, "gpu"),
     MetricDef("outrider_gpu_energy_joules_total", "hw.energy", "J", "counter",
-              "Energy consumed since the driver loaded.", GPU, "gpu", semconv=True),
+              "Energy consumed since the driver loaded.", GPU, "gpu", semconv=True, otel_attributes=HW_GPU),
     MetricDef("outrider_gpu_clock_hertz", "outrider.gpu.clock.frequency", "Hz", "gauge",
               "Current SM and memory clocks.", (*GPU, Label("clock", "outrider.gpu.clock")), "gpu"),
     MetricDef("outrider_gpu_clock_max_hertz", "outrider.gpu.clock.frequency.max", "Hz", "gauge",
@@ -242,7 +304,8 @@ _DEFS: tuple[MetricDef, ...] = (
     MetricDef("outrider_gpu_performance_state", "outrider.gpu.performance_state", "1", "gauge",
               "Performance state: 0 (P0, maximum) to 15 (minimum).", GPU, "gpu"),
     MetricDef("outrider_gpu_fan_speed_ratio", "hw.fan.speed_ratio", "1", "gauge",
-              "Fan speed as a fraction of its maximum (absent on passively cooled GPUs).", GPU, "gpu", semconv=True),
+              "Fan speed as a fraction of its maximum (absent on passively cooled GPUs).", GPU, "gpu", semconv=True,
+              otel_attributes=HW_GPU),
     MetricDef("outrider_gpu_clock_event_active", "outrider.gpu.clock_event.active", "1", "gauge",
               "1 while the reason is holding clocks down (clock event / throttle reasons), one series per reason.",
               (*GPU, Label("reason", "outrider.gpu.clock_event.reason")), "gpu"),
@@ -254,16 +317,17 @@ _DEFS: tuple[MetricDef, ...] = (
               (*GPU, Label("direction", "network.io.direction")), "gpu"),
     MetricDef("outrider_gpu_pcie_replays_total", "outrider.gpu.pcie.replays", "{replay}", "counter",
               "PCIe replays (link retransmissions): a rising rate means a bad link.", GPU, "gpu"),
-    MetricDef("outrider_gpu_nvlink_bytes_total", "outrider.gpu.nvlink.io", "By", "counter",
-              "NVLink data bytes over all links.", (*GPU, Label("direction", "network.io.direction")), "gpu"),
+    MetricDef("outrider_gpu_nvlink_bytes_total", "hw.gpu.io", "By", "counter",
+              "NVLink data bytes over all links.", (*GPU, Label("direction", "network.io.direction")), "gpu",
+              semconv=True, otel_attributes=(*HW_GPU, ("outrider.gpu.link", "nvlink"))),
     MetricDef("outrider_gpu_nvlink_errors_total", "outrider.gpu.nvlink.errors", "{error}", "counter",
               "NVLink data-link errors summed over the GPU's active links, by type: crc_flit and crc_data (receive "
               "CRC errors), replay (transmit replays), recovery (link recoveries). Absent where NVLink or the "
               "counter is not supported.", (*GPU, Label("type", "error.type")), "gpu"),
-    MetricDef("outrider_gpu_ecc_errors_total", "outrider.gpu.ecc.errors", "{error}", "counter",
+    MetricDef("outrider_gpu_ecc_errors_total", "hw.errors", "{error}", "counter",
               "ECC memory errors: corrected or uncorrected, volatile (since the driver loaded) or aggregate "
               "(lifetime).", (*GPU, Label("type", "error.type"), Label("counter", "outrider.gpu.ecc.counter")),
-              "gpu"),
+              "gpu", semconv=True, otel_attributes=(*HW_GPU, ("outrider.gpu.errors.source", "ecc"))),
     MetricDef("outrider_gpu_remapped_rows", "outrider.gpu.remapped_rows", "{row}", "gauge",
               "Memory rows remapped because of correctable or uncorrectable errors.",
               (*GPU, Label("kind", "outrider.gpu.remap.kind")), "gpu"),
@@ -324,23 +388,25 @@ _DEFS: tuple[MetricDef, ...] = (
               "Latency recorded with outrider.latency(), record_latency() or @outrider.timed, by name.",
               (Label("name", "outrider.latency.name"), *BY_RANK), "hook"),
     MetricDef("outrider_request_duration_seconds", "http.server.request.duration", "s", "histogram",
-              "Inference request duration by route template (never the raw path) and status class.",
-              (ROUTE, STATUS_CLASS, *BY_RANK), "hook", semconv=True),
+              "Inference request duration by route template (never the raw path), method, scheme, status code and "
+              "status class.", (*HTTP, *BY_RANK), "hook", semconv=True),
     MetricDef("outrider_requests_total", "outrider.requests", "{request}", "counter",
-              "Requests finished, by route template and status class.", (ROUTE, STATUS_CLASS, *BY_RANK), "hook"),
+              "Requests finished, by route template, method, scheme, status code and status class.",
+              (*HTTP, *BY_RANK), "hook"),
     MetricDef("outrider_requests_in_flight", "http.server.active_requests", "{request}", "gauge",
-              "Requests being served now.", (ROUTE, *BY_RANK), "hook", semconv=True),
+              "Requests being served now.", (ROUTE, METHOD, SCHEME, *BY_RANK), "hook", semconv=True,
+              otel_instrument="updowncounter"),
     MetricDef("outrider_request_phase_duration_seconds", "outrider.request.phase.duration", "s", "histogram",
               "Time requests spent in a phase the server reports (queue, compute).",
               (Label("phase", "outrider.request.phase"), *BY_RANK), "hook"),
     MetricDef("outrider_inference_batch_size", "outrider.inference.batch_size", "{request}", "histogram",
               "Requests per batch in a batching server.", BY_RANK, "hook"),
     MetricDef("outrider_inference_time_to_first_token_seconds", "gen_ai.server.time_to_first_token", "s",
-              "histogram", "Time from request start to the first streamed chunk (first token).", (ROUTE, *BY_RANK),
-              "hook", semconv=True),
+              "histogram", "Time from request start to the first streamed chunk (first token), by route, GenAI "
+              "operation and provider.", (ROUTE, *GEN_AI, *BY_RANK), "hook", semconv=True),
     MetricDef("outrider_inference_inter_token_latency_seconds", "gen_ai.server.time_per_output_token", "s",
-              "histogram", "Time between consecutive streamed chunks (tokens) of a response.", (ROUTE, *BY_RANK),
-              "hook", semconv=True),
+              "histogram", "Time between consecutive streamed chunks (tokens) of a response, by route, GenAI "
+              "operation and provider.", (ROUTE, *GEN_AI, *BY_RANK), "hook", semconv=True),
     MetricDef("outrider_torch_cuda_memory_bytes", "outrider.torch.cuda.memory", "By", "gauge",
               "PyTorch CUDA caching allocator memory by kind: allocated, reserved, active, inactive_split.",
               (*BY_RANK, Label("device", "outrider.cuda.device"), Label("kind", "outrider.torch.memory.kind")),
@@ -403,7 +469,7 @@ _DEFS: tuple[MetricDef, ...] = (
               "Constant 1, labelled with the pod, namespace, node and container the agent runs in (Downward API "
               "variables; labels outside the k8s_labels allow-list stay empty). Join on instance.",
               (Label("pod", "k8s.pod.name"), Label("namespace", "k8s.namespace.name"), Label("node", "k8s.node.name"),
-               Label("container", "k8s.container.name")), "self", semconv=True),
+               Label("container", "k8s.container.name")), "self"),
     MetricDef("outrider_agent_start_time_seconds", "outrider.agent.start_time", "s", "gauge",
               "Unix time the agent started.", (), "self"),
     MetricDef("outrider_agent_cpu_seconds_total", "outrider.agent.cpu.time", "s", "counter",
@@ -473,8 +539,8 @@ _DEFS = tuple(replace(d, enrichment=K8S_OWNER) if d.collector == "gpu" and d.lab
               for d in _DEFS)
 
 CATALOG: dict[str, MetricDef] = {d.name: d for d in _DEFS}
-if len(CATALOG) != len(_DEFS):  # pragma: no cover - guards the table itself
-    raise RuntimeError("duplicate metric name in the catalog")
+if len(CATALOG) != len(_DEFS) or len({d.otel_name for d in _DEFS}) != len(_DEFS):  # pragma: no cover
+    raise RuntimeError("duplicate metric name in the catalog")  # guards the table itself
 
 
 def definitions(collector: str | None = None) -> list[MetricDef]:

@@ -50,11 +50,14 @@ def merged_histogram(families: list[Family], name: str, **match: str) -> Histogr
 class Family:
     """The samples of one metric from one sweep. Built fresh every sweep (departed series simply vanish)."""
 
-    __slots__ = ("defn", "samples")
+    __slots__ = ("attributes", "defn", "samples")
 
-    def __init__(self, name: str | MetricDef) -> None:
+    def __init__(self, name: str | MetricDef, attributes: dict[str, str] | None = None) -> None:
         self.defn: MetricDef = CATALOG[name] if isinstance(name, str) else name
         self.samples: list[tuple[tuple[str, ...], SampleValue]] = []
+        # OTLP-only attributes every sample of this sweep shares, facts rather than identity (hw.driver_version):
+        # neither the exposition nor the rule evaluation sees them, so a driver upgrade starts no new series there.
+        self.attributes: dict[str, str] = attributes or {}
 
     def add(self, value: SampleValue, *label_values: str) -> Family:
         if len(label_values) != len(self.defn.labels):

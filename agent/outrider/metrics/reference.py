@@ -26,9 +26,14 @@ def render_reference() -> str:
         out.append("| Prometheus | type | OpenTelemetry | unit | labels | help |")
         out.append("|---|---|---|---|---|---|")
         for d in definitions(collector):
-            labels = ", ".join([f"`{lb.prom}`→`{lb.otel}`" for lb in d.labels]
+            labels = ", ".join([f"`{lb.prom}`→`{lb.otel}`" if lb.otel else f"`{lb.prom}` (Prometheus only)"
+                                for lb in d.labels]
                                + [f"[`{lb.prom}`→`{lb.otel}`]" for lb in d.enrichment]) or "—"
             otel = f"`{d.otel_name}`" + (" *semconv*" if d.semconv else "")
+            if d.instrument != d.type:
+                otel += f" ({d.instrument})"
+            if d.otel_attributes:
+                otel += " " + ", ".join(f"`{k}={v}`" for k, v in d.otel_attributes)
             text = d.help.replace("|", "\\|")
             out.append(f"| `{d.name}` | {d.type} | {otel} | `{d.unit}` | {labels} | {text} |")
     return "\n".join(out) + "\n"

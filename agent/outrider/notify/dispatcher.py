@@ -34,7 +34,10 @@ LOG = logging.getLogger("outrider.notify")
 NOTIFIERS: dict[str, type[Notifier]] = {
     cls.type: cls for cls in (AlertmanagerNotifier, PagerDutyNotifier, SlackNotifier, WebhookNotifier, LogNotifier)}
 NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
-ROUTE_KEYS = {"name", "type", "match", "match_re", "timeout_s", "group_wait_s"}
+ROUTE_KEYS = {"name", "type", "match", "match_re", "timeout_s", "group_wait_s", "heartbeats"}
+
+
+HEARTBEAT_SEVERITY = "none"
 
 
 @dataclass
@@ -42,8 +45,15 @@ class Route:
     match: dict[str, str] = field(default_factory=dict)
     match_re: dict[str, re.Pattern[str]] = field(default_factory=dict)
     group_wait_s: float = 0.0
+    # Deliver heartbeats (always-firing alerts of severity "none": the Watchdog) without the route naming them.
+    # On for Alertmanager, which routes them to a dead man's switch itself; off for pagers, chat and webhooks,
+    # which would otherwise get a notification at every start that nobody should act on.
+    heartbeats: bool = False
 
     def accepts(self, labels: Mapping[str, str]) -> bool:
+        if labels.get("severity") == HEARTBEAT_SEVERITY and not self.heartbeats and \
+                "severity" not in self.match and "severity" not in self.match_re:
+            return False
         return all(labels.get(k, "") == v for k, v in self.match.items()) and all(
             p.fullmatch(labels.get(k, "")) is not None for k, p in self.match_re.items())
 
@@ -64,7 +74,7 @@ def parse_receivers(data: Any, source: str) -> list[tuple[Notifier, Route]]:
         kind = spec.get("type")
         if kind not in NOTIFIERS:
             raise NotifyConfigError(f"{source}: receiver {name!r}: type must be one of {', '.join(NOTIFIERS)}")
-        route = Route()
+        route = Route(heartbeats=_flag(spec.get("heartbeats", kind == "alertmanager"), name, source))
         for key in ("match", "match_re"):
             raw = spec.get(key) or {}
             if not isinstance(raw, dict):
@@ -90,6 +100,12 @@ def parse_receivers(data: Any, source: str) -> list[tuple[Notifier, Route]]:
             raise NotifyConfigError(f"{source}: {e}") from None
         out.append((notifier, route))
     return out
+
+
+def _flag(raw: Any, name: str, source: str) -> bool:
+    if not isinstance(raw, bool):
+        raise NotifyConfigError(f"{source}: receiver {name!r}: heartbeats must be true or false")
+    return raw
 
 
 def load_receivers(path: str) -> list[tuple[Notifier, Route]]:

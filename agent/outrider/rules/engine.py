@@ -216,7 +216,7 @@ class RuleEngine:
     def families(self) -> list[Family]:
         active = self.active_alerts()
         extra: list[str] = sorted({k for _, a in active for k, _ in a.labels} - {"alertname", "alertstate"})
-        extra_labels = tuple(Label(n, n) for n in extra)
+        extra_labels = tuple(Label(n, f"outrider.alert.label.{n}") for n in extra)  # OTLP: Outrider's namespace
         alerts_def = CATALOG["outrider_alerts"]
         alerts_def = replace(alerts_def, labels=alerts_def.labels + extra_labels)
         for_def = CATALOG["outrider_alert_active_since_timestamp_seconds"]

@@ -37,6 +37,7 @@ class Sample:
 
 Vector = list[Sample]
 Value = Vector | float | str
+MatcherKey = tuple[str, tuple[tuple[str, str, str], ...]]
 
 # --- the subset -------------------------------------------------------------------------------------------------
 
@@ -189,7 +190,9 @@ class Evaluator:
     def __init__(self, store: SeriesStore, lookback_ms: int = LOOKBACK_MS) -> None:
         self.store = store
         self.lookback_ms = lookback_ms
-        self._matchers: dict[int, list[tuple[str, Callable[[str], bool]]]] = {}
+        # Compiled matchers by what the selector says (name and matchers), never by id(): a node parsed for one
+        # expression and freed can leave its id to a node of the next one (`rules test` parses each expr).
+        self._matchers: dict[MatcherKey, list[tuple[str, Callable[[str], bool]]]] = {}
 
     def instant(self, node: Any, ts: int) -> Value:
         self.ts = ts
@@ -206,7 +209,7 @@ class Evaluator:
     # selectors
 
     def _compiled(self, vs: Any) -> list[tuple[str, Callable[[str], bool]]]:
-        key = id(vs)
+        key = (str(vs.name or ""), tuple((str(m.name), str(m.op), str(m.value)) for m in vs.matchers.matchers))
         got = self._matchers.get(key)
         if got is None:
             got = [(str(m.name), _matcher(m)) for m in vs.matchers.matchers]
@@ -273,13 +276,15 @@ class Evaluator:
         name = node.func.name
         args = node.args
         if name in RANGE_FUNCTIONS:
-            ms = args[0]
+            # quantile_over_time(phi, m[r]) takes its range second; every other range function first
+            at = 1 if name == "quantile_over_time" else 0
+            ms = args[at] if len(args) > at else None
             if not isinstance(ms, pp.MatrixSelector):
                 raise PromQLError(f"{name}() needs a range vector selector")
             rng = self._select_range(ms)
             if name == "absent_over_time":
                 return [] if rng else [Sample(_absent_labels(ms.vector_selector), 1.0)]
-            extra = [self._scalar(a) for a in args[1:]]
+            extra = [self._scalar(a) for i, a in enumerate(args) if i != at]
             range_s = _ms(ms.range) / 1000
             end = self.ts - _ms(ms.vector_selector.offset)
             out = []
@@ -545,11 +550,15 @@ def quantile(q: float, values: Sequence[float]) -> float:
     """Prometheus's quantile: linear interpolation between the closest ranks (phi * (n - 1))."""
     if not values:
         return math.nan
+    if math.isnan(q):
+        return math.nan
     if q < 0:
         return -math.inf
     if q > 1:
         return math.inf
-    ordered = sorted(values)
+    # Prometheus sorts NaN before every number (vectorByValueHeap.Less); Python's sorted() leaves a NaN wherever
+    # the input put it, so the answer would depend on the order of the series.
+    ordered = sorted(values, key=lambda v: (0, 0.0) if math.isnan(v) else (1, v))
     n = len(ordered)
     rank = q * (n - 1)
     lower = max(0, math.floor(rank))

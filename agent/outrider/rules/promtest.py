@@ -8,7 +8,6 @@ gives the firing alerts at every step, which the equivalence test hands back to 
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,9 +43,13 @@ def expand_values(text: str) -> list[float | None]:
             out.append(STALE)
         elif m := EXPANDING.match(token):
             start, sign, step, times = m.groups()
-            a = float(start)
-            b = float(step) * (-1 if sign == "-" else 1) if step else 0.0
-            out.extend(a + b * i for i in range(_count(times, text) + 1))
+            value = float(start)
+            delta = float(step) * (-1 if sign == "-" else 1) if step else 0.0
+            # Added step by step, as promtool's series parser does: '0+0.1x10' ends at 0.9999999999999999, and a
+            # test comparing exactly must see the same double.
+            for _ in range(_count(times, text) + 1):
+                out.append(value)
+                value += delta
         else:
             try:
                 out.append(float(token))
@@ -164,8 +167,8 @@ def _check_expr(test: dict[str, Any], ev: Evaluator, ts: int, result: CaseResult
         else:
             name, pairs = parse_series(text) if text else ("", [])
             want[make_labels(name, pairs) if name else ()] = float(exp["value"])
-    same = set(got) == set(want) and all(
-        math.isclose(got[k], want[k], rel_tol=1e-9) or (math.isnan(got[k]) and math.isnan(want[k])) for k in got)
+    # Exactly, as promtool compares (reflect.DeepEqual of the samples): no tolerance, and NaN never equals NaN.
+    same = set(got) == set(want) and all(got[k] == want[k] for k in got)
     if not same:
         result.failures.append(f"{result.file} test {result.index}: expr {test['expr']!r} at {test['eval_time']}: "
                                f"expected {want}, got {got}")

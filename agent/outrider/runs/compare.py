@@ -1,21 +1,23 @@
-"""A/B comparison of two runs: for each KPI, the ratio of means of run B to run A with a 95% bootstrap confidence
-interval (percentile method, seeded), and a verdict only when the interval excludes no change."""
+"""A/B comparison of two runs: for every KPI both runs recorded (runs/kpis.py), the ratio of means of run B to
+run A with a 95% bootstrap confidence interval (percentile method, seeded), a judgement only when the interval
+excludes no change, the means in human units and the number of sweeps behind each.
+
+Which sweeps count: a training KPI only those with steps, an inference KPI only those with requests, the rest
+those where the job did either (every sweep, for a command without the hook); then each run's first 10% of them
+is dropped as warm-up.
+"""
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass
 
+from outrider.metrics import units
+from outrider.runs.kpis import ACTIVITY, KPIS
 from outrider.runs.store import RunRecord
 
-# KPI -> (label, unit, higher is better)
-KPIS = {
-    "step_time_s": ("step time", "s", False),
-    "samples_per_s": ("throughput", "samples/s", True),
-    "latency_p99_s": ("p99 latency", "s", False),
-    "latency_p50_s": ("p50 latency", "s", False),
-    "requests_per_s": ("request rate", "req/s", True),
-}
+MIN_SAMPLES = 5
 
 
 @dataclass(frozen=True)
@@ -34,20 +36,36 @@ class Comparison:
         return not (self.low <= 1.0 <= self.high)
 
     def sentence(self) -> str:
-        label, unit, higher_better = KPIS[self.kpi]
-        ci = f"95% CI {100 * (self.low - 1):+.0f}% to {100 * (self.high - 1):+.0f}%"
-        head = f"{label}: A {self.mean_a:.4g} {unit}, B {self.mean_b:.4g} {unit}"
+        k = KPIS[self.kpi]
+        counts = f"n = {self.n_a}/{self.n_b} sweeps"
+        head = f"{k.label}: A {k.format(self.mean_a)}, B {k.format(self.mean_b)}"
         if not self.significant:
-            return f"{head}: no significant difference ({ci}; n={self.n_a}/{self.n_b})"
-        change = abs(self.ratio - 1)
-        better = (self.ratio > 1) == higher_better
-        if label in ("step time", "p99 latency", "p50 latency"):
-            word = "faster" if better else "slower"
-            lo, hi = sorted((abs(1 - self.low), abs(1 - self.high)))
+            return (f"{head}: no significant difference (95% CI {_signed(self.low - 1)} to {_signed(self.high - 1)};"
+                    f" {counts})")
+        lo, hi = sorted((abs(self.low - 1), abs(self.high - 1)))
+        if k.kind == "seconds" and k.better == "lower":
+            word = "faster" if self.ratio < 1 else "slower"
         else:
             word = "higher" if self.ratio > 1 else "lower"
-            lo, hi = sorted((abs(self.low - 1), abs(self.high - 1)))
-        return f"{head}: B is {100 * change:.0f}% {word} (95% CI {100 * lo:.0f}-{100 * hi:.0f}%)"
+            if k.better:
+                word += " (better)" if (self.ratio > 1) == (k.better == "higher") else " (worse)"
+        return (f"{head}: B is {units.percent(abs(self.ratio - 1))} {word} (95% CI {units.percent(lo)} to "
+                f"{units.percent(hi)}; {counts})")
+
+
+@dataclass(frozen=True)
+class Skipped:
+    kpi: str
+    n_a: int
+    n_b: int
+    why: str
+
+    def sentence(self) -> str:
+        return f"{KPIS[self.kpi].label}: {self.why} (n = {self.n_a}/{self.n_b} sweeps)"
+
+
+def _signed(x: float) -> str:
+    return ("+" if x >= 0 else "-") + units.percent(abs(x))
 
 
 def bootstrap_ratio(a: list[float], b: list[float], resamples: int = 2000, seed: int = 7,
@@ -68,18 +86,37 @@ def bootstrap_ratio(a: list[float], b: list[float], resamples: int = 2000, seed:
     return (sum(b) / nb) / (sum(a) / na), low, high
 
 
-def compare(a: RunRecord, b: RunRecord, warmup_fraction: float = 0.1) -> list[Comparison]:
-    """Every KPI both runs have at least 5 samples of, after dropping each run's first 10% (warm-up)."""
-    out = []
+def compare_all(a: RunRecord, b: RunRecord, warmup_fraction: float = 0.1) -> tuple[list[Comparison], list[Skipped]]:
+    """Every KPI either run recorded: compared where both have at least MIN_SAMPLES steady sweeps and A's mean is
+    not zero, otherwise said why not."""
+    done, skipped = [], []
     for kpi in KPIS:
-        xa, xb = _steady(a.values(kpi), warmup_fraction), _steady(b.values(kpi), warmup_fraction)
-        if len(xa) < 5 or len(xb) < 5 or not sum(xa):
-            continue
-        ratio, low, high = bootstrap_ratio(xa, xb)
-        out.append(Comparison(kpi, sum(xa) / len(xa), sum(xb) / len(xb), ratio, low, high, len(xa), len(xb)))
-    return out
+        xa, xb = steady(a, kpi, warmup_fraction), steady(b, kpi, warmup_fraction)
+        if not any(v for _, v in a.samples.get(kpi, [])) and not any(v for _, v in b.samples.get(kpi, [])):
+            continue  # not measured, or zero throughout, in both
+        if len(xa) < MIN_SAMPLES or len(xb) < MIN_SAMPLES:
+            skipped.append(Skipped(kpi, len(xa), len(xb), f"too few sweeps to compare (at least {MIN_SAMPLES} "
+                                                          "each after warm-up)"))
+        elif not sum(xa):
+            skipped.append(Skipped(kpi, len(xa), len(xb), f"zero throughout A, B {KPIS[kpi].format(_mean(xb))}"))
+        else:
+            ratio, low, high = bootstrap_ratio(xa, xb)
+            done.append(Comparison(kpi, _mean(xa), _mean(xb), ratio, low, high, len(xa), len(xb)))
+    return done, skipped
 
 
-def _steady(values: list[float], warmup_fraction: float) -> list[float]:
-    values = [v for v in values if v == v and v > 0]
+def compare(a: RunRecord, b: RunRecord, warmup_fraction: float = 0.1) -> list[Comparison]:
+    return compare_all(a, b, warmup_fraction)[0]
+
+
+def _mean(xs: list[float]) -> float:
+    return sum(xs) / len(xs)
+
+
+def steady(rec: RunRecord, kpi: str, warmup_fraction: float = 0.1) -> list[float]:
+    """The KPI's values in the sweeps that count (see the module's docstring), warm-up dropped."""
+    phase = KPIS[kpi].phase
+    signals = [ACTIVITY[phase]] if phase else list(ACTIVITY.values())
+    active = {t for name in signals for t, v in rec.samples.get(name, []) if v > 0}
+    values = [v for t, v in rec.samples.get(kpi, []) if math.isfinite(v) and (t in active or not active)]
     return values[int(len(values) * warmup_fraction):]

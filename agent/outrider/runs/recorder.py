@@ -1,15 +1,32 @@
-"""Records a run as it goes: KPIs per sweep (from the difference with the previous sweep), verdict changes, and
-events (stalls), into the run store."""
+"""Records a run as it goes, into the run store: KPIs per sweep (from the difference with the previous sweep), the
+verdict timeline and the run's verdict so far (runs/verdict.py), alert transitions from the agent's own rule
+evaluation, and events (stalls).
+
+It is a sweep listener (`__call__`) and an alert listener (`on_alert`, wired by the runner in front of the
+notifiers); both may be called from the sampler's thread and from the runner's final sweep, hence the lock. A
+store that fails is logged once and the run goes on: the record is a convenience, the workload is not.
+"""
 
 from __future__ import annotations
 
+import logging
+import threading
 import time
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
 
 from outrider.diagnosis.signals import signals, snapshot
 from outrider.diagnosis.window import VerdictWindow
 from outrider.metrics.family import Family, HistogramValue, merged_histogram
 from outrider.metrics.quantile import histogram_quantile
-from outrider.runs.store import RunStore
+from outrider.rules.notification import Notification
+from outrider.runs.store import AlertRecord, RunStore
+from outrider.runs.verdict import RunVerdict, Segment, VerdictTally
+
+LOG = logging.getLogger("outrider.runs")
+HISTOGRAMS = ("outrider_train_step_duration_seconds", "outrider_request_duration_seconds")
+ERRORS = {"4xx": "client_errors", "5xx": "server_errors"}
 
 
 def _delta(new: HistogramValue | None, old: HistogramValue | None) -> HistogramValue | None:
@@ -21,55 +38,128 @@ def _delta(new: HistogramValue | None, old: HistogramValue | None) -> HistogramV
                           new.sum - old.sum)
 
 
+def _errors(families: list[Family]) -> dict[str, float]:
+    """Finished requests by error kind (client_errors: 4xx, server_errors: 5xx), summed over routes and ranks."""
+    out = dict.fromkeys(ERRORS.values(), 0.0)
+    for f in families:
+        if f.defn.name != "outrider_requests_total":
+            continue
+        at = f.defn.label_names.index("status_class")
+        for labels, v in f.samples:
+            kind = ERRORS.get(labels[at])
+            if kind is not None and isinstance(v, float):
+                out[kind] += v
+    return out
+
+
 class RunRecorder:
-    def __init__(self, store: RunStore, run_id: str, window_s: float = 30.0) -> None:
+    def __init__(self, store: RunStore | None, run_id: str, window_s: float = 30.0) -> None:
         self.store = store
         self.run_id = run_id
         self.window = VerdictWindow(window_s)
-        self._prev: tuple[float, dict[str, float], dict[str, HistogramValue | None]] | None = None
+        self.tally = VerdictTally()
+        self.alerts: list[AlertRecord] = []  # every time an alert fired during the run, for the summary
+        self._open: dict[str, int] = {}  # fingerprint -> its entry in alerts while it fires
+        self._prev: tuple[float, float, dict[str, float], dict[str, HistogramValue | None],
+                          dict[str, float]] | None = None
         self._last_verdict = ""
         self._stalled: set[str] = set()
+        self._lock = threading.Lock()
+        self._store_failed = False
 
     def __call__(self, families: list[Family]) -> None:
-        now = time.monotonic()
+        with self._lock:
+            self._sweep(families)
+
+    def _sweep(self, families: list[Family]) -> None:
+        now, t = time.monotonic(), time.time()
         snap = snapshot(families)
-        hists = {name: merged_histogram(families, name) for name in
-                 ("outrider_train_step_duration_seconds", "outrider_request_duration_seconds")}
-        t = time.time()
-        prev, self._prev = self._prev, (now, snap, hists)
+        hists = {name: merged_histogram(families, name) for name in HISTOGRAMS}
+        errors = _errors(families)
+        prev, self._prev = self._prev, (now, t, snap, hists, errors)
         kpis: dict[str, float] = {}
         for f in families:
             if f.defn.name == "outrider_watched_memory_rss_bytes" and f.samples:
                 kpis["rss_bytes"] = float(f.samples[0][1])  # type: ignore[arg-type]
             if f.defn.name == "outrider_hook_stalled":
-                for labels, v in f.samples:
-                    rank = labels[0] or "-"
-                    if v and rank not in self._stalled:
-                        self._stalled.add(rank)
-                        self.store.add_event(self.run_id, t, "stall", f"rank {rank} stalled")
-                    elif not v and rank in self._stalled:
-                        self._stalled.discard(rank)
-                        self.store.add_event(self.run_id, t, "resume", f"rank {rank} resumed")
+                self._stalls(f, t)
         if prev is not None:
-            s = signals(prev[1], snap, now - prev[0])
+            dt = now - prev[0]
+            s = signals(prev[2], snap, dt)
             for key in ("steps_per_s", "samples_per_s", "requests_per_s", "process_cpu_cores"):
                 kpis[key] = getattr(s, key)
             for key in ("step_time_s", "data_wait_fraction", "gpu_util", "gpu_mem_ratio", "host_cpu_util"):
                 value = getattr(s, key)
                 if value is not None:
                     kpis[key] = value
-            step = _delta(hists["outrider_train_step_duration_seconds"],
-                          prev[2]["outrider_train_step_duration_seconds"])
+            if dt > 0:
+                for kind, n in errors.items():
+                    kpis[f"{kind}_per_s"] = max(0.0, n - prev[4].get(kind, 0.0)) / dt
+            step = _delta(hists[HISTOGRAMS[0]], prev[3][HISTOGRAMS[0]])
             if step is not None and step.count:
                 kpis["step_p50_s"] = histogram_quantile(0.5, step) or 0.0
                 kpis["step_p99_s"] = histogram_quantile(0.99, step) or 0.0
-            req = _delta(hists["outrider_request_duration_seconds"], prev[2]["outrider_request_duration_seconds"])
+            req = _delta(hists[HISTOGRAMS[1]], prev[3][HISTOGRAMS[1]])
             if req is not None and req.count:
                 kpis["latency_p50_s"] = histogram_quantile(0.5, req) or 0.0
                 kpis["latency_p99_s"] = histogram_quantile(0.99, req) or 0.0
         if kpis:
-            self.store.add_samples(self.run_id, t, kpis)
+            self._write(RunStore.add_samples, t, kpis)
         verdict = self.window.add(families, now)
-        if verdict is not None and verdict.cls != self._last_verdict:
+        if verdict is None or prev is None:
+            return
+        # This window's verdict speaks for the time since the previous sweep: that is where its segment starts.
+        self.tally.add(verdict.cls, verdict.reason, verdict.evidence, prev[1], t)
+        if verdict.cls != self._last_verdict:
             self._last_verdict = verdict.cls
-            self.store.add_verdict(self.run_id, t, verdict.cls, verdict.reason, verdict.evidence)
+            self._write(RunStore.add_verdict, prev[1], verdict.cls, verdict.reason, verdict.evidence)
+        self._write(RunStore.set_run_verdict, self.tally.result())
+
+    def _stalls(self, fam: Family, t: float) -> None:
+        for labels, v in fam.samples:
+            rank = labels[0] or "-"
+            if v and rank not in self._stalled:
+                self._stalled.add(rank)
+                self._write(RunStore.add_event, t, "stall", f"rank {rank} stalled")
+            elif not v and rank in self._stalled:
+                self._stalled.discard(rank)
+                self._write(RunStore.add_event, t, "resume", f"rank {rank} resumed")
+
+    def on_alert(self, n: Notification) -> None:
+        """An alert transition from the agent's rule engine (firing or resolved); never raises into the engine."""
+        try:
+            with self._lock:
+                summary = n.annotations.get("summary", "") or n.annotations.get("description", "")
+                if n.event == "firing":
+                    self._open[n.fingerprint] = len(self.alerts)
+                    self.alerts.append(AlertRecord(n.alertname, dict(n.labels), summary, n.starts_at, None))
+                    self._write(RunStore.alert_fired, n.fingerprint, dict(n.labels), summary, n.starts_at)
+                elif n.event == "resolved":
+                    ended = n.ends_at or time.time()
+                    at = self._open.pop(n.fingerprint, None)
+                    if at is None:  # it fired before this run (the agent's saved state)
+                        self.alerts.append(AlertRecord(n.alertname, dict(n.labels), summary, n.starts_at, ended))
+                    else:  # keeps the summary it fired with
+                        self.alerts[at] = replace(self.alerts[at], resolved=ended)
+                    self._write(RunStore.alert_resolved, n.fingerprint, dict(n.labels), summary, n.starts_at, ended)
+        except Exception:
+            LOG.exception("recording an alert transition failed")
+
+    def verdict(self) -> RunVerdict:
+        with self._lock:
+            return self.tally.result()
+
+    def timeline(self) -> list[Segment]:
+        with self._lock:
+            return list(self.tally.segments)
+
+    def _write(self, method: Callable[..., None], *args: Any) -> None:
+        """store.method(run_id, *args), unless the store is gone."""
+        if self.store is None:
+            return
+        try:
+            method(self.store, self.run_id, *args)
+        except Exception as e:
+            if not self._store_failed:
+                LOG.warning("the run record stopped taking writes (%s): the run goes on without it", e)
+            self._store_failed = True

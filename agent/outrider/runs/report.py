@@ -1,122 +1,180 @@
-"""The HTML run report: KPIs over time as inline SVG plots, the verdict timeline with its evidence and advice,
-events (stalls), and the summary. One self-contained file that opens offline (no scripts, no fetched resources)."""
+"""The HTML run report: the run's verdict with its evidence and advice beside the timeline of verdicts, alerts and
+stalls; the alerts and events of the run; what the agent measured; KPIs over time as charts with axes and units;
+and what the run cost. One self-contained file that opens offline (inline SVG and CSS, no script, nothing
+fetched). Every number is in human units (metrics/units.py)."""
 
 from __future__ import annotations
 
 import html
 import time
-from collections.abc import Sequence
+from dataclasses import dataclass
 
-from outrider.diagnosis.bottleneck import RECOMMENDATIONS
+from outrider.metrics import units
+from outrider.runs import plot
+from outrider.runs.measured import Measured
 from outrider.runs.store import RunRecord
 
 COLORS = {"idle": "#9e9e9e", "throttled": "#e65100", "memory_pressure": "#c62828", "input_bound": "#6a1b9a",
           "memory_bandwidth_bound": "#283593", "compute_bound": "#2e7d32", "host_bound": "#f9a825",
           "communication_bound": "#00838f", "balanced": "#607d8b"}
-PLOTS = [  # (title, [(kpi, label, scale)], unit)
-    ("Step time", [("step_time_s", "mean", 1000), ("step_p99_s", "p99", 1000)], "ms"),
-    ("Throughput", [("samples_per_s", "samples/s", 1)], "samples/s"),
-    ("GPU utilisation and memory", [("gpu_util", "utilisation", 100), ("gpu_mem_ratio", "memory used", 100)], "%"),
-    ("Data wait", [("data_wait_fraction", "share of the loop", 100)], "%"),
-    ("CPU", [("process_cpu_cores", "job (cores)", 1), ("host_cpu_util", "host (fraction)", 1)], ""),
-    ("Request latency", [("latency_p50_s", "p50", 1000), ("latency_p99_s", "p99", 1000)], "ms"),
-]
-LINE_COLORS = ("#1565c0", "#ef6c00")
+ALERT_COLORS = {"critical": "#b71c1c", "warning": "#ef6c00"}
+
+
+@dataclass(frozen=True)
+class Chart:
+    title: str
+    kind: str  # how its values read: seconds, bytes, ratio, cores, rate:WHAT
+    series: tuple[tuple[str, str], ...]  # (KPI, legend label)
+
+
+CHARTS = (
+    Chart("Step time", "seconds", (("step_time_s", "mean"), ("step_p50_s", "p50"), ("step_p99_s", "p99"))),
+    Chart("Throughput", "rate:samples", (("samples_per_s", "samples per second"),)),
+    Chart("Data wait", "ratio", (("data_wait_fraction", "share of the loop waiting for data"),)),
+    Chart("Job CPU", "cores", (("process_cpu_cores", "the watched process tree"),)),
+    Chart("Host CPU", "ratio", (("host_cpu_util", "all CPUs of the machine"),)),
+    Chart("Memory (RSS)", "bytes", (("rss_bytes", "the watched process tree"),)),
+    Chart("GPU", "ratio", (("gpu_util", "utilisation"), ("gpu_mem_ratio", "memory used"))),
+    Chart("Requests", "rate:req", (("requests_per_s", "requests per second"),)),
+    Chart("Errors", "rate:errors", (("client_errors_per_s", "4xx"), ("server_errors_per_s", "5xx"))),
+    Chart("Request latency", "seconds", (("latency_p50_s", "p50"), ("latency_p99_s", "p99"))),
+)
+
+STYLE = """
+body { font-family: system-ui, sans-serif; margin: 24px auto; color: #222; max-width: 1180px; padding: 0 16px; }
+h1 { font-size: 1.5em; margin-bottom: 0.2em; } h2 { font-size: 1.15em; margin: 1.4em 0 0.5em; }
+h3 { font-size: 0.95em; margin: 0 0 4px; } .meta { color: #555; margin-top: 0; }
+table { border-collapse: collapse; } th, td { text-align: left; padding: 3px 12px 3px 0; vertical-align: top;
+  border-bottom: 1px solid #eee; } th { font-weight: 600; color: #444; }
+.top { display: grid; grid-template-columns: minmax(300px, 1fr) 640px; gap: 24px; align-items: start; }
+.verdict { font-size: 1.5em; padding: 0.3em 0.7em; color: #fff; display: inline-block; border-radius: 4px;
+  margin: 0 0 0.4em; }
+.charts { display: grid; grid-template-columns: repeat(2, 560px); gap: 18px 28px; }
+.legend { font-size: 0.8em; color: #444; } .legend span { margin-right: 14px; white-space: nowrap; }
+.legend i { display: inline-block; width: 12px; height: 12px; margin-right: 4px; vertical-align: -1px; }
+.note { color: #666; font-size: 0.9em; } caption { text-align: left; }
+"""
 
 
 def dominant_verdict(rec: RunRecord) -> str | None:
-    """The class that held longest (each verdict lasts until the next, the last until the run ended)."""
-    if not rec.verdicts:
-        return None
-    end = rec.ended or (rec.verdicts[-1][0] + 1)
-    held: dict[str, float] = {}
-    for i, (t, cls, _, _) in enumerate(rec.verdicts):
-        until = rec.verdicts[i + 1][0] if i + 1 < len(rec.verdicts) else end
-        if cls != "idle":
-            held[cls] = held.get(cls, 0.0) + max(0.0, until - t)
-    return max(held, key=lambda k: held[k]) if held else rec.verdicts[-1][1]
+    """The run's verdict class (runs/verdict.py), None when the run had none."""
+    return rec.run_verdict().cls or None
 
 
-def _svg_plot(rec: RunRecord, series: Sequence[tuple[str, str, float]], unit: str, t0: float, t1: float) -> str:
-    w, h, pad = 640, 180, 40
-    lines = [(label, [(t, v * scale) for t, v in rec.samples.get(kpi, [])]) for kpi, label, scale in series]
-    lines = [(label, pts) for label, pts in lines if pts]
-    if not lines:
-        return '<p class="none">no data</p>'
-    ymax = max(v for _, pts in lines for _, v in pts) or 1.0
-    span = max(t1 - t0, 1e-9)
-
-    def xy(t: float, v: float) -> str:
-        return f"{pad + (w - 2 * pad) * (t - t0) / span:.1f},{h - pad / 2 - (h - pad) * v / (ymax * 1.1):.1f}"
-
-    parts = [f'<svg viewBox="0 0 {w} {h}" width="{w}" height="{h}" role="img">',
-             f'<line x1="{pad}" y1="{h - pad / 2}" x2="{w - pad}" y2="{h - pad / 2}" stroke="#999"/>',
-             f'<text x="2" y="14" font-size="11">{ymax:.3g} {html.escape(unit)}</text>',
-             f'<text x="{w - pad}" y="{h - 4}" font-size="11" text-anchor="end">{t1 - t0:.0f} s</text>']
-    for (_label, pts), color in zip(lines, LINE_COLORS):
-        parts.append(f'<polyline fill="none" stroke="{color}" stroke-width="2" '
-                     f'points="{" ".join(xy(t, v) for t, v in pts)}"/>')
-    legend = " ".join(f'<span style="color:{c}">&#9632; {html.escape(label)}</span>'
-                      for (label, _), c in zip(lines, LINE_COLORS))
-    return "".join(parts) + "</svg><div class=legend>" + legend + "</div>"
+def _when(rec: RunRecord, t: float) -> str:
+    return f"{units.run_time(t - rec.started)} ({time.strftime('%H:%M:%S', time.localtime(t))})"
 
 
-def _timeline(rec: RunRecord, t0: float, t1: float) -> str:
-    w, h = 640, 28
-    span = max(t1 - t0, 1e-9)
-    parts = [f'<svg viewBox="0 0 {w} {h + 14}" width="{w}" height="{h + 14}" role="img">']
-    for i, (t, cls, _, _) in enumerate(rec.verdicts):
-        until = rec.verdicts[i + 1][0] if i + 1 < len(rec.verdicts) else t1
-        x, x2 = w * (t - t0) / span, w * (until - t0) / span
-        parts.append(f'<rect x="{x:.1f}" y="0" width="{max(1.0, x2 - x):.1f}" height="{h}" '
-                     f'fill="{COLORS.get(cls, "#999")}"><title>{html.escape(cls)}</title></rect>')
-    for t, _kind, text in rec.events:
-        x = w * (t - t0) / span
-        parts.append(f'<line x1="{x:.1f}" y1="0" x2="{x:.1f}" y2="{h + 10}" stroke="#000" stroke-width="2">'
-                     f'<title>{html.escape(text)}</title></line>')
-    return "".join(parts) + "</svg>"
+def _verdict_section(rec: RunRecord) -> str:
+    e = html.escape
+    v = rec.run_verdict()
+    color = COLORS.get(v.cls, "#999")
+    evidence = "".join(f"<tr><th>{e(label)}</th><td>{e(value)}</td></tr>" for label, value in v.evidence_rows())
+    why = f'<p id="reason"><b>Why:</b> {e(v.reason)}</p>' if v.reason else ""
+    card = (f'<p id="verdict" class="verdict" style="background:{color}">{e(v.cls or "no verdict")}</p>'
+            f'<p id="share">{e(v.headline())}</p>{why}'
+            f'<p id="recommendation">{e(v.recommendation)}</p>'
+            + (f'<table id="evidence"><caption class="note">evidence: the mean over the time the verdict held'
+               f'</caption>{evidence}</table>' if evidence else ""))
+    span = rec.end - rec.started
+    verdicts = [plot.Band(s.start - rec.started, s.end - rec.started, COLORS.get(s.cls, "#999"),
+                          f"{s.cls}: {units.run_time(s.start - rec.started)}-{units.run_time(s.end - rec.started)}",
+                          s.cls) for s in rec.timeline()]
+    alerts = [plot.Band(max(0.0, a.fired - rec.started), (a.resolved or rec.end) - rec.started,
+                        ALERT_COLORS.get(a.severity, "#ef6c00"), a.text(rec.started), a.name) for a in rec.alerts]
+    marks = [(t - rec.started, text) for t, _, text in rec.events]
+    present = sorted({s.cls for s in rec.timeline()})
+    legend = "".join(f'<span><i style="background:{COLORS.get(c, "#999")}"></i>{e(c)}</span>' for c in present)
+    chart = plot.timeline([("verdict", verdicts), ("alerts", alerts)], marks, span)
+    return (f'<section class="top"><div><h2>Verdict</h2>{card}</div>'
+            f'<div><h2>Timeline</h2>{chart}<div class="legend">{legend}'
+            + ('<span><i style="background:#000;width:3px"></i>stall</span>' if marks else "")
+            + "</div></div></section>")
+
+
+def _events_section(rec: RunRecord) -> str:
+    e = html.escape
+    rows = [(a.fired, "alert", a.text(rec.started)) for a in rec.alerts]
+    rows += [(t, kind, text) for t, kind, text in rec.events]
+    if not rows:
+        return '<p id="events" class="note">No alert fired and no process stalled during this run.</p>'
+    body = "".join(f"<tr><td>{e(_when(rec, t))}</td><td>{e(kind)}</td><td>{e(text)}</td></tr>"
+                   for t, kind, text in sorted(rows))
+    return f'<table id="events"><tr><th>when</th><th>what</th><th></th></tr>{body}</table>'
+
+
+def _charts_section(rec: RunRecord) -> str:
+    span = rec.end - rec.started
+    drawn, skipped = [], []
+    for c in CHARTS:
+        lines = [plot.Line(label, [(t - rec.started, v) for t, v in rec.samples.get(kpi, [])])
+                 for kpi, label in c.series]
+        if c.title == "Errors" and not any(v > 0 for _, v in rec.samples.get("requests_per_s", [])):
+            skipped.append(c.title)
+            continue
+        if c.title != "Errors" and not any(v > 0 for line in lines for _, v in line.points):
+            skipped.append(c.title)
+            continue
+        drawn.append(f'<section class="plot" data-title="{html.escape(c.title)}"><h3>{html.escape(c.title)}</h3>'
+                     f'{plot.chart(lines, c.kind, span)}</section>')
+    note = (f'<p class="note">Not measured, or zero throughout this run: {html.escape(", ".join(skipped))}.</p>'
+            if skipped else "")
+    return f'<div class="charts">{"".join(drawn)}</div>{note}'
+
+
+def _measured_section(rec: RunRecord) -> str:
+    data = rec.summary.get("measured")
+    if not isinstance(data, dict):
+        return '<p class="note">Not kept for this run (recorded by an older Outrider, or the run was cut short).</p>'
+    rows = Measured.from_json(data).rows()
+    return "<table id=\"measured\">" + "".join(f"<tr><th>{html.escape(topic)}</th><td>{html.escape(text)}</td></tr>"
+                                              for topic, text in rows) + "</table>"
+
+
+def _cost_section(rec: RunRecord) -> str:
+    s = rec.summary
+    rows: list[tuple[str, str]] = []
+    if "wall_s" in s:
+        rows.append(("ran for", units.seconds(s["wall_s"])))
+    if "cpu_user_s" in s:
+        cpu = s["cpu_user_s"] + s.get("cpu_system_s", 0.0)
+        avg = f" ({units.cores(cpu / s['wall_s'])} on average)" if s.get("wall_s") else ""
+        rows.append(("CPU time", f"user {units.seconds(s['cpu_user_s'])}, system "
+                                 f"{units.seconds(s.get('cpu_system_s', 0.0))}{avg}"))
+    if "peak_tree_rss_bytes" in s:
+        rows.append(("peak memory (RSS)", f"{units.bytes_iec(s['peak_tree_rss_bytes'])} the whole tree, "
+                                          f"{units.bytes_iec(s.get('peak_process_rss_bytes', 0))} the largest "
+                                          "process"))
+    if "read_bytes" in s:
+        rows.append(("storage", f"read {units.bytes_iec(s['read_bytes'])}, written "
+                                f"{units.bytes_iec(s.get('written_bytes', 0))}"))
+    if "max_processes" in s:
+        rows.append(("processes", f"up to {s['max_processes']} at once"))
+    if s.get("signals_forwarded"):
+        rows.append(("signals forwarded", ", ".join(map(str, s["signals_forwarded"]))))
+    rows.append(("exit code", str(rec.exit_code) if rec.exit_code is not None else "still running, or cut short"))
+    return "<table id=\"cost\">" + "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>"
+                                           for k, v in rows) + "</table>"
 
 
 def render(rec: RunRecord) -> str:
-    t0 = rec.started
-    t1 = rec.ended or max([t for pts in rec.samples.values() for t, _ in pts] + [t0 + 1])
-    verdict = dominant_verdict(rec)
     e = html.escape
-    summary = rec.summary or {}
-    rows = "".join(f"<tr><th>{e(k)}</th><td>{e(str(v))}</td></tr>" for k, v in summary.items()
-                   if k in ("exit_code", "wall_s", "cpu_user_s", "cpu_system_s", "peak_tree_rss_bytes",
-                            "read_bytes", "written_bytes", "max_processes"))
-    evidence = ""
-    if rec.verdicts:
-        last = next((v for v in reversed(rec.verdicts) if v[1] == verdict), rec.verdicts[-1])
-        evidence = "".join(f"<tr><th>{e(k)}</th><td>{v:g}</td></tr>" for k, v in sorted(last[3].items()))
-        evidence = f"<p>{e(last[2])}</p><table>{evidence}</table>"
-    legend = " ".join(f'<span style="color:{c}">&#9632; {e(k)}</span>' for k, c in COLORS.items())
-    events = "".join(f"<li>{time.strftime('%H:%M:%S', time.localtime(t))} {e(text)}</li>" for t, _, text in rec.events)
-    plots = "".join(f"<section><h3>{e(title)}</h3>{_svg_plot(rec, series, unit, t0, t1)}</section>"
-                    for title, series, unit in PLOTS)
+    started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(rec.started))
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>Outrider run {e(rec.id)}</title>
-<style>
-body {{ font-family: sans-serif; margin: 2em; color: #222; max-width: 60em; }}
-table {{ border-collapse: collapse; }} th, td {{ text-align: left; padding: 2px 10px; border-bottom: 1px solid #eee; }}
-.verdict {{ font-size: 1.6em; padding: 0.4em 0.8em; color: #fff; display: inline-block; border-radius: 4px; }}
-.legend, .none {{ font-size: 0.85em; color: #555; }} section {{ margin-bottom: 1.2em; }}
-</style></head><body>
+<style>{STYLE}</style></head><body>
 <h1>Outrider run {e(rec.id)}</h1>
-<p><code>{e(" ".join(rec.command))}</code> &middot; started {e(time.strftime("%Y-%m-%d %H:%M:%S",
-                                                                                time.localtime(t0)))}
- &middot; {t1 - t0:.0f} s &middot; exit code {e(str(rec.exit_code))}</p>
-<h2>Verdict</h2>
-<p id="verdict" class="verdict" style="background:{COLORS.get(verdict or "", "#999")}">{e(verdict or "no verdict")}</p>
-<p id="recommendation">{e(RECOMMENDATIONS.get(verdict or "", ""))}</p>
-{evidence}
-<h2>Verdict and alert timeline</h2>
-{_timeline(rec, t0, t1)}<div class=legend>{legend}</div>
-<ul id="events">{events or "<li>no stall or alert</li>"}</ul>
+<p class="meta"><code>{e(" ".join(rec.command))}</code> &middot; started {e(started)} &middot; ran
+ {e(units.seconds(rec.end - rec.started))} &middot; exit code {e(str(rec.exit_code))}</p>
+{_verdict_section(rec)}
+<h2>Alerts and events</h2>
+{_events_section(rec)}
+<h2>What the agent measured</h2>
+{_measured_section(rec)}
 <h2>KPIs over time</h2>
-{plots}
-<h2>Summary</h2>
-<table>{rows}</table>
+{_charts_section(rec)}
+<h2>What the run cost</h2>
+{_cost_section(rec)}
 </body></html>
 """
+

@@ -1,4 +1,8 @@
-"""The embedded run store: one SQLite file (runs.db) under runs_dir."""
+"""The embedded run store: one SQLite file (runs.db) under runs_dir.
+
+Per run: its KPIs per sweep (samples), its verdict changes (the timeline), its verdict so far (run_verdicts, kept
+current while it runs, so a run cut short still has one), the alerts that fired and resolved during it, and events
+(stalls). Tables are only ever added, so an older runs.db opens as it is."""
 
 from __future__ import annotations
 
@@ -11,6 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from outrider.metrics import units
+from outrider.runs.verdict import RunVerdict, Segment, from_timeline
+
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (id TEXT PRIMARY KEY, command TEXT, started REAL, ended REAL, exit_code INTEGER,
                                  summary TEXT);
@@ -18,6 +25,9 @@ CREATE TABLE IF NOT EXISTS samples (run_id TEXT, t REAL, name TEXT, value REAL);
 CREATE INDEX IF NOT EXISTS samples_run ON samples (run_id, name, t);
 CREATE TABLE IF NOT EXISTS verdicts (run_id TEXT, t REAL, class TEXT, reason TEXT, evidence TEXT);
 CREATE TABLE IF NOT EXISTS events (run_id TEXT, t REAL, kind TEXT, text TEXT);
+CREATE TABLE IF NOT EXISTS run_verdicts (run_id TEXT PRIMARY KEY, verdict TEXT);
+CREATE TABLE IF NOT EXISTS alerts (run_id TEXT, fingerprint TEXT, name TEXT, labels TEXT, summary TEXT, fired REAL,
+                                   resolved REAL);
 """
 
 
@@ -28,6 +38,33 @@ class RunNotFound(LookupError):
 def default_runs_dir() -> Path:
     base = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
     return Path(base) / "outrider"
+
+
+@dataclass(frozen=True)
+class AlertRecord:
+    """An alert the agent's own rule evaluation fired during a run (resolved: None while it still fired at the end;
+    fired: when it became active, which may be before the run for an alert carried over in the agent's state)."""
+
+    name: str
+    labels: dict[str, str]
+    summary: str
+    fired: float
+    resolved: float | None
+
+    @property
+    def severity(self) -> str:
+        return self.labels.get("severity", "")
+
+    def text(self, t0: float) -> str:
+        """`StepTimeRegression (warning) fired at 0:03, resolved at 0:09 after 6 s: <its summary>`, run time from t0."""
+        head = self.name + (f" ({self.severity})" if self.severity else "")
+        fired = f"at {units.run_time(self.fired - t0)}" if self.fired >= t0 else "before the run"
+        if self.resolved is None:
+            when = f"fired {fired}, still firing at the end"
+        else:
+            when = f"fired {fired}, resolved at {units.run_time(self.resolved - t0)} after " \
+                   f"{units.seconds(self.resolved - self.fired)}"
+        return f"{head} {when}" + (f": {self.summary}" if self.summary else "")
 
 
 @dataclass
@@ -41,9 +78,28 @@ class RunRecord:
     samples: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
     verdicts: list[tuple[float, str, str, dict[str, float]]] = field(default_factory=list)
     events: list[tuple[float, str, str]] = field(default_factory=list)
+    alerts: list[AlertRecord] = field(default_factory=list)
+    verdict: RunVerdict | None = None  # None for a record written before runs kept their verdict
 
     def values(self, name: str) -> list[float]:
         return [v for _, v in self.samples.get(name, [])]
+
+    @property
+    def end(self) -> float:
+        """When the run ended; for one still running (or cut short), its latest sample or verdict."""
+        if self.ended:
+            return self.ended
+        times = [t for pts in self.samples.values() for t, _ in pts[-1:]] + [t for t, *_ in self.verdicts[-1:]]
+        return max([self.started, *times])
+
+    def run_verdict(self) -> RunVerdict:
+        """The verdict the recorder kept; for an older record, the same rule applied to its timeline."""
+        if self.verdict is not None:
+            return self.verdict
+        return from_timeline(self.verdicts, self.end).result()
+
+    def timeline(self) -> list[Segment]:
+        return from_timeline(self.verdicts, self.end).segments
 
 
 class RunStore:
@@ -75,6 +131,28 @@ class RunStore:
     def add_event(self, run_id: str, t: float, kind: str, text: str) -> None:
         with self._lock, self._db:
             self._db.execute("INSERT INTO events VALUES (?, ?, ?, ?)", (run_id, t, kind, text))
+
+    def set_run_verdict(self, run_id: str, verdict: RunVerdict) -> None:
+        with self._lock, self._db:
+            self._db.execute("INSERT OR REPLACE INTO run_verdicts VALUES (?, ?)",
+                             (run_id, json.dumps(verdict.to_json())))
+
+    def alert_fired(self, run_id: str, fingerprint: str, labels: dict[str, str], summary: str, fired: float) -> None:
+        with self._lock, self._db:
+            self._db.execute("INSERT INTO alerts VALUES (?, ?, ?, ?, ?, ?, NULL)",
+                             (run_id, fingerprint, labels.get("alertname", ""), json.dumps(labels), summary, fired))
+
+    def alert_resolved(self, run_id: str, fingerprint: str, labels: dict[str, str], summary: str, fired: float,
+                       resolved: float) -> None:
+        """Close the alert's open row; one that fired before the run (restored from the agent's state) gets a row
+        of its own."""
+        with self._lock, self._db:
+            cur = self._db.execute("UPDATE alerts SET resolved = ? WHERE run_id = ? AND fingerprint = ? AND "
+                                   "resolved IS NULL", (resolved, run_id, fingerprint))
+            if cur.rowcount == 0:
+                self._db.execute("INSERT INTO alerts VALUES (?, ?, ?, ?, ?, ?, ?)",
+                                 (run_id, fingerprint, labels.get("alertname", ""), json.dumps(labels), summary,
+                                  fired, resolved))
 
     def finish_run(self, run_id: str, exit_code: int, summary: dict[str, Any]) -> None:
         with self._lock, self._db:
@@ -108,6 +186,12 @@ class RunStore:
         rec.verdicts = [(t, c, reason, json.loads(ev)) for t, c, reason, ev in self._db.execute(
             "SELECT t, class, reason, evidence FROM verdicts WHERE run_id = ? ORDER BY t", (run_id,))]
         rec.events = list(self._db.execute("SELECT t, kind, text FROM events WHERE run_id = ? ORDER BY t", (run_id,)))
+        rec.alerts = [AlertRecord(name, json.loads(labels), summary, fired, resolved) for name, labels, summary, fired,
+                      resolved in self._db.execute("SELECT name, labels, summary, fired, resolved FROM alerts WHERE "
+                                                   "run_id = ? ORDER BY fired", (run_id,))]
+        row = self._db.execute("SELECT verdict FROM run_verdicts WHERE run_id = ?", (run_id,)).fetchone()
+        if row is not None:
+            rec.verdict = RunVerdict.from_json(json.loads(row[0]))
         return rec
 
     def close(self) -> None:

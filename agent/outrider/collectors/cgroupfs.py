@@ -1,0 +1,98 @@
+"""Parsers for the memory controller of the cgroup the agent runs in (its container, in Kubernetes).
+
+The host's MemTotal says nothing about a container's limit: a pod with 16 GiB on a 2 TiB node is OOM-killed at
+16 GiB. This module finds the agent's own memory cgroup from `/proc/self/cgroup` and reads its limit, usage and
+reclaimable page cache: cgroup v2 (memory.max, memory.current, memory.stat, memory.events) and, where a node still
+runs v1, the memory controller's files (memory.limit_in_bytes, memory.usage_in_bytes, memory.stat,
+memory.oom_control). Both roots are parameters, so tests point them at fixture trees.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from outrider.collectors.procfs import read_text
+
+# cgroup v1 reports "no limit" as the page counter's maximum (2^63 - 1 rounded down to a page): anything this large
+# is no limit at all.
+V1_UNLIMITED = 1 << 62
+
+
+@dataclass(frozen=True)
+class MemoryCgroup:
+    """Where the agent's memory cgroup lives: its directory and the cgroup version (1 or 2)."""
+
+    path: str
+    version: int
+
+
+@dataclass(frozen=True)
+class CgroupMemory:
+    limit_bytes: int | None  # None: no limit set
+    usage_bytes: int  # everything charged to the cgroup, page cache included
+    inactive_file_bytes: int  # page cache the kernel reclaims first: usage minus this is the working set
+    oom_kills: int | None  # processes the kernel OOM-killed in this cgroup (None where the kernel does not say)
+
+    @property
+    def working_set_bytes(self) -> int:
+        return max(0, self.usage_bytes - self.inactive_file_bytes)
+
+
+def find_memory_cgroup(proc_root: str, sys_root: str) -> MemoryCgroup | None:
+    """The agent's memory cgroup, or None where there is no memory controller to read.
+
+    `/proc/self/cgroup` names the cgroup relative to the cgroup namespace's root. Inside a container with its own
+    cgroup namespace that path is "/" and the container's cgroup is mounted at /sys/fs/cgroup; without one the
+    full path exists below the mount. A runtime that mounts only the container's own cgroup without a namespace
+    (the path is not there) leaves the mount's root as the container's cgroup.
+    """
+    lines = read_text(f"{proc_root}/self/cgroup").splitlines()
+    base = f"{sys_root}/fs/cgroup"
+    if os.path.exists(f"{base}/cgroup.controllers"):  # the unified (v2) hierarchy is mounted at the base
+        for line in lines:
+            hierarchy, _, rest = line.partition(":")
+            controllers, _, path = rest.partition(":")
+            if hierarchy == "0" and controllers == "":
+                return _existing(base, path, "memory.current", 2)
+        return _existing(base, "/", "memory.current", 2)
+    for line in lines:
+        _, _, rest = line.partition(":")
+        controllers, _, path = rest.partition(":")
+        if "memory" in controllers.split(","):
+            return _existing(f"{base}/memory", path, "memory.usage_in_bytes", 1)
+    return None
+
+
+def _existing(base: str, path: str, probe: str, version: int) -> MemoryCgroup | None:
+    for candidate in (base + path.rstrip("/"), base):
+        if os.path.exists(f"{candidate}/{probe}"):
+            return MemoryCgroup(candidate, version)
+    return None
+
+
+def read_memory(cg: MemoryCgroup) -> CgroupMemory:
+    if cg.version == 2:
+        limit_text = read_text(f"{cg.path}/memory.max").strip() if os.path.exists(f"{cg.path}/memory.max") else "max"
+        limit = None if limit_text == "max" else int(limit_text)
+        usage = int(read_text(f"{cg.path}/memory.current"))
+        stat = _flat_keyed(f"{cg.path}/memory.stat")
+        events = _flat_keyed(f"{cg.path}/memory.events") if os.path.exists(f"{cg.path}/memory.events") else {}
+        return CgroupMemory(limit, usage, stat.get("inactive_file", 0), events.get("oom_kill"))
+    raw_limit = int(read_text(f"{cg.path}/memory.limit_in_bytes"))
+    usage = int(read_text(f"{cg.path}/memory.usage_in_bytes"))
+    stat = _flat_keyed(f"{cg.path}/memory.stat")
+    oom = _flat_keyed(f"{cg.path}/memory.oom_control") if os.path.exists(f"{cg.path}/memory.oom_control") else {}
+    # total_inactive_file counts the cgroup's children too, as usage_in_bytes does
+    inactive = stat.get("total_inactive_file", stat.get("inactive_file", 0))
+    return CgroupMemory(None if raw_limit >= V1_UNLIMITED else raw_limit, usage, inactive, oom.get("oom_kill"))
+
+
+def _flat_keyed(path: str) -> dict[str, int]:
+    """A cgroup "flat keyed" file: one `key value` pair per line."""
+    out: dict[str, int] = {}
+    for line in read_text(path).splitlines():
+        key, _, value = line.partition(" ")
+        if value.strip().lstrip("-").isdigit():
+            out[key] = int(value)
+    return out

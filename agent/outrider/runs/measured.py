@@ -1,0 +1,136 @@
+"""What the agent measured of a run through the hook, over the whole run: steps, step time, throughput, data wait,
+requests, latency and errors, from the final sweep's histograms and counters (cumulative since each process
+started). Every `outrider run` summary and every report shows it, rendered by `rows()`; a run whose command never
+called `outrider.instrument()` says so instead of showing nothing."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+from outrider.metrics import units
+from outrider.metrics.family import Family, HistogramValue, merged_histogram
+from outrider.metrics.quantile import histogram_quantile
+
+STEP, WAIT, REQUEST = ("outrider_train_step_duration_seconds", "outrider_train_data_wait_seconds",
+                       "outrider_request_duration_seconds")
+
+
+@dataclass(frozen=True)
+class Training:
+    processes: int  # that took steps
+    steps: float
+    samples: float
+    step_p50_s: float | None
+    step_p99_s: float | None
+    samples_per_s: float | None  # per second of the training loop (step work and data wait)
+    first_step_s: float | None  # after instrument()
+    data_wait_p50_s: float | None
+    data_wait_fraction: float | None
+
+    def rows(self) -> list[tuple[str, str]]:
+        parts = [f"{units.count(self.steps)} steps"]
+        if self.step_p50_s is not None and self.step_p99_s is not None:
+            parts.append(f"step time p50 {units.seconds(self.step_p50_s)}, p99 {units.seconds(self.step_p99_s)}")
+        if self.samples_per_s:
+            parts.append(units.rate(self.samples_per_s, "samples"))
+        if self.processes > 1:
+            parts.append(f"{self.processes} processes")
+        out = [("training", ", ".join(parts))]
+        if self.data_wait_fraction is not None and self.data_wait_p50_s is not None:
+            out.append(("", f"data-loader wait p50 {units.seconds(self.data_wait_p50_s)}, "
+                            f"{units.percent(self.data_wait_fraction)} of the loop waiting for data"))
+        if self.first_step_s is not None:
+            out.append(("", f"first step {units.seconds(self.first_step_s)} after instrument()"))
+        return out
+
+
+@dataclass(frozen=True)
+class Inference:
+    requests: float
+    routes: list[str]
+    latency_p50_s: float
+    latency_p90_s: float
+    latency_p99_s: float
+    client_errors: float  # 4xx
+    server_errors: float  # 5xx
+
+    def rows(self) -> list[tuple[str, str]]:
+        where = f" on {', '.join(self.routes)}" if self.routes else ""
+        errors = self.client_errors + self.server_errors
+        detail = f" ({units.count(self.client_errors)} 4xx, {units.count(self.server_errors)} 5xx)" if errors else ""
+        return [("inference", f"{units.count(self.requests)} requests{where}, latency p50 "
+                              f"{units.seconds(self.latency_p50_s)}, p90 {units.seconds(self.latency_p90_s)}, p99 "
+                              f"{units.seconds(self.latency_p99_s)}; {units.count(errors)} errors{detail}")]
+
+
+@dataclass(frozen=True)
+class Measured:
+    training: Training | None = None
+    inference: Inference | None = None
+
+    def rows(self) -> list[tuple[str, str]]:
+        """(topic, what was measured) lines, in human units; the same for the summary and the report."""
+        out = (self.training.rows() if self.training else []) + (self.inference.rows() if self.inference else [])
+        return out or [("hook", "nothing: no process of the command called outrider.instrument() (the process "
+                                "tree's CPU, memory and I/O above are measured without it)")]
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Measured:
+        def part(kind: type[Training] | type[Inference], value: Any) -> Any:
+            if not isinstance(value, dict):
+                return None
+            names = {f.name for f in fields(kind)}
+            return kind(**{k: v for k, v in value.items() if k in names}) if names <= set(value) else None
+
+        return cls(part(Training, data.get("training")), part(Inference, data.get("inference")))
+
+
+def _sum(families: list[Family], name: str, label: str = "", value: str = "") -> float:
+    total = 0.0
+    for f in families:
+        if f.defn.name != name:
+            continue
+        at = f.defn.label_names.index(label) if label else -1
+        for labels, v in f.samples:
+            if isinstance(v, float) and (at < 0 or labels[at] == value):
+                total += v
+    return total
+
+
+def _series(families: list[Family], name: str) -> list[tuple[tuple[str, ...], HistogramValue]]:
+    return [(labels, v) for f in families if f.defn.name == name for labels, v in f.samples
+            if isinstance(v, HistogramValue) and v.count]
+
+
+def measure(families: list[Family]) -> Measured:
+    training = inference = None
+    step, wait = merged_histogram(families, STEP), merged_histogram(families, WAIT)
+    if step is not None and step.count:
+        processes = len(_series(families, STEP))
+        samples = _sum(families, "outrider_samples_total")
+        loop_s = (step.sum + (wait.sum if wait is not None else 0.0)) / max(1, processes)  # loops run side by side
+        waited = wait is not None and wait.count > 0 and wait.sum + step.sum > 0
+        firsts = [v for f in families if f.defn.name == "outrider_train_time_to_first_step_seconds"
+                  for _, v in f.samples if isinstance(v, float)]
+        training = Training(
+            processes=processes, steps=_sum(families, "outrider_train_steps_total") or float(step.count),
+            samples=samples, step_p50_s=histogram_quantile(0.5, step), step_p99_s=histogram_quantile(0.99, step),
+            samples_per_s=samples / loop_s if samples and loop_s > 0 else None,
+            first_step_s=max(firsts) if firsts else None,
+            data_wait_p50_s=histogram_quantile(0.5, wait) if wait is not None and waited else None,
+            data_wait_fraction=wait.sum / (wait.sum + step.sum) if wait is not None and waited else None)
+    req = merged_histogram(families, REQUEST)
+    if req is not None and req.count:
+        route_at = next((f.defn.label_names.index("route") for f in families if f.defn.name == REQUEST), 0)
+        inference = Inference(
+            requests=float(req.count),
+            routes=sorted({labels[route_at] for labels, _ in _series(families, REQUEST) if labels[route_at]}),
+            latency_p50_s=histogram_quantile(0.5, req) or 0.0, latency_p90_s=histogram_quantile(0.9, req) or 0.0,
+            latency_p99_s=histogram_quantile(0.99, req) or 0.0,
+            client_errors=_sum(families, "outrider_requests_total", "status_class", "4xx"),
+            server_errors=_sum(families, "outrider_requests_total", "status_class", "5xx"))
+    return Measured(training, inference)

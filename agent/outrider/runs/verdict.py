@@ -1,0 +1,137 @@
+"""A run's verdict: the bottleneck class that held longest over the run's active windows, with the evidence
+averaged over the time it held, and the timeline of classes beside it.
+
+Each sweep's verdict (diagnosis/window.VerdictWindow: the last window_s of sweeps) speaks for the time since the
+sweep before it, so every second of the run is counted once. Idle windows do not vote: a job that loads for a
+minute and then trains for ten is judged on the ten. A run that was idle throughout is `idle`; a run shorter than
+two sweeps has no verdict ("").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from outrider.diagnosis.bottleneck import CLASSES, RECOMMENDATIONS
+from outrider.metrics import units
+from outrider.runs.kpis import describe, evidence_order, is_count
+
+IDLE = "idle"
+
+
+@dataclass(frozen=True)
+class Segment:
+    start: float  # unix seconds
+    end: float
+    cls: str
+
+
+@dataclass
+class RunVerdict:
+    cls: str  # "" when no window was judged
+    reason: str  # the reason the diagnosis gave in the latest window of that class
+    evidence: dict[str, float]  # time-weighted mean over the windows of that class
+    seconds: dict[str, float] = field(default_factory=dict)  # how long each class held, idle included
+
+    @property
+    def active_s(self) -> float:
+        return sum(s for c, s in self.seconds.items() if c != IDLE)
+
+    @property
+    def share(self) -> float:
+        """The share of the active time (of all the time, for an idle run) the verdict held."""
+        if self.cls == IDLE:
+            return 1.0
+        return self.seconds.get(self.cls, 0.0) / self.active_s if self.active_s else 0.0
+
+    @property
+    def recommendation(self) -> str:
+        return RECOMMENDATIONS.get(self.cls, "")
+
+    def headline(self) -> str:
+        """`input_bound, 82% of the 24.1 s the job was active (balanced 18%; idle 3.2 s)`."""
+        if not self.cls:
+            return "none: the run ended before the agent had two sweeps to compare"
+        if self.cls == IDLE:
+            return f"idle: no steps, requests or CPU use in {units.seconds(self.seconds.get(IDLE, 0.0))}"
+        others = [f"{c} {units.percent(s / self.active_s)}" for c, s in
+                  sorted(self.seconds.items(), key=lambda kv: -kv[1]) if c not in (self.cls, IDLE) and s > 0]
+        idle = self.seconds.get(IDLE, 0.0)
+        aside = "; ".join(x for x in (", ".join(others), f"idle {units.seconds(idle)}" if idle else "") if x)
+        return (f"{self.cls}, {units.percent(self.share)} of the {units.seconds(self.active_s)} the job was active"
+                + (f" ({aside})" if aside else ""))
+
+    def evidence_rows(self) -> list[tuple[str, str]]:
+        """(label, value) in human units; counts and flags that are zero (no GPUs, no retries) left out."""
+        keys = [k for k in evidence_order(list(self.evidence)) if self.evidence[k] or not is_count(k)]
+        return [describe(k, self.evidence[k]) for k in keys]
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> RunVerdict:
+        return cls(str(data.get("cls", "")), str(data.get("reason", "")),
+                   {str(k): float(v) for k, v in dict(data.get("evidence", {})).items()},
+                   {str(k): float(v) for k, v in dict(data.get("seconds", {})).items()})
+
+
+class VerdictTally:
+    """Adds up window verdicts as a run goes; `result()` is the run's verdict so far, `segments` its timeline."""
+
+    def __init__(self) -> None:
+        self._seconds: dict[str, float] = {}
+        self._weighted: dict[str, dict[str, float]] = {}  # class -> evidence key -> sum of value x seconds
+        self._weight: dict[str, dict[str, float]] = {}  # class -> evidence key -> seconds it was present
+        self._reason: dict[str, str] = {}
+        self.segments: list[Segment] = []
+
+    def add(self, cls: str, reason: str, evidence: dict[str, float], start: float, end: float) -> None:
+        """One window's verdict, speaking for [start, end)."""
+        dt = max(0.0, end - start)
+        self._seconds[cls] = self._seconds.get(cls, 0.0) + dt
+        self._reason[cls] = reason
+        sums, weights = self._weighted.setdefault(cls, {}), self._weight.setdefault(cls, {})
+        for key, value in evidence.items():
+            sums[key] = sums.get(key, 0.0) + value * dt
+            weights[key] = weights.get(key, 0.0) + dt
+        if self.segments and self.segments[-1].cls == cls and self.segments[-1].end == start:
+            self.segments[-1] = Segment(self.segments[-1].start, end, cls)
+        else:
+            self.segments.append(Segment(start, end, cls))
+
+    def result(self) -> RunVerdict:
+        active = {c: s for c, s in self._seconds.items() if c != IDLE and s > 0}
+        if active:
+            cls = max(active, key=lambda c: (active[c], -_rank(c)))
+        elif self._seconds:
+            cls = IDLE
+        else:
+            return RunVerdict("", "", {}, {})
+        sums, weights = self._weighted.get(cls, {}), self._weight.get(cls, {})
+        evidence = {k: round(sums[k] / weights[k], 4) if weights[k] else sums[k] for k in sums}
+        return RunVerdict(cls, self._reason.get(cls, ""), evidence, dict(self._seconds))
+
+
+def _rank(cls: str) -> int:
+    return CLASSES.index(cls) if cls in CLASSES else len(CLASSES)
+
+
+def from_timeline(changes: Sequence[tuple[float, str, str, dict[str, float]]], end: float) -> VerdictTally:
+    """The tally of a record that kept only its verdict changes (each class holding until the next change, the
+    last until `end`): for records written before runs kept their verdict, or cut short."""
+    tally = VerdictTally()
+    for i, (t, cls, reason, evidence) in enumerate(changes):
+        until = changes[i + 1][0] if i + 1 < len(changes) else max(end, t)
+        tally.add(cls, reason, evidence, t, until)
+    return tally
+
+
+def timeline_text(segments: Iterable[Segment], t0: float, most: int = 6) -> str:
+    """`0:00-0:05 idle · 0:05-0:21 input_bound`, run time from t0; the longest `most` segments when there are more."""
+    segs = list(segments)
+    shown = segs if len(segs) <= most else sorted(sorted(segs, key=lambda s: s.start - s.end)[:most],
+                                                  key=lambda s: s.start)
+    text = " · ".join(f"{units.run_time(s.start - t0)}-{units.run_time(s.end - t0)} {s.cls}" for s in shown)
+    return text + (f" (and {len(segs) - most} shorter)" if len(segs) > most else "")
