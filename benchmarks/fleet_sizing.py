@@ -11,11 +11,12 @@ Not a test: it prints figures (and writes them as JSON with --json). What each s
   inference server (two routes) publishing through the hook into the node's own spool.
 Every agent sees the same host (this machine's CPUs, disks, interfaces), and the network is loopback.
 
-Method. Range windows of the rules reach back up to 6 hours (SLO burn rates, disk prediction): a fresh Prometheus
-would evaluate them over almost nothing. So before Prometheus starts, every series that a range or offset selector
-of the rule file reads is backfilled (promtool tsdb create-blocks-from openmetrics) over that selector's reach, at
-the scrape interval, with the rates and values the agents show: rule evaluation is measured over full windows.
-(Recorded series read with an offset are not backfilled: their labels exist only once Prometheus has recorded them.)
+Method. The rules read far back (SLO burn rates over 6 hours, baselines over a day): a fresh Prometheus would
+evaluate them over almost nothing. So before Prometheus starts, every series that a range or offset selector of the
+rule file reads further back than the warm-up is backfilled (promtool tsdb create-blocks-from openmetrics) over that
+selector's reach: the agents' series at the scrape interval, counters at the rates the agents show, gauges at their
+value; the recorded series at their group's interval, with the labels and values a probe Prometheus (run for a few
+evaluations, then removed) recorded. Rule evaluation is then measured over full windows.
 Prometheus starts with all agents as targets and itself; after a warm-up the run alternates phases with the rule
 file loaded and without it (/-/reload), so that the rules' share of Prometheus's CPU is a difference within one run.
 
@@ -322,29 +323,44 @@ def fetch(node: Node, accept: str = PROMETHEUS_ACCEPT) -> tuple[int, int, str]:
 # --- backfill of the rules' windows ---------------------------------------------------------------------------
 
 
-def long_selectors(min_reach_ms: int) -> tuple[list[tuple[str, list[Any], int]], list[str]]:
-    """([(metric name, matchers, reach in ms)] of every selector of the rule file reading further back than
-    `min_reach_ms`, [recorded names read that far back, which cannot be backfilled])."""
+@dataclass
+class Selector:
+    name: str
+    matchers: list[Any]
+    reach_ms: int  # range + offset (+ the 5-minute lookback of an instant selector)
+
+
+def rule_file() -> tuple[list[Selector], dict[str, tuple[str, float]]]:
+    """(every selector of the rule file, {recorded name: (its expression, its group's interval in s)})."""
     import promql_parser as pp
     import yaml
 
     from outrider.rules.promql import selector_name, selectors
 
     doc = yaml.safe_load(RULES.read_text())
-    recorded = {r["record"] for g in doc["groups"] for r in g["rules"] if "record" in r}
-    wanted: list[tuple[str, list[Any], int]] = []
-    skipped: set[str] = set()
+    recorded = {}
+    found = []
     for group in doc["groups"]:
+        interval_s = _seconds(group.get("interval"))
         for rule in group["rules"]:
+            if "record" in rule:
+                recorded[rule["record"]] = (rule["expr"], interval_s)
             for vs, reach_ms in selectors(pp.parse(rule["expr"])):
                 name = selector_name(vs)
-                if name is None or reach_ms <= min_reach_ms:
-                    continue
-                if name in recorded:
-                    skipped.add(name)
-                    continue
-                wanted.append((name, [m for m in vs.matchers.matchers if m.name != "__name__"], reach_ms))
-    return wanted, sorted(skipped)
+                if name is not None:
+                    found.append(Selector(name, [m for m in vs.matchers.matchers if m.name != "__name__"], reach_ms))
+    return found, recorded
+
+
+def _seconds(duration: str | None) -> float:
+    """A Prometheus duration of one unit ("30s", "1m"); None: the global interval, filled in by the caller."""
+    if not duration:
+        return 0.0
+    units = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
+    for unit in ("ms", "s", "m", "h", "d"):
+        if duration.endswith(unit) and duration[: -len(unit)].isdigit():
+            return int(duration[: -len(unit)]) * units[unit]
+    raise ValueError(f"duration {duration!r}")
 
 
 def _matches(matchers: list[Any], labels: dict[str, str]) -> bool:
@@ -378,54 +394,116 @@ def parse_exposition(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]],
 
 
 TEXT_FORMAT = "text/plain;version=0.0.4"
+Labels = tuple[tuple[str, str], ...]
 
 
-def backfill(nodes: list[Node], interval_s: float, data_dir: Path, work: Path, warmup_s: float) -> dict[str, Any]:
+def probe_recorded(binary: str, work: Path, nodes: list[Node], interval_s: int, procs: Processes,
+                   recorded: dict[str, tuple[str, float]]) -> dict[str, list[tuple[Labels, float]]]:
+    """{recorded name: [(labels, value)]}: what the recording rules produce over these nodes, from a probe
+    Prometheus run for a few evaluations and removed. A recorded series that needs history to appear (a baseline
+    over an hour) gets the labels and value of the recorded series it is computed from: the catalog's baselines
+    (avg_over_time, max_over_time, min_over_time of a recorded series) keep its labels."""
+    import promql_parser as pp
+
+    from outrider.rules.promql import selector_name, selectors
+
+    probe = Prometheus(binary, work / "probe", [n.target for n in nodes], interval_s, procs)
+    found: dict[str, list[tuple[Labels, float]]] = {}
+    try:
+        deadline = time.monotonic() + 4 * max(interval_s, *(i for _, i in recorded.values())) + 30
+        stable_since, last = time.monotonic(), -1
+        while time.monotonic() < deadline:
+            for name in recorded:
+                result = probe.query(f'{{__name__="{name}"}}')
+                if result:
+                    found[name] = [(tuple(sorted((k, v) for k, v in r["metric"].items() if k != "__name__")),
+                                    float(r["value"][1])) for r in result]
+            if len(found) != last:
+                stable_since, last = time.monotonic(), len(found)
+            elif time.monotonic() - stable_since > 2 * max(i for _, i in recorded.values()):
+                break
+            time.sleep(5)
+    finally:
+        probe.proc.terminate()
+        probe.proc.wait(timeout=30)
+        shutil.rmtree(work / "probe", ignore_errors=True)
+
+    def derive(name: str, depth: int = 0) -> list[tuple[Labels, float]]:
+        if name in found or depth > len(recorded):
+            return found.get(name, [])
+        for vs, _ in selectors(pp.parse(recorded[name][0])):
+            base = selector_name(vs)
+            if base in recorded and base != name and derive(base, depth + 1):
+                found[name] = found[base]
+                return found[name]
+        return []
+
+    for name in recorded:
+        derive(name)
+    return found
+
+
+def backfill(nodes: list[Node], interval_s: int, data_dir: Path, work: Path, warmup_s: float,
+             recorded_series: dict[str, list[tuple[Labels, float]]],
+             recorded: dict[str, tuple[str, float]]) -> dict[str, Any]:
     """Blocks in Prometheus's data directory holding, for every series a long range or offset selector reads,
-    its history over that reach: counters growing at the rate the agent shows now, gauges at their value now."""
+    its history over that reach: counters growing at the rate the agent shows now, gauges and recorded series at
+    their value now (at their group's interval), and `up` at 1."""
+    all_selectors, _ = rule_file()
     # what the warm-up and the 5-minute lookback cover needs no history
-    wanted, skipped = long_selectors(min_reach_ms=int(max(warmup_s, 300) * 1000))
-    names = {name for name, _, _ in wanted}
+    wanted = [sel for sel in all_selectors if sel.reach_ms > max(warmup_s, 300) * 1000]
     first = {n.index: parse_exposition(fetch(n, TEXT_FORMAT)[2]) for n in nodes}
     t1 = time.time()
     time.sleep(interval_s + 1)  # one sweep later: each counter's rate
     second = {n.index: parse_exposition(fetch(n, TEXT_FORMAT)[2]) for n in nodes}
     t2 = time.time()
-    series: list[tuple[str, float, bool, int]] = []  # (openmetrics series text, value or rate, counter, reach ms)
+
+    def reach(name: str, labels: dict[str, str]) -> int:
+        return max((sel.reach_ms for sel in wanted if sel.name == name and _matches(sel.matchers, labels)), default=0)
+
+    # (openmetrics series, value or rate, is a counter, reach in ms, step in s)
+    series: list[tuple[str, float, bool, int, float]] = []
+    recorded_count = 0
     for n in nodes:
-        for (name, labels), (v2, counter) in second[n.index].items():
-            if name not in names:
-                continue
-            label_map = dict(labels)
-            reach = max((r for nm, ms, r in wanted if nm == name and _matches(ms, label_map)), default=0)
-            if not reach:
-                continue
-            v1 = first[n.index].get((name, labels), (v2, counter))[0]
-            value = max(0.0, (v2 - v1) / (t2 - t1)) if counter else v2
-            text = ",".join(f'{k}="{_escape(v)}"' for k, v in [*labels, ("job", "outrider"), ("instance", n.target)])
-            series.append((f"{name}{{{text}}}", value, counter, reach))
+        target = (("job", "outrider"), ("instance", n.target))
+        for (name, labels), (v2, counter) in [*second[n.index].items(), (("up", ()), (1.0, False))]:
+            full = dict(labels + target)
+            if reach_ms := reach(name, full):
+                v1 = first[n.index].get((name, labels), (v2, counter))[0]
+                value = max(0.0, (v2 - v1) / (t2 - t1)) if counter else v2
+                series.append((_series(name, labels + target), value, counter, reach_ms, interval_s))
+    unfilled = []
+    for name, found in recorded_series.items():
+        step = recorded[name][1] or interval_s
+        for labels, value in found:
+            if (reach_ms := reach(name, dict(labels))) and math.isfinite(value):
+                series.append((_series(name, labels), value, False, reach_ms, step))
+                recorded_count += 1
+    for name in recorded:
+        if any(sel.name == name for sel in wanted) and not recorded_series.get(name):
+            unfilled.append(name)
     t0 = math.floor(time.time())  # Prometheus starts right after: the history ends before its first scrape
-    horizon_s = max((r for *_, r in series), default=0) / 1000 + interval_s
-    steps = int(horizon_s // interval_s)
     om = work / "backfill.om"
     lines = 0
-    with open(om, "w") as fh:
-        for k in range(steps, 0, -1):
-            t = t0 - k * interval_s
-            for text, value, counter, reach in series:
-                age = t0 - t
-                if age > reach / 1000 + interval_s:
-                    continue
-                v = value * (reach / 1000 + interval_s - age) if counter else value
-                fh.write(f"{text} {v!r} {t:.3f}\n")
+    with open(om, "w") as fh:  # series after series, each in time order (what promtool needs)
+        for text, value, counter, reach_ms, step in series:
+            horizon_s = reach_ms / 1000 + step
+            for k in range(int(horizon_s // step), 0, -1):
+                v = value * (horizon_s - k * step) if counter else value
+                fh.write(f"{text} {v!r} {t0 - k * step:.3f}\n")
                 lines += 1
         fh.write("# EOF\n")
     started = time.monotonic()
     subprocess.run(["promtool", "tsdb", "create-blocks-from", "openmetrics", "--quiet", str(om), str(data_dir)],
                    check=True, capture_output=True, text=True)
     om.unlink()
-    return {"series": len(series), "samples": lines, "hours": horizon_s / 3600,
-            "promtool_s": time.monotonic() - started, "not_backfilled_recorded": skipped, "selectors": len(wanted)}
+    return {"series": len(series), "samples": lines, "hours": max((r for *_, r, _ in series), default=0) / 3.6e6,
+            "promtool_s": time.monotonic() - started, "not_backfilled_recorded": sorted(unfilled),
+            "recorded_series": recorded_count}
+
+
+def _series(name: str, labels: Labels) -> str:
+    return name + "{" + ",".join(f'{k}="{_escape(v)}"' for k, v in labels) + "}"
 
 
 def _escape(value: str) -> str:
@@ -440,6 +518,7 @@ class Prometheus:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.work, self.targets, self.interval_s = work, targets, interval_s
+        work.mkdir(parents=True, exist_ok=True)
         self.config = work / "prometheus.yml"
         self.write_config(rules=True)
         self.proc = procs.start([binary, f"--config.file={self.config}", f"--storage.tsdb.path={work / 'data'}",
@@ -664,8 +743,11 @@ def run(args: argparse.Namespace, prometheus: str, work: Path, procs: Processes,
     warmup_s = args.warmup_min * 60
     filled = None
     if not args.no_backfill:
-        log("backfilling the rules' windows")
-        filled = backfill(nodes, args.interval, prom_dir / "data", work, warmup_s)
+        _, recorded = rule_file()
+        log("probing what the recording rules record")
+        recorded_series = probe_recorded(prometheus, work, nodes, args.interval, procs, recorded)
+        log(f"{sum(len(v) for v in recorded_series.values())} recorded series; backfilling the rules' windows")
+        filled = backfill(nodes, args.interval, prom_dir / "data", work, warmup_s, recorded_series, recorded)
         log(f"backfilled {filled['series']} series, {filled['samples']} samples over {filled['hours']:.1f} h "
             f"in {filled['promtool_s']:.0f} s")
     prom = Prometheus(prometheus, prom_dir, [n.target for n in nodes], args.interval, procs)
@@ -859,9 +941,9 @@ def report(f: dict[str, Any], args: argparse.Namespace) -> None:
           f"{par['phase_min']} min; {par['prometheus']}; rule file {par['rules_file_sha']}")
     if par["backfill"]:
         b = par["backfill"]
-        print(f"backfilled for the rules' windows: {b['series']} series, {b['samples']:,} samples over "
-              f"{b['hours']:.1f} h (recorded series read with an offset, not backfilled: "
-              f"{', '.join(b['not_backfilled_recorded']) or 'none'})")
+        print(f"backfilled for the rules' windows: {b['series']} series ({b['recorded_series']} of them recorded), "
+              f"{b['samples']:,} samples, up to {b['hours']:.1f} h back (recorded series read far back that no "
+              f"probe evaluation produced, not backfilled: {', '.join(b['not_backfilled_recorded']) or 'none'})")
     else:
         print("no backfill: rules with windows longer than the run evaluated over the live data only")
     if par["stopped_early"]:
