@@ -80,13 +80,15 @@ def read_task(task_dir: str) -> tuple[str, int, float, float | None] | None:
 
 class ThreadSampler:
     def __init__(self, hook: Any, loop_tid: Callable[[], int], proc_root: str = "/proc",
-                 threads: Callable[[], dict[int, str]] = python_threads) -> None:
+                 threads: Callable[[], dict[int, str]] = python_threads, getpid: Callable[[], int] = os.getpid) -> None:
         """hook: where the series go and whether the process has anything to say yet; loop_tid: the native id of
-        the thread that completes steps (0: none yet)."""
+        the thread that completes steps (0: none yet); proc_root, threads, getpid: where /proc is, Python's
+        threads and this process (seams for a fixture tree)."""
         self.hook = hook
         self.loop_tid = loop_tid
         self.root = proc_root
         self.threads = threads
+        self.getpid = getpid
         self.pid = 0
         self.last: dict[Key, tuple[float, float]] = {}
         self.cpu = dict.fromkeys(ROLES, 0.0)
@@ -110,7 +112,7 @@ class ThreadSampler:
 
     def read(self) -> None:
         """Add each thread's growth since the last read to its role's totals."""
-        pid = os.getpid()
+        pid = self.getpid()
         if pid != self.pid:  # first read, or a forked child: its parent's totals are the parent's
             self.pid = pid
             self.last.clear()
