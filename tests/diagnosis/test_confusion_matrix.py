@@ -33,7 +33,7 @@ WORKLOADS = {
     "compute": ("compute_bound", 0),  # large matrix products
     "host": ("host_bound", 0),  # hundreds of tiny operations per step
     "comm": ("communication_bound", 2),  # a large all_reduce per step, gloo
-    "straggler": ("communication_bound", 4),  # DDP over gloo, rank 2 with five times the work
+    "straggler": ("communication_bound", 4),  # DDP over gloo, rank 2 with extra matrix products per step
 }
 
 
