@@ -177,3 +177,24 @@ def test_every_verdict_carries_evidence_and_advice() -> None:
     assert v.evidence["steps_per_s"] == pytest.approx(20)
     assert "num_workers" in v.recommendation or "workers" in v.recommendation
     assert set(RECOMMENDATIONS) == set(CLASSES)
+
+
+def test_no_verdict_while_a_busy_process_is_still_starting() -> None:
+    """Imports and loading before the first step are not a bottleneck of the job: no verdict until it is active;
+    idle is still said, and once the job has stepped every window gets a verdict."""
+    from outrider.diagnosis.window import VerdictWindow
+
+    def sweep(cpu_s: float, steps: int) -> list[Family]:
+        fams = [Family("outrider_watched_cpu_seconds_total").add(cpu_s, "user")]
+        return fams + (loop(0, steps * 0.01, steps=steps) if steps else [])
+
+    w = VerdictWindow(5.0)
+    w.add(sweep(0.0, 0), now=0.0)
+    assert w.add(sweep(4.0, 0), now=5.0) is None, "busy importing torch: nothing to diagnose yet"
+    v = w.add(sweep(8.0, 100), now=10.0)
+    assert v is not None and v.cls != "idle"
+    assert w.add(sweep(12.0, 100), now=15.0) is not None, "after the job was active, every window has a verdict"
+    idle = VerdictWindow(5.0)
+    idle.add(sweep(0.0, 0), now=0.0)
+    v = idle.add(sweep(0.0, 0), now=5.0)
+    assert v is not None and v.cls == "idle"
