@@ -11,8 +11,9 @@ gradient buckets, timed where they run.
   completion, through a communication hook: the user's own, wrapped when registered, or, when none is registered
   by the first forward, the equivalent of torch's default (`allreduce_hook`: divide by the world size, all-reduce).
   Buckets overlap the backward pass; the loop's accounting (hook/loop.py) counts as a wait only what outlasts the
-  last bucket's launch. A built-in C++ hook (`_register_builtin_comm_hook`) cannot be wrapped: its buckets are not
-  timed (said once).
+  last bucket's launch. Buckets on a GPU complete on the device, where host times say nothing: they are not
+  timed. A built-in C++ hook (`_register_builtin_comm_hook`) cannot be wrapped: its buckets are not timed (said
+  once).
 
 Finished collectives go into the hook state's `collectives` deque as (begin, end, op, blocking) on the host clock;
 appending is atomic, from whichever thread saw the collective finish (gloo runs DDP's callbacks on its own thread).
@@ -81,7 +82,7 @@ class CollectiveTimer:
         @functools.wraps(original)
         def collective(*args: Any, **kwargs: Any) -> Any:
             inside = timer.inside
-            if getattr(inside, "active", False):
+            if kwargs.get("async_op") or getattr(inside, "active", False):
                 return original(*args, **kwargs)
             events = timer._cuda_events(args)
             inside.active = True
