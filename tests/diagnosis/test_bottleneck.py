@@ -198,3 +198,15 @@ def test_no_verdict_while_a_busy_process_is_still_starting() -> None:
     idle.add(sweep(0.0, 0), now=0.0)
     v = idle.add(sweep(0.0, 0), now=5.0)
     assert v is not None and v.cls == "idle"
+
+
+def test_a_cpu_torch_job_on_a_gpu_node_is_judged_by_its_cpu() -> None:
+    """NVML sees an idle GPU; the job's torch never initialised CUDA: the CPU rules decide, not 'the GPU waits'."""
+    gpu = [Family("outrider_gpu_utilization_ratio").add(0.0, "0", "GPU-0", "H100", "general"),
+           Family("outrider_torch_intra_op_threads").add(8, "", "")]
+    old = loop(0, 0, steps=10) + ZERO + gpu + [Family("outrider_train_autograd_ops_total").add(0, "", "")]
+    new = loop(0, 10.0, steps=200) + threads((9.9, 0.0), (60.0, 0.0)) + gpu + [
+        Family("outrider_train_autograd_ops_total").add(1900, "", "")]
+    assert verdict(old, new) == "compute_bound"
+    cuda = [Family("outrider_torch_cuda_memory_bytes").add(1e9, "", "", "0", "allocated")]
+    assert verdict(old + cuda, new + cuda) == "host_bound", "with CUDA in use, the idle GPU waits for the host"

@@ -88,7 +88,8 @@ def classify(s: Signals) -> Verdict:
 
 def _classify(s: Signals) -> Verdict:
     ev = s.evidence()
-    has_gpu = s.gpus > 0 and s.gpu_util is not None
+    # a torch job that never initialised CUDA runs on the CPU, whatever GPUs the node has
+    has_gpu = s.gpus > 0 and s.gpu_util is not None and not s.torch_cpu_only
     gpu_util = s.gpu_util or 0.0
     gpu_busy = s.gpu_busy_ratio if s.gpu_busy_ratio is not None else (gpu_util if has_gpu else None)
     gpu_source = "CUDA events: the GPU paced" if s.gpu_busy_ratio is not None else "NVML: the GPU was busy"

@@ -46,6 +46,8 @@ def snapshot(families: list[Family]) -> dict[str, float]:
                     by_rank(lab, "steps", v.count)
                 elif name == "outrider_train_data_wait_seconds":
                     add("wait_sum", v.sum)
+                elif name == "outrider_train_gpu_step_duration_seconds":
+                    out["cuda_used"] = 1.0
                 continue
             if name == "outrider_samples_total":
                 add("samples", v)
@@ -103,6 +105,8 @@ def snapshot(families: list[Family]) -> dict[str, float]:
                     power = 1.0
             elif name == "outrider_torch_cuda_alloc_retries_total":
                 add("alloc_retries", v)
+            if name.startswith("outrider_torch_cuda_") or name == "outrider_train_gpu_step_duration_seconds":
+                out["cuda_used"] = 1.0
     if gpu_util:
         out["gpu_util"] = sum(gpu_util) / len(gpu_util)
         out["gpus"] = len(gpu_util)
@@ -149,6 +153,7 @@ class Signals:
     main_thread_cpu: float | None = None
     intra_op_busy: float | None = None
     intra_op_threads: float | None = None
+    torch_cpu_only: bool = False  # a torch job that never initialised CUDA (whatever GPUs the node has)
     ops_counted: bool = False  # torch counts this job's operations (ops per step known once a window has them)
     ops_per_step: float | None = None
     main_cpu_us_per_op: float | None = None
@@ -211,6 +216,7 @@ def signals(old: dict[str, float], new: dict[str, float], dt: float) -> Signals:
         s.host_mem_available_ratio = new.get("host_mem_avail", 0.0) / new["host_mem_total"]
     if "cpu_main" in old and "cpu_main" in new:  # a counter that appears mid-window holds time from before it
         _threads(s, old, new, dt, delta)
+    s.torch_cpu_only = "intra_op_threads" in new and not new.get("cuda_used") and "gpu_busy" not in new
     s.gpus = int(new.get("gpus", 0))
     s.gpu_util = new.get("gpu_util")
     if delta("gpu_observed") > 0:
