@@ -151,6 +151,14 @@ def test_communication_bound_without_a_straggler() -> None:
     v = classify(s)
     assert v.cls == "communication_bound" and s.straggler is None and "no straggler" in v.reason
     assert v.evidence["collective_wait_fraction"] == pytest.approx(0.6)
+    # 100 ms steps spent all but a millisecond in collectives: 1.2 ms of compute against 0.7 ms is noise, not a
+    # straggler, though it is 1.7x and the others wait a little longer
+    noisy = [f for r, wait in (("0", 9.88), ("1", 9.93), ("2", 9.93)) for f in
+             loop(0, 10.0, rank=r, collective_wait=wait, steps=110)]
+    old = [f for r in "012" for f in loop(0, 0, rank=r, collective_wait=0.0, steps=10)] + ZERO
+    s = signals(snapshot(old), snapshot(noisy + threads((3.0, 0.0), (0.0, 0.0), processes=3)), 10.0)
+    assert s.straggler_compute_ratio == pytest.approx(12 / 7, rel=0.01)
+    assert s.straggler is None and classify(s).cls == "communication_bound"
 
 
 def test_gpu_busy_from_cuda_events_decides_over_nvml() -> None:

@@ -129,6 +129,8 @@ class RankSignals:
     rank: str
     steps: float
     compute_s: float  # per step: step work less collective wait
+    wait_s: float  # per step: collective wait
+    wall_s: float  # per step: the loop's wall time
     wait_fraction: float  # collective wait over the loop's wall time
 
 
@@ -272,7 +274,8 @@ def _ranks(s: Signals, old: dict[str, float], new: dict[str, float]) -> None:
         if steps <= 0 or wall <= 0 or "collective_wait" not in f:
             continue
         compute = max(0.0, f.get("step", 0.0) - f["collective_wait"]) / steps
-        ranks.append(RankSignals(job, rank, steps, compute, min(1.0, f["collective_wait"] / wall)))
+        ranks.append(RankSignals(job, rank, steps, compute, f["collective_wait"] / steps, wall / steps,
+                                 min(1.0, f["collective_wait"] / wall)))
     s.ranks = ranks
     for job in {r.training_job for r in ranks}:
         group = [r for r in ranks if r.training_job == job]
@@ -281,21 +284,27 @@ def _ranks(s: Signals, old: dict[str, float], new: dict[str, float]) -> None:
         slow = max(group, key=lambda r: r.compute_s)
         others = [r for r in group if r is not slow]
         typical = statistics.median(r.compute_s for r in others)
-        waiting = statistics.median(r.wait_fraction for r in others)
         if typical <= 0:
             continue
         ratio = slow.compute_s / typical
+        extra = slow.compute_s - typical  # seconds per step the others would wait for it
+        waited = statistics.median(r.wait_s for r in others) - slow.wait_s
         if s.straggler_compute_ratio is None or ratio > s.straggler_compute_ratio:
             s.straggler_compute_ratio = ratio
-            s.others_wait_fraction = waiting
-            if ratio >= STRAGGLER_RATIO and waiting >= STRAGGLER_WAIT and waiting - slow.wait_fraction >= STRAGGLER_GAP:
+            s.others_wait_fraction = statistics.median(r.wait_fraction for r in others)
+            if ratio >= STRAGGLER_RATIO and extra >= STRAGGLER_SHARE * slow.wall_s \
+                    and waited >= STRAGGLER_WAITED * extra:
                 s.straggler = slow
                 s.straggler_rank = _number(slow.rank)
 
 
-STRAGGLER_RATIO = 1.5  # the slow rank computes at least this much longer per step than the others' median
-STRAGGLER_WAIT = 0.2  # and the others spend at least this share of their loop waiting in collectives
-STRAGGLER_GAP = 0.15  # at least this much more than the slow rank does (evenly slow collectives are no straggler)
+# The straggler: the rank whose compute per step is at least STRAGGLER_RATIO times the others' median, by at least
+# STRAGGLER_SHARE of its step (a difference of a millisecond in a step spent communicating is noise, not a
+# straggler), and the others wait in collectives, per step, at least STRAGGLER_WAITED of that difference more than
+# it does: they wait for it.
+STRAGGLER_RATIO = 1.5
+STRAGGLER_SHARE = 0.1
+STRAGGLER_WAITED = 0.5
 
 
 def _number(text: str) -> float | None:

@@ -77,9 +77,10 @@ class DataLoaderTimer:
         return __init__
 
     def detach(self) -> None:
-        """Put torch's own methods back (tests, and a hook that is replaced)."""
-        self.base.__next__ = self.original_next
-        self.multi.__init__ = self.original_init
+        """Put torch's own methods back (tests, and a hook that is replaced). Idempotent."""
+        if getattr(self.base.__dict__.get("__next__"), TIMED_MARK, False):
+            self.base.__next__ = self.original_next
+            self.multi.__init__ = self.original_init
 
 
 def attach(state: Any, torch: Any, mask: int) -> DataLoaderTimer | None:

@@ -36,6 +36,9 @@ from outrider.hook.gpu_pacing import GpuPacing
 
 LOG = logging.getLogger("outrider.hook")
 MAX_PENDING_EVENTS = 1024
+# The integration attached to torch in this process. A new one (a hook built again: tests, a re-instrumented
+# process) first detaches it: two would count every optimizer step twice and time every batch into a dead state.
+ACTIVE: list[TorchIntegration] = []
 MEMORY_KINDS = {
     "allocated": "allocated_bytes.all.current",
     "reserved": "reserved_bytes.all.current",
@@ -50,6 +53,8 @@ class TorchIntegration:
         """state: the hook API's module state (whether the user times steps, the step listeners, the wait ring);
         step_done: the hook's step path, called once per counted optimizer step; mask: the wait ring's index mask
         (0: DataLoaders and collectives are not timed); clock: the host clock step-end markers are read on."""
+        for previous in list(ACTIVE):
+            previous.detach()
         self.hook = hook
         self.state = state
         self.torch = torch
@@ -68,6 +73,7 @@ class TorchIntegration:
         # imported here; torch is the user's)
         optimizer_module = sys.modules.get("torch.optim.optimizer") or torch.optim.optimizer
         self.handle = optimizer_module.register_optimizer_step_post_hook(self.on_optimizer_step)
+        ACTIVE.append(self)
         self._step_done = step_done
         self.listening = False  # on_step joins the step path only once CUDA is initialised (never on CPU)
         self.ops = 0
@@ -79,7 +85,9 @@ class TorchIntegration:
         hook.samplers.append(self.sample)
 
     def detach(self) -> None:
-        """Remove every patch and hook from torch (tests; a replaced hook)."""
+        """Remove every patch and hook from torch (tests; a replaced hook). Idempotent."""
+        if self in ACTIVE:
+            ACTIVE.remove(self)
         self.handle.remove()
         if self.on_step_ops in self.state.step_listeners:
             self.state.step_listeners.remove(self.on_step_ops)
