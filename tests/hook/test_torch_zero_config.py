@@ -198,3 +198,13 @@ def test_thread_roles_in_a_training_process(tmp_path: Path, hooked: Hook) -> Non
     assert value(parsed, "outrider_torch_intra_op_threads", rank="") == torch.get_num_threads()
     if os.path.exists(f"/proc/{os.getpid()}/schedstat"):
         assert value(parsed, "outrider_thread_run_delay_seconds_total", rank="", role="main") is not None
+
+
+def test_iterating_a_dataloader_alone_does_not_make_a_training_process(tmp_path: Path, hooked: Hook) -> None:
+    """Batch inference iterates DataLoaders too: no first-step-pending (and so no 'no first step' stall) for it."""
+    with torch.no_grad():
+        for x, _ in torch.utils.data.DataLoader(Squares(), batch_size=4):
+            torch.nn.functional.relu(x)
+    hooked.flush()
+    assert not hooked.progress.training
+    assert value(read(tmp_path, hooked), "outrider_train_data_wait_seconds_count", rank="") == 6

@@ -218,9 +218,7 @@ def _drain() -> None:
         b, e = S.wait_b[i], S.wait_e[i]
         S.data_wait_h.observe(e - b)
         loop.add_wait(b, e)
-    S.drained_w = nw
-    if nw > start_w:
-        S.loader_used = True
+    S.drained_w = nw  # (a DataLoader alone does not make a training process: batch inference iterates them too)
     _drain_collectives(hook, loop)
     if n > done:
         start = done
@@ -318,7 +316,7 @@ class dataloader:
     def __iter__(self) -> Iterator[Any]:
         it = iter(self._iterable)
         S.loader_used = True
-        if getattr(type(it).__next__, TIMED_MARK, False):
+        if getattr(getattr(type(it), "__next__", None), TIMED_MARK, False):
             yield from it  # a DataLoader iterator the torch integration already times: never count a wait twice
             return
         while True:
