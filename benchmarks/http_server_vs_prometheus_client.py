@@ -14,8 +14,6 @@ compare the ratios.
 from __future__ import annotations
 
 import argparse
-import datetime
-import ipaddress
 import json
 import os
 import select
@@ -27,6 +25,9 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from tests.helpers import cpu_seconds, free_port, self_signed
 
 SERVERS = ("outrider", "prometheus_client")
 
@@ -60,40 +61,6 @@ def serve(kind: str, port: int, samples: int, cert: str, key: str) -> None:
         prometheus_client.start_http_server(port, addr="127.0.0.1", **kw)  # type: ignore[arg-type]
     print("ready", flush=True)
     signal.sigwait({signal.SIGTERM, signal.SIGINT})
-
-
-def self_signed(directory: Path) -> tuple[str, str]:
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
-    now = datetime.datetime.now(datetime.timezone.utc)
-    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
-            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=1))
-            .not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), False)
-            .sign(key, hashes.SHA256()))
-    cert_path, key_path = directory / "tls.crt", directory / "tls.key"
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                           serialization.NoEncryption()))
-    return str(cert_path), str(key_path)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def cpu_seconds(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as fh:
-        text = fh.read()
-    f = text[text.rindex(")") + 2:].split()
-    return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def threads(pid: int) -> int:
@@ -225,7 +192,8 @@ def main() -> int:
     print(f"payload: {len(payload(args.samples))} bytes ({args.samples} series); {os.cpu_count()} CPUs; "
           f"{sys.version.split()[0]}")
     with tempfile.TemporaryDirectory() as tmp:
-        cert, key = self_signed(Path(tmp))
+        cert_path, key_path = self_signed(Path(tmp))
+        cert, key = str(cert_path), str(key_path)
         for scheme in ("http", "https"):
             kw = {"cert": cert, "key": key} if scheme == "https" else {}
             cafile = cert if scheme == "https" else ""

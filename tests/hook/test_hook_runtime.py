@@ -294,3 +294,38 @@ def test_a_retired_counter_a_live_process_shares_never_expires(tmp_path: Path,
     monkeypatch.setattr(hook_collector.time, "monotonic", lambda: later)
     parsed = samples(render(c.collect()).decode())
     assert value(parsed, "work_total") == 7, "dropping the 5 would make the merged counter go backwards"
+def test_the_closing_flush_is_the_last_word_even_beside_a_slow_periodic_one(tmp_path: Path) -> None:
+    """At exit, close() flushes while the publisher thread may still be inside a periodic flush (its samplers read
+    /proc, which takes longer on a crowded machine). The periodic one must not land after the closing one: the
+    shard would be left unclosed with older values, and the agent would retire it with steps missing."""
+    import threading
+
+    from outrider import spool
+
+    h = hook(tmp_path)
+    counter = h.series("counter", "work_total")
+    counter.inc()
+    calls, inside, release = [0], threading.Event(), threading.Event()
+
+    def slow_sampler() -> None:
+        calls[0] += 1
+        if calls[0] == 1:  # the periodic flush, held inside its samplers
+            inside.set()
+            release.wait(30)
+
+    h.samplers.append(slow_sampler)
+    periodic = threading.Thread(target=h.flush)
+    periodic.start()
+    assert inside.wait(30)
+    counter.inc()
+    closer = threading.Thread(target=h.close)
+    closer.start()
+    closer.join(1.0)  # without the flush lock, close() is done by now, before the periodic flush writes
+    release.set()
+    periodic.join(30)
+    closer.join(30)
+    snap = spool.decode(next(tmp_path.glob("*.shard")).read_bytes())
+    assert snap.header.flags & spool.FLAG_CLOSED, "the last write is the closing one"
+    assert dict((s[0], s[3]) for s in snap.series)["work_total"] == [2.0]
+    h.flush()  # a publisher waking after close() writes nothing more
+    assert spool.decode(next(tmp_path.glob("*.shard")).read_bytes()).header.flags & spool.FLAG_CLOSED

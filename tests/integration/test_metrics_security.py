@@ -4,8 +4,6 @@ never shows in logs or metrics; half a configuration is a clear error."""
 from __future__ import annotations
 
 import base64
-import datetime
-import ipaddress
 import os
 import ssl
 import subprocess
@@ -15,31 +13,11 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 
-from tests.helpers import free_port, outrider_cmd, wait_until
+from tests.helpers import free_port, outrider_cmd, self_signed, wait_until
 
 pytestmark = pytest.mark.integration
 PASSWORD = "s3cret-planted-Xq9"
-
-
-def self_signed(tmp_path: Path) -> tuple[Path, Path]:
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
-    now = datetime.datetime.now(datetime.timezone.utc)
-    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
-            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=1))
-            .not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), False)
-            .sign(key, hashes.SHA256()))
-    cert_path, key_path = tmp_path / "tls.crt", tmp_path / "tls.key"
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                           serialization.NoEncryption()))
-    return cert_path, key_path
 
 
 def get(url: str, context: ssl.SSLContext, auth: tuple[str, str] | None = None) -> tuple[int, bytes]:

@@ -26,7 +26,7 @@ import pytest
 
 from outrider.exporters.http_server import Limits
 from outrider.exporters.prometheus import Endpoints, MetricsServer, alerts_api_json
-from tests.integration.test_metrics_security import self_signed
+from tests.helpers import self_signed
 
 pytestmark = pytest.mark.integration
 BODY = b"# HELP up_test A test gauge.\n# TYPE up_test gauge\nup_test 1\n"

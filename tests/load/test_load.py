@@ -14,17 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO, AgentProcess, http_get, samples, value, wait_until
+from tests.helpers import REPO, AgentProcess, http_get, rss_bytes, samples, value, wait_until
 
 pytestmark = pytest.mark.integration
 HERE = Path(__file__).parent
-
-
-def rss_bytes(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    return 0
 
 
 def test_ten_thousand_series_under_concurrent_scrapers(tmp_path: Path) -> None:

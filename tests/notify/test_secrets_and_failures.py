@@ -21,8 +21,7 @@ import pytest
 
 from outrider.metrics.exposition import render
 from outrider.notify import Dispatcher, NotifyConfigError, parse_receivers
-from tests.helpers import free_port, wait_until
-from tests.integration.test_metrics_security import self_signed
+from tests.helpers import free_port, self_signed, wait_until
 from tests.notify.receivers import ScriptedReceiver
 from tests.notify.test_delivery import alert
 
