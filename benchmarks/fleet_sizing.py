@@ -20,7 +20,10 @@ evaluations, then removed) recorded. Rule evaluation is then measured over full 
 Prometheus starts with all agents as targets and itself; after a warm-up the run alternates phases with the rule
 file loaded and without it (/-/reload), so that the rules' share of Prometheus's CPU is a difference within one run.
 
-    python benchmarks/fleet_sizing.py [--nodes 32] [--interval 15] [--warmup-min 4] [--phase-min 3] [--json out.json]
+    python benchmarks/fleet_sizing.py [--nodes 32] [--interval 15] [--warmup-min 5] [--phase-min 3] [--json out.json]
+    python benchmarks/fleet_sizing.py --quick     # does it run? (8 nodes, short phases: not the figures to quote)
+
+The full run takes about 25 minutes on 2 cores (the warm-up and four 3-minute phases are most of it).
 """
 
 from __future__ import annotations
@@ -624,14 +627,36 @@ class Watch:
             time.sleep(min(self.prom.interval_s / 3, max(0.0, end - time.monotonic())))
 
 
-SOURCES = (  # metric name prefix -> what publishes it (the collectors; the hook's through the spool)
-    ("outrider_gpu_", "gpu collector"), ("outrider_host_", "host collector"),
-    ("outrider_process_", "process collector"), ("outrider_train_", "hook: training"),
-    ("outrider_samples_", "hook: training"), ("outrider_tokens_", "hook: training"),
-    ("outrider_torch_", "hook: training"), ("outrider_request", "hook: inference"),
-    ("outrider_inference_", "hook: inference"), ("outrider_hook_", "hook: processes"),
-    ("outrider_bottleneck", "diagnosis"), ("outrider_diagnosis_", "diagnosis"),
+HOOK_ROLES = (  # metric name prefix -> which hooked processes publish it (the catalog says only "hook")
+    ("outrider_train_", "training"), ("outrider_samples_", "training"), ("outrider_tokens_", "training"),
+    ("outrider_torch_", "training"), ("outrider_request", "inference"), ("outrider_inference_", "inference"),
+    ("outrider_latency_", "inference"), ("outrider_thread", "every process"),
 )
+
+
+def _family(sample_name: str) -> str:
+    """The catalog's family of a sample name (histogram and counter suffixes taken off where the catalog lacks the
+    name as exposed)."""
+    from outrider.metrics.catalog import CATALOG
+
+    if sample_name in CATALOG:
+        return sample_name
+    for suffix in ("_bucket", "_count", "_sum", "_created", "_total", "_info"):
+        if sample_name.endswith(suffix) and sample_name[: -len(suffix)] in CATALOG:
+            return sample_name[: -len(suffix)]
+    return sample_name
+
+
+def _source(family: str) -> str:
+    """What publishes a family: the collector the metrics catalog names, the hook's by the processes' role."""
+    from outrider.metrics.catalog import CATALOG
+
+    d = CATALOG.get(family)
+    if d is None:
+        return "not in the catalog"
+    if d.collector == "hook":
+        return "hook: " + next((role for prefix, role in HOOK_ROLES if family.startswith(prefix)), "processes")
+    return {"self": "agent itself", "alerts": "agent's alert state"}.get(d.collector, d.collector + " collector")
 
 
 def samples_by_source(body: str) -> dict[str, dict[str, int]]:
@@ -641,10 +666,19 @@ def samples_by_source(body: str) -> dict[str, dict[str, int]]:
         if not line or line.startswith("#"):
             continue
         name = line.split("{", 1)[0].split(" ", 1)[0]
-        source = next((s for prefix, s in SOURCES if name.startswith(prefix)), "agent itself (self, alerts, info)")
+        source = _source(_family(name))
         out[source]["samples"] += 1
         out[source]["buckets"] += name.endswith("_bucket")
     return dict(out)
+
+
+def samples_by_family(body: str, top: int = 12) -> list[tuple[str, int]]:
+    """The families with the most samples in one node's exposition, most first: where a node's series come from."""
+    counts: dict[str, int] = defaultdict(int)
+    for line in body.splitlines():
+        if line and not line.startswith("#"):
+            counts[_family(line.split("{", 1)[0].split(" ", 1)[0])] += 1
+    return sorted(counts.items(), key=lambda kv: -kv[1])[:top]
 
 
 def rule_samples(prom: Prometheus) -> dict[str, dict[str, float]]:
@@ -682,9 +716,14 @@ def main() -> int:
     ap.add_argument("--flush-interval", type=float, default=5.0, help="the hook's shard updates, seconds")
     ap.add_argument("--no-backfill", action="store_true", help="evaluate the rules over the live data only")
     ap.add_argument("--reserve-gib", type=float, default=3.0, help="start no node below this much available memory")
+    ap.add_argument("--quick", action="store_true",
+                    help="check that the benchmark runs (about 8 minutes): 8 nodes, 1 min warm-up, one pair of 1 min "
+                         "phases; the README's figures come from the full run")
     ap.add_argument("--json", help="write the figures here too")
     ap.add_argument("--keep", action="store_true", help="keep the work directory (logs, Prometheus's data)")
     args = ap.parse_args()
+    if args.quick:
+        args.nodes, args.warmup_min, args.phase_min, args.cycles = min(args.nodes, 8), 1.0, 1.0, 1
     prometheus = shutil.which("prometheus")
     if not prometheus or not shutil.which("promtool"):
         raise SystemExit("install Debian's prometheus (apt-get install prometheus): it brings promtool too")
@@ -712,7 +751,7 @@ def main() -> int:
     report(figures, args)
     if args.json:
         Path(args.json).write_text(json.dumps(figures, indent=2))
-    return 0
+    return 1 if figures["self_check"]["mismatched"] else 0
 
 
 def log(msg: str) -> None:
@@ -853,6 +892,7 @@ def run(args: argparse.Namespace, prometheus: str, work: Path, procs: Processes,
             "scrape_duration_s_median": statistics.median(duration.values()),
             "scrape_duration_s_max": max(duration.values()),
             "samples_by_source": samples_by_source(fetched[0][2]),
+            "samples_by_family": samples_by_family(fetched[0][2]),
             "recorded_series": recorded / n_nodes,
         },
         "prometheus": {
@@ -872,6 +912,7 @@ def run(args: argparse.Namespace, prometheus: str, work: Path, procs: Processes,
                        "samples_read_per_node": rule_reads.get(r, {}).get("samples", float("nan")) / len(nodes)}
                       for s, g, r in rule_costs[:10]],
         "rule_samples_read": rule_reads,
+        "self_check": self_check(nodes, fetched, scraped),
     }
     # the groups' wall time against the CPU the rules took (the difference between the phases): above 1 where
     # the machine's load stretched the evaluations
@@ -879,6 +920,19 @@ def run(args: argparse.Namespace, prometheus: str, work: Path, procs: Processes,
     figures["prometheus"]["rule_wall_over_cpu"] = wall_per_s / max(cpu_on - cpu_off, 1e-9)
     figures["sizing"] = sizing(figures)
     return figures
+
+
+def self_check(nodes: list[Node], fetched: list[tuple[int, int, str]], scraped: dict[str, float]) -> dict[str, Any]:
+    """Prometheus ingested what the agents expose: each node's last scrape_samples_scraped against the samples in
+    a fetch of its /metrics moments later (a hooked process may add or retire a series in between: a few apart is
+    churn, a node missing or far apart is a broken measurement)."""
+    mismatched = {}
+    for n, (_, _, text) in zip(nodes, fetched):
+        exposed = sum(1 for line in text.splitlines() if line and not line.startswith("#"))
+        got = scraped.get(n.target)
+        if got is None or abs(got - exposed) > max(5, 0.01 * exposed):
+            mismatched[n.target] = {"scraped": got, "exposed": exposed}
+    return {"nodes": len(nodes), "mismatched": mismatched}
 
 
 def _git_blob(path: Path) -> str:
@@ -1009,6 +1063,8 @@ def report(f: dict[str, Any], args: argparse.Namespace) -> None:
     print("  one node's samples by source: " + "; ".join(
         f"{src} {v['samples']} ({v['buckets']} histogram buckets)"
         for src, v in sorted(node["samples_by_source"].items(), key=lambda kv: -kv[1]["samples"])))
+    print("  one node's largest families (samples): " + "; ".join(
+        f"{name} {count}" for name, count in node["samples_by_family"]))
     print("\nrule groups (prometheus_rule_group_last_duration_seconds, every evaluation of the rules-on phases)")
     print(f"  {'group':<24}{'interval':>9}{'evals':>7}{'median':>10}{'p90':>10}{'max':>10}{'missed':>8}")
     for g, v in sorted(f["groups"].items()):
@@ -1023,6 +1079,9 @@ def report(f: dict[str, Any], args: argparse.Namespace) -> None:
               f"{r['samples_read_per_node']:>23,.0f}")
     if p["firing"]:
         print(f"  firing at the end: {', '.join(p['firing'])}")
+    check = f["self_check"]
+    print("  self-check, samples each node exposes = samples Prometheus scraped from it: "
+          + (f"{check['nodes']} nodes agree" if not check["mismatched"] else f"MISMATCH {check['mismatched']}"))
 
     print(f"\nsizing: one Prometheus, {s['series_per_node']:.0f} series per node (8 GPUs, 8 ranks, 1 inference "
           f"server), scraped and evaluated every {par['interval_s']} s, each figure the measured one x nodes / "
