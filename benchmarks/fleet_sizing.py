@@ -23,7 +23,7 @@ file loaded and without it (/-/reload), so that the rules' share of Prometheus's
     python benchmarks/fleet_sizing.py [--nodes 32] [--interval 15] [--warmup-min 5] [--phase-min 3] [--json out.json]
     python benchmarks/fleet_sizing.py --quick     # does it run? (8 nodes, short phases: not the figures to quote)
 
-The full run takes about 25 minutes on 2 cores (the warm-up and four 3-minute phases are most of it).
+The full run takes about 22 minutes on 2 cores (the warm-up and four 3-minute phases are most of it).
 """
 
 from __future__ import annotations
