@@ -163,7 +163,7 @@ def cmd_rules_check(args: argparse.Namespace) -> int:
             print(f"{path}: ok ({sum(len(g.rules) for g in groups)} rules the agent can evaluate)")
     except RuleLoadError as e:
         print(f"outrider rules check: {e}", file=sys.stderr)
-        return 1
+        return 2
     return 0
 
 
