@@ -192,9 +192,10 @@ def test_init_failure_reports_nvml_down_says_why_once_and_recovers(fake_nvml: di
 
 
 def test_no_library_at_all(tmp_path: Path, scenario: Scenario) -> None:
-    c = make_collector(str(tmp_path / "no-such" / "libnvidia-ml.so.1"))
+    missing = tmp_path / "no-such" / "libnvidia-ml.so.1"
+    c = make_collector(str(missing))
     assert sweep(c) == {("outrider_gpu_nvml_up", ()): 0}
-    assert "cannot open" in c.nvml.unavailable_reason or "No such file" in c.nvml.unavailable_reason
+    assert c.nvml.unavailable_reason == f"{missing}: cannot open shared object file: No such file or directory"
 
 
 def test_gpu_lost_mid_run(fake_nvml: dict[str, str], scenario: Scenario) -> None:

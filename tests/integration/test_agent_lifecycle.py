@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
 
-from tests.helpers import AgentProcess, free_port, http_get, outrider_cmd, samples
+from tests.helpers import AgentProcess, free_port, http_get, outrider_cmd, samples, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -36,9 +36,9 @@ def test_endpoints_and_content_negotiation() -> None:
         assert http_get(agent.url + "/healthz")[0] == 200
         assert http_get(agent.url + "/readyz")[0] == 200
         assert http_get(agent.url + "/nope")[0] == 404
-        # a scrape is counted on the next sweep
-        time.sleep(1.2)
-        assert (samples(agent.metrics()).get(("outrider_agent_scrapes_total", ())) or 0) >= 3
+        # the scrapes above are counted on the next sweep
+        wait_until(lambda: (samples(agent.metrics()).get(("outrider_agent_scrapes_total", ())) or 0) >= 3,
+                   timeout_s=30, what="the scrapes counted")
 
 
 SHUTDOWN_TIMEOUT_S = 1.0

@@ -331,7 +331,10 @@ def test_schema_rejects_bad_values(values: dict[str, Any], message: str) -> None
 
 
 def test_schema_accepts_a_parent_charts_global_values() -> None:
-    helm.Chart.load(str(CHART)).validate_schema({"global": {"imageRegistry": "registry.example.com"}})
+    chart = helm.Chart.load(str(CHART))
+    chart.validate_schema({"global": {"imageRegistry": "registry.example.com"}})
+    with pytest.raises(helm.HelmError, match="globalx"):  # taken as the one key allowed, not as any key
+        chart.validate_schema({"globalx": {"imageRegistry": "registry.example.com"}})
 
 
 PARENT_TEMPLATE = """\
