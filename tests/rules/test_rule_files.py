@@ -11,7 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from outrider.rules.rule import AlertingRule, Rule, RuleLoadError, load_groups
+from outrider.rules import promql
+from outrider.rules.files import load_rules
+from outrider.rules.promql import Evaluator
+from outrider.rules.rule import AlertingRule, Rule, RuleLoadError, load_groups, parse_groups, retention
+from outrider.rules.store import SeriesStore, make_labels
 from tests.conftest import need_binary
 from tests.helpers import free_port, outrider_cmd
 
@@ -49,6 +53,29 @@ def test_an_expression_nested_3000_deep_is_one_clear_line_in_every_command(tmp_p
         assert "still works in Prometheus" in r.stderr, what
     promtool = subprocess.run([need_binary("promtool"), "check", "rules", str(rules)], capture_output=True, text=True)
     assert promtool.returncode == 0, "Prometheus takes it: the refusal is the embedded evaluator's limit"
+
+
+def test_the_catalog_nests_far_inside_the_limit() -> None:
+    catalog = load_rules()
+    deepest = max(promql.nesting(r["expr"]) for g in catalog["groups"] for r in g["rules"])
+    assert deepest <= promql.MAX_DEPTH // 4, f"the catalog nests {deepest} deep: raise MAX_DEPTH with care"
+
+
+
+@pytest.mark.parametrize("shape", ["calls", "parentheses", "operators", "aggregations"])
+def test_the_deepest_expression_taken_evaluates(shape: str) -> None:
+    """Just inside the limit, each shape loads, and checks, evaluates and is walked for its selectors without a
+    RecursionError: the limit is low enough for the evaluator's recursion."""
+    n = promql.MAX_DEPTH - 3
+    expr = {"calls": "abs(" * n + "up" + ")" * n, "parentheses": "(" * n + "up" + ")" * n,
+            "operators": " + ".join(["up"] * (n + 1)), "aggregations": "sum(" * n + "up" + ")" * n}[shape]
+    assert promql.nesting(expr) <= promql.MAX_DEPTH
+    groups = parse_groups({"groups": [{"name": "g", "rules": [{"alert": "A", "expr": expr}]}]}, "deep")
+    store = SeriesStore(None)
+    store.add(make_labels("up", [("job", "j")]), 0, 1.0)
+    vector = Evaluator(store).vector(groups[0].rules[0].expr, 1000)
+    assert [s.value for s in vector] == [{"operators": n + 1.0}.get(shape, 1.0)]
+    assert list(retention(groups, 15_000)) == ["up"]
 
 
 def write(tmp_path: Path, text: str, name: str = "r.rules.yaml") -> Path:

@@ -58,7 +58,7 @@ SET_OPS = {"and", "or", "unless"}
 
 # How deep an expression may nest. The parser (Rust) overflows its stack and kills the process somewhere past 4,000
 # levels (5,000 `up + up + ...` terms are enough), and the evaluator, check() and selectors() recurse once or a few
-# times per level of the tree; the catalog's deepest expression nests 15 levels (tests/rules/test_engine.py).
+# times per level of the tree; the catalog's deepest expression nests 15 levels (tests/rules/test_rule_files.py).
 MAX_DEPTH = 100
 
 # One lexeme of PromQL, coarsely: a string (to its end if unterminated), a comment, a range or subquery in brackets,
