@@ -244,3 +244,19 @@ def test_rules_export_of_a_file_without_tunables_beside_it(tmp_path: Path) -> No
     r = subprocess.run(outrider_cmd("rules", "export", "--rules", str(rules), "--set", "A.threshold=3"),
                        capture_output=True, text=True)
     assert r.returncode == 2 and "A has no tunable 'threshold'" in one_line(r.stderr)
+
+
+def test_rules_test_with_an_unusable_test_file_or_rule_file_is_one_clear_line(tmp_path: Path) -> None:
+    wrong = write(tmp_path, "groups: [{name: true, rules: 1}]\n")
+    fifo = tmp_path / "fifo.test.yaml"
+    os.mkfifo(fifo)
+    cases = {
+        write(tmp_path, f"rule_files: [{wrong.name}]\ntests: [{{input_series: []}}]\n", "a.test.yaml"):
+            f"{wrong.name}: group 'true': rules: expected a list of rules",
+        write(tmp_path, "tests: 5\n", "b.test.yaml"): "tests: expected a list of test cases",
+        fifo: f"{fifo}: not a regular file",
+        tmp_path / "absent.test.yaml": "cannot read: No such file or directory",
+    }
+    for path, says in cases.items():
+        r = subprocess.run(outrider_cmd("rules", "test", str(path)), capture_output=True, text=True, timeout=60)
+        assert r.returncode == 2 and says in one_line(r.stderr), r.stderr
