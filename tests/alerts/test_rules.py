@@ -138,14 +138,24 @@ def test_grafana_provisioning_is_a_conversion_of_every_alert() -> None:
     assert "{{ humanizePercentage $values.A.Value }}" in by_title["GPUMemoryNearlyFull"]["annotations"]["description"]
 
 
-def test_cli_export_formats() -> None:
+def test_cli_export_formats(tmp_path: Path) -> None:
+    """Each format the command prints is the conversion of the catalog, tuned by --set, and nothing else; the
+    Prometheus one is a rule file promtool takes."""
     import sys
 
-    for fmt in ("prometheus", "prometheusrule", "grafana"):
-        r = subprocess.run([sys.executable, "-m", "outrider", "rules", "export", "--format", fmt],
-                           capture_output=True, text=True)
+    tuned = apply_settings(RULES, ["GPULost.for=30s"], load_tunables(ALERTS / "tunables.yaml"))
+    assert alerts(tuned)["GPULost"]["for"] == "30s" != alerts(RULES)["GPULost"]["for"]
+    expected = {"prometheus": tuned, "prometheusrule": to_prometheus_rule(tuned),
+                "grafana": to_grafana(tuned, "prometheus")}
+    for fmt, doc in expected.items():
+        r = subprocess.run([sys.executable, "-m", "outrider", "rules", "export", "--format", fmt,
+                            "--set", "GPULost.for=30s"], capture_output=True, text=True)
         assert r.returncode == 0, r.stderr
-        assert yaml.safe_load(r.stdout)
+        assert yaml.safe_load(r.stdout) == doc, fmt
+        if fmt == "prometheus":
+            (tmp_path / "exported.rules.yaml").write_text(r.stdout)
+            check = promtool("check", "rules", str(tmp_path / "exported.rules.yaml"))
+            assert check.returncode == 0, check.stdout + check.stderr
     r = subprocess.run([sys.executable, "-m", "outrider", "rules", "export", "--set", "GPULost.ratio=1"],
                        capture_output=True, text=True)
     assert r.returncode == 2 and "GPULost has no tunable" in r.stderr

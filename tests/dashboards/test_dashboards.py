@@ -25,7 +25,7 @@ from outrider.metrics.catalog import CATALOG
 from tests.fakes.kubelet import FakeKubelet, short_socket_dir
 from tests.gpu.conftest import Scenario
 from tests.gpu.test_gpu_attribution import PODS, SCENARIO
-from tests.helpers import REPO, AgentProcess, wait_until
+from tests.helpers import REPO, AgentProcess, reap, wait_until
 from tests.integration.servers import OtlpHttpReceiver, PrometheusServer
 
 SCHEMAS = REPO.parent / "shared" / "grafana-schema"
@@ -265,4 +265,4 @@ def test_every_query_returns_data_from_the_real_prometheus(fake_nvml: dict[str, 
                     "a workload pod selects its own MIG device, not the whole GPU"
     finally:
         hold.write_text("x")
-        publisher.wait(timeout=30)
+        reap([publisher], timeout_s=30)
