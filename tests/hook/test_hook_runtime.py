@@ -173,13 +173,29 @@ def test_unwritable_spool_keeps_measuring_and_never_raises(tmp_path: Path) -> No
 
 
 def test_corrupt_and_newer_shards_are_skipped_and_counted(tmp_path: Path) -> None:
+    import json
+    import struct
+
+    from outrider import spool
+
     (tmp_path / "outrider-1-1.shard").write_bytes(b"garbage" * 1000)
+    # A shard a newer hook wrote: whole and well-formed, its format version one past this agent's.
+    elsewhere = tmp_path / "newer"
+    elsewhere.mkdir(mode=0o700)
+    w = spool.ShardWriter(str(elsewhere), 1, 2)
+    w.write(json.dumps({"meta": {}, "series": [["newer_total", "counter", {}, 0, []]]}).encode(), [9.0], flags=0,
+            pid=1, stalls=0, start_ns=1, heartbeat_ns=1, last_step_ns=0, steps=0, stalled_since_ns=0)
+    newer = bytearray(Path(w.path).read_bytes())
+    struct.pack_into("<I", newer, len(spool.MAGIC), spool.VERSION + 1)
+    (tmp_path / "outrider-1-2.shard").write_bytes(bytes(newer))
     h = hook(tmp_path)
     h.series("counter", "work_total").inc(2)
     h.flush()
     _, parsed = agent_view(tmp_path)
-    assert value(parsed, "work_total", rank="") == 2, "a bad neighbour does not hide good shards"
+    assert value(parsed, "work_total", rank="") == 2, "bad neighbours do not hide good shards"
     assert value(parsed, "outrider_hook_shard_errors_total", reason="corrupt") == 1
+    assert value(parsed, "outrider_hook_shard_errors_total", reason="newer_version") == 1
+    assert not [k for k in parsed if k[0] == "newer_total"], "nothing read from a format this agent does not know"
 
 
 def test_a_declared_phase_is_not_a_stall_until_it_overruns(tmp_path: Path) -> None:
