@@ -268,7 +268,11 @@ class ProcStat:
 
 
 def read_proc_stat(root: str, pid: int) -> ProcStat:
-    text = read_text(f"{root}/{pid}/stat")
+    return parse_proc_stat(read_text(f"{root}/{pid}/stat"), pid)
+
+
+def parse_proc_stat(text: str, pid: int) -> ProcStat:
+    """/proc/PID/stat's text (read by the caller, perhaps through a kept-open descriptor)."""
     # comm is in parentheses and may itself contain spaces and parentheses: split at the last ')'
     lpar, rpar = text.index("("), text.rindex(")")
     name = text[lpar + 1:rpar]
