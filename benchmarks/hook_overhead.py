@@ -5,6 +5,12 @@
 2. Two threads recording into one histogram at once: lost updates and throughput against one thread.
 3. The per-step cost of all of Outrider's instrumentation inside a real CPU PyTorch training loop, timed in the
    loop around each instrumentation call (end-to-end step-time differences are inside this machine's noise).
+4. Data wait with zero configuration: the patched DataLoader iterator's __next__ (instrument() alone) against the
+   explicit outrider.dataloader() wrapper, per batch: in a hot loop over a trivial iterator (the instrumentation
+   alone), and on a real single-process DataLoader, both less the same loop uninstrumented, interleaved.
+5. The rest of zero configuration: the step path with its operation counter (one listener), a blocking
+   collective through the timing wrapper (gloo, one rank), and the per-thread CPU read (once a flush, off the
+   hot path) as a share of one core at the default 1 s flush.
 
 Not a test: it prints figures (and writes them as JSON with --json).
 
@@ -107,7 +113,7 @@ def torch_loop(steps: int) -> dict[str, float]:
     model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     batches = [(torch.randn(64, 256), torch.randint(0, 10, (64,))) for _ in range(steps)]
-    integ = TorchIntegration(api.S.hook, api.S, torch)
+    integ = TorchIntegration(api.S.hook, api.S, torch, api._step_done)
     integ.handle.remove()  # called by hand below, at the place torch calls it
     timer = time.perf_counter_ns
     wrapper, explicit, auto, empty_after_step, step_ns = [], [], [], [], []
@@ -155,6 +161,139 @@ def torch_loop(steps: int) -> dict[str, float]:
             "step_timer_ns": e, "optimizer_hook_ns": h, "per_step_explicit_ns": w + e, "per_step_auto_ns": w + h}
 
 
+def interleaved(variants: dict[str, Callable[[], float]], rounds: int = 15) -> dict[str, float]:
+    """Best over rounds of each variant's ns per item (the steady cost, as per_call_ns), the variants taking turns
+    so that a busy spell of the machine hits all of them alike."""
+    seen: dict[str, list[float]] = {name: [] for name in variants}
+    for _ in range(rounds):
+        for name, fn in variants.items():
+            seen[name].append(fn())
+    return {name: min(v) for name, v in seen.items()}
+
+
+def data_wait(n: int) -> dict[str, float]:
+    """ns per batch added by the automatic path (patched __next__) and by the explicit wrapper."""
+    import torch
+
+    from outrider.hook import api
+    from outrider.hook.torch_data import DataLoaderTimer
+
+    class Trivial:  # the iterator protocol and nothing else: what the instrumentation alone costs
+        def __init__(self) -> None:
+            self.i = 0
+
+        def __next__(self) -> int:
+            self.i += 1
+            return self.i
+
+    trivial_module = type("M", (), {"_BaseDataLoaderIter": Trivial, "_MultiProcessingDataLoaderIter":
+                                    type("Multi", (), {"__init__": lambda self: None})})
+    patch = DataLoaderTimer(api.S, trivial_module, api.MASK)
+    timed_next = Trivial.__next__
+    patch.detach()  # Trivial keeps its own __next__; timed_next is the patched one, around it
+
+    class Patched(Trivial):
+        __next__ = timed_next
+
+    def per_item(fn: Callable[[], Any], k: int) -> float:
+        # this thread's CPU time, not wall time: on a shared machine, time the neighbours take is not ours
+        t = time.thread_time_ns()
+        for _ in range(k):
+            fn()
+        return (time.thread_time_ns() - t) / k
+
+    # each as a `for` loop would call it: the iterator's bound __next__ (the wrapper's is its generator's)
+    hot = interleaved({"plain": lambda: per_item(Trivial().__next__, n),
+                       "automatic": lambda: per_item(Patched().__next__, n),
+                       "wrapper": lambda: per_item(iter(outrider.dataloader(_Endless())).__next__, n)})
+    loader = torch.utils.data.DataLoader(range(10**9), batch_size=None)
+    dl_module = torch.utils.data.dataloader
+    real_n = max(2000, n // 50)
+
+    def real(mode: str) -> float:
+        timer = DataLoaderTimer(api.S, dl_module, api.MASK) if mode == "automatic" else None
+        try:
+            it = iter(outrider.dataloader(loader) if mode == "wrapper" else loader)
+            next(it)
+            return per_item(it.__next__, real_n)
+        finally:
+            if timer is not None:
+                timer.detach()
+
+    on_loader = interleaved({m: (lambda m=m: real(m)) for m in ("plain", "automatic", "wrapper")}, rounds=25)
+    return {"hot_automatic_ns": hot["automatic"] - hot["plain"],
+            "hot_wrapper_ns": hot["wrapper"] - hot["plain"],
+            "dataloader_plain_ns": on_loader["plain"],
+            "dataloader_automatic_ns": on_loader["automatic"] - on_loader["plain"],
+            "dataloader_wrapper_ns": on_loader["wrapper"] - on_loader["plain"]}
+
+
+class _Endless:
+    def __iter__(self) -> _Endless:
+        return self
+
+    def __next__(self) -> int:
+        return 1
+
+
+def rest_of_zero_config(n: int) -> dict[str, float]:
+    """The step path with and without the operation counter; a blocking collective through the wrapper; the
+    per-thread CPU read."""
+    import torch
+    import torch.distributed as dist
+
+    from outrider.hook import api
+    from outrider.hook.threads import ThreadSampler
+    from outrider.hook.torch_distributed import CollectiveTimer
+
+    seq = torch._C._autograd._get_sequence_nr
+    ops_state = {"ops": 0}
+
+    def count_ops() -> None:
+        ops_state["ops"] = seq()
+
+    def step_path(listeners: list[Callable[[], None]]) -> float:
+        api.S.step_listeners[:] = listeners
+        t = time.thread_time_ns()
+        for _ in range(n):
+            api._step_done()
+        return (time.thread_time_ns() - t) / n
+
+    steps = interleaved({"bare": lambda: step_path([]), "ops": lambda: step_path([count_ops])}, rounds=7)
+    api.S.step_listeners[:] = []
+    store = dist.HashStore()
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        t1 = torch.ones(1)
+        original = dist.all_reduce
+        timer = CollectiveTimer(api.S, torch, api.S.hook.drop)
+        timed = dist.all_reduce
+        timer.detach()
+        k = max(500, n // 200)
+
+        def calls(fn: Callable[..., Any]) -> float:
+            t = time.thread_time_ns()
+            for _ in range(k):
+                fn(t1)
+            return (time.thread_time_ns() - t) / k
+
+        coll = interleaved({"plain": lambda: calls(original), "timed": lambda: calls(timed)}, rounds=9)
+        api.S.collectives.clear()
+    finally:
+        dist.destroy_process_group()
+    api.S.hook.progress.steps = max(api.S.hook.progress.steps, 1)
+    sampler = ThreadSampler(api.S.hook, lambda: 0)
+    reads = []
+    for _ in range(50):
+        t = time.perf_counter_ns()
+        sampler.sample()
+        reads.append(time.perf_counter_ns() - t)
+    read_us = statistics.median(reads) / 1000
+    return {"step_path_ns": steps["bare"], "ops_counter_ns": steps["ops"] - steps["bare"],
+            "collective_plain_us": coll["plain"] / 1000, "collective_wrapper_ns": coll["timed"] - coll["plain"],
+            "thread_read_us": read_us, "thread_read_core_share": read_us / 1e6}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=1_000_000)
@@ -186,6 +325,8 @@ def main() -> int:
     lost_otel = (otel_before + made_otel + threads_n // 20) - otel_count(reader, "otel_seconds")
     del prom_before
     loop = torch_loop(args.steps)
+    waits = data_wait(args.n // 4)
+    rest = rest_of_zero_config(args.n // 4)
     figures = {"observe_ns": hot,
                "speedup": {"vs_prometheus_client": hot["prometheus_client"] / hot["outrider"],
                            "vs_otel_sdk": hot["otel_sdk"] / hot["outrider"],
@@ -193,7 +334,7 @@ def main() -> int:
                "two_threads_throughput_ratio": {"outrider": ratio_ours, "prometheus_client": ratio_prom,
                                                 "otel_sdk": ratio_otel},
                "two_threads_lost_updates": {"outrider": lost_ours, "otel_sdk": lost_otel},
-               "torch_loop": loop}
+               "torch_loop": loop, "data_wait": waits, "zero_config": rest}
     print(f"{'observe, hot loop':40}{'ns/call':>10}{'outrider is':>14}")
     for name in ("outrider", "prometheus_client", "otel_sdk", "otel_sdk_attributes"):
         x = hot[name] / hot["outrider"]
@@ -207,6 +348,14 @@ def main() -> int:
           f"{loop['optimizer_hook_ns']:.0f} ns")
     print(f"all per-step instrumentation: {loop['per_step_explicit_ns'] / 1000:.2f} us with outrider.step(), "
           f"{loop['per_step_auto_ns'] / 1000:.2f} us counted by the optimizer hook")
+    print(f"data wait per batch, zero configuration (patched DataLoader __next__) vs the explicit wrapper: hot loop "
+          f"{waits['hot_automatic_ns']:.0f} ns vs {waits['hot_wrapper_ns']:.0f} ns; on a real single-process "
+          f"DataLoader ({waits['dataloader_plain_ns'] / 1000:.1f} us a batch uninstrumented) "
+          f"+{waits['dataloader_automatic_ns']:.0f} ns vs +{waits['dataloader_wrapper_ns']:.0f} ns")
+    print(f"step path {rest['step_path_ns']:.0f} ns, + operation counter {rest['ops_counter_ns']:.0f} ns; blocking "
+          f"collective (gloo, 1 rank, {rest['collective_plain_us']:.1f} us) + {rest['collective_wrapper_ns']:.0f} ns "
+          f"timed; per-thread CPU read {rest['thread_read_us']:.0f} us a flush "
+          f"({rest['thread_read_core_share']:.3%} of a core at 1 s)")
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(figures, fh, indent=2)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -170,6 +171,34 @@ class AgentProcess:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def after_more(agent: AgentProcess, counter: str, n: int, timeout_s: float = 30.0) -> str:
+    """The agent's /metrics once its own unlabelled counter (outrider_agent_sweeps_total,
+    outrider_rule_evaluations_total) has gone up by n: n more sweeps or evaluations seen to happen, where a test
+    would otherwise sleep and hope they did."""
+    def read(text: str) -> float:
+        return samples(text).get((counter, ()), 0.0)
+
+    start = read(agent.metrics())
+
+    def advanced() -> str | None:
+        text = agent.metrics()
+        return text if read(text) >= start + n else None
+    return wait_until(advanced, timeout_s=timeout_s, what=f"{n} more of {counter}")
+
+
+def reap(procs: Sequence[subprocess.Popen[bytes] | subprocess.Popen[str]], timeout_s: float = 60.0) -> None:
+    """Wait for processes a test started to end (it told them to), then stop by pid any still running: a test
+    never leaves one behind, whatever failed first."""
+    deadline = time.monotonic() + timeout_s
+    for p in procs:
+        with contextlib.suppress(subprocess.TimeoutExpired):  # the ones still running are stopped below
+            p.wait(timeout=max(0.0, deadline - time.monotonic()))
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
 
 
 def sleeper(seconds: float = 60.0, extra: Sequence[str] = ()) -> subprocess.Popen[bytes]:

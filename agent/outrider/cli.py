@@ -163,14 +163,20 @@ def cmd_rules_check(args: argparse.Namespace) -> int:
             print(f"{path}: ok ({sum(len(g.rules) for g in groups)} rules the agent can evaluate)")
     except RuleLoadError as e:
         print(f"outrider rules check: {e}", file=sys.stderr)
-        return 1
+        return 2
     return 0
 
 
 def cmd_rules_test(args: argparse.Namespace) -> int:
+    from outrider.rules.promtest import PromTestError
     from outrider.rules.promtest import main as replay
+    from outrider.rules.rule import RuleLoadError
 
-    return replay(args.files)
+    try:
+        return replay(args.files)
+    except (PromTestError, RuleLoadError) as e:  # a test file, or a rule file it names, that cannot be used
+        print(f"outrider rules test: {e}", file=sys.stderr)
+        return 2
 
 
 # --- dashboards ------------------------------------------------------------------------------------------------

@@ -138,26 +138,36 @@ def test_grafana_provisioning_is_a_conversion_of_every_alert() -> None:
     assert "{{ humanizePercentage $values.A.Value }}" in by_title["GPUMemoryNearlyFull"]["annotations"]["description"]
 
 
-def test_cli_export_formats() -> None:
+def test_cli_export_formats(tmp_path: Path) -> None:
+    """Each format the command prints is the conversion of the catalog, tuned by --set, and nothing else; the
+    Prometheus one is a rule file promtool takes."""
     import sys
 
-    for fmt in ("prometheus", "prometheusrule", "grafana"):
-        r = subprocess.run([sys.executable, "-m", "outrider", "rules", "export", "--format", fmt],
-                           capture_output=True, text=True)
+    tuned = apply_settings(RULES, ["GPULost.for=30s"], load_tunables(ALERTS / "tunables.yaml"))
+    assert alerts(tuned)["GPULost"]["for"] == "30s" != alerts(RULES)["GPULost"]["for"]
+    expected = {"prometheus": tuned, "prometheusrule": to_prometheus_rule(tuned),
+                "grafana": to_grafana(tuned, "prometheus")}
+    for fmt, doc in expected.items():
+        r = subprocess.run([sys.executable, "-m", "outrider", "rules", "export", "--format", fmt,
+                            "--set", "GPULost.for=30s"], capture_output=True, text=True)
         assert r.returncode == 0, r.stderr
-        assert yaml.safe_load(r.stdout)
+        assert yaml.safe_load(r.stdout) == doc, fmt
+        if fmt == "prometheus":
+            (tmp_path / "exported.rules.yaml").write_text(r.stdout)
+            check = promtool("check", "rules", str(tmp_path / "exported.rules.yaml"))
+            assert check.returncode == 0, check.stdout + check.stderr
     r = subprocess.run([sys.executable, "-m", "outrider", "rules", "export", "--set", "GPULost.ratio=1"],
                        capture_output=True, text=True)
     assert r.returncode == 2 and "GPULost has no tunable" in r.stderr
 
 
 def test_top_leaves_the_watchdog_heartbeat_out_of_the_firing_alerts() -> None:
-    from outrider.top import frame, parse
+    from outrider.top import frame, parse, render_text
 
     text = ('outrider_alerts{alertname="Watchdog",alertstate="firing",severity="none"} 1\n'
             'outrider_alerts{alertname="GPULost",alertstate="firing",severity="critical"} 1\n'
             'outrider_alerts{alertname="DiskNearlyFull",alertstate="pending",severity="critical"} 1\n')
-    shown = frame(parse(text), parse(text), 1.0, "http://agent")
-    assert re.search(r"alerts +GPULost\n", shown), shown
+    shown = render_text(frame(parse(text), parse(text), 1.0, "http://agent"), 120)
+    assert re.search(r"alerts +GPULost *\n", shown), shown
     only_watchdog = parse('outrider_alerts{alertname="Watchdog",alertstate="firing",severity="none"} 1\n')
-    assert "none firing" in frame(only_watchdog, only_watchdog, 1.0, "http://agent")
+    assert "none firing" in render_text(frame(only_watchdog, only_watchdog, 1.0, "http://agent"), 120)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.faults.tmpfs import fill, small_tmpfs
-from tests.helpers import REPO, AgentProcess, outrider_cmd, sleeper, wait_until
+from tests.helpers import REPO, AgentProcess, after_more, outrider_cmd, sleeper, wait_until
 from tests.notify.receivers import PAGERDUTY_SCHEMA, WEBHOOK_SCHEMA, ScriptedReceiver
 
 pytestmark = pytest.mark.integration
@@ -56,15 +56,17 @@ def test_sigkill_at_arbitrary_points_counts_nothing_twice_and_loses_no_alert(tmp
                 agent.stop(signal.SIGKILL)
                 agent = AgentProcess(env=env, interval_s=0.2)
             wait_until(lambda: steps_total(agent.metrics()) == 400, timeout_s=60, what="all 400 steps counted")
-            time.sleep(1.0)
-            assert steps_total(agent.metrics()) == 400  # not 400 plus what earlier agents had already seen
+            # not 400 plus what earlier agents had already seen, however many more sweeps read the shards
+            assert steps_total(after_more(agent, "outrider_agent_sweeps_total", 3)) == 400
             hold.write_text("")
             assert workload.wait(timeout=30) == 0
             wait_until(lambda: "outrider_hook_processes{state=\"running\"} 0" in agent.metrics(), timeout_s=30,
                        what="the workload's exit noticed")
             assert steps_total(agent.metrics()) == 400  # retired, still counted once
             wait_until(lambda: hook.accepted(), timeout_s=10, what="the page")
-            time.sleep(1.0)
+            after_more(agent, "outrider_rule_evaluations_total", 5)  # time enough to page a second time
+            wait_until(lambda: re.search(r'^outrider_notify_queued\{receiver="hook",type="webhook"\} 0$',
+                                         agent.metrics(), re.M), timeout_s=30, what="nothing left queued")
             text = agent.metrics()
         finally:
             workload.kill()

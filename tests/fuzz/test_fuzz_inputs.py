@@ -3,8 +3,8 @@ clear error of the documented kind or a counted drop; nothing crashes, and the e
 
 from __future__ import annotations
 
-import contextlib
 import json
+import re
 import struct
 import subprocess
 from pathlib import Path
@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
 from outrider import spool as shard  # the shard format lives in the spool contract
-from outrider.config import ConfigError, load
+from outrider.config import FIELDS, ConfigError, load
 from outrider.metrics.catalog import CATALOG
 from outrider.metrics.exposition import render
 from outrider.metrics.family import Family
@@ -35,11 +35,18 @@ def valid_shard(tmp: Path) -> bytes:
     return Path(w.path).read_bytes()
 
 
+COUNTED_REASONS = {"corrupt", "truncated", "newer_version"}  # what the hook collector counts a refused shard as
+
+
 @FAST
 @given(data=st.binary(max_size=5000))
 def test_random_bytes_are_a_format_error(data: bytes) -> None:
-    with contextlib.suppress(shard.ShardFormatError):
+    try:
         shard.decode(data)
+    except shard.ShardFormatError as e:
+        assert e.reason in COUNTED_REASONS and str(e), (e.reason, str(e))
+        return
+    raise AssertionError("random bytes decoded as a shard")
 
 
 @FAST
@@ -55,7 +62,10 @@ def test_mutated_and_truncated_shards_are_a_format_error_or_decode(tmp_path_fact
         data = data[:cut]
     try:
         snap = shard.decode(bytes(data))
-    except shard.ShardFormatError:
+    except shard.ShardFormatError as e:
+        assert e.reason in COUNTED_REASONS and str(e), (e.reason, str(e))
+        if not flips:  # the shard itself is whole: only the cut can be wrong with it
+            assert cut is not None and e.reason == "truncated", str(e)
         return
     for name, kind, labels, values, bounds in snap.series:  # what decodes is well-formed and renders validly
         assert shard.METRIC_NAME_RE.fullmatch(name) and kind in shard.KINDS
@@ -87,9 +97,13 @@ def test_any_config_file_loads_or_is_a_config_error(tmp_path_factory: pytest.Tem
     path = tmp_path_factory.mktemp("c") / "outrider.yaml"
     path.write_text(yaml.safe_dump(doc))
     try:
-        load(file=str(path), env={})
-    except ConfigError as e:
-        assert "file " in str(e)
+        loaded = load(file=str(path), env={})
+    except ConfigError as e:  # the file and the key, and what it expected
+        m = re.match(rf"file {re.escape(str(path))}: (unknown key|key) '([^']*)'", str(e))
+        assert m and m.group(2) in doc, str(e)
+        assert m.group(1) == ("key" if m.group(2) in FIELDS else "unknown key"), str(e)
+        return
+    assert all(loaded.sources[k] == f"file {path}" for k in doc), "every key in the file was taken from it"
 
 
 @FAST
@@ -97,8 +111,12 @@ def test_any_config_file_loads_or_is_a_config_error(tmp_path_factory: pytest.Tem
 def test_any_config_text_loads_or_is_a_config_error(tmp_path_factory: pytest.TempPathFactory, text: str) -> None:
     path = tmp_path_factory.mktemp("c") / "outrider.yaml"
     path.write_text(text)
-    with contextlib.suppress(ConfigError):
+    try:
         load(file=str(path), env={})
+    except ConfigError as e:  # the file, and where in it (a key) or what about it (YAML, not a mapping)
+        assert str(e).startswith(f"file {path}: ") and re.match(
+            r"(unknown key|key) '|not valid YAML|expected a mapping|nested too deeply",
+            str(e)[len(f"file {path}: "):]), str(e)
 
 
 label_text = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=40)

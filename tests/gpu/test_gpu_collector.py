@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from outrider.collectors.gpu import xid_class
-from tests.gpu.conftest import Scenario, make_collector, sweep
+from tests.gpu.conftest import Scenario, make_collector, nvml_call_bound, sweep
 from tests.helpers import value, wait_until
 
 H100 = "NVIDIA H100 80GB HBM3"
@@ -192,9 +192,10 @@ def test_init_failure_reports_nvml_down_says_why_once_and_recovers(fake_nvml: di
 
 
 def test_no_library_at_all(tmp_path: Path, scenario: Scenario) -> None:
-    c = make_collector(str(tmp_path / "no-such" / "libnvidia-ml.so.1"))
+    missing = tmp_path / "no-such" / "libnvidia-ml.so.1"
+    c = make_collector(str(missing))
     assert sweep(c) == {("outrider_gpu_nvml_up", ()): 0}
-    assert "cannot open" in c.nvml.unavailable_reason or "No such file" in c.nvml.unavailable_reason
+    assert c.nvml.unavailable_reason == f"{missing}: cannot open shared object file: No such file or directory"
 
 
 def test_gpu_lost_mid_run(fake_nvml: dict[str, str], scenario: Scenario) -> None:
@@ -258,6 +259,24 @@ def test_nvlink_errors_summed_over_links_absent_where_unsupported(fake_nvml: dic
     assert per_sweep - (c2.nvml.calls - calls) == 5, (
         "after the first sweep only the 5 (link, counter) pairs the scenario offers are asked: no link probing, "
         "no unsupported counter again")
+
+
+def test_a_sweep_asks_each_reading_of_each_gpu_once(fake_nvml: dict[str, str], scenario: Scenario) -> None:
+    """Three GPUs offering every reading, one with four NVLinks offering every counter: a sweep asks exactly the
+    bound that tests/gpu/test_real_gpu.py holds a real driver to (which offers less, so asks less)."""
+    gpu0 = [line for line in FULL.splitlines() if line.startswith("gpu 0")]
+    gpus = "\n".join(line.replace("gpu 0", f"gpu {i}", 1).replace("GPU-0", f"GPU-{i}")
+                     for i in range(3) for line in gpu0)
+    links = "\n".join(f"gpu 0 nvlink_error {link} {counter} 1" for link in range(4) for counter in range(4))
+    scenario.write(f"device_count 3\n{gpus}\ngpu 0 nvlinks 4\n{links}")
+    c = make_collector(fake_nvml["full"])
+    sweep(c)  # the first sweep finds the links and what each GPU offers
+    per_sweep = []
+    for _ in range(3):
+        before = c.nvml.calls
+        sweep(c)
+        per_sweep.append(c.nvml.calls - before)
+    assert per_sweep == [nvml_call_bound(3, nvlinks=4)] * 3 and c.nvml.errors == 0
 
 
 def test_xid_events_by_code_and_class(fake_nvml: dict[str, str], scenario: Scenario) -> None:

@@ -15,6 +15,7 @@ from outrider.collectors.gpu import GpuCollector
 from outrider.config import Config
 from outrider.metrics.exposition import render
 from outrider.sampler import SweepStats
+from tests.gpu.conftest import nvml_call_bound
 from tests.helpers import samples
 
 pytestmark = pytest.mark.gpu
@@ -62,14 +63,36 @@ def test_real_driver_readings_are_sane(real: GpuCollector) -> None:
 
 
 def test_real_sweep_cost(real: GpuCollector) -> None:
+    """The cost of a sweep in NVML calls, which a noisy machine does not change: after the first sweep (which finds
+    what the driver offers) every sweep asks the same calls, never more than each reading of each GPU once
+    (nvml_call_bound, which the fake driver meets exactly), and none of them fails."""
+    import pynvml
+
     real.collect()
-    calls, t0 = real.nvml.calls, time.process_time()
-    for _ in range(20):
-        real.collect()
-    per_sweep_ms = (time.process_time() - t0) / 20 * 1000
+    first_calls = real.nvml.calls
     count = real.nvml.device_count()
-    print(f"real driver: {count} GPUs, {per_sweep_ms:.2f} ms CPU per sweep, "
-          f"{(real.nvml.calls - calls) / 20 / max(count, 1):.0f} NVML calls per GPU per sweep")
+    handles = [real.nvml.handle(i) for i in range(count)]
+    nvlinks = sum(len(real.nvml.nvlink_links(i, h)) for i, h in enumerate(handles))
+    mig_gpus = mig_slots = 0
+    for h in handles:
+        try:
+            if pynvml.nvmlDeviceGetMigMode(h)[0]:
+                mig_gpus += 1
+                mig_slots += pynvml.nvmlDeviceGetMaxMigDeviceCount(h)
+        except pynvml.NVMLError:
+            pass  # no MIG on this GPU
+    bound = nvml_call_bound(count, nvlinks, mig_slots, mig_gpus)
+    errors, per_sweep, t0 = real.nvml.errors, [], time.process_time()
+    for _ in range(20):
+        before = real.nvml.calls
+        real.collect()
+        per_sweep.append(real.nvml.calls - before)
+    print(f"real driver: {count} GPUs, {nvlinks} NVLinks, {(time.process_time() - t0) / 20 * 1000:.2f} ms CPU per "
+          f"sweep (not asserted), {per_sweep[0]} NVML calls per sweep (bound {bound}; first sweep {first_calls})")
+    assert len(set(per_sweep)) == 1, f"the calls per sweep changed: {per_sweep}"
+    assert per_sweep[0] <= bound, f"{per_sweep[0]} NVML calls a sweep, more than each reading once ({bound})"
+    assert per_sweep[0] <= first_calls, "the first sweep probes; later ones ask no more"
+    assert real.nvml.errors == errors, "no NVML call failed in 20 sweeps"
 
 
 def test_cuda_events_and_allocator_on_a_real_gpu(tmp_path) -> None:  # type: ignore[no-untyped-def]

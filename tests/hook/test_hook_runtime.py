@@ -173,13 +173,29 @@ def test_unwritable_spool_keeps_measuring_and_never_raises(tmp_path: Path) -> No
 
 
 def test_corrupt_and_newer_shards_are_skipped_and_counted(tmp_path: Path) -> None:
+    import json
+    import struct
+
+    from outrider import spool
+
     (tmp_path / "outrider-1-1.shard").write_bytes(b"garbage" * 1000)
+    # A shard a newer hook wrote: whole and well-formed, its format version one past this agent's.
+    elsewhere = tmp_path / "newer"
+    elsewhere.mkdir(mode=0o700)
+    w = spool.ShardWriter(str(elsewhere), 1, 2)
+    w.write(json.dumps({"meta": {}, "series": [["newer_total", "counter", {}, 0, []]]}).encode(), [9.0], flags=0,
+            pid=1, stalls=0, start_ns=1, heartbeat_ns=1, last_step_ns=0, steps=0, stalled_since_ns=0)
+    newer = bytearray(Path(w.path).read_bytes())
+    struct.pack_into("<I", newer, len(spool.MAGIC), spool.VERSION + 1)
+    (tmp_path / "outrider-1-2.shard").write_bytes(bytes(newer))
     h = hook(tmp_path)
     h.series("counter", "work_total").inc(2)
     h.flush()
     _, parsed = agent_view(tmp_path)
-    assert value(parsed, "work_total", rank="") == 2, "a bad neighbour does not hide good shards"
+    assert value(parsed, "work_total", rank="") == 2, "bad neighbours do not hide good shards"
     assert value(parsed, "outrider_hook_shard_errors_total", reason="corrupt") == 1
+    assert value(parsed, "outrider_hook_shard_errors_total", reason="newer_version") == 1
+    assert not [k for k in parsed if k[0] == "newer_total"], "nothing read from a format this agent does not know"
 
 
 def test_a_declared_phase_is_not_a_stall_until_it_overruns(tmp_path: Path) -> None:
@@ -294,3 +310,38 @@ def test_a_retired_counter_a_live_process_shares_never_expires(tmp_path: Path,
     monkeypatch.setattr(hook_collector.time, "monotonic", lambda: later)
     parsed = samples(render(c.collect()).decode())
     assert value(parsed, "work_total") == 7, "dropping the 5 would make the merged counter go backwards"
+def test_the_closing_flush_is_the_last_word_even_beside_a_slow_periodic_one(tmp_path: Path) -> None:
+    """At exit, close() flushes while the publisher thread may still be inside a periodic flush (its samplers read
+    /proc, which takes longer on a crowded machine). The periodic one must not land after the closing one: the
+    shard would be left unclosed with older values, and the agent would retire it with steps missing."""
+    import threading
+
+    from outrider import spool
+
+    h = hook(tmp_path)
+    counter = h.series("counter", "work_total")
+    counter.inc()
+    calls, inside, release = [0], threading.Event(), threading.Event()
+
+    def slow_sampler() -> None:
+        calls[0] += 1
+        if calls[0] == 1:  # the periodic flush, held inside its samplers
+            inside.set()
+            release.wait(30)
+
+    h.samplers.append(slow_sampler)
+    periodic = threading.Thread(target=h.flush)
+    periodic.start()
+    assert inside.wait(30)
+    counter.inc()
+    closer = threading.Thread(target=h.close)
+    closer.start()
+    closer.join(1.0)  # without the flush lock, close() is done by now, before the periodic flush writes
+    release.set()
+    periodic.join(30)
+    closer.join(30)
+    snap = spool.decode(next(tmp_path.glob("*.shard")).read_bytes())
+    assert snap.header.flags & spool.FLAG_CLOSED, "the last write is the closing one"
+    assert dict((s[0], s[3]) for s in snap.series)["work_total"] == [2.0]
+    h.flush()  # a publisher waking after close() writes nothing more
+    assert spool.decode(next(tmp_path.glob("*.shard")).read_bytes()).header.flags & spool.FLAG_CLOSED

@@ -167,7 +167,6 @@ class FakeEvent:
 
 
 def test_cuda_allocator_and_event_timing_without_synchronising(tmp_path: Path) -> None:
-    pytest.importorskip("torch")
     from outrider.hook.torch_integration import TorchIntegration
 
     stats = {"allocated_bytes.all.current": 5 << 30, "reserved_bytes.all.current": 6 << 30,
@@ -207,7 +206,6 @@ def test_cuda_allocator_and_event_timing_without_synchronising(tmp_path: Path) -
 
 
 def test_no_event_is_recorded_during_cuda_graph_capture(tmp_path: Path) -> None:
-    pytest.importorskip("torch")
     from outrider.hook.torch_integration import TorchIntegration
 
     cuda = types.SimpleNamespace(is_initialized=lambda: True, is_current_stream_capturing=lambda: True,

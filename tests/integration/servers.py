@@ -30,6 +30,7 @@ class _ServerProcess:
     name = "server"
     proc: subprocess.Popen[bytes]
     workdir: Path
+    url: str
 
     def _start(self, argv: list[str], workdir: Path) -> None:
         self.workdir = workdir
@@ -40,6 +41,15 @@ class _ServerProcess:
         if self.proc.poll() is not None:
             raise AssertionError(f"{self.name} exited: " + (self.workdir / f"{self.name}.log").read_text()[-2000:])
         return True
+
+    def _wait_ready(self, path: str, what: str) -> None:
+        """Ready, or stopped by its pid before the failure propagates (no `with` block owns it yet)."""
+        try:
+            wait_until(lambda: self._alive() and http_get(self.url + path, timeout_s=1)[0] == 200, timeout_s=60,
+                       what=what)
+        except BaseException:
+            self.stop()
+            raise
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -79,8 +89,7 @@ class PrometheusServer(_ServerProcess):
         self._start([binary, f"--config.file={workdir / 'prometheus.yml'}", f"--storage.tsdb.path={workdir / 'data'}",
                      f"--web.listen-address=127.0.0.1:{self.port}", "--web.enable-lifecycle",
                      "--rules.alert.resend-delay=1s"], workdir)
-        wait_until(lambda: self._alive() and http_get(self.url + "/-/ready", timeout_s=1)[0] == 200,
-                   timeout_s=60, what="Prometheus /-/ready")
+        self._wait_ready("/-/ready", "Prometheus /-/ready")
 
     def query(self, promql: str) -> list[dict[str, Any]]:
         status, _, body = http_get(self.url + "/api/v1/query?" + urllib.parse.urlencode({"query": promql}))
@@ -112,8 +121,7 @@ class AlertmanagerServer(_ServerProcess):
         (workdir / "alertmanager.yml").write_text(json.dumps(config))
         self._start([binary, f"--config.file={workdir / 'alertmanager.yml'}", f"--storage.path={workdir / 'data'}",
                      f"--web.listen-address=127.0.0.1:{self.port}", "--cluster.listen-address="], workdir)
-        wait_until(lambda: self._alive() and http_get(self.url + "/-/ready", timeout_s=1)[0] == 200,
-                   timeout_s=60, what="Alertmanager /-/ready")
+        self._wait_ready("/-/ready", "Alertmanager /-/ready")
 
 
 class WebhookReceiver:

@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import gzip
+import os
 import re
 import signal
 import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
 
-from tests.helpers import AgentProcess, http_get, outrider_cmd, samples
+from tests.helpers import AgentProcess, free_port, http_get, outrider_cmd, samples, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -34,18 +36,33 @@ def test_endpoints_and_content_negotiation() -> None:
         assert http_get(agent.url + "/healthz")[0] == 200
         assert http_get(agent.url + "/readyz")[0] == 200
         assert http_get(agent.url + "/nope")[0] == 404
-        # a scrape is counted on the next sweep
-        time.sleep(1.2)
-        assert (samples(agent.metrics()).get(("outrider_agent_scrapes_total", ())) or 0) >= 3
+        # the scrapes above are counted on the next sweep
+        wait_until(lambda: (samples(agent.metrics()).get(("outrider_agent_scrapes_total", ())) or 0) >= 3,
+                   timeout_s=30, what="the scrapes counted")
 
 
+SHUTDOWN_TIMEOUT_S = 1.0
+EXIT_MARGIN_S = 4.0  # the interpreter's own exit after the bounded stop: joins no thread, flushes the log
+
+
+@pytest.mark.parametrize("otlp", ["none", "a receiver that never answers"])
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
-def test_stops_cleanly_on_signal_within_the_bound(sig: signal.Signals) -> None:
-    agent = AgentProcess()
-    started = time.monotonic()
-    code = agent.stop(sig, timeout_s=20)
+def test_stops_cleanly_on_signal_within_the_bound(sig: signal.Signals, otlp: str) -> None:
+    """shutdown_timeout_s bounds the stop, even when the final OTLP export meets a receiver that takes the
+    connection and never answers (its own timeout, 120 s, would hold the stop that long unbounded)."""
+    env = {"OUTRIDER_SHUTDOWN_TIMEOUT_S": str(SHUTDOWN_TIMEOUT_S)}
+    with socket.socket() as blackhole:
+        blackhole.bind(("127.0.0.1", 0))
+        blackhole.listen(16)  # never accepted: connections complete in the backlog, no byte ever comes back
+        if otlp != "none":
+            env.update(OUTRIDER_OTLP_ENDPOINT=f"http://127.0.0.1:{blackhole.getsockname()[1]}",
+                       OUTRIDER_OTLP_TIMEOUT_S="120", OUTRIDER_OTLP_INTERVAL_S="0.5")
+        agent = AgentProcess(env=env)
+        started = time.monotonic()
+        code = agent.stop(sig, timeout_s=150)
+        elapsed = time.monotonic() - started
     assert code == 0, agent.output
-    assert time.monotonic() - started < 20, "shutdown_timeout_s (5 s) bounds the stop"
+    assert elapsed < SHUTDOWN_TIMEOUT_S + EXIT_MARGIN_S, f"stopped after {elapsed:.1f} s\n{agent.output}"
     assert "Traceback" not in agent.output
 
 
@@ -60,10 +77,44 @@ def test_a_busy_port_is_a_clear_error() -> None:
     assert f"cannot listen on 127.0.0.1:{port}" in r.stderr and "Traceback" not in r.stderr
 
 
-def test_grpc_without_its_extra_or_bad_config_is_a_configuration_error() -> None:
+def test_an_unknown_otlp_protocol_is_a_configuration_error() -> None:
     r = subprocess.run(outrider_cmd("agent", "--otlp-protocol", "carrier-pigeon"), capture_output=True, text=True,
                        timeout=30)
     assert r.returncode == 2 and "flag --otlp-protocol" in r.stderr
+
+
+HIDE_GRPC_EXPORTER = """
+import importlib.abc, sys
+
+class HideGrpcExporter(importlib.abc.MetaPathFinder):
+    \"\"\"An environment without the 'grpc' extra: its exporter package cannot be imported.\"\"\"
+    def find_spec(self, name, path=None, target=None):
+        if (name + ".").startswith("opentelemetry.exporter.otlp.proto.grpc."):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+
+sys.meta_path.insert(0, HideGrpcExporter())
+"""
+
+
+def test_grpc_without_its_extra_is_one_clear_configuration_error(tmp_path: Path) -> None:
+    """The real thing: the gRPC exporter absent from the environment (hidden by an import hook that sitecustomize
+    installs before the agent starts), OTLP over gRPC asked for."""
+    (tmp_path / "sitecustomize.py").write_text(HIDE_GRPC_EXPORTER)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OUTRIDER_", "OTEL_"))}
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), *filter(None, [os.environ.get("PYTHONPATH")])])
+    hidden = subprocess.run([sys.executable, "-c", "import opentelemetry.exporter.otlp.proto.grpc"], env=env,
+                            capture_output=True, text=True, timeout=60)
+    assert hidden.returncode == 1 and "ModuleNotFoundError" in hidden.stderr, "the hook hides the exporter"
+    r = subprocess.run(outrider_cmd("agent", "--listen", f"127.0.0.1:{free_port()}", "--otlp-protocol", "grpc",
+                                    "--otlp-endpoint", "http://127.0.0.1:4317"),
+                       env={**env, "OUTRIDER_STATE_DIR": str(tmp_path / "state")}, capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
+    assert lines[0].startswith("outrider: configuration error: otlp_protocol 'grpc' needs the gRPC exporter: "
+                               "pip install 'outrider[grpc]'"), lines[0]
 
 
 def test_metrics_once_prints_one_sweep() -> None:

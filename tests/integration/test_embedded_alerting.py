@@ -9,12 +9,11 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO, AgentProcess, outrider_cmd, sleeper, wait_until
+from tests.helpers import REPO, AgentProcess, after_more, outrider_cmd, sleeper, wait_until
 from tests.integration.servers import AlertmanagerServer, WebhookReceiver
 from tests.notify.receivers import WEBHOOK_SCHEMA, ScriptedReceiver
 
@@ -98,7 +97,9 @@ def test_a_delivery_cut_by_sigkill_arrives_after_the_restart(tmp_path: Path) -> 
                 workload.wait()
                 wait_until(lambda: any(r.body["status"] == "resolved" for r in hook.received), timeout_s=30,
                            what="the resolve")
-                time.sleep(1.0)
+                after_more(second, "outrider_rule_evaluations_total", 3)  # time to send anything more: nothing
+                wait_until(lambda: 'outrider_notify_queued{receiver="hook",type="webhook"} 0' in second.metrics(),
+                           timeout_s=30, what="nothing left queued")
                 text = second.metrics()
         finally:
             workload.kill()

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import free_port, outrider_cmd, self_signed, wait_until
+from tests.helpers import free_port, outrider_cmd, reap, self_signed, wait_until
 
 pytestmark = pytest.mark.integration
 PASSWORD = "s3cret-planted-Xq9"
@@ -62,7 +62,7 @@ def test_tls_and_basic_auth(tmp_path: Path) -> None:
             urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read()
     finally:
         proc.terminate()
-        proc.wait(timeout=20)
+        reap([proc], timeout_s=20)
         log.seek(0)
         output = log.read().decode(errors="replace")
     assert PASSWORD not in output, "the password never reaches the log"

@@ -30,7 +30,7 @@ def check_export(requests: list, watched_pid: int) -> None:  # type: ignore[type
     # names are semantic-convention names, with UCUM units
     metric, point = points["system.memory.limit"][-1]
     assert metric.unit == "By"
-    assert point.as_int == mem_total_bytes() or point.as_double == mem_total_bytes()
+    assert point.WhichOneof("value") == "as_double" and point.as_double == mem_total_bytes(), point  # exact below 2**53
     metric, _ = points["system.cpu.time"][-1]
     assert metric.unit == "s"
     assert metric.sum.is_monotonic and metric.sum.aggregation_temporality == 2  # cumulative

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import need_binary
-from tests.helpers import AgentProcess, sleeper
+from tests.helpers import AgentProcess, http_get, samples, sleeper, wait_until
 from tests.integration.servers import PrometheusServer
 
 pytestmark = pytest.mark.integration
@@ -33,8 +33,24 @@ def test_prometheus_scrapes_host_process_and_self_series(tmp_path: Path) -> None
             assert prom.wait_for('outrider_collector_success{collector="process"} == 1')
             # counters are usable with rate(): at least two samples of a moving counter
             assert prom.wait_for("rate(outrider_host_cpu_seconds_total[10s]) > 0", timeout_s=90)
-            # the scrape itself was clean: no series dropped or rejected by Prometheus
+            # The scrape was clean: every sample of the last scrape was ingested (Prometheus counts what it parsed
+            # in scrape_samples_scraped and appends, in the same transaction, only what it accepts: a duplicate
+            # series, an out-of-order or out-of-bounds sample is parsed but not stored)...
             assert prom.wait_for('scrape_samples_scraped{job="outrider"} > 50')
+            ingested = 'count({job="outrider", __name__!~"up|scrape_.+"})'
+            assert prom.wait_for(f'{ingested} == scalar(scrape_samples_scraped{{job="outrider"}}) and '
+                                 f'{ingested} == scalar(scrape_samples_post_metric_relabeling{{job="outrider"}})')
+            # ... Prometheus's own counters of rejected samples say so too ...
+            own = samples(http_get(prom.url + "/metrics")[2].decode())
+            for rejected in ("duplicate_timestamp", "out_of_order", "out_of_bounds"):
+                assert own[(f"prometheus_target_scrapes_sample_{rejected}_total", ())] == 0, rejected
+            assert own[("prometheus_target_scrapes_exceeded_sample_limit_total", ())] == 0
+            # ... and it holds every metric the agent exposes, by name.
+            def names_match() -> bool:
+                stored = {r["metric"]["__name__"] for r in prom.query(
+                    'group by (__name__) ({job="outrider", __name__!~"up|scrape_.+"})')}
+                return stored == {name for name, _ in samples(agent.metrics())}
+            wait_until(names_match, timeout_s=30, what="the names Prometheus stored to be those the agent exposes")
     finally:
         work.kill()
         work.wait()

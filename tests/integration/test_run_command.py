@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -152,7 +154,9 @@ def test_agent_pid_watches_an_existing_tree(tmp_path: Path) -> None:
 
     parent = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time; "
                                "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
-                               "time.sleep(60)"])
+                               "print(c.pid, flush=True); time.sleep(60)"], stdout=subprocess.PIPE, text=True)
+    assert parent.stdout is not None
+    child = int(parent.stdout.readline())
     try:
         with AgentProcess("--pid", str(parent.pid)) as agent:
             def two() -> bool:
@@ -160,9 +164,16 @@ def test_agent_pid_watches_an_existing_tree(tmp_path: Path) -> None:
             wait_until(two, timeout_s=30, what="the parent and its child")
             parent.kill()
             parent.wait()
-            wait_until(lambda: samples(agent.metrics()).get(("outrider_watched_up", ())) == 0 or
-                       samples(agent.metrics()).get(("outrider_watched_processes", ())) == 1,
-                       timeout_s=30, what="the tree to shrink once the parent is gone")
+
+            def tree() -> tuple[float | None, float | None]:
+                parsed = samples(agent.metrics())
+                return parsed.get(("outrider_watched_up", ())), parsed.get(("outrider_watched_processes", ()))
+            # --pid follows the tree below a live root: with the root gone the orphaned child (alive, reparented)
+            # is no longer below it, so nothing is watched and the tree is down.
+            wait_until(lambda: tree() == (0, 0), timeout_s=30, what="the tree to go once the parent is gone")
+            assert os.path.exists(f"/proc/{child}"), "the child lives on, unwatched"
     finally:
         parent.kill()
         parent.wait()
+        with contextlib.suppress(ProcessLookupError):  # gone already is fine: it is stopped either way
+            os.kill(child, signal.SIGKILL)  # it slept on for a minute after the test before

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO, AgentProcess, http_get, rss_bytes, samples, value, wait_until
+from tests.helpers import REPO, AgentProcess, http_get, reap, rss_bytes, samples, value, wait_until
 
 pytestmark = pytest.mark.integration
 HERE = Path(__file__).parent
@@ -61,8 +61,7 @@ def test_ten_thousand_series_under_concurrent_scrapers(tmp_path: Path) -> None:
             assert rss_after < rss_before * 1.5, "serving scrapes does not grow the agent"
     finally:
         hold.write_text("x")
-        for p in publishers:
-            p.wait(timeout=60)
+        reap(publishers)
 
 
 def test_sixty_four_hooked_processes_at_once(tmp_path: Path) -> None:
@@ -72,8 +71,11 @@ def test_sixty_four_hooked_processes_at_once(tmp_path: Path) -> None:
     with AgentProcess(env={**env}, interval_s=0.5) as agent:
         procs = [subprocess.Popen([sys.executable, str(REPO / "tests" / "hook" / "workload.py"), "--steps", "30",
                                    "--step-sleep", "0.01"], env={**base, **env}) for _ in range(64)]
-        for p in procs:
-            assert p.wait(timeout=120) == 0
+        try:
+            for p in procs:
+                assert p.wait(timeout=120) == 0
+        finally:
+            reap(procs, timeout_s=0)
         wait_until(lambda: value(samples(agent.metrics()), "outrider_train_steps_total", rank="") == 64 * 30,
                    timeout_s=60, what="64 x 30 steps, each counted once")
         parsed = samples(agent.metrics())
@@ -98,15 +100,18 @@ def test_a_workload_spawning_thousands_of_processes_stays_bounded(tmp_path: Path
                             "0.2", "--quiet", "--summary-json", str(tmp_path / "s.json"), "--", sys.executable,
                             str(script)], stderr=subprocess.PIPE, text=True)
     series: list[int] = []
-    while run.poll() is None:
-        try:
-            parsed = samples(http_get(f"http://127.0.0.1:{port}/metrics", timeout_s=5)[2].decode())
-        except OSError:
+    try:
+        while run.poll() is None:  # sampled while it runs, as a scraper would
+            try:
+                parsed = samples(http_get(f"http://127.0.0.1:{port}/metrics", timeout_s=5)[2].decode())
+            except OSError:
+                time.sleep(0.1)
+                continue
+            series.append(sum(1 for (n, _) in parsed if n == "outrider_process_memory_rss_bytes"))
             time.sleep(0.1)
-            continue
-        series.append(sum(1 for (n, _) in parsed if n == "outrider_process_memory_rss_bytes"))
-        time.sleep(0.1)
-    _, err = run.communicate(timeout=60)
+        _, err = run.communicate(timeout=60)
+    finally:
+        reap([run], timeout_s=0)
     assert run.returncode == 0, err
     assert series and max(series) <= 11, "per-process series stay at top N (10) plus other"
     import json

@@ -73,7 +73,7 @@ def test_slack_and_webhook_payloads_and_routing_by_severity(tmp_path: Path, monk
         d.notify(alert("GPULost", "firing", severity="critical"))
         wait_until(lambda: len(slack.accepted()) == 1 and len(hook.accepted()) == 2, timeout_s=10,
                    what="routed deliveries")
-        time.sleep(0.3)
+        wait_until(d.idle, timeout_s=10, what="every outbox drained: nothing left to retry or deliver late")
         d.stop()
     assert slack.schema_errors == [] and hook.schema_errors == []
     assert len(slack.received) == 1 and "GPUThermalThrottling" in slack.accepted()[0]["text"]
@@ -125,7 +125,7 @@ def test_a_rejected_notification_is_dropped_logged_and_counted_not_retried(
             d.notify(alert("First", "firing"))
             d.notify(alert("Second", "firing"))
             wait_until(lambda: len(hook.received) == 2, timeout_s=10, what="two requests")
-            time.sleep(0.3)
+            wait_until(d.idle, timeout_s=10, what="the outbox drained: the 400 dropped, not kept for a retry")
         d.stop()
     assert [r.status for r in hook.received] == [400, 200]  # the 400 is not tried again, the next goes on
     assert d.deliveries[0].failed["rejected"] == 1
@@ -192,7 +192,7 @@ def test_secrets_never_reach_logs_errors_or_metrics(tmp_path: Path, monkeypatch:
                 {"name": "slack", "type": "slack", "url_env": "TEST_SLACK_URL", "group_wait_s": 0}])
             d.notify(alert("GPULost", "firing"))
             wait_until(lambda: len(pd.received) == 1 and len(slack.received) == 1, timeout_s=10, what="attempts")
-            time.sleep(0.2)
+            wait_until(d.idle, timeout_s=10, what="both 400s handled (dropped and logged)")
             d.stop()
     assert pd.received[0].body["routing_key"] == ROUTING_KEY  # it was sent to the receiver...
     text = caplog.text + render(d.families()).decode()

@@ -11,13 +11,12 @@ import re
 from pathlib import Path
 from typing import Any
 
+import helm_python as helm  # [dev] dependencies, imported plainly: a broken import fails, never skips the chart
+import kubernetes_validate
 import pytest
 import yaml
 
 from tests.helpers import REPO
-
-helm = pytest.importorskip("helm_python", reason="helm-python-sdk is a dev dependency (.ci/run installs it)")
-kubernetes_validate = pytest.importorskip("kubernetes_validate")
 
 CHART = REPO / "helm" / "outrider"
 VALUES_FILES = [None, *sorted(p.name for p in (CHART / "ci").glob("*-values.yaml"))]
@@ -332,7 +331,10 @@ def test_schema_rejects_bad_values(values: dict[str, Any], message: str) -> None
 
 
 def test_schema_accepts_a_parent_charts_global_values() -> None:
-    helm.Chart.load(str(CHART)).validate_schema({"global": {"imageRegistry": "registry.example.com"}})
+    chart = helm.Chart.load(str(CHART))
+    chart.validate_schema({"global": {"imageRegistry": "registry.example.com"}})
+    with pytest.raises(helm.HelmError, match="globalx"):  # taken as the one key allowed, not as any key
+        chart.validate_schema({"globalx": {"imageRegistry": "registry.example.com"}})
 
 
 PARENT_TEMPLATE = """\

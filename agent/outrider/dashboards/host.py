@@ -55,6 +55,17 @@ def build() -> Dashboard:
                         query(f"rate(outrider_host_paging_operations_total{{{SEL}}}[$__rate_interval])",
                               "pages {{direction}}/s {{instance}}"),
                         th=thresholds(GREEN, (1, "orange"))))
+    d = d.with_panel(ts("Container memory (cgroup)", "Memory charged to the cgroup the agent runs in (its container, "
+                        "or the job's when the agent wraps it), the working set the kubelet evicts on, and the limit "
+                        "at which the kernel OOM-kills inside it whatever the host has free.", "bytes",
+                        query(f"outrider_cgroup_memory_usage_bytes{{{SEL}}}", "usage {{instance}}"),
+                        query(f"outrider_cgroup_memory_working_set_bytes{{{SEL}}}", "working set {{instance}}"),
+                        query(f"outrider_cgroup_memory_limit_bytes{{{SEL}}}", "limit {{instance}}"),
+                        links=[runbook("exhaustion.md", "containermemorynearlimit", "container memory")]))
+    d = d.with_panel(ts("Container OOM kills (cgroup)", "Processes the kernel OOM-killed inside the cgroup per "
+                        "interval.", "short",
+                        query(f"increase(outrider_cgroup_memory_oom_kills_total{{{SEL}}}[$__rate_interval])",
+                              "{{instance}}"), th=thresholds(GREEN, (1, "red"))))
     d = d.with_row(Row("Disks and network"))
     d = d.with_panel(ts("Disk throughput", "Bytes read and written per device.", "Bps",
                         query(f"rate(outrider_host_disk_io_bytes_total{{{SEL}}}[$__rate_interval])",
@@ -93,6 +104,13 @@ def build() -> Dashboard:
                         query(f"outrider_host_filesystem_avail_bytes{{{SEL}}}", "available {{mountpoint}}"),
                         query(f"outrider_host_filesystem_free_bytes{{{SEL}}}", "free (with root's reserve) "
                               "{{mountpoint}}")))
+    d = d.with_panel(ts("Inodes used", "Used share of each filesystem's inodes: at 100% no file can be created, "
+                        "whatever the space (filesystems without a fixed inode table report no total and are left "
+                        "out).", "percentunit",
+                        query(f"1 - outrider_host_filesystem_files_free{{{SEL}}} / "
+                              f"(outrider_host_filesystem_files{{{SEL}}} > 0)", "{{mountpoint}}"),
+                        th=thresholds(GREEN, (0.8, "orange"), (0.95, "red")), min_val=0, max_val=1,
+                        links=[runbook("exhaustion.md", "diskinodes", "inodes")]))
     d = d.with_panel(stat("Read-only filesystems", "Configured paths whose filesystem is mounted read-only: a "
                           "checkpoint written there fails.", "short",
                           query(f"sum(outrider_host_filesystem_readonly{{{SEL}}})", instant=True),

@@ -70,6 +70,45 @@ def build() -> Dashboard:
                         *percentiles(f"outrider_train_gpu_step_duration_seconds_bucket{{{R}}}", 0.5)))
     d = d.with_panel(ts("Data-loader wait p50 / p99", "Time the loop waited for each batch.", "s",
                         *percentiles(f"outrider_train_data_wait_seconds_bucket{{{R}}}", 0.5, 0.99)))
+    d = d.with_row(Row("Where the loop's time goes"))
+    d = d.with_panel(ts("Loop time by part", "The loop's wall time split exactly into data wait (inside the "
+                        "DataLoader), the step's work, and the rest (logging, evaluation, checkpoints): the parts "
+                        "add up to 1 per rank.", "percentunit",
+                        query(f"sum by (rank, part) (rate(outrider_train_loop_seconds_total{{{R}}}"
+                              "[$__rate_interval]))", "{{part}} rank {{rank}}"), min_val=0, max_val=1,
+                        links=[runbook("degradation.md", "inputpipelinebound", "input-bound")]))
+    d = d.with_panel(ts("Collectives", "Share of wall time in torch.distributed collectives by operation, and the "
+                        "part of the step the loop was blocked in them: a rank that waits least is the straggler "
+                        "the others wait for.", "percentunit",
+                        query(f"sum by (rank, op) (rate(outrider_train_collective_seconds_total{{{R}}}"
+                              "[$__rate_interval]))", "{{op}} rank {{rank}}"),
+                        query(f"sum by (rank) (rate(outrider_train_collective_wait_seconds_total{{{R}}}"
+                              "[$__rate_interval]))", "blocked rank {{rank}}"), min_val=0,
+                        links=[runbook("degradation.md", "stragglerrank", "straggler")]))
+    d = d.with_panel(ts("GPU-paced share of steps", "Share of step time during which the GPU was still working "
+                        "off earlier queued work (from CUDA events, no synchronisation): near 1 the GPU paces the "
+                        "loop (compute-bound), near 0 the host does.", "percentunit",
+                        query(f"sum by (rank) (rate(outrider_train_gpu_busy_seconds_total{{{R}}}[$__rate_interval]))"
+                              f" / sum by (rank) (rate(outrider_train_gpu_observed_seconds_total{{{R}}}"
+                              "[$__rate_interval]))", "rank {{rank}}"), min_val=0, max_val=1))
+    d = d.with_panel(ts("CPU by thread role", "CPU cores used by each role's threads (main loop, torch intra-op "
+                        "pool, DataLoader workers, the hook, other) and the time they were runnable but waited for "
+                        "a CPU: run delay means neighbours or too many threads.", "short",
+                        query(f"sum by (rank, role) (rate(outrider_thread_cpu_seconds_total{{{R}}}"
+                              "[$__rate_interval]))", "cpu {{role}} rank {{rank}}"),
+                        query(f"sum by (rank, role) (rate(outrider_thread_run_delay_seconds_total{{{R}}}"
+                              "[$__rate_interval]))", "run delay {{role}} rank {{rank}}")))
+    d = d.with_panel(ts("Threads", "Threads by role, and the intra-op threads torch is set to use: more runnable "
+                        "threads than CPUs makes them wait.", "short",
+                        query(f"sum by (rank, role) (outrider_threads{{{R}}})", "{{role}} rank {{rank}}"),
+                        query(f"max by (rank) (outrider_torch_intra_op_threads{{{R}}})",
+                              "torch intra-op setting rank {{rank}}")))
+    d = d.with_panel(ts("Main-thread CPU per autograd operation", "CPU seconds of the main thread per "
+                        "differentiable operation: high with many operations is framework overhead (small ops), "
+                        "low is the math itself.", "s",
+                        query(f'sum by (rank) (rate(outrider_thread_cpu_seconds_total{{{R}, role="main"}}'
+                              f"[$__rate_interval])) / sum by (rank) (rate(outrider_train_autograd_ops_total{{{R}}}"
+                              "[$__rate_interval]))", "rank {{rank}}")))
     d = d.with_row(Row("Throughput"))
     d = d.with_panel(ts("Samples/s and tokens/s", "Throughput per rank.", "short",
                         query(f"sum by (rank) (rate(outrider_samples_total{{{R}}}[$__rate_interval]))",

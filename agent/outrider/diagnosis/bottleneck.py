@@ -1,8 +1,19 @@
 """Bottleneck verdicts: the class, the evidence (the numbers behind it) and what to do about it.
 
-Classes, checked in this order: idle, throttled, memory_pressure, input_bound, memory_bandwidth_bound,
-compute_bound, host_bound, balanced. communication_bound needs collective timing, which Outrider does not measure
-yet: it is never reported rather than guessed.
+Classes, checked in this order: idle, throttled, memory_pressure, input_bound, communication_bound (a straggler
+rank, or collectives blocking the loop on every rank), memory_bandwidth_bound, then compute_bound / host_bound /
+balanced:
+
+- with CUDA, from the GPU's busy share of the steps (CUDA events, hook/gpu_pacing.py; NVML utilisation only where
+  no events were measured): the GPU pacing the steps is compute_bound, a GPU waiting for the host is host_bound;
+- on CPU, from the demand (CPU + run delay) of the training loop's main thread and the size of its operations
+  (main-thread CPU per differentiable operation): the main thread saturated with small operations (overhead) is
+  host_bound, large operations are compute_bound. Where operations are not counted (no grad, an older torch),
+  torch's intra-op pool decides: busy is compute_bound, idle beside a saturated main thread is host_bound. (The
+  pool's CPU alone cannot decide: libgomp's workers spin after each parallel region, so one small parallel
+  operation per step keeps an idle pool looking busy.)
+
+A job slowed by its neighbours keeps its class; the reason says how long its threads waited for a CPU.
 """
 
 from __future__ import annotations
@@ -29,8 +40,9 @@ RECOMMENDATIONS = {
                      "mixed precision and tensor cores, torch.compile, fewer FLOPs (smaller model, sparsity).",
     "host_bound": "The CPU side (Python, kernel launches, tiny operations) limits the job while the accelerator "
                   "waits: larger batches, CUDA graphs, torch.compile to fuse small ops, fewer host syncs.",
-    "communication_bound": "Collectives dominate the step: overlap communication with compute, bucket gradients, "
-                           "check the interconnect.",
+    "communication_bound": "Collectives dominate the step. A straggler rank: find why it computes longer (a slower "
+                           "or busier node, more data, a throttled GPU) and balance the work. Otherwise: overlap "
+                           "communication with compute, bucket gradients, compress them, check the interconnect.",
     "balanced": "No single bottleneck stands out in this window.",
 }
 
@@ -46,10 +58,41 @@ class Verdict:
         return RECOMMENDATIONS[self.cls]
 
 
+# Thresholds. All are shares of the job's own time or demand: none depends on the machine's core count or load.
+INPUT_WAIT = 0.3  # share of the loop waiting for data
+COMM_WAIT = 0.3  # share of the loop blocked in collectives
+GPU_BUSY = 0.6  # share of the steps the GPU paced (CUDA events) for compute_bound
+GPU_IDLE = 0.3  # below it, the GPU waits for the host
+# The main thread's demand (CPU + run delay) per second. Not 1.0: on a crowded machine the main thread also sleeps
+# at the intra-op pool's barriers, waiting for workers that wait for a CPU.
+MAIN_SATURATED = 0.6
+POOL_BUSY = 0.5  # intra-op pool demand, in main threads' worth, for CPU compute_bound
+POOL_IDLE = 0.25  # below it (in main threads' worth) the pool idles
+CONTENDED = 0.2  # run delay share of the job's CPU demand worth saying
+# Main-thread CPU per differentiable operation. Eager PyTorch spends some 10-30 us of framework work (Python, the
+# dispatcher, autograd bookkeeping) on every operation, whatever its size: at 100 us or less that overhead is a
+# quarter of the work or more (host-bound); from 500 us on, the operations' own math dominates (compute-bound).
+# CPU time, not wall time: neighbours do not move it.
+HOST_OP_US = 100.0
+COMPUTE_OP_US = 500.0
+
+
 def classify(s: Signals) -> Verdict:
+    v = _classify(s)
+    if s.run_delay_fraction is not None and s.run_delay_fraction >= CONTENDED and v.cls not in ("idle",):
+        v = Verdict(v.cls, v.evidence, v.reason + f"; slowed by CPU contention: its threads waited for a CPU "
+                                                  f"{s.run_delay_fraction:.0%} of the time they were runnable "
+                                                  "(neighbours on the machine, or more threads than cores)")
+    return v
+
+
+def _classify(s: Signals) -> Verdict:
     ev = s.evidence()
-    has_gpu = s.gpus > 0 and s.gpu_util is not None
+    # a torch job that never initialised CUDA runs on the CPU, whatever GPUs the node has
+    has_gpu = s.gpus > 0 and s.gpu_util is not None and not s.torch_cpu_only
     gpu_util = s.gpu_util or 0.0
+    gpu_busy = s.gpu_busy_ratio if s.gpu_busy_ratio is not None else (gpu_util if has_gpu else None)
+    gpu_source = "CUDA events: the GPU paced" if s.gpu_busy_ratio is not None else "NVML: the GPU was busy"
     wait = s.data_wait_fraction or 0.0
     active = s.steps_per_s > 0 or s.requests_per_s > 0
     if not active and s.process_cpu_cores < 0.05 and (not has_gpu or gpu_util < 0.05):
@@ -59,15 +102,61 @@ def classify(s: Signals) -> Verdict:
         return Verdict("throttled", ev, f"{why} clock event reasons active on a busy GPU")
     if (s.gpu_mem_ratio or 0) > 0.95 or s.alloc_retries > 0 or (s.host_mem_available_ratio or 1) < 0.05:
         return Verdict("memory_pressure", ev, "GPU memory above 95%, allocator retries, or host memory below 5%")
-    if wait > 0.3 and (not has_gpu or gpu_util < 0.6):
-        return Verdict("input_bound", ev, f"{wait:.0%} of the loop waiting for data, accelerator underused")
+    if active and wait > INPUT_WAIT and (gpu_busy is None or gpu_busy < GPU_BUSY):
+        workers = f", DataLoader workers {s.data_workers_cpu_cores:.1f} CPU cores" \
+            if s.data_workers_cpu_cores else ""
+        return Verdict("input_bound", ev, f"{wait:.0%} of the loop waiting for data, accelerator underused"
+                                          f"{workers}")
+    if s.straggler is not None:
+        r = s.straggler
+        return Verdict("communication_bound", ev,
+                       f"rank {r.rank or '-'} is a straggler: its compute per step is "
+                       f"{s.straggler_compute_ratio or 0:.1f}x the other ranks', which spend "
+                       f"{s.others_wait_fraction or 0:.0%} of their loop waiting for it in collectives")
+    comm = s.collective_wait_fraction or 0.0
+    if comm >= COMM_WAIT:
+        return Verdict("communication_bound", ev, f"{comm:.0%} of the loop blocked in collectives, evenly across "
+                                                  "ranks (no straggler)")
     if has_gpu and (s.dram_activity or 0) >= 0.7 and (s.sm_activity is None or s.sm_activity < 0.5):
         return Verdict("memory_bandwidth_bound", ev, "DRAM bandwidth high while SMs are not")
-    if has_gpu and gpu_util >= 0.8:
-        return Verdict("compute_bound", ev, f"GPU busy {gpu_util:.0%} of the time")
-    if not has_gpu and s.process_cpu_cores >= 0.8 * s.cpus:
-        return Verdict("compute_bound", ev, f"{s.process_cpu_cores:.1f} of {s.cpus:.0f} CPU cores busy with the work")
-    if active and wait < 0.1 and s.process_cpu_cores >= 0.7 and (not has_gpu or gpu_util < 0.6):
-        return Verdict("host_bound", ev, f"one host thread's worth of CPU ({s.process_cpu_cores:.1f} cores) paces "
-                                         "the job while the accelerator or the other cores wait")
-    return Verdict("balanced", ev, "no rule matched")
+    if gpu_busy is not None:
+        if gpu_busy >= GPU_BUSY:
+            return Verdict("compute_bound", ev, f"{gpu_source} {gpu_busy:.0%} of the steps")
+        if active and gpu_busy < GPU_IDLE and wait < 0.1:
+            return Verdict("host_bound", ev, f"the GPU waits for the host ({gpu_source} only {gpu_busy:.0%} of the "
+                                             "steps): Python, kernel launches or small operations pace the job")
+        return Verdict("balanced", ev, f"{gpu_source} {gpu_busy:.0%} of the steps: neither GPU nor host dominates")
+    return _cpu(s, ev, active, wait)
+
+
+def _cpu(s: Signals, ev: dict[str, float], active: bool, wait: float) -> Verdict:
+    """CPU-only: where the job's threads want CPU. The main thread runs Python and takes part in torch's parallel
+    regions; the intra-op pool only ever does torch's (or BLAS's) work."""
+    main, pool = s.main_thread_busy, s.intra_op_busy
+    if main is None or pool is None:  # a hook too old to say where its CPU goes: the process as a whole
+        if active and wait < 0.1 and s.process_cpu_cores >= 1.5:
+            return Verdict("compute_bound", ev, f"{s.process_cpu_cores:.1f} CPU cores busy with the work")
+        return Verdict("balanced", ev, "no per-thread CPU measurements to tell host from compute")
+    per_op = s.main_cpu_us_per_op
+    if per_op is not None and active and main >= 0.5:  # operations counted: their size decides
+        ops = f"{s.ops_per_step:.0f} operations per step, " if s.ops_per_step else ""
+        if per_op >= COMPUTE_OP_US:
+            return Verdict("compute_bound", ev, f"{ops}{per_op / 1000:.1f} ms of main-thread CPU each: the "
+                                                f"operations' math dominates (intra-op pool demand {pool:.1f})")
+        if per_op <= HOST_OP_US and main >= MAIN_SATURATED and wait < 0.1:
+            return Verdict("host_bound", ev, f"the main thread is saturated ({main:.0%} demand) with {ops}"
+                                             f"{per_op:.0f} us of CPU each: Python and framework overhead pace the "
+                                             "job, the intra-op pool has no real work")
+        return Verdict("balanced", ev, f"{ops}{per_op:.0f} us of main-thread CPU each: neither framework overhead "
+                                       "nor the math dominates")
+    if s.ops_counted and per_op is None:
+        return Verdict("balanced", ev, "operations are counted from the next window on: not judged yet")
+    if active and pool >= POOL_BUSY * max(main, 0.1):
+        return Verdict("compute_bound", ev, f"torch's intra-op pool is busy: {pool:.1f} threads' worth of demand "
+                                            f"beside the main thread's {main:.1f}")
+    if active and main >= MAIN_SATURATED and pool < POOL_IDLE * main and wait < 0.1:
+        one = " (torch uses one intra-op thread: its operations run on the main thread too; " \
+              "torch.set_num_threads)" if s.intra_op_threads == 1 else ""
+        return Verdict("host_bound", ev, f"the main thread is saturated ({main:.0%} demand) while the intra-op pool "
+                                         f"idles ({pool:.2f}): Python and dispatch pace the job{one}")
+    return Verdict("balanced", ev, f"main thread {main:.0%} demand, intra-op pool {pool:.2f}: no single bottleneck")

@@ -1,10 +1,21 @@
-"""The numbers a verdict rests on, from two sweeps a window apart: rates from counters, latest values of gauges."""
+"""The numbers a verdict rests on, from two sweeps a window apart: rates from counters, latest values of gauges.
+
+Every signal is a ratio of measurements of the job itself, never of the machine: the loop's parts over its wall
+time, a thread role's demand (CPU time plus run delay: what it would have used with a CPU to itself) per second,
+the GPU's busy share of the steps, collective wait over step time. None depends on how many cores the machine has
+or on what else runs on it; run delay says how much the neighbours (or the job's own surplus of threads) cost.
+"""
 
 from __future__ import annotations
 
+import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from outrider.metrics.family import Family, HistogramValue
+
+ROLE_SIGNALS = ("main", "intra_op", "data_workers", "other")  # the outrider role is the monitor, not the job
+SEP = "\t"  # joins (training_job, rank, field) in a snapshot's per-rank keys
 
 
 def snapshot(families: list[Family]) -> dict[str, float]:
@@ -14,29 +25,61 @@ def snapshot(families: list[Family]) -> dict[str, float]:
     gpm: dict[str, list[float]] = {}
     mem_used: dict[str, float] = {}
     mem_total: dict[str, float] = {}
+    intra_op: list[float] = []
     thermal = power = 0.0
 
     def add(key: str, value: float) -> None:
         out[key] = out.get(key, 0.0) + value
 
+    def by_rank(lab: dict[str, str], what: str, value: float) -> None:
+        add(SEP.join(("rank", lab.get("training_job", ""), lab.get("rank", ""), what)), value)
+
     for fam in families:
         name = fam.defn.name
         labels = fam.defn.label_names
         for values, v in fam.samples:
+            lab = dict(zip(labels, values))
             if isinstance(v, HistogramValue):
                 if name == "outrider_train_step_duration_seconds":
                     add("step_sum", v.sum)
                     add("step_count", v.count)
+                    by_rank(lab, "steps", v.count)
                 elif name == "outrider_train_data_wait_seconds":
                     add("wait_sum", v.sum)
+                elif name == "outrider_train_gpu_step_duration_seconds":
+                    out["cuda_used"] = 1.0
                 continue
-            lab = dict(zip(labels, values))
             if name == "outrider_samples_total":
                 add("samples", v)
             elif name == "outrider_requests_total":
                 add("requests", v)
             elif name == "outrider_watched_cpu_seconds_total":
                 add("process_cpu", v)
+            elif name == "outrider_train_loop_seconds_total":
+                add(f"loop_{lab.get('part', '')}", v)
+                add("loop_wall", v)
+                by_rank(lab, lab.get("part", ""), v)
+                by_rank(lab, "wall", v)
+            elif name == "outrider_train_collective_wait_seconds_total":
+                add("collective_wait", v)
+                by_rank(lab, "collective_wait", v)
+            elif name == "outrider_train_collective_seconds_total":
+                add("collective", v)
+            elif name == "outrider_train_gpu_busy_seconds_total":
+                add("gpu_busy", v)
+            elif name == "outrider_train_gpu_observed_seconds_total":
+                add("gpu_observed", v)
+            elif name == "outrider_train_autograd_ops_total":
+                add("autograd_ops", v)
+            elif name == "outrider_thread_cpu_seconds_total":
+                add(f"cpu_{lab.get('role', '')}", v)
+            elif name == "outrider_thread_run_delay_seconds_total":
+                add(f"delay_{lab.get('role', '')}", v)
+                out["has_run_delay"] = 1.0
+            elif name == "outrider_threads" and lab.get("role") == "main":
+                add("main_threads", v)
+            elif name == "outrider_torch_intra_op_threads":
+                intra_op.append(v)
             elif name == "outrider_host_cpu_utilization_ratio":
                 out["host_cpu_util"] = v
             elif name == "outrider_host_logical_cpus":
@@ -62,9 +105,13 @@ def snapshot(families: list[Family]) -> dict[str, float]:
                     power = 1.0
             elif name == "outrider_torch_cuda_alloc_retries_total":
                 add("alloc_retries", v)
+            if name.startswith("outrider_torch_cuda_") or name == "outrider_train_gpu_step_duration_seconds":
+                out["cuda_used"] = 1.0
     if gpu_util:
         out["gpu_util"] = sum(gpu_util) / len(gpu_util)
         out["gpus"] = len(gpu_util)
+    if intra_op:
+        out["intra_op_threads"] = min(intra_op)
     for name, vals in gpm.items():
         out[name.replace("outrider_gpu_", "").replace("_ratio", "")] = sum(vals) / len(vals)
     ratios = [mem_used[g] / mem_total[g] for g in mem_used if mem_total.get(g)]
@@ -74,20 +121,49 @@ def snapshot(families: list[Family]) -> dict[str, float]:
     return out
 
 
+@dataclass(frozen=True)
+class RankSignals:
+    """One rank of a distributed job over the window."""
+
+    training_job: str
+    rank: str
+    steps: float
+    compute_s: float  # per step: step work less collective wait
+    wait_s: float  # per step: collective wait
+    wall_s: float  # per step: the loop's wall time
+    wait_fraction: float  # collective wait over the loop's wall time
+
+
 @dataclass
 class Signals:
     window_s: float
     steps_per_s: float = 0.0
     step_time_s: float | None = None
     data_wait_fraction: float | None = None
+    step_fraction: float | None = None
+    other_fraction: float | None = None
+    collective_wait_fraction: float | None = None
+    collective_fraction: float | None = None
     samples_per_s: float = 0.0
     requests_per_s: float = 0.0
     process_cpu_cores: float = 0.0
     cpus: float = 1.0
     host_cpu_util: float | None = None
     host_mem_available_ratio: float | None = None
+    # per-thread demand (CPU + run delay, per second), per instrumented process
+    main_thread_busy: float | None = None
+    main_thread_cpu: float | None = None
+    intra_op_busy: float | None = None
+    intra_op_threads: float | None = None
+    torch_cpu_only: bool = False  # a torch job that never initialised CUDA (whatever GPUs the node has)
+    ops_counted: bool = False  # torch counts this job's operations (ops per step known once a window has them)
+    ops_per_step: float | None = None
+    main_cpu_us_per_op: float | None = None
+    data_workers_cpu_cores: float | None = None
+    run_delay_fraction: float | None = None
     gpus: int = 0
     gpu_util: float | None = None
+    gpu_busy_ratio: float | None = None
     sm_activity: float | None = None
     tensor_activity: float | None = None
     dram_activity: float | None = None
@@ -95,13 +171,18 @@ class Signals:
     alloc_retries: float = 0.0
     throttle_thermal: bool = False
     throttle_power: bool = False
+    straggler_rank: float | None = None
+    straggler_compute_ratio: float | None = None
+    others_wait_fraction: float | None = None
+    ranks: list[RankSignals] = field(default_factory=list)
+    straggler: RankSignals | None = None
     extra: dict[str, float] = field(default_factory=dict)
 
     def evidence(self) -> dict[str, float]:
         """The signals that have a value, rounded, for reports and the diagnosis metrics."""
         out = {}
         for key, value in vars(self).items():
-            if key in ("extra", "window_s") or value is None:
+            if key in ("extra", "window_s", "ranks", "straggler") or value is None:
                 continue
             out[key] = round(float(value), 4)
         return out
@@ -118,9 +199,16 @@ def signals(old: dict[str, float], new: dict[str, float], dt: float) -> Signals:
     s.steps_per_s = steps / dt
     if steps:
         s.step_time_s = delta("step_sum") / steps
-    busy = delta("step_sum") + delta("wait_sum")
-    if busy > 0:
-        s.data_wait_fraction = delta("wait_sum") / busy
+    wall = delta("loop_wall")
+    if wall > 0:  # the loop's own decomposition (hook/loop.py)
+        s.data_wait_fraction = delta("loop_data_wait") / wall
+        s.step_fraction = delta("loop_step") / wall
+        s.other_fraction = delta("loop_other") / wall
+        if "collective_wait" in new:
+            s.collective_wait_fraction = min(1.0, delta("collective_wait") / wall)
+            s.collective_fraction = delta("collective") / wall
+    elif delta("step_sum") > 0:  # hooks that publish no decomposition
+        s.data_wait_fraction = delta("wait_sum") / (delta("step_sum") + delta("wait_sum"))
     s.samples_per_s = delta("samples") / dt
     s.requests_per_s = delta("requests") / dt
     s.process_cpu_cores = delta("process_cpu") / dt
@@ -128,8 +216,13 @@ def signals(old: dict[str, float], new: dict[str, float], dt: float) -> Signals:
     s.host_cpu_util = new.get("host_cpu_util")
     if new.get("host_mem_total"):
         s.host_mem_available_ratio = new.get("host_mem_avail", 0.0) / new["host_mem_total"]
+    if "cpu_main" in old and "cpu_main" in new:  # a counter that appears mid-window holds time from before it
+        _threads(s, old, new, dt, delta)
+    s.torch_cpu_only = "intra_op_threads" in new and not new.get("cuda_used") and "gpu_busy" not in new
     s.gpus = int(new.get("gpus", 0))
     s.gpu_util = new.get("gpu_util")
+    if delta("gpu_observed") > 0:
+        s.gpu_busy_ratio = min(1.0, delta("gpu_busy") / delta("gpu_observed"))
     s.sm_activity = new.get("sm_activity")
     s.tensor_activity = new.get("tensor_activity")
     s.dram_activity = new.get("dram_activity")
@@ -137,4 +230,85 @@ def signals(old: dict[str, float], new: dict[str, float], dt: float) -> Signals:
     s.alloc_retries = delta("alloc_retries")
     s.throttle_thermal = bool(new.get("throttle_thermal"))
     s.throttle_power = bool(new.get("throttle_power"))
+    _ranks(s, old, new)
     return s
+
+
+def _threads(s: Signals, old: dict[str, float], new: dict[str, float], dt: float, d: Callable[[str], float]) \
+        -> None:
+    """Per-process demand of the main thread and of the intra-op pool, the workers' CPU, and the run delay."""
+    processes = max(1.0, new.get("main_threads", 1.0))
+    s.main_thread_cpu = d("cpu_main") / dt / processes
+    s.main_thread_busy = (d("cpu_main") + d("delay_main")) / dt / processes
+    s.intra_op_busy = (d("cpu_intra_op") + d("delay_intra_op")) / dt / processes
+    s.data_workers_cpu_cores = d("cpu_data_workers") / dt
+    s.intra_op_threads = new.get("intra_op_threads")
+    s.ops_counted = "autograd_ops" in new
+    ops, steps = d("autograd_ops"), d("step_count")
+    if ops > 0 and "autograd_ops" in old:
+        s.main_cpu_us_per_op = d("cpu_main") / ops * 1e6
+        if steps:
+            s.ops_per_step = ops / steps
+    if new.get("has_run_delay"):
+        cpu = sum(d(f"cpu_{r}") for r in ROLE_SIGNALS)
+        delay = sum(d(f"delay_{r}") for r in ROLE_SIGNALS)
+        if cpu + delay > 0:
+            s.run_delay_fraction = delay / (cpu + delay)
+
+
+def _ranks(s: Signals, old: dict[str, float], new: dict[str, float]) -> None:
+    """Each rank's compute per step and collective wait; the straggler, when one rank computes clearly longer
+    than the others and they wait for it."""
+    fields: dict[tuple[str, str], dict[str, float]] = {}
+    for key, value in new.items():
+        if not key.startswith("rank" + SEP):
+            continue
+        parts = key.split(SEP)
+        if len(parts) < 4:
+            continue
+        job, rank, what = SEP.join(parts[1:-2]), parts[-2], parts[-1]
+        fields.setdefault((job, rank), {})[what] = max(0.0, value - old.get(key, 0.0))
+    ranks = []
+    for (job, rank), f in sorted(fields.items()):
+        steps, wall = f.get("steps", 0.0), f.get("wall", 0.0)
+        if steps <= 0 or wall <= 0 or "collective_wait" not in f:
+            continue
+        compute = max(0.0, f.get("step", 0.0) - f["collective_wait"]) / steps
+        ranks.append(RankSignals(job, rank, steps, compute, f["collective_wait"] / steps, wall / steps,
+                                 min(1.0, f["collective_wait"] / wall)))
+    s.ranks = ranks
+    for job in {r.training_job for r in ranks}:
+        group = [r for r in ranks if r.training_job == job]
+        if len(group) < 2:
+            continue
+        slow = max(group, key=lambda r: r.compute_s)
+        others = [r for r in group if r is not slow]
+        typical = statistics.median(r.compute_s for r in others)
+        if typical <= 0:
+            continue
+        ratio = slow.compute_s / typical
+        extra = slow.compute_s - typical  # seconds per step the others would wait for it
+        waited = statistics.median(r.wait_s for r in others) - slow.wait_s
+        if s.straggler_compute_ratio is None or ratio > s.straggler_compute_ratio:
+            s.straggler_compute_ratio = ratio
+            s.others_wait_fraction = statistics.median(r.wait_fraction for r in others)
+            if ratio >= STRAGGLER_RATIO and extra >= STRAGGLER_SHARE * slow.wall_s \
+                    and waited >= STRAGGLER_WAITED * extra:
+                s.straggler = slow
+                s.straggler_rank = _number(slow.rank)
+
+
+# The straggler: the rank whose compute per step is at least STRAGGLER_RATIO times the others' median, by at least
+# STRAGGLER_SHARE of its step (a difference of a millisecond in a step spent communicating is noise, not a
+# straggler), and the others wait in collectives, per step, at least STRAGGLER_WAITED of that difference more than
+# it does: they wait for it.
+STRAGGLER_RATIO = 1.5
+STRAGGLER_SHARE = 0.1
+STRAGGLER_WAITED = 0.5
+
+
+def _number(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:
+        return None

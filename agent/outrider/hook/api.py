@@ -6,15 +6,19 @@ OUTRIDER_DISABLED=1 every call is a no-op. The hot-path functions touch one or t
 
 from __future__ import annotations
 
+import collections
 import functools
 import logging
 import os
 import sys
+import threading
 from collections.abc import Callable, Iterable, Iterator
 from time import perf_counter, time
 from typing import Any, TypeVar
 
+from outrider.hook.loop import LoopAccount
 from outrider.hook.series import DURATION_BOUNDS, NoopSeries
+from outrider.hook.torch_data import TIMED_MARK
 
 LOG = logging.getLogger("outrider.hook")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -54,17 +58,29 @@ class _State:
         self.token_sum = 0
         self.samples_drained = 0
         self.tokens_drained = 0
-        self.waits = [0.0] * RING
+        # Data waits: when each began and ended (the wrapper's or a DataLoader iterator's __next__); the publisher
+        # observes their durations and places them in the loop's iterations (hook/loop.py).
+        self.wait_b = [0.0] * RING
+        self.wait_e = [0.0] * RING
         self.nw = 0
         self.drained_w = 0
+        # Collectives (hook/torch_distributed.py): (begin, end, op, blocking) appended by whichever thread saw one
+        # finish; deque appends and pops are atomic, and the publisher pops.
+        self.collectives: collections.deque[tuple[float, float, str, bool]] = collections.deque(maxlen=RING)
+        self.collectives_seen = False
+        self.loop = LoopAccount()
+        self.loop_tid = 0  # native id of the thread that completes steps (the training loop's), once one has
         self.loader_used = False  # a data-loader wrapper was iterated: a training process
         self.served = False  # a request was recorded: a service
         # Request series by the caller's raw (route, status, method, scheme): a hit costs one dict lookup; the
         # label normalisation runs once per distinct key (bounded: MAX_HTTP_KEYS, then uncached).
         self.http: dict[tuple[str, object, str, str], tuple[Any, Any]] = {}
         self.http_in_flight: dict[tuple[str, str, str], Any] = {}
+        self.torch: Any = None  # the PyTorch integration, when torch was imported before instrument()
+        self.dormant = False  # a DataLoader worker forked from an instrumented process: measures nothing
 
 
+LOOP_PARTS = ("data_wait", "step", "other")
 RING = 4096  # more steps (or batches) than this between two flushes (1 s) lose their durations, never their count
 MASK = RING - 1
 S = _State()
@@ -104,11 +120,15 @@ def instrument(spool_dir: str | None = None, standalone: bool | None = None) -> 
         register_exit(lambda: S.hook)
         os.register_at_fork(after_in_child=_after_fork_in_child)
         hook.samplers.append(_drain)
-        hook.start()
+        from outrider.hook.threads import ThreadSampler
+
+        threads = ThreadSampler(hook, lambda: S.loop_tid)
+        hook.samplers.append(threads.sample)
         if "torch" in sys.modules:
             from outrider.hook.torch_integration import attach
 
-            attach(hook, S, _step_done)
+            S.torch = attach(hook, S, _step_done, MASK)
+        hook.start()
         return True
     except Exception as e:
         LOG.warning("outrider: instrument() failed, continuing without the hook: %s", e)
@@ -116,11 +136,21 @@ def instrument(spool_dir: str | None = None, standalone: bool | None = None) -> 
 
 
 def _after_fork_in_child() -> None:
-    if S.hook is not None:
-        S.drained, S.drained_w = S.n, S.nw  # the parent's steps and waits are the parent's
-        S.samples_drained, S.tokens_drained = S.sample_sum, S.token_sum
-        S.hook.after_fork_in_child()
-        S.begin = S.last_end = 0.0
+    if S.hook is None:
+        return
+    if S.dormant:
+        # A DataLoader worker (forked while torch's iterator started its workers): it publishes nothing, so its
+        # parent's rank gets no second shard, no first-step-pending and no stall of a process that never steps.
+        S.hook.election.after_fork_in_child()
+        S.hook = None
+        return
+    S.drained, S.drained_w = S.n, S.nw  # the parent's steps and waits are the parent's
+    S.samples_drained, S.tokens_drained = S.sample_sum, S.token_sum
+    S.collectives.clear()
+    S.loop = LoopAccount()
+    S.loop_tid = 0
+    S.hook.after_fork_in_child()
+    S.begin = S.last_end = 0.0
 
 
 def _process_start_time() -> float | None:
@@ -162,6 +192,8 @@ def _step_done(samples: int | None = None, tokens: int | None = None) -> None:
     try:
         i = S.n & MASK
         S.ends[i] = perf_counter()
+        if not S.loop_tid:
+            S.loop_tid = threading.get_native_id()
         S.begins[i] = S.begin
         if samples:
             S.sample_sum += samples
@@ -176,28 +208,54 @@ def _step_done(samples: int | None = None, tokens: int | None = None) -> None:
 
 
 def _drain() -> None:
-    """Publisher thread: turns the rings' new entries into step durations, counts and data waits."""
+    """Publisher thread: turns the rings' new entries into step durations, counts, data waits, and the loop's
+    decomposition (hook/loop.py). Steps are read before waits: every wait of a drained step is then visible."""
     hook = S.hook
     n, done = S.n, S.drained
+    nw, start_w = S.nw, S.drained_w
+    loop = S.loop
+    if nw - start_w > RING:
+        hook.drop("wait_ring_overflow")
+        start_w = nw - RING
+    for k in range(start_w, nw):
+        i = k & MASK
+        b, e = S.wait_b[i], S.wait_e[i]
+        S.data_wait_h.observe(e - b)
+        loop.add_wait(b, e)
+    S.drained_w = nw  # (a DataLoader alone does not make a training process: batch inference iterates them too)
+    _drain_collectives(hook, loop)
     if n > done:
         start = done
         if n - done > RING:
             hook.drop("step_ring_overflow")  # the oldest durations were overwritten; the count stays exact
             start = n - RING
+            loop.restart()
         prev = S.last_end if start == done else 0.0
         durations: list[float] = []
+        parts = [0.0, 0.0, 0.0, 0.0]
         for k in range(start, n):
             i = k & MASK
             end, begin = S.ends[i], S.begins[i] or prev
             if begin:
                 durations.append(end - begin)
                 S.step_h.observe(end - begin)
+            it = loop.step(S.begins[i], end)
+            if it is not None:
+                parts[0] += it.data_wait
+                parts[1] += it.step
+                parts[2] += it.other
+                parts[3] += it.collective_wait
             prev = end
         if done == 0:
             S.first_step_g.set(time() - (perf_counter() - S.ends[start & MASK]) - S.process_start_s)
         hook.progress.record_steps(n - done, prev, durations)
         S.last_end = prev
         S.drained = n
+        if any(parts):
+            for part, seconds in zip(LOOP_PARTS, parts):
+                hook.series("counter", "outrider_train_loop_seconds_total", {"part": part}, builtin=True).inc(seconds)
+        if parts[3] or S.collectives_seen:
+            hook.series("counter", "outrider_train_collective_wait_seconds_total", builtin=True).inc(parts[3])
     sample_sum, token_sum = S.sample_sum, S.token_sum
     if sample_sum != S.samples_drained:
         S.samples_c.inc(sample_sum - S.samples_drained)
@@ -205,18 +263,29 @@ def _drain() -> None:
     if token_sum != S.tokens_drained:
         S.tokens_c.inc(token_sum - S.tokens_drained)
         S.tokens_drained = token_sum
-    nw, start_w = S.nw, S.drained_w
-    if nw - start_w > RING:
-        hook.drop("wait_ring_overflow")
-        start_w = nw - RING
-    for k in range(start_w, nw):
-        S.data_wait_h.observe(S.waits[k & MASK])
-    S.drained_w = nw
     progress = hook.progress
     if S.explicit or S.loader_used:
         progress.training_seen = True
     if S.served:
         progress.serving_seen = True
+
+
+def _drain_collectives(hook: Any, loop: LoopAccount) -> None:
+    """Collectives finished since the last flush: their time by operation, and their intervals for the loop."""
+    queue = S.collectives
+    if not queue:
+        return
+    S.collectives_seen = True
+    totals: dict[str, float] = {}
+    while queue:
+        try:
+            begin, end, op, blocking = queue.popleft()
+        except IndexError:
+            break
+        totals[op] = totals.get(op, 0.0) + (end - begin)
+        loop.add_collective(begin, end, blocking)
+    for op, seconds in totals.items():
+        hook.series("counter", "outrider_train_collective_seconds_total", {"op": op}, builtin=True).inc(seconds)
 
 
 class step:
@@ -241,7 +310,9 @@ class step:
 
 
 class dataloader:
-    """Wraps an iterable of batches and measures how long each `next()` waits: the data-loader wait."""
+    """Wraps an iterable of batches and measures how long each `next()` waits: the data-loader wait. With torch
+    imported, instrument() already times every DataLoader; wrapping one then adds nothing and counts nothing twice.
+    """
 
     def __init__(self, iterable: Iterable[T]) -> None:
         self._iterable = iterable
@@ -249,14 +320,20 @@ class dataloader:
     def __iter__(self) -> Iterator[Any]:
         it = iter(self._iterable)
         S.loader_used = True
+        if getattr(getattr(type(it), "__next__", None), TIMED_MARK, False):
+            yield from it  # a DataLoader iterator the torch integration already times: never count a wait twice
+            return
         while True:
             t0 = perf_counter()
             try:
                 batch = next(it)
             except StopIteration:
                 return
-            S.waits[S.nw & MASK] = perf_counter() - t0
-            S.nw += 1
+            n = S.nw
+            i = n & MASK
+            S.wait_b[i] = t0
+            S.wait_e[i] = perf_counter()
+            S.nw = n + 1
             yield batch
 
     def __len__(self) -> int:

@@ -69,6 +69,9 @@ class Hook:
         self.samplers: list[Callable[[], None]] = []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        # One flush at a time: the final one at exit (closing the shard) must not race a periodic one still
+        # writing on the publisher thread, which would leave older values and no closed flag as the last word.
+        self._flushing = threading.Lock()
         self.closed = False
 
     def _retry_s(self) -> float:
@@ -99,6 +102,12 @@ class Hook:
 
     def flush(self, closing: bool = False) -> None:
         """Sample, then publish one consistent state of this process into its shard."""
+        with self._flushing:
+            self._flush(closing)
+
+    def _flush(self, closing: bool) -> None:
+        if self.closed and not closing:
+            return  # the publisher woke after close(): the closed shard is the last word
         for sample in list(self.samplers):
             try:
                 sample()
@@ -149,6 +158,7 @@ class Hook:
 
     def after_fork_in_child(self) -> None:
         """In a forked child: its own identity and shard, zeroed series, no inherited lock or agent, a new thread."""
+        self._flushing = threading.Lock()  # the parent's publisher may have held it when the child was forked
         self.election.after_fork_in_child()
         self.registry.reset_after_fork()
         self.progress.reset()

@@ -6,8 +6,19 @@
   of the last OOM) are sampled by the publisher thread, off the hot path, and only once CUDA is initialised
   (Outrider never initialises CUDA itself).
 - GPU time per step: a CUDA event recorded at each step end (never while a CUDA graph is being captured); the
-  publisher polls completed events with query() and observes the time between consecutive ones. Nothing ever
-  synchronises the device.
+  publisher polls completed events with query() and observes the time between consecutive ones, and how much of
+  each step the GPU was busy working off the host's queue (hook/gpu_pacing.py). Nothing ever synchronises the
+  device.
+- Data wait: every DataLoader iterator's __next__ is timed (hook/torch_data.py).
+- Collectives: torch.distributed's collectives and DDP's gradient buckets are timed (hook/torch_distributed.py).
+- The intra-op pool's size (torch.get_num_threads()), for the per-thread CPU attribution (hook/threads.py).
+- Operations per step: the training thread's autograd sequence number (one per differentiable operation run
+  with grad enabled), read at each step end (about 0.1 us). Main-thread CPU per operation tells many small
+  operations (framework overhead: host-bound) from few large ones (the math: compute-bound) where the intra-op
+  pool's CPU cannot: libgomp's workers spin after every parallel region (GOMP_SPINCOUNT), so a pool that one small
+  parallel operation per step keeps spinning looks as busy as one doing matrix products.
+
+Each part that cannot attach to this torch (a future version) says so once; the others work on.
 """
 
 from __future__ import annotations
@@ -17,10 +28,17 @@ import logging
 import sys
 import weakref
 from collections.abc import Callable
+from time import perf_counter
 from typing import Any
+
+from outrider.hook import torch_data, torch_distributed
+from outrider.hook.gpu_pacing import GpuPacing
 
 LOG = logging.getLogger("outrider.hook")
 MAX_PENDING_EVENTS = 1024
+# The integration attached to torch in this process. A new one (a hook built again: tests, a re-instrumented
+# process) first detaches it: two would count every optimizer step twice and time every batch into a dead state.
+ACTIVE: list[TorchIntegration] = []
 MEMORY_KINDS = {
     "allocated": "allocated_bytes.all.current",
     "reserved": "reserved_bytes.all.current",
@@ -30,23 +48,53 @@ MEMORY_KINDS = {
 
 
 class TorchIntegration:
-    def __init__(self, hook: Any, state: Any, torch: Any, step_done: Callable[[], None]) -> None:
-        """state: the hook API's module state (whether the user times steps, the step listeners); step_done: the
-        hook's step path, called once per counted optimizer step."""
+    def __init__(self, hook: Any, state: Any, torch: Any, step_done: Callable[[], None], mask: int = 0,
+                 clock: Callable[[], float] = perf_counter) -> None:
+        """state: the hook API's module state (whether the user times steps, the step listeners, the wait ring);
+        step_done: the hook's step path, called once per counted optimizer step; mask: the wait ring's index mask
+        (0: DataLoaders and collectives are not timed); clock: the host clock step-end markers are read on."""
+        for previous in list(ACTIVE):
+            previous.detach()
         self.hook = hook
         self.state = state
         self.torch = torch
+        self.clock = clock
         self.first_optimizer: weakref.ref[Any] | None = None
+        # Step-end markers not yet complete, and the host time each was recorded at (appended together: the two
+        # drop their oldest together when full)
         self.pending: collections.deque[Any] = collections.deque(maxlen=MAX_PENDING_EVENTS)
+        self.recorded_at: collections.deque[float] = collections.deque(maxlen=MAX_PENDING_EVENTS)
         self.last_done: Any = None
+        self.lost = False  # a marker fell off the full deque: the next one restarts the pacing chain
+        self.pacing = GpuPacing()
+        self.bound: tuple[Any, float] | None = None  # the oldest marker a poll saw pending, and for how long
         self.last_ooms: dict[int, float] = {}
         # torch.optim loads this module but does not keep it as an attribute: take it from sys.modules (never
         # imported here; torch is the user's)
         optimizer_module = sys.modules.get("torch.optim.optimizer") or torch.optim.optimizer
         self.handle = optimizer_module.register_optimizer_step_post_hook(self.on_optimizer_step)
+        ACTIVE.append(self)
         self._step_done = step_done
         self.listening = False  # on_step joins the step path only once CUDA is initialised (never on CPU)
+        self.ops = 0
+        self._sequence_nr = _autograd_sequence_nr(torch) if mask else None
+        if self._sequence_nr is not None:
+            state.step_listeners.append(self.on_step_ops)
+        self.data = torch_data.attach(state, torch, mask) if mask else None
+        self.distributed = torch_distributed.attach(state, torch, hook.drop) if mask else None
         hook.samplers.append(self.sample)
+
+    def detach(self) -> None:
+        """Remove every patch and hook from torch (tests; a replaced hook). Idempotent."""
+        if self in ACTIVE:
+            ACTIVE.remove(self)
+        self.handle.remove()
+        if self.on_step_ops in self.state.step_listeners:
+            self.state.step_listeners.remove(self.on_step_ops)
+        if self.data is not None:
+            self.data.detach()
+        if self.distributed is not None:
+            self.distributed.detach()
 
     # hot-ish path: once per optimizer step
     def on_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
@@ -62,6 +110,10 @@ class TorchIntegration:
         except Exception:
             self.hook.drop("torch_hook_error")
 
+    def on_step_ops(self) -> None:
+        """The training thread's autograd sequence number at this step's end (per thread: read where steps end)."""
+        self.ops = self._sequence_nr()  # type: ignore[misc]
+
     def on_step(self) -> None:
         cuda = self.torch.cuda
         try:
@@ -69,12 +121,20 @@ class TorchIntegration:
                 return
             event = cuda.Event(enable_timing=True)
             event.record()
+            if len(self.pending) == MAX_PENDING_EVENTS:
+                self.lost = True
             self.pending.append(event)
+            self.recorded_at.append(self.clock())
         except Exception:
             self.hook.drop("cuda_event_error")
 
     # publisher thread
     def sample(self) -> None:
+        self._intra_op_threads()
+        if self.ops:
+            self.hook.series("counter", "outrider_train_autograd_ops_total", builtin=True).set_total(self.ops)
+        if self.distributed is not None:
+            self.distributed.poll(self.hook)
         cuda = self.torch.cuda
         if not cuda.is_initialized():
             return
@@ -88,13 +148,35 @@ class TorchIntegration:
                 continue
             self._sample_device(str(device), stats)
 
+    def _intra_op_threads(self) -> None:
+        try:
+            n = self.torch.get_num_threads()
+        except Exception:
+            return
+        self.hook.series("gauge", "outrider_torch_intra_op_threads", builtin=True).set(n)
+
     def _poll_events(self) -> None:
-        gpu_step = self.hook.series("histogram", "outrider_train_gpu_step_duration_seconds", builtin=True)
+        series = self.hook.series
+        gpu_step = series("histogram", "outrider_train_gpu_step_duration_seconds", builtin=True)
+        busy = observed = 0.0
         while self.pending and self.pending[0].query():
             event = self.pending.popleft()
-            if self.last_done is not None:
-                gpu_step.observe(self.last_done.elapsed_time(event) / 1000.0)
+            host_t = self.recorded_at.popleft()
+            interval = None
+            if self.last_done is not None and not self.lost:
+                interval = self.last_done.elapsed_time(event) / 1000.0
+                gpu_step.observe(interval)
+            self.lost = False
+            age = self.bound[1] if self.bound is not None and self.bound[0] is event else 0.0
+            paced = self.pacing.marker(host_t, interval, age)
+            if paced is not None:
+                busy += paced[0]
+                observed += paced[1]
             self.last_done = event
+        self.bound = (self.pending[0], self.clock() - self.recorded_at[0]) if self.pending else None
+        if observed:
+            series("counter", "outrider_train_gpu_busy_seconds_total", builtin=True).inc(busy)
+            series("counter", "outrider_train_gpu_observed_seconds_total", builtin=True).inc(observed)
 
     def _sample_device(self, device: str, stats: dict[str, Any]) -> None:
         series = self.hook.series
@@ -116,11 +198,19 @@ class TorchIntegration:
         self.last_ooms[int(device)] = ooms
 
 
-def attach(hook: Any, state: Any, step_done: Callable[[], None]) -> TorchIntegration | None:
+def _autograd_sequence_nr(torch: Any) -> Callable[[], int] | None:
+    fn = getattr(getattr(getattr(torch, "_C", None), "_autograd", None), "_get_sequence_nr", None)
+    if not callable(fn):
+        LOG.info("outrider: this torch has no autograd sequence number: operations per step are not counted")
+        return None
+    return fn  # type: ignore[no-any-return]
+
+
+def attach(hook: Any, state: Any, step_done: Callable[[], None], mask: int) -> TorchIntegration | None:
     """Attach to the torch the user already imported (never imported here: the hook imports no third-party
     package)."""
     try:
-        return TorchIntegration(hook, state, sys.modules["torch"], step_done)
+        return TorchIntegration(hook, state, sys.modules["torch"], step_done, mask)
     except Exception as e:
         LOG.warning("outrider: PyTorch integration unavailable: %s", e)
         return None

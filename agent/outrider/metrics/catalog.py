@@ -385,6 +385,45 @@ _DEFS: tuple[MetricDef, ...] = (
     MetricDef("outrider_train_gpu_step_duration_seconds", "outrider.train.gpu_step.duration", "s", "histogram",
               "GPU time between consecutive step ends, from CUDA events polled without synchronising.", BY_RANK,
               "hook"),
+    MetricDef("outrider_train_loop_seconds_total", "outrider.train.loop.time", "s", "counter",
+              "The training loop's wall time, split exactly into parts: data_wait (inside DataLoader __next__ or "
+              "outrider.dataloader()), step (the step's work: from its explicit begin, else from the iteration's first "
+              "data request, to its end, less data wait) and other (the rest of the iteration: logging, evaluation, "
+              "checkpoints). An iteration runs from one step's end to the next; the parts' rates add up to the "
+              "loop's wall time.", (*BY_RANK, Label("part", "outrider.train.loop.part")), "hook"),
+    MetricDef("outrider_train_collective_seconds_total", "outrider.train.collective.time", "s", "counter",
+              "Time in torch.distributed collectives, by operation (all_reduce, broadcast, ..., ddp_bucket for DDP's "
+              "gradient buckets, from hand-over to completion): wall time of blocking calls on CPU, CUDA events on "
+              "GPU.", (*BY_RANK, Label("op", "outrider.train.collective.op")), "hook"),
+    MetricDef("outrider_train_collective_wait_seconds_total", "outrider.train.collective.wait", "s", "counter",
+              "Part of the step the loop was blocked in collectives: blocking calls whole, DDP buckets from the last "
+              "one's launch to its completion. Step work less this is the rank's compute: the straggler is the rank "
+              "with the most compute, the one that waits least.", BY_RANK, "hook"),
+    MetricDef("outrider_train_gpu_busy_seconds_total", "outrider.train.gpu.busy", "s", "counter",
+              "Part of each step (between step-end CUDA events) during which the GPU was still working off work the "
+              "host had queued before the step: the GPU paced the loop. Its rate over that of "
+              "outrider_train_gpu_observed_seconds_total is the GPU-busy share of the steps.", BY_RANK, "hook"),
+    MetricDef("outrider_train_gpu_observed_seconds_total", "outrider.train.gpu.observed", "s", "counter",
+              "Wall time of the steps whose GPU busy time is known (between two completed step-end CUDA events).",
+              BY_RANK, "hook"),
+    MetricDef("outrider_train_autograd_ops_total", "outrider.train.autograd_ops", "{operation}", "counter",
+              "Differentiable operations the training thread ran with grad enabled (its autograd sequence number at "
+              "the last step's end). Main-thread CPU per operation tells many small operations (framework "
+              "overhead) from few large ones (the math).", BY_RANK, "hook"),
+    MetricDef("outrider_thread_cpu_seconds_total", "outrider.thread.cpu.time", "s", "counter",
+              "CPU time of an instrumented process by thread role: main (the training loop's thread), intra_op "
+              "(unnamed native threads: torch's intra-op pool), data_workers (child processes: DataLoader workers), "
+              "outrider (the hook's own threads), other.", (*BY_RANK, Label("role", "outrider.thread.role")), "hook"),
+    MetricDef("outrider_thread_run_delay_seconds_total", "outrider.thread.run_delay", "s", "counter",
+              "Time the threads of each role were runnable but waiting for a CPU (/proc/PID/task/*/schedstat): "
+              "CPUs taken by neighbours or too many threads. CPU time plus run delay is a role's demand, whatever "
+              "else runs on the machine.", (*BY_RANK, Label("role", "outrider.thread.role")), "hook"),
+    MetricDef("outrider_threads", "outrider.thread.count", "{thread}", "gauge",
+              "Threads of an instrumented process (and of its child processes) by role.",
+              (*BY_RANK, Label("role", "outrider.thread.role")), "hook"),
+    MetricDef("outrider_torch_intra_op_threads", "outrider.torch.intra_op.threads", "{thread}", "gauge",
+              "Threads torch's intra-op parallelism uses (torch.get_num_threads()), the calling thread included.",
+              BY_RANK, "hook"),
     MetricDef("outrider_train_time_to_first_step_seconds", "outrider.train.time_to_first_step", "s", "gauge",
               "Seconds from process start to the end of the first training step.", BY_RANK, "hook"),
     MetricDef("outrider_train_last_step_timestamp_seconds", "outrider.train.last_step.time", "s", "gauge",
@@ -462,7 +501,7 @@ _DEFS: tuple[MetricDef, ...] = (
     # --- diagnosis ----------------------------------------------------------------------------------------------
     MetricDef("outrider_bottleneck", "outrider.bottleneck", "1", "gauge",
               "1 for the bottleneck class of the last window (idle, throttled, memory_pressure, input_bound, "
-              "memory_bandwidth_bound, compute_bound, host_bound, balanced), 0 for the others.",
+              "memory_bandwidth_bound, compute_bound, host_bound, communication_bound, balanced), 0 for the others.",
               (Label("class", "outrider.bottleneck.class"),), "diagnosis"),
     MetricDef("outrider_diagnosis_signal", "outrider.diagnosis.signal", "1", "gauge",
               "The evidence behind the verdict: data-wait fraction, GPU utilisation, process CPU cores, step time, "

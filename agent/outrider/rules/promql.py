@@ -56,7 +56,49 @@ COMPARISON = {"==", "!=", ">", "<", ">=", "<="}
 SET_OPS = {"and", "or", "unless"}
 
 
+# How deep an expression may nest. The parser (Rust) overflows its stack and kills the process somewhere past 4,000
+# levels (5,000 `up + up + ...` terms are enough), and the evaluator, check() and selectors() recurse once or a few
+# times per level of the tree; the catalog's deepest expression nests 15 levels (tests/rules/test_rule_files.py).
+MAX_DEPTH = 100
+
+# One lexeme of PromQL, coarsely: a string (to its end if unterminated), a comment, a range or subquery in brackets,
+# a bracket, an operator, a word, a number; anything else one character at a time.
+_LEXEME = re.compile(r""""(?:[^"\\]|\\.)*"?|'(?:[^'\\]|\\.)*'?|`[^`]*`?|#[^\n]*|\[[^\]]*\]?|[(){}]"""
+                     r"|[-+*/%^]|[=!<>~]+|[A-Za-z_][A-Za-z0-9_:]*|[0-9.]+|.", re.DOTALL)
+_WORD_OPERATORS = {"and", "or", "unless", "atan2"}
+
+
+def nesting(expr: str) -> int:
+    """An upper bound on the depth of expr's syntax tree, read from the text without parsing it: a bracketed group
+    is one level, plus one per operator inside it (a chain `a + b + c` nests as deep as it is long), plus its
+    deepest inner group, plus two for the selector at the bottom (a range selector holds an instant one). Label
+    matchers, strings, comments and ranges add nothing."""
+    groups = [[0, 0]]  # per open bracket: [operators in it, deepest group inside it]
+    in_matchers = False
+    for m in _LEXEME.finditer(expr):
+        token = m.group()
+        if in_matchers:
+            in_matchers = token != "}"
+        elif token == "{":
+            in_matchers = True
+        elif token == "(":
+            groups.append([0, 0])
+        elif token == ")" and len(groups) > 1:
+            operators, inner = groups.pop()
+            groups[-1][1] = max(groups[-1][1], 1 + operators + inner)
+        elif token[0] in "-+*/%^=!<>" or token in _WORD_OPERATORS:
+            groups[-1][0] += 1
+    while len(groups) > 1:  # unclosed brackets: the parser refuses them, but bound what they would have nested
+        operators, inner = groups.pop()
+        groups[-1][1] = max(groups[-1][1], 1 + operators + inner)
+    return 2 + groups[0][0] + groups[0][1]
+
+
 def parse(expr: str) -> Any:
+    if nesting(expr) > MAX_DEPTH:
+        raise PromQLError(f"an expression nested more than {MAX_DEPTH} levels deep (brackets, calls and operators "
+                          "counted), which the agent's embedded evaluator does not take; the rule still works in "
+                          "Prometheus")
     try:
         return pp.parse(expr)
     except Exception as e:  # the parser raises ValueError/RuntimeError with its own message
@@ -76,6 +118,9 @@ def check(node: Any) -> None:
             raise PromQLError("the @ modifier")
         if node.matchers.or_matchers:
             raise PromQLError("'or' inside a label matcher")
+        for m in node.matchers.matchers:
+            if m.op in (pp.MatchOp.Re, pp.MatchOp.NotRe):
+                _check_regex(str(m.value))
         return
     if isinstance(node, pp.MatrixSelector):
         return check(node.vector_selector)
@@ -89,6 +134,8 @@ def check(node: Any) -> None:
             if name in RANGE_FUNCTIONS and isinstance(arg, pp.SubqueryExpr):
                 raise PromQLError(f"a subquery as the argument of {name}()")
             check(arg)
+        if name == "label_replace" and len(node.args) == 5 and isinstance(node.args[4], pp.StringLiteral):
+            _check_regex(str(node.args[4].val))
         return
     if isinstance(node, pp.AggregateExpr):
         op = str(node.op)
@@ -104,6 +151,15 @@ def check(node: Any) -> None:
         check(node.lhs)
         return check(node.rhs)
     raise PromQLError(f"the expression type {type(node).__name__}")
+
+
+def _check_regex(pattern: str) -> None:
+    """The evaluator matches with Python's re, not the parser's (Rust) engine: what re cannot compile is refused
+    when the rule loads rather than failing every evaluation."""
+    try:
+        re.compile(pattern, re.DOTALL)
+    except (re.error, RecursionError, OverflowError) as e:
+        raise PromQLError(f"the regular expression {pattern[:80]!r} ({e})") from None
 
 
 def selectors(node: Any) -> Iterable[tuple[Any, int]]:

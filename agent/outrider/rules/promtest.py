@@ -13,8 +13,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from outrider.rules import promql
 from outrider.rules.promql import Evaluator
 from outrider.rules.rule import AlertingRule, Group, load_groups, parse_duration
@@ -86,11 +84,32 @@ def _key(alerts: Firing) -> list[tuple[tuple[tuple[str, str], ...], tuple[tuple[
     return sorted((tuple(sorted(lab.items())), tuple(sorted(ann.items()))) for lab, ann in alerts)
 
 
+def read_test_file(path: Path) -> dict[str, Any]:
+    """A promtool test file's top level: read as a config file is (never a hang on a FIFO, never a traceback for
+    bytes that are not UTF-8 or YAML nested too deeply), with its rule files and test cases where they belong."""
+    from outrider.config import ConfigError, read_yaml_file
+
+    try:
+        spec = read_yaml_file(str(path))
+    except ConfigError as e:
+        raise PromTestError(str(e)) from None
+    rule_files, tests = spec.get("rule_files") or [], spec.get("tests") or []
+    if not isinstance(rule_files, list) or not all(isinstance(f, str) for f in rule_files):
+        raise PromTestError(f"{path}: rule_files: expected a list of file names")
+    if not isinstance(tests, list) or not all(isinstance(t, dict) for t in tests):
+        raise PromTestError(f"{path}: tests: expected a list of test cases (mappings)")
+    try:
+        parse_duration(spec.get("evaluation_interval", "1m"))
+    except ValueError as e:
+        raise PromTestError(f"{path}: evaluation_interval: {e}") from None
+    return spec
+
+
 def run_file(path: str | Path) -> list[CaseResult]:
     path = Path(path)
-    spec = yaml.safe_load(path.read_text())
+    spec = read_test_file(path)
     eval_interval = parse_duration(spec.get("evaluation_interval", "1m"))
-    rule_files = [path.parent / f for f in spec.get("rule_files", [])]
+    rule_files = [path.parent / f for f in spec.get("rule_files") or []]
     results = []
     for i, case in enumerate(spec.get("tests") or []):
         groups = _ordered(load_groups(rule_files, eval_interval), spec)
@@ -193,9 +212,9 @@ def as_promtool_expectations(path: str | Path) -> dict[str, Any]:
     """The test file rewritten so that promtool checks, at every evaluation step and for every alert the rule
     files define, exactly the firing alerts the embedded evaluator produced."""
     path = Path(path).resolve()
-    spec = yaml.safe_load(path.read_text())
+    spec = read_test_file(path)
     eval_interval = parse_duration(spec.get("evaluation_interval", "1m"))
-    rule_files = [str((path.parent / f).resolve()) for f in spec.get("rule_files", [])]
+    rule_files = [str((path.parent / f).resolve()) for f in spec.get("rule_files") or []]
     names = [r.name for g in load_groups(rule_files, eval_interval) for r in g.rules if isinstance(r, AlertingRule)]
     out = {k: v for k, v in spec.items() if k not in ("tests", "rule_files")}
     out["rule_files"] = rule_files

@@ -263,31 +263,31 @@ def load_groups(paths: Iterable[str | Path], default_interval_ms: int = 60_000,
 
 
 def parse_groups(data: Any, source: str, default_interval_ms: int = 60_000) -> list[Group]:
-    if not isinstance(data, dict) or not isinstance(data.get("groups"), list):
-        raise RuleLoadError(f"{source}: a Prometheus rule file needs a top-level 'groups' list")
+    from outrider.rules.files import RulesError, rule_file
+
+    try:
+        checked = rule_file(data, source)
+    except RulesError as e:
+        raise RuleLoadError(str(e)) from None
     out = []
-    for g in data["groups"]:
-        if not isinstance(g, dict) or not g.get("name"):
-            raise RuleLoadError(f"{source}: every group needs a name")
+    for g in checked["groups"]:
         where = f"{source}: group {g['name']!r}"
-        try:
-            interval = parse_duration(g["interval"]) if g.get("interval") else default_interval_ms
-        except ValueError as e:
-            raise RuleLoadError(f"{where}: interval: {e}") from None
-        rules = [_parse_rule(r, where) for r in g.get("rules") or []]
-        out.append(Group(str(g["name"]), source, interval, rules))
+        for key, unset in (("limit", 0), ("query_offset", "0"), ("labels", {})):
+            if g.get(key, unset) not in (unset, "", None):
+                raise RuleLoadError(f"{where}: the group's '{key}' is not applied by the agent's embedded evaluator; "
+                                    "the group still works in Prometheus (evaluate it there, or leave it out of the "
+                                    "agent's rule_files)")
+        interval = parse_duration(g["interval"]) if g.get("interval") else 0
+        rules = [_parse_rule(r, where) for r in g.get("rules", [])]
+        out.append(Group(g["name"], source, interval or default_interval_ms, rules))
     return out
 
 
-def _parse_rule(r: Any, where: str) -> Rule:
-    if not isinstance(r, dict) or ("alert" in r) == ("record" in r):
-        raise RuleLoadError(f"{where}: a rule needs exactly one of 'alert' or 'record'")
-    name = str(r.get("alert") or r.get("record"))
-    kind = "alert" if "alert" in r else "recording rule"
-    where = f"{where}, {kind} {name!r}"
-    text = str(r.get("expr", "")).strip()
-    if not text:
-        raise RuleLoadError(f"{where}: no expr")
+def _parse_rule(r: dict[str, Any], where: str) -> Rule:
+    """One rule that files.rule_file has checked: its fields have the types Prometheus gives them."""
+    name = r.get("alert") or r["record"]
+    where = f"{where}, {'alert' if r.get('alert') else 'recording rule'} {name!r}"
+    text = r["expr"].strip()
     try:
         expr = promql.parse(text)
     except PromQLError as e:
@@ -298,18 +298,14 @@ def _parse_rule(r: Any, where: str) -> Rule:
         raise RuleLoadError(f"{where}: uses {e}, which the agent's embedded evaluator does not support; the rule "
                             "still works in Prometheus (evaluate it there, or leave it out of the agent's "
                             "rule_files)") from None
-    labels = {str(k): str(v) for k, v in (r.get("labels") or {}).items()}
-    if "record" in r:
+    labels = dict(r.get("labels", {}))
+    if r.get("record"):
         return RecordingRule(name, text, expr, labels)
-    try:
-        hold = parse_duration(r.get("for", 0) or 0)
-        keep = parse_duration(r.get("keep_firing_for", 0) or 0)
-    except ValueError as e:
-        raise RuleLoadError(f"{where}: {e}") from None
+    hold = parse_duration(r.get("for") or "0")
+    keep = parse_duration(r.get("keep_firing_for") or "0")
     try:
         label_t = {k: Template(v, f"{where}: label {k}") for k, v in labels.items()}
-        ann_t = {str(k): Template(str(v), f"{where}: annotation {k}")
-                 for k, v in (r.get("annotations") or {}).items()}
+        ann_t = {k: Template(v, f"{where}: annotation {k}") for k, v in r.get("annotations", {}).items()}
     except TemplateError as e:
         raise RuleLoadError(f"{e}; the rule still works in Prometheus") from None
     return AlertingRule(name, text, expr, hold, keep, label_t, ann_t)

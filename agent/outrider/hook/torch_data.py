@@ -1,0 +1,93 @@
+"""Data wait with zero configuration: every DataLoader iterator's `__next__` is timed, for every loader of the
+torch the user imported (single-process and multi-worker alike: both inherit `_BaseDataLoaderIter.__next__`).
+
+The patched `__next__` stores when the wait began and ended in the hook's wait ring (the same ring the explicit
+`outrider.dataloader()` wrapper writes) and nothing else: no lock, no allocation beyond the two floats. A call
+that raises (StopIteration at the end of an epoch, an error in the dataset) records nothing and the exception
+reaches the user unchanged. The wrapper sees the mark on the patched method and leaves the timing to it, so a
+wrapped DataLoader is never counted twice.
+
+While a multi-worker iterator starts its workers, the hook's module state says so: the forked workers then go
+dormant (hook/api.py) instead of each publishing a shard for their parent's rank.
+
+A torch whose DataLoader has not these classes (a future version) is said once and left alone: the wrapper still
+works.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable
+from time import perf_counter
+from typing import Any
+
+LOG = logging.getLogger("outrider.hook")
+TIMED_MARK = "__outrider_timed__"
+
+
+class DataLoaderTimer:
+    def __init__(self, state: Any, dataloader_module: Any, mask: int,
+                 clock: Callable[[], float] = perf_counter) -> None:
+        """state: the hook API's module state (its wait ring); dataloader_module: torch.utils.data.dataloader."""
+        self.state = state
+        self.mask = mask
+        self.clock = clock
+        self.base = dataloader_module._BaseDataLoaderIter
+        self.multi = dataloader_module._MultiProcessingDataLoaderIter
+        self.original_next = self.base.__dict__["__next__"]
+        self.original_init = self.multi.__dict__["__init__"]
+        if getattr(self.original_next, TIMED_MARK, False):
+            raise RuntimeError("DataLoader iterators are already timed by another Outrider hook")
+        self.base.__next__ = self._timed_next()
+        self.multi.__init__ = self._marking_init()
+
+    def _timed_next(self) -> Callable[[Any], Any]:
+        state = self.state
+
+        # Everything it touches is bound as a default argument: local loads, the cheapest there are (this runs
+        # once per batch of every loader)
+        @functools.wraps(self.original_next)
+        def __next__(self: Any, _original: Callable[[Any], Any] = self.original_next, _state: Any = state,
+                     _begins: list[float] = state.wait_b, _ends: list[float] = state.wait_e,
+                     _mask: int = self.mask, _clock: Callable[[], float] = self.clock) -> Any:
+            t0 = _clock()
+            batch = _original(self)
+            n = _state.nw
+            i = n & _mask
+            _begins[i] = t0
+            _ends[i] = _clock()
+            _state.nw = n + 1
+            return batch
+
+        setattr(__next__, TIMED_MARK, True)
+        return __next__
+
+    def _marking_init(self) -> Callable[..., None]:
+        original, state = self.original_init, self.state
+
+        @functools.wraps(original)
+        def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+            state.dormant = True  # a process forked now is a DataLoader worker
+            try:
+                original(self, *args, **kwargs)
+            finally:
+                state.dormant = False
+
+        return __init__
+
+    def detach(self) -> None:
+        """Put torch's own methods back (tests, and a hook that is replaced). Idempotent."""
+        if getattr(self.base.__dict__.get("__next__"), TIMED_MARK, False):
+            self.base.__next__ = self.original_next
+            self.multi.__init__ = self.original_init
+
+
+def attach(state: Any, torch: Any, mask: int) -> DataLoaderTimer | None:
+    try:
+        module = torch.utils.data.dataloader
+        return DataLoaderTimer(state, module, mask)
+    except Exception as e:
+        LOG.warning("outrider: cannot time DataLoader waits automatically in this torch (%s); wrap loaders in "
+                    "outrider.dataloader() to measure them", e)
+        return None

@@ -1,0 +1,149 @@
+"""Labelled CPU training scripts for the confusion matrix: each calls only `outrider.instrument()` (no loader
+wrapper, no step timing), the way a new user would, and has one known bottleneck.
+
+    python tests/diagnosis/zero_config.py input|input_io|compute|host SECONDS
+    python -m torch.distributed.run --nproc-per-node N tests/diagnosis/zero_config.py comm|straggler SECONDS
+
+The work is fixed per step (never "run for N ms"), so a neighbour on the machine changes how long it takes, not
+what it is.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import torch
+
+import outrider
+
+
+def burn(n: int) -> int:
+    """Pure-Python work: what decoding and augmenting a sample costs the worker."""
+    acc = 0
+    for i in range(n):
+        acc = (acc * 31 + i) % 1_000_003
+    return acc
+
+
+class SlowDataset(torch.utils.data.Dataset[tuple[torch.Tensor, torch.Tensor]]):
+    """Samples that take CPU (decode) or time (I/O) to produce."""
+
+    def __init__(self, cpu_work: int = 0, io_s: float = 0.0, n: int = 1_000_000) -> None:
+        self.cpu_work, self.io_s, self.n = cpu_work, io_s, n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.cpu_work:
+            burn(self.cpu_work)
+        if self.io_s:
+            time.sleep(self.io_s)
+        return torch.full((32,), float(i % 7)), torch.tensor(i % 4)
+
+
+def running(end: float, distributed: bool) -> bool:
+    """Whether to go on; ranks agree (one stopping alone would leave the others in a collective forever)."""
+    go = time.monotonic() < end
+    if distributed:
+        flag = torch.tensor([1.0 if go else 0.0])
+        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MIN)
+        go = bool(flag.item())
+    return go
+
+
+def train(model: torch.nn.Module, loader: torch.utils.data.DataLoader, seconds: float,  # type: ignore[type-arg]
+          extra: int = 0, loss_fn: str = "cross_entropy", distributed: bool = False) -> None:
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    heavy = torch.randn(384, 384)
+    end = time.monotonic() + seconds
+    while True:
+        for x, y in loader:
+            opt.zero_grad()
+            out = model(x)
+            if loss_fn == "mse":  # no parallel region: a small step stays small on a busy machine
+                loss = (out - y.unsqueeze(1).float()).pow(2).mean()
+            else:
+                loss = torch.nn.functional.cross_entropy(out, y)
+            for _ in range(extra):  # a rank with more work per step (a slower node, a heavier shard)
+                loss = loss + torch.tanh(heavy @ heavy).mean() * 0.0
+            loss.backward()
+            opt.step()
+            if not running(end, distributed):
+                return
+
+
+def small() -> torch.nn.Module:
+    return torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
+
+
+def input_bound(seconds: float) -> None:
+    """One worker decoding samples in Python; the model takes a fraction of that."""
+    loader = torch.utils.data.DataLoader(SlowDataset(cpu_work=60_000), batch_size=8, num_workers=1)
+    train(small(), loader, seconds, loss_fn="mse")
+
+
+def input_io(seconds: float) -> None:
+    """Two workers waiting on storage (10 ms a sample)."""
+    loader = torch.utils.data.DataLoader(SlowDataset(io_s=0.01), batch_size=8, num_workers=2)
+    train(small(), loader, seconds, loss_fn="mse")
+
+
+def compute(seconds: float) -> None:
+    """Large matrix products on data in memory: torch's intra-op pool does the work."""
+    data = torch.utils.data.TensorDataset(torch.randn(4096, 1024), torch.randint(0, 4, (4096,)))
+    loader = torch.utils.data.DataLoader(data, batch_size=512, shuffle=True)
+    model = torch.nn.Sequential(torch.nn.Linear(1024, 2048), torch.nn.ReLU(), torch.nn.Linear(2048, 2048),
+                                torch.nn.ReLU(), torch.nn.Linear(2048, 4))
+    train(model, loader, seconds)
+
+
+def host(seconds: float) -> None:
+    """Hundreds of tiny operations per step: Python and dispatch are the work."""
+    data = torch.utils.data.TensorDataset(torch.randn(4096, 32), torch.randint(0, 4, (4096,)))
+    loader = torch.utils.data.DataLoader(data, batch_size=4, shuffle=True)
+    layers: list[torch.nn.Module] = [torch.nn.Linear(32, 8)]
+    for _ in range(60):
+        layers += [torch.nn.Linear(8, 8), torch.nn.Tanh()]
+    train(torch.nn.Sequential(*layers, torch.nn.Linear(8, 4)), loader, seconds)
+
+
+def distributed(seconds: float, straggler: bool) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    torch.manual_seed(rank)
+    data = torch.utils.data.TensorDataset(torch.randn(2048, 256), torch.randint(0, 4, (2048,)))
+    loader = torch.utils.data.DataLoader(data, batch_size=64, shuffle=True)
+    if straggler:  # DDP, one rank with four times the work per step
+        model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 4))
+        ddp = torch.nn.parallel.DistributedDataParallel(model)
+        train(ddp, loader, seconds, extra=6 if rank == 2 else 0, distributed=True)
+    else:  # little compute, a large all_reduce every step: the interconnect (here loopback TCP) is the limit
+        model = torch.nn.Linear(256, 4)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        buffer = torch.zeros(4_000_000)
+        end = time.monotonic() + seconds
+        go = True
+        while go:
+            for x, y in loader:
+                opt.zero_grad()
+                torch.nn.functional.cross_entropy(model(x), y).backward()
+                dist.all_reduce(buffer)
+                opt.step()
+                go = running(end, distributed=True)
+                if not go:
+                    break
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    outrider.instrument()
+    what, secs = sys.argv[1], float(sys.argv[2])
+    if what in ("comm", "straggler"):
+        distributed(secs, what == "straggler")
+    else:
+        {"input": input_bound, "input_io": input_io, "compute": compute, "host": host}[what](secs)

@@ -1,0 +1,137 @@
+"""Where a process's CPU goes, by thread role (hook/threads.py): against a fixture /proc tree (roles by what Python
+knows and by name, counters that never go backwards, reaped workers kept) and against this very process."""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+import pytest
+
+from outrider.hook.runtime import Hook
+from outrider.hook.settings import HookSettings
+from outrider.hook.threads import ThreadSampler
+
+TCK = os.sysconf("SC_CLK_TCK")
+PID = 100
+
+
+def write_task(root: Path, pid: int, tid: int, name: str, cpu_s: float, delay_s: float | None = None,
+               start: int = 1000, children: str = "", reaped_s: float = 0.0) -> None:
+    """A task's stat (CPU split evenly into user and system ticks), schedstat (nanoseconds) and children."""
+    task = root / str(pid) / "task" / str(tid)
+    task.mkdir(parents=True, exist_ok=True)
+    ticks = round(cpu_s * TCK)
+    reaped = round(reaped_s * TCK)
+    fields = ["S", "1", str(pid), str(pid), "0", "-1", "0", "0", "0", "0", "0", str(ticks // 2),
+              str(ticks - ticks // 2),
+              str(reaped), "0", "20", "0", "1", "0", str(start)] + ["0"] * 32
+    (task / "stat").write_text(f"{tid} ({name}) {' '.join(fields)}\n")
+    if delay_s is not None:
+        (task / "schedstat").write_text(f"{round(cpu_s * 1e9)} {round(delay_s * 1e9)} 10\n")
+    (task / "children").write_text(children)
+    if tid == pid:  # the process's own stat: its reaped children's CPU (cutime)
+        (root / str(pid) / "stat").write_text((task / "stat").read_text())
+
+
+def tree(root: Path, main_cpu: float = 5.0, pool_cpu: float = 3.0, worker_cpu: float = 2.0, reaped_s: float = 0.0,
+         with_worker: bool = True) -> None:
+    write_task(root, PID, PID, "python", main_cpu, 1.0, children="200" if with_worker else "", reaped_s=reaped_s)
+    write_task(root, PID, 101, "python", pool_cpu, 0.5)  # an OpenMP worker: native, the process's own name
+    write_task(root, PID, 102, "gloo_tcp_loop", 0.4, 0.1)  # a native thread its library named
+    write_task(root, PID, 103, "python", 0.2, 0.0)  # a Python thread of the workload
+    write_task(root, PID, 104, "python", 0.1, 0.0)  # the hook's publisher
+    if with_worker:
+        write_task(root, 200, 200, "pt_data_worker", worker_cpu, 0.3)
+
+
+def sampler(root: Path, tmp_path: Path) -> tuple[ThreadSampler, Hook]:
+    hook = Hook(HookSettings(spool_dir=str(tmp_path / "spool"), standalone=False))
+    hook.progress.steps = 1
+    python = {PID: "MainThread", 103: "loader-prefetch", 104: "outrider-hook"}
+    return ThreadSampler(hook, lambda: 0, str(root), lambda: dict(python), lambda: PID), hook
+
+
+def published(hook: Hook, name: str) -> dict[str, float]:
+    return {dict(labels)["role"]: s.total()[0] for (n, labels), s in hook.registry._series.items() if n == name}
+
+
+def test_roles_from_what_python_knows_and_from_names(tmp_path: Path) -> None:
+    root = tmp_path / "proc"
+    tree(root)
+    s, hook = sampler(root, tmp_path)
+    s.sample()
+    cpu = published(hook, "outrider_thread_cpu_seconds_total")
+    assert cpu == pytest.approx({"main": 5.0, "intra_op": 3.0, "data_workers": 2.0, "other": 0.6, "outrider": 0.1})
+    delay = published(hook, "outrider_thread_run_delay_seconds_total")
+    assert delay == pytest.approx({"main": 1.0, "intra_op": 0.5, "data_workers": 0.3, "other": 0.1, "outrider": 0.0})
+    assert published(hook, "outrider_threads") == {"main": 1, "intra_op": 1, "data_workers": 1, "other": 2,
+                                                   "outrider": 1}
+
+
+def test_counters_never_go_backwards_and_reaped_workers_are_kept(tmp_path: Path) -> None:
+    root = tmp_path / "proc"
+    tree(root)
+    s, hook = sampler(root, tmp_path)
+    s.sample()
+    # the pool thread ends, a new thread reuses tid 103, and the worker exits and is reaped (its CPU in cutime)
+    import shutil
+
+    shutil.rmtree(root)
+    write_task(root, PID, PID, "python", 6.0, 1.0, reaped_s=2.5)
+    write_task(root, PID, 102, "gloo_tcp_loop", 0.4, 0.1)
+    write_task(root, PID, 103, "python", 0.05, 0.0, start=5000)
+    write_task(root, PID, 104, "python", 0.1, 0.0)
+    s.sample()
+    cpu = published(hook, "outrider_thread_cpu_seconds_total")
+    assert cpu["main"] == pytest.approx(6.0)
+    assert cpu["intra_op"] == pytest.approx(3.0), "an ended thread keeps what it used"
+    assert cpu["other"] == pytest.approx(0.4 + 0.2 + 0.05), "a reused tid is a new thread, counted from zero"
+    assert cpu["outrider"] == pytest.approx(0.1)
+    assert cpu["data_workers"] == pytest.approx(2.5), "the reaped worker's full CPU, from cutime"
+
+
+def test_without_schedstat_cpu_comes_from_ticks_and_no_run_delay_is_claimed(tmp_path: Path) -> None:
+    root = tmp_path / "proc"
+    write_task(root, PID, PID, "python", 4.0)
+    s, hook = sampler(root, tmp_path)
+    s.sample()
+    assert published(hook, "outrider_thread_cpu_seconds_total")["main"] == pytest.approx(4.0)
+    assert published(hook, "outrider_thread_run_delay_seconds_total") == {}
+
+
+def test_nothing_is_published_before_the_process_does_anything(tmp_path: Path) -> None:
+    root = tmp_path / "proc"
+    tree(root)
+    s, hook = sampler(root, tmp_path)
+    hook.progress.steps = 0
+    s.sample()
+    assert not hook.registry.has_data(), "no shard for a process that has not trained or served"
+
+
+def test_this_process_threads_by_role(tmp_path: Path) -> None:
+    """Real /proc: a Python thread's CPU lands in other, the loop thread's in main."""
+    hook = Hook(HookSettings(spool_dir=str(tmp_path), standalone=False))
+    hook.progress.steps = 1
+    done = threading.Event()
+
+    def spin() -> None:
+        x = 0
+        while not done.is_set():
+            x += 1
+
+    s = ThreadSampler(hook, threading.get_native_id)
+    s.sample()
+    before = published(hook, "outrider_thread_cpu_seconds_total")
+    t = threading.Thread(target=spin, name="user-thread")
+    t.start()
+    try:
+        sum(i * i for i in range(3_000_000))  # the loop thread's own work, while the other thread spins
+        s.sample()  # (a thread that has ended keeps only what was read while it lived)
+    finally:
+        done.set()
+        t.join()
+    after = published(hook, "outrider_thread_cpu_seconds_total")
+    assert after["main"] > before["main"] and after["other"] > before["other"]
+    assert published(hook, "outrider_threads")["main"] == 1

@@ -1,0 +1,210 @@
+"""Zero configuration with PyTorch: instrument() alone times every DataLoader (single-process and multi-worker),
+never twice with the explicit wrapper, keeps forked loader workers silent, splits the loop's wall time, counts
+operations per step, and times torch.distributed collectives (gloo, in this process) and DDP's gradient buckets."""
+
+from __future__ import annotations
+
+import os
+import types
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import outrider
+from outrider.collectors.base import CollectorContext
+from outrider.collectors.hook import HookCollector
+from outrider.config import Config
+from outrider.hook import api
+from outrider.hook.runtime import Hook
+from outrider.hook.settings import HookSettings
+from outrider.metrics.exposition import render
+from tests.helpers import free_port, samples, value
+
+torch = pytest.importorskip("torch")
+
+
+class Squares(torch.utils.data.Dataset):  # type: ignore[misc]
+    def __len__(self) -> int:
+        return 24
+
+    def __getitem__(self, i: int) -> Any:
+        return torch.full((4,), float(i)), torch.tensor(i % 2)
+
+
+@pytest.fixture
+def hooked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Hook]:
+    """instrument() with torch imported, publishing to tmp_path; torch's classes are put back afterwards."""
+    monkeypatch.setattr(api, "S", api._State())
+    monkeypatch.setenv("OUTRIDER_SPOOL_DIR", str(tmp_path))
+    monkeypatch.setenv("OUTRIDER_STANDALONE", "false")
+    assert outrider.instrument()
+    assert api.S.torch is not None
+    yield api.S.hook
+    api.S.hook._stop.set()
+    api.S.torch.detach()
+
+
+def read(tmp_path: Path, hook: Hook) -> dict:  # type: ignore[type-arg]
+    hook.flush()
+    c = HookCollector(CollectorContext(Config(spool_dir=str(tmp_path)), hold_spool_lock=False))
+    return samples(render(c.collect()).decode())
+
+
+def train(loader: Any, epochs: int = 1) -> int:
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    steps = 0
+    for _ in range(epochs):
+        for x, y in loader:
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+            steps += 1
+    return steps
+
+
+def test_every_dataloader_is_timed_without_a_wrapper(tmp_path: Path, hooked: Hook) -> None:
+    steps = train(torch.utils.data.DataLoader(Squares(), batch_size=4), epochs=2)
+    parsed = read(tmp_path, hooked)
+    assert value(parsed, "outrider_train_data_wait_seconds_count", rank="") == steps == 12
+    assert value(parsed, "outrider_train_steps_total", rank="") == 12
+    wait = value(parsed, "outrider_train_loop_seconds_total", rank="", part="data_wait")
+    step = value(parsed, "outrider_train_loop_seconds_total", rank="", part="step")
+    other = value(parsed, "outrider_train_loop_seconds_total", rank="", part="other")
+    assert wait is not None and step is not None and other is not None and wait > 0 and step > 0
+    wall = value(parsed, "outrider_train_step_duration_seconds_sum", rank="")
+    assert wait + step + other == pytest.approx(wall, rel=1e-6), "the parts add up to the steps' wall time"
+    ops = value(parsed, "outrider_train_autograd_ops_total", rank="")
+    assert ops is not None and ops >= 12 * 3, "linear, cross_entropy's parts: several operations per step"
+
+
+def test_the_explicit_wrapper_never_counts_a_wait_twice(tmp_path: Path, hooked: Hook) -> None:
+    steps = train(outrider.dataloader(torch.utils.data.DataLoader(Squares(), batch_size=4)))
+    parsed = read(tmp_path, hooked)
+    assert value(parsed, "outrider_train_data_wait_seconds_count", rank="") == steps == 6
+    assert list(outrider.dataloader([1, 2, 3])) == [1, 2, 3], "other iterables are still timed by the wrapper"
+    assert value(read(tmp_path, hooked), "outrider_train_data_wait_seconds_count", rank="") == 9
+
+
+def test_multi_worker_loaders_are_timed_and_their_workers_stay_silent(tmp_path: Path, hooked: Hook) -> None:
+    loader = torch.utils.data.DataLoader(Squares(), batch_size=4, num_workers=2)
+    steps = train(loader)
+    parsed = read(tmp_path, hooked)
+    assert value(parsed, "outrider_train_data_wait_seconds_count", rank="") == steps == 6
+    shards = list(tmp_path.glob("*.shard"))
+    assert len(shards) == 1, f"the forked workers publish nothing of their own: {shards}"
+    assert not api.S.dormant, "the parent is measuring again once its workers are started"
+
+
+def test_a_torch_without_dataloader_internals_is_said_once_and_the_hook_runs_on(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    from outrider.hook.torch_integration import TorchIntegration
+
+    future = types.SimpleNamespace(optim=torch.optim, cuda=torch.cuda, get_num_threads=lambda: 4,
+                                   utils=types.SimpleNamespace(data=types.SimpleNamespace(dataloader=object())),
+                                   distributed=types.SimpleNamespace(is_available=lambda: False))
+    state = api._State()
+    hook = Hook(HookSettings(spool_dir=str(tmp_path), standalone=False))
+    integ = TorchIntegration(hook, state, future, lambda: None, mask=api.MASK)
+    try:
+        assert integ.data is None and integ.distributed is None
+        assert "cannot time DataLoader waits automatically" in caplog.text
+        assert list(outrider.dataloader([1, 2])) == [1, 2]
+    finally:
+        integ.detach()
+
+
+# --- torch.distributed, gloo, one process ------------------------------------------------------------------------
+
+@pytest.fixture
+def gloo(hooked: Hook) -> Iterator[Any]:
+    import torch.distributed as dist
+
+    store = dist.TCPStore("127.0.0.1", free_port(), 1, is_master=True)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        yield dist
+    finally:
+        dist.destroy_process_group()
+
+
+def collectives(tmp_path: Path, hook: Hook) -> dict[str, float]:
+    parsed = read(tmp_path, hook)
+    return {dict(labels)["op"]: v for (name, labels), v in parsed.items()
+            if name == "outrider_train_collective_seconds_total"}
+
+
+def test_blocking_collectives_are_timed_async_ones_and_nested_ones_are_not(tmp_path: Path, hooked: Hook,
+                                                                          gloo: Any) -> None:
+    t = torch.ones(8)
+    gloo.all_reduce(t)
+    gloo.broadcast(t, src=0)
+    work = gloo.all_reduce(t, async_op=True)
+    work.wait()
+    gloo.all_gather_object([None], {"a": 1})  # calls all_gather inside: timed once, as itself
+    with pytest.raises(ValueError):
+        gloo.broadcast(t, src=0, group="not a group")  # the collective's own error reaches the caller
+    ops = collectives(tmp_path, hooked)
+    assert set(ops) == {"all_reduce", "broadcast", "all_gather_object"}, ops
+    assert torch.equal(t, torch.ones(8)), "results untouched"
+
+
+def test_ddp_buckets_are_timed_through_a_comm_hook(tmp_path: Path, hooked: Hook, gloo: Any) -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    reference = torch.nn.Linear(4, 2)
+    reference.load_state_dict(model.state_dict())
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    x = torch.randn(8, 4)
+    ddp(x).sum().backward()
+    reference(x).sum().backward()
+    assert torch.allclose(model.weight.grad, reference.weight.grad), "averaged over one rank: the plain gradient"
+    assert collectives(tmp_path, hooked).get("ddp_bucket", 0) > 0
+
+
+def test_a_users_comm_hook_is_wrapped_and_still_runs(tmp_path: Path, hooked: Hook, gloo: Any) -> None:
+    called = []
+
+    def halve(state, bucket):  # type: ignore[no-untyped-def]  # DDP rejects postponed (string) annotations
+        called.append(bucket.index())
+        fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+        fut.set_result(bucket.buffer() / 2)
+        return fut
+
+    model = torch.nn.Linear(4, 2)
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    ddp.register_comm_hook(None, halve)
+    ddp(torch.ones(2, 4)).sum().backward()
+    assert called, "the user's hook ran"
+    assert torch.allclose(model.bias.grad, torch.ones(2)), "its result is what DDP used (2 samples, halved)"
+    assert collectives(tmp_path, hooked).get("ddp_bucket", 0) > 0
+
+
+def test_thread_roles_in_a_training_process(tmp_path: Path, hooked: Hook) -> None:
+    train(torch.utils.data.DataLoader(Squares(), batch_size=4, num_workers=1))
+    a = torch.randn(384, 384)
+    for _ in range(20):
+        a = torch.tanh(a @ a)  # the intra-op pool works (when torch has more than one thread)
+    parsed = read(tmp_path, hooked)
+    cpu = {dict(labels)["role"]: v for (name, labels), v in parsed.items()
+           if name == "outrider_thread_cpu_seconds_total"}
+    assert set(cpu) == {"main", "intra_op", "data_workers", "other", "outrider"}
+    assert cpu["main"] > 0 and cpu["data_workers"] > 0, cpu
+    if torch.get_num_threads() > 1:
+        assert cpu["intra_op"] > 0, cpu
+    assert value(parsed, "outrider_threads", rank="", role="main") == 1
+    assert value(parsed, "outrider_torch_intra_op_threads", rank="") == torch.get_num_threads()
+    if os.path.exists(f"/proc/{os.getpid()}/schedstat"):
+        assert value(parsed, "outrider_thread_run_delay_seconds_total", rank="", role="main") is not None
+
+
+def test_iterating_a_dataloader_alone_does_not_make_a_training_process(tmp_path: Path, hooked: Hook) -> None:
+    """Batch inference iterates DataLoaders too: no first-step-pending (and so no 'no first step' stall) for it."""
+    with torch.no_grad():
+        for x, _ in torch.utils.data.DataLoader(Squares(), batch_size=4):
+            torch.nn.functional.relu(x)
+    hooked.flush()
+    assert not hooked.progress.training
+    assert value(read(tmp_path, hooked), "outrider_train_data_wait_seconds_count", rank="") == 6
