@@ -14,7 +14,10 @@
 
 Not a test: it prints figures (and writes them as JSON with --json).
 
-    python benchmarks/hook_overhead.py [--n 1000000] [--steps 300] [--json out.json]
+    python benchmarks/hook_overhead.py [--n 1000000] [--steps 300] [--hog] [--json out.json]
+
+With --hog a second process keeps a core busy for the whole run (a neighbour sharing the machine, as on a node
+where the data loader's workers or another job run beside the trainer).
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -298,8 +303,19 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=1_000_000)
     ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--hog", action="store_true", help="run with another process keeping a core busy")
     ap.add_argument("--json")
     args = ap.parse_args()
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if args.hog else None
+    try:
+        return run(args)
+    finally:
+        if hog is not None:
+            hog.kill()
+            hog.wait()
+
+
+def run(args: argparse.Namespace) -> int:
     import prometheus_client
 
     outrider.instrument()
@@ -327,7 +343,7 @@ def main() -> int:
     loop = torch_loop(args.steps)
     waits = data_wait(args.n // 4)
     rest = rest_of_zero_config(args.n // 4)
-    figures = {"observe_ns": hot,
+    figures = {"cpu_hog_beside": bool(args.hog), "observe_ns": hot,
                "speedup": {"vs_prometheus_client": hot["prometheus_client"] / hot["outrider"],
                            "vs_otel_sdk": hot["otel_sdk"] / hot["outrider"],
                            "vs_otel_sdk_attributes": hot["otel_sdk_attributes"] / hot["outrider"]},
@@ -335,6 +351,8 @@ def main() -> int:
                                                 "otel_sdk": ratio_otel},
                "two_threads_lost_updates": {"outrider": lost_ours, "otel_sdk": lost_otel},
                "torch_loop": loop, "data_wait": waits, "zero_config": rest}
+    if args.hog:
+        print("with another process keeping a core busy beside it")
     print(f"{'observe, hot loop':40}{'ns/call':>10}{'outrider is':>14}")
     for name in ("outrider", "prometheus_client", "otel_sdk", "otel_sdk_attributes"):
         x = hot[name] / hot["outrider"]
