@@ -252,20 +252,18 @@ def rest_of_zero_config(n: int) -> dict[str, float]:
     from outrider.hook.torch_distributed import CollectiveTimer
 
     seq = torch._C._autograd._get_sequence_nr
-    ops_state = {"ops": 0}
+    listeners, api.S.step_listeners[:] = list(api.S.step_listeners), []
 
-    def count_ops() -> None:
-        ops_state["ops"] = seq()
-
-    def step_path(listeners: list[Callable[[], None]]) -> float:
-        api.S.step_listeners[:] = listeners
+    def step_path(ops_reader: Callable[[], int] | None) -> float:
+        api.S.ops_reader = ops_reader
         t = time.thread_time_ns()
         for _ in range(n):
             api._step_done()
         return (time.thread_time_ns() - t) / n
 
-    steps = interleaved({"bare": lambda: step_path([]), "ops": lambda: step_path([count_ops])}, rounds=7)
-    api.S.step_listeners[:] = []
+    steps = interleaved({"bare": lambda: step_path(None), "ops": lambda: step_path(seq)}, rounds=7)
+    api.S.ops_reader = seq
+    api.S.step_listeners[:] = listeners
     store = dist.HashStore()
     dist.init_process_group("gloo", store=store, rank=0, world_size=1)
     try:
