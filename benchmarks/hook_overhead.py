@@ -1,7 +1,7 @@
 """The hook's cost, side by side in one run with prometheus_client and the OpenTelemetry SDK.
 
 1. observe() in a hot loop: Outrider's histogram, prometheus_client Histogram.observe, OpenTelemetry SDK
-   Histogram.record (without and with attributes).
+   Histogram.record (without and with attributes), in CPU time of the measuring thread, best of interleaved rounds.
 2. Two threads recording into one histogram at once: lost updates and throughput against one thread.
 3. The per-step cost of all of Outrider's instrumentation inside a real CPU PyTorch training loop, timed in the
    loop around each instrumentation call (end-to-end step-time differences are inside this machine's noise).
@@ -42,21 +42,16 @@ import outrider  # after the spool is chosen
 VALUE = 0.0123
 
 
-def per_call_ns(fn: Callable[[float], Any], n: int, repeats: int = 5) -> float:
-    """Best of `repeats` runs of n calls, less the empty loop: the steady (hot) cost of one call."""
-    best = float("inf")
-    for _ in range(repeats):
-        t = time.perf_counter_ns()
-        for _ in range(n):
-            fn(VALUE)
-        best = min(best, time.perf_counter_ns() - t)
-    empty = float("inf")
-    for _ in range(repeats):
-        t = time.perf_counter_ns()
-        for _ in range(n):
-            pass
-        empty = min(empty, time.perf_counter_ns() - t)
-    return (best - empty) / n
+def per_call_ns(fn: Callable[[float], Any], n: int) -> float:
+    """n calls' CPU time of this thread less the empty loop's, per call: the steady (hot) cost of one call. CPU time
+    of the measuring thread, not wall time: on a shared machine, time the neighbours take is not the call's."""
+    t = time.thread_time_ns()
+    for _ in range(n):
+        fn(VALUE)
+    mid = time.thread_time_ns()
+    for _ in range(n):
+        pass
+    return ((mid - t) - (time.thread_time_ns() - mid)) / n
 
 
 def two_threads(fn: Callable[[float], Any], n: int) -> tuple[float, float]:
@@ -322,12 +317,13 @@ def run(args: argparse.Namespace) -> int:
     otel, otel_attr, reader = otel_histograms()
     attrs = {"route": "/v1/chat", "status_class": "2xx"}
 
-    hot = {
-        "outrider": per_call_ns(ours.observe, args.n),
-        "prometheus_client": per_call_ns(prom.observe, args.n // 5),
-        "otel_sdk": per_call_ns(otel.record, args.n // 20),
-        "otel_sdk_attributes": per_call_ns(lambda v: otel_attr.record(v, attrs), args.n // 20),
-    }
+    # best of interleaved rounds, so that a busy spell of the machine hits all four alike
+    hot = interleaved({
+        "outrider": lambda: per_call_ns(ours.observe, args.n // 10),
+        "prometheus_client": lambda: per_call_ns(prom.observe, args.n // 50),
+        "otel_sdk": lambda: per_call_ns(otel.record, args.n // 200),
+        "otel_sdk_attributes": lambda: per_call_ns(lambda v: otel_attr.record(v, attrs), args.n // 200),
+    }, rounds=11)
     threads_n = args.n // 4
     before = sum(ours.total()[:-1])
     ratio_ours, made = two_threads(ours.observe, threads_n)
