@@ -89,7 +89,7 @@ Samples = list[tuple[tuple[str, ...], SampleValue]]
 class Renderer:
     """Renders sweep after sweep in one format, keeping each family's text for the next sweep.
 
-    Between two sweeps most families do not change (static facts, idle disks, counters that did not move: 34 of
+    Between two sweeps most families do not change (static facts, idle disks, counters that did not move: 37-42 of
     48 families of a host sweep at 0.5 s). A family whose definition and samples equal last sweep's is not
     rendered again: comparing two short lists of tuples is a fraction of formatting them. A family absent from a
     sweep is forgotten, so the kept text is bounded by one sweep's exposition.
