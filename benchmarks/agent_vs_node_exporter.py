@@ -152,6 +152,7 @@ def main() -> int:
             p.terminate()
         for p in procs:
             p.wait()
+        shutil.rmtree(state, ignore_errors=True)
 
     print(f"window: {scrapes} scrapes every {args.scrape_interval} s of each exporter, concurrently, "
           f"kept-alive connections, gzip")

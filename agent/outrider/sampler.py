@@ -15,7 +15,7 @@ from collections.abc import Callable
 from outrider import collectors as registry
 from outrider.collectors.base import Collector, CollectorContext, CollectorStatus, SweepStats
 from outrider.config import Config
-from outrider.metrics.exposition import render
+from outrider.metrics.exposition import Renderer
 from outrider.metrics.family import Family
 
 LOG = logging.getLogger("outrider.sampler")
@@ -66,6 +66,10 @@ class Sampler:
         self._families: list[Family] = []
         self._generation = 0
         self._rendered: dict[tuple[bool, bool], tuple[int, bytes]] = {}
+        self._renderers: dict[bool, Renderer] = {}
+        # per (format, gzip): the last two generations served, to render ahead only for a scraper that asks every sweep
+        self._served: dict[tuple[bool, bool], tuple[int, int]] = {}
+        self._render_lock = threading.Lock()
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -145,14 +149,46 @@ class Sampler:
         with self._lock:
             gen, fams = self._generation, self._families
             cached = self._rendered.get(key)
+            last = self._served.get(key, (0, 0))
+            if last[0] != gen:
+                self._served[key] = (gen, last[0])
         if cached is not None and cached[0] == gen:
             return cached[1]
-        body = render(fams, openmetrics)
-        if compressed:
-            body = gzip.compress(body, compresslevel=1)
-        with self._lock:
-            self._rendered[key] = (gen, body)
+        return self._render(key, gen, fams)
+
+    def _render(self, key: tuple[bool, bool], gen: int, fams: list[Family]) -> bytes:
+        openmetrics, compressed = key
+        # One render at a time: a renderer keeps last sweep's text, and concurrent scrapes of a new sweep wait
+        # for the first one's body instead of rendering it again.
+        with self._render_lock:
+            with self._lock:
+                cached = self._rendered.get(key)
+            if cached is not None and cached[0] == gen:
+                return cached[1]
+            renderer = self._renderers.get(openmetrics)
+            if renderer is None:
+                renderer = self._renderers[openmetrics] = Renderer(openmetrics)
+            plain = self._rendered.get((openmetrics, False))
+            body = plain[1] if plain is not None and plain[0] == gen else renderer.render(fams)
+            if compressed:
+                body = gzip.compress(body, compresslevel=1)
+            with self._lock:
+                self._rendered[key] = (gen, body)
         return body
+
+    def _render_ahead(self) -> None:
+        """Render (and gzip) the new sweep now for a scraper that asked for each of the last two sweeps.
+
+        The same work the scrape would do, but done while the sweep's code and objects are still in the CPU's
+        caches: after the half second or more a scrape comes later, rendering measured 2-4x its warm cost. A
+        scraper slower than the sweep (every other sweep or less) never asks twice in a row, so nothing is
+        rendered that no one fetches.
+        """
+        with self._lock:
+            gen, fams = self._generation, self._families
+            due = [key for key, (last, before) in self._served.items() if last == gen - 1 and before == gen - 2]
+        for key in due:
+            self._render(key, gen, fams)
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="outrider-sampler", daemon=True)
@@ -164,6 +200,7 @@ class Sampler:
         while not self._stop.is_set():
             try:
                 self.sweep()
+                self._render_ahead()
             except Exception:  # never let the loop die
                 LOG.exception("sweep failed")
             next_at += interval

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from outrider.collectors import procfs
 from outrider.collectors.base import CollectorContext
 from outrider.collectors.host import HostCollector
 from outrider.config import Config
@@ -289,3 +290,14 @@ def test_a_malformed_cgroup_file_is_a_counted_drop(proc_fixture: Path) -> None:
     m = by_name(c.collect())
     assert "outrider_cgroup_memory_usage_bytes" not in m and "outrider_host_memory_limit_bytes" in m
     assert c.errors == 1
+
+
+def test_picked_fields_match_whole_keys_where_one_name_ends_another() -> None:
+    meminfo = "MemTotal:  100 kB\nSwapCached:  7 kB\nCached:  3 kB\nHugePages_Total:  2"
+    assert procfs.pick(meminfo, ("Cached", "MemTotal", "HugePages_Total", "Absent"), ":") == {
+        "Cached": 3 * 1024, "MemTotal": 100 * 1024, "HugePages_Total": 2}
+    stat = "total_inactive_file 9\ninactive_file 4\noom_kill_disable 1\noom_kill 0\n"
+    assert procfs.pick(stat, ("inactive_file", "oom_kill")) == {"inactive_file": 4, "oom_kill": 0}
+    # the picked subset reads what parsing every line reads
+    assert procfs.read_meminfo("/unused", lambda rel: meminfo, ("SwapCached", "Cached")) == {
+        k: v for k, v in procfs.read_meminfo("/unused", lambda rel: meminfo).items() if k in ("SwapCached", "Cached")}

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import NamedTuple
 
-from outrider.collectors.procfs import read_text
+from outrider.collectors.procfs import Reader, pick, read_text
 
 # cgroup v1 reports "no limit" as the page counter's maximum (2^63 - 1 rounded down to a page): anything this large
 # is no limit at all.
@@ -27,8 +28,7 @@ class MemoryCgroup:
     version: int
 
 
-@dataclass(frozen=True)
-class CgroupMemory:
+class CgroupMemory(NamedTuple):
     limit_bytes: int | None  # None: no limit set
     usage_bytes: int  # everything charged to the cgroup, page cache included
     inactive_file_bytes: int  # page cache the kernel reclaims first: usage minus this is the working set
@@ -71,28 +71,29 @@ def _existing(base: str, path: str, probe: str, version: int) -> MemoryCgroup | 
     return None
 
 
-def read_memory(cg: MemoryCgroup) -> CgroupMemory:
+def read_memory(cg: MemoryCgroup, read: Reader = None) -> CgroupMemory:
+    """The cgroup's memory; `read` reads a file of its directory by name (a KeptOpenReader's, on a live cgroupfs)."""
+
+    def text(name: str) -> str:
+        return read(name) if read is not None else read_text(f"{cg.path}/{name}")
+
+    def optional(name: str) -> str | None:
+        try:
+            return text(name)
+        except FileNotFoundError:
+            return None
+
     if cg.version == 2:
-        limit_text = read_text(f"{cg.path}/memory.max").strip() if os.path.exists(f"{cg.path}/memory.max") else "max"
+        limit_text = (optional("memory.max") or "max").strip()
         limit = None if limit_text == "max" else int(limit_text)
-        usage = int(read_text(f"{cg.path}/memory.current"))
-        stat = _flat_keyed(f"{cg.path}/memory.stat")
-        events = _flat_keyed(f"{cg.path}/memory.events") if os.path.exists(f"{cg.path}/memory.events") else {}
+        usage = int(text("memory.current"))
+        stat = pick(text("memory.stat"), ("inactive_file",))
+        events = pick(optional("memory.events") or "", ("oom_kill",))
         return CgroupMemory(limit, usage, stat.get("inactive_file", 0), events.get("oom_kill"))
-    raw_limit = int(read_text(f"{cg.path}/memory.limit_in_bytes"))
-    usage = int(read_text(f"{cg.path}/memory.usage_in_bytes"))
-    stat = _flat_keyed(f"{cg.path}/memory.stat")
-    oom = _flat_keyed(f"{cg.path}/memory.oom_control") if os.path.exists(f"{cg.path}/memory.oom_control") else {}
+    raw_limit = int(text("memory.limit_in_bytes"))
+    usage = int(text("memory.usage_in_bytes"))
+    stat = pick(text("memory.stat"), ("total_inactive_file", "inactive_file"))
+    oom = pick(optional("memory.oom_control") or "", ("oom_kill",))
     # total_inactive_file counts the cgroup's children too, as usage_in_bytes does
     inactive = stat.get("total_inactive_file", stat.get("inactive_file", 0))
     return CgroupMemory(None if raw_limit >= V1_UNLIMITED else raw_limit, usage, inactive, oom.get("oom_kill"))
-
-
-def _flat_keyed(path: str) -> dict[str, int]:
-    """A cgroup "flat keyed" file: one `key value` pair per line."""
-    out: dict[str, int] = {}
-    for line in read_text(path).splitlines():
-        key, _, value = line.partition(" ")
-        if value.strip().lstrip("-").isdigit():
-            out[key] = int(value)
-    return out

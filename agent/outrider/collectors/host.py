@@ -12,6 +12,9 @@ from outrider.collectors.base import Collector, CollectorContext
 from outrider.metrics.family import Family
 
 BUSY_EXCLUDED = ("idle", "iowait")
+MEMINFO = ("MemTotal", "MemFree", "MemAvailable", "Cached", "Buffers", "SwapTotal", "SwapFree", "Shmem", "Dirty",
+           "Writeback")
+VMSTAT = ("oom_kill", "pgmajfault", "pgfault", "pswpin", "pswpout")
 MOUNTS_TTL_S = 60.0
 
 
@@ -25,11 +28,13 @@ class HostCollector(Collector):
         self._root = ctx.config.proc_root
         self._sys_root = ctx.config.sys_root
         self._memory_cgroup: cgroupfs.MemoryCgroup | None = None
+        self._cgroup_reader: procfs.KeptOpenReader | None = None
         self._disk_exclude = re.compile(ctx.config.disk_exclude)
         self._net_exclude = re.compile(ctx.config.network_exclude)
         self._prev_cpu: dict[str, float] | None = None
         self._reader = procfs.KeptOpenReader(self._root)
         self._mount_cache: tuple[float, list[procfs.Mount]] | None = None
+        self._mount_of: dict[str, procfs.Mount | None] = {}
         self._r = self._reader.read
 
     def collect(self) -> list[Family]:
@@ -47,6 +52,8 @@ class HostCollector(Collector):
 
     def close(self) -> None:
         self._reader.close()
+        if self._cgroup_reader is not None:
+            self._cgroup_reader.close()
 
     def _cpu(self) -> list[Family]:
         stat = procfs.read_stat(self._root, self._r)
@@ -72,7 +79,7 @@ class HostCollector(Collector):
                 Family("outrider_host_load15").add(fifteen)]
 
     def _memory(self) -> list[Family]:
-        mem = procfs.read_meminfo(self._root, self._r)
+        mem = procfs.read_meminfo(self._root, self._r, MEMINFO)
         total = mem["MemTotal"]
         free = mem.get("MemFree", 0)
         # MemAvailable is absent before Linux 3.14; free + page cache is the usual stand-in.
@@ -92,7 +99,9 @@ class HostCollector(Collector):
             self._memory_cgroup = cgroupfs.find_memory_cgroup(self._root, self._sys_root)
             if self._memory_cgroup is None:
                 raise FileNotFoundError(f"{self._sys_root}/fs/cgroup: no memory controller for this process")
-        mem = cgroupfs.read_memory(self._memory_cgroup)
+            path = self._memory_cgroup.path
+            self._cgroup_reader = procfs.KeptOpenReader(path, keep=procfs.on_kernel_fs(path))
+        mem = cgroupfs.read_memory(self._memory_cgroup, self._cgroup_reader.read if self._cgroup_reader else None)
         fams = [Family("outrider_cgroup_memory_usage_bytes").add(mem.usage_bytes),
                 Family("outrider_cgroup_memory_working_set_bytes").add(mem.working_set_bytes)]
         if mem.limit_bytes is not None:  # absent, not a misleading huge number, where no limit is set
@@ -102,7 +111,7 @@ class HostCollector(Collector):
         return fams
 
     def _vmstat(self) -> list[Family]:
-        vm = procfs.read_vmstat(self._root, self._r)
+        vm = procfs.read_vmstat(self._root, self._r, VMSTAT)
         fams = []
         if "oom_kill" in vm:  # Linux >= 4.13
             fams.append(Family("outrider_host_oom_kills_total").add(vm["oom_kill"]))
@@ -168,6 +177,7 @@ class HostCollector(Collector):
         """
         now = time.monotonic()
         if self._mount_cache is None or now - self._mount_cache[0] > MOUNTS_TTL_S:
+            self._mount_of.clear()
             try:
                 host = bool(self.ctx.config.host_root)
                 self._mount_cache = (now, procfs.read_mounts(f"{self._root}/1") if host
@@ -192,7 +202,10 @@ class HostCollector(Collector):
             except OSError as e:
                 self.drop(f"filesystem {path}", e)
                 continue
-            m = procfs.mount_of(path, mounts)
+            if path in self._mount_of:  # resolved once per mount table (realpath costs an lstat per component)
+                m = self._mount_of[path]
+            else:
+                m = self._mount_of[path] = procfs.mount_of(path, mounts)
             labels = (path, m.device if m else "", m.fstype if m else "")
             size.add(st.f_blocks * st.f_frsize, *labels)
             free.add(st.f_bfree * st.f_frsize, *labels)

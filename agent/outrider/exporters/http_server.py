@@ -27,13 +27,15 @@ import logging
 import queue
 import selectors
 import socket
-import ssl
 import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from email.utils import formatdate
 from http import HTTPStatus
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import ssl
 
 LOG = logging.getLogger("outrider.exporters.http")
 
@@ -85,10 +87,10 @@ class _Conn:
     __slots__ = ("client", "close_after_write", "deadline", "handshaking", "inbuf", "last_active", "lingering",
                  "out", "request_started", "served", "sock", "want")
 
-    def __init__(self, sock: socket.socket, client: str, now: float, header_timeout_s: float) -> None:
+    def __init__(self, sock: socket.socket, client: str, now: float, header_timeout_s: float, tls: bool) -> None:
         self.sock = sock
         self.client = client
-        self.handshaking = isinstance(sock, ssl.SSLSocket)
+        self.handshaking = tls
         self.inbuf = bytearray()
         self.out: list[memoryview] = []  # what is left of the response being written
         self.close_after_write = False
@@ -101,6 +103,26 @@ class _Conn:
 
 
 _PARK, _CLOSE = "park", "close"
+
+
+class _Errors:
+    """What a non-blocking socket raises for "not now" and "the peer is gone", with the ssl module's exceptions only
+    where TLS is on: a plain server never imports ssl, which loads OpenSSL (about 4 MiB of RSS)."""
+
+    def __init__(self, tls: bool) -> None:
+        again: tuple[type[BaseException], ...] = (BlockingIOError, InterruptedError)
+        none: tuple[type[BaseException], ...] = ()
+        self.want_read = self.want_write = self.tls_closed = none
+        self.broken: tuple[type[BaseException], ...] = (OSError,)
+        if tls:
+            import ssl
+
+            self.want_read, self.want_write = (ssl.SSLWantReadError,), (ssl.SSLWantWriteError,)
+            self.tls_closed = (ssl.SSLZeroReturnError, ssl.SSLEOFError)
+            self.broken = (OSError, ssl.SSLError)
+        self.again_read = again + self.want_read  # nothing to read yet (or TLS needs to read first)
+        self.peer_gone: tuple[type[BaseException], ...] = (*self.tls_closed, ConnectionResetError)
+        self.again_write = again + self.want_write
 FIRST_WRITE = 65536
 LINGER_S = 2.0
 
@@ -113,6 +135,7 @@ class HttpServer:
         self.handler = handler
         self.tls = tls
         self.limits = limits or Limits()
+        self._errors = _Errors(tls is not None)
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self._listener = socket.socket(family, socket.SOCK_STREAM)
         try:
@@ -217,7 +240,7 @@ class HttpServer:
                 LOG.debug("HTTP server: dropping a new connection from %s: %s", addr[0], e)
                 sock.close()
                 continue
-            conn = _Conn(sock, str(addr[0]), time.monotonic(), self.limits.header_timeout_s)
+            conn = _Conn(sock, str(addr[0]), time.monotonic(), self.limits.header_timeout_s, self.tls is not None)
             self._live.add(conn)
             self._work.put(conn)
 
@@ -312,12 +335,11 @@ class HttpServer:
     def _advance(self, conn: _Conn) -> str:
         """Do everything the socket allows now; returns whether to park the connection or close it."""
         if conn.handshaking:
-            assert isinstance(conn.sock, ssl.SSLSocket)
             try:
-                conn.sock.do_handshake()
-            except ssl.SSLWantReadError:
+                conn.sock.do_handshake()  # type: ignore[attr-defined]  # an SSLSocket: handshaking only with TLS
+            except self._errors.want_read:
                 return self._park(conn, selectors.EVENT_READ, conn.deadline)
-            except ssl.SSLWantWriteError:
+            except self._errors.want_write:
                 return self._park(conn, selectors.EVENT_WRITE, conn.deadline)
             conn.handshaking = False
         if conn.out and not self._flush(conn):
@@ -365,9 +387,9 @@ class HttpServer:
             try:
                 if not conn.sock.recv(65536):
                     return _CLOSE
-            except (BlockingIOError, InterruptedError, ssl.SSLWantReadError):
+            except self._errors.again_read:
                 return self._park(conn, selectors.EVENT_READ, conn.deadline)
-            except (OSError, ssl.SSLError):
+            except self._errors.broken:
                 return _CLOSE
         return self._park(conn, selectors.EVENT_READ, conn.deadline)
 
@@ -377,11 +399,11 @@ class HttpServer:
         while len(conn.inbuf) <= self.limits.max_header_bytes:
             try:  # never more than a request head's worth: a connection's buffer is bounded by max_header_bytes
                 chunk = conn.sock.recv(self.limits.max_header_bytes + 1 - len(conn.inbuf))
-            except (BlockingIOError, InterruptedError, ssl.SSLWantReadError):
+            except self._errors.again_read:
                 return got, False, selectors.EVENT_READ
-            except ssl.SSLWantWriteError:
+            except self._errors.want_write:
                 return got, False, selectors.EVENT_WRITE
-            except (ssl.SSLZeroReturnError, ssl.SSLEOFError, ConnectionResetError):
+            except self._errors.peer_gone:
                 return got, True, selectors.EVENT_READ
             if not chunk:
                 return got, True, selectors.EVENT_READ
@@ -394,10 +416,10 @@ class HttpServer:
         while conn.out:
             try:
                 sent = conn.sock.send(conn.out[0])
-            except (BlockingIOError, InterruptedError, ssl.SSLWantWriteError):
+            except self._errors.again_write:
                 conn.want = selectors.EVENT_WRITE
                 return False
-            except ssl.SSLWantReadError:
+            except self._errors.want_read:
                 conn.want = selectors.EVENT_READ
                 return False
             rest = conn.out[0][sent:]
@@ -460,15 +482,30 @@ class HttpServer:
         return _serialise(response, keep_alive, head_only=request.method == "HEAD", http10=http10), keep_alive
 
 
+_PHRASES = {status.value: status.phrase for status in HTTPStatus}
+_DAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
+_MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
+_date: tuple[int, str] = (0, "")
+
+
+def http_date(now: float) -> str:
+    """The Date header's IMF-fixdate (RFC 9110 5.6.7), in English whatever the locale; formatted once a second.
+    (email.utils.formatdate does the same, and importing the email package cost 1 MiB of RSS.)"""
+    global _date
+    second = int(now)
+    if _date[0] != second:
+        t = time.gmtime(second)
+        _date = (second, f"{_DAYS[t.tm_wday]}, {t.tm_mday:02d} {_MONTHS[t.tm_mon - 1]} {t.tm_year} "
+                         f"{t.tm_hour:02d}:{t.tm_min:02d}:{t.tm_sec:02d} GMT")
+    return _date[1]
+
+
 def _serialise(response: Response, keep_alive: bool, head_only: bool, http10: bool = False) -> list[memoryview]:
     """Status line and headers with the start of the body in one buffer, so a response up to FIRST_WRITE bytes is
     one write; the rest of a larger body stays a view of the handler's bytes (the exposition, shared by every
     scrape of a sweep), so a client that reads slowly holds no copy of it."""
-    try:
-        phrase = HTTPStatus(response.status).phrase
-    except ValueError:
-        phrase = ""
-    lines = [f"HTTP/1.1 {response.status} {phrase}", "Server: outrider", f"Date: {formatdate(usegmt=True)}"]
+    phrase = _PHRASES.get(response.status, "")
+    lines = [f"HTTP/1.1 {response.status} {phrase}", "Server: outrider", f"Date: {http_date(time.time())}"]
     lines += [f"{k}: {v}" for k, v in response.headers]
     if not any(k.lower() == "content-type" for k, _ in response.headers):
         lines.append("Content-Type: text/plain; charset=utf-8")

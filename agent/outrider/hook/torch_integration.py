@@ -76,10 +76,9 @@ class TorchIntegration:
         ACTIVE.append(self)
         self._step_done = step_done
         self.listening = False  # on_step joins the step path only once CUDA is initialised (never on CPU)
-        self.ops = 0
         self._sequence_nr = _autograd_sequence_nr(torch) if mask else None
         if self._sequence_nr is not None:
-            state.step_listeners.append(self.on_step_ops)
+            state.ops_reader = self._sequence_nr
         self.data = torch_data.attach(state, torch, mask) if mask else None
         self.distributed = torch_distributed.attach(state, torch, hook.drop) if mask else None
         hook.samplers.append(self.sample)
@@ -89,8 +88,8 @@ class TorchIntegration:
         if self in ACTIVE:
             ACTIVE.remove(self)
         self.handle.remove()
-        if self.on_step_ops in self.state.step_listeners:
-            self.state.step_listeners.remove(self.on_step_ops)
+        if self._sequence_nr is not None and self.state.ops_reader is self._sequence_nr:
+            self.state.ops_reader = None
         if self.data is not None:
             self.data.detach()
         if self.distributed is not None:
@@ -110,10 +109,6 @@ class TorchIntegration:
         except Exception:
             self.hook.drop("torch_hook_error")
 
-    def on_step_ops(self) -> None:
-        """The training thread's autograd sequence number at this step's end (per thread: read where steps end)."""
-        self.ops = self._sequence_nr()  # type: ignore[misc]
-
     def on_step(self) -> None:
         cuda = self.torch.cuda
         try:
@@ -131,8 +126,8 @@ class TorchIntegration:
     # publisher thread
     def sample(self) -> None:
         self._intra_op_threads()
-        if self.ops:
-            self.hook.series("counter", "outrider_train_autograd_ops_total", builtin=True).set_total(self.ops)
+        if self.state.ops:
+            self.hook.series("counter", "outrider_train_autograd_ops_total", builtin=True).set_total(self.state.ops)
         if self.distributed is not None:
             self.distributed.poll(self.hook)
         cuda = self.torch.cuda

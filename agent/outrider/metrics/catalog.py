@@ -70,6 +70,11 @@ class MetricDef:
         return tuple(label.prom for label in self.labels)
 
     @cached_property
+    def arity(self) -> int:
+        """How many label values a sample carries."""
+        return len(self.labels)
+
+    @cached_property
     def family_name(self) -> str:
         """The OpenMetrics family name: a counter's name without its ``_total`` suffix."""
         if self.type == "counter" and self.name.endswith("_total"):

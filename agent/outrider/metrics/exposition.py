@@ -12,19 +12,20 @@ import math
 import re
 from collections.abc import Iterable
 
-from outrider.metrics.family import Family, HistogramValue
+from outrider.metrics.catalog import MetricDef
+from outrider.metrics.family import Family, HistogramValue, SampleValue
 
 TEXT_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 OPENMETRICS_CONTENT_TYPE = "application/openmetrics-text; version=1.0.0; charset=utf-8"
 
 
 def format_value(value: float) -> str:
+    if value.is_integer():  # most samples: counters, bytes, counts (False for NaN and the infinities)
+        return str(int(value)) if -1e15 < value < 1e15 else repr(value)
     if value != value:
         return "NaN"
     if math.isinf(value):
         return "+Inf" if value > 0 else "-Inf"
-    if value.is_integer() and abs(value) < 1e15:
-        return str(int(value))
     return repr(value)
 
 
@@ -79,38 +80,81 @@ def _prefix(name: str, names: tuple[str, ...], values: tuple[str, ...]) -> str:
 
 def render(families: Iterable[Family], openmetrics: bool = False) -> bytes:
     """Render families; one family name appears once (samples of equal names are merged in order)."""
-    merged: dict[str, Family] = {}
-    for fam in families:
-        if not fam.samples:
-            continue
-        seen = merged.get(fam.defn.name)
-        if seen is None:
-            merged[fam.defn.name] = fam
-        else:
-            combined = Family(seen.defn)
-            combined.samples = seen.samples + fam.samples
-            merged[fam.defn.name] = combined
-    out: list[str] = []
-    for fam in merged.values():
-        d = fam.defn
-        head = d.family_name if openmetrics else d.name
-        out.append(f"# HELP {head} {escape_help(d.help)}\n")
-        out.append(f"# TYPE {head} {d.type}\n")
-        if openmetrics and d.prom_unit:
-            out.append(f"# UNIT {head} {d.prom_unit}\n")
-        names = d.label_names
-        seen_series: set[tuple[str, ...]] = set()
-        for values, value in fam.samples:
-            if values in seen_series:  # a duplicate series would make the whole scrape fail
+    return Renderer(openmetrics).render(families)
+
+
+Samples = list[tuple[tuple[str, ...], SampleValue]]
+
+
+class Renderer:
+    """Renders sweep after sweep in one format, keeping each family's text for the next sweep.
+
+    Between two sweeps most families do not change (static facts, idle disks, counters that did not move: 37-42 of
+    48 families of a host sweep at 0.5 s). A family whose definition and samples equal last sweep's is not
+    rendered again: comparing two short lists of tuples is a fraction of formatting them. A family absent from a
+    sweep is forgotten, so the kept text is bounded by one sweep's exposition.
+    """
+
+    def __init__(self, openmetrics: bool) -> None:
+        self.openmetrics = openmetrics
+        self._kept: dict[str, tuple[MetricDef, Samples, str]] = {}
+
+    def render(self, families: Iterable[Family]) -> bytes:
+        merged: dict[str, Family] = {}
+        for fam in families:
+            if not fam.samples:
                 continue
-            seen_series.add(values)
-            if isinstance(value, HistogramValue):
-                _histogram_lines(out, d.name, names, values, value)
+            seen = merged.get(fam.defn.name)
+            if seen is None:
+                merged[fam.defn.name] = fam
             else:
-                out.append(_prefix(d.name, names, values) + format_value(value) + "\n")
-    if openmetrics:
-        out.append("# EOF\n")
-    return "".join(out).encode("utf-8")
+                combined = Family(seen.defn)
+                combined.samples = seen.samples + fam.samples
+                merged[fam.defn.name] = combined
+        kept, self._kept = self._kept, {}
+        out: list[str] = []
+        for name, fam in merged.items():
+            last = kept.get(name)
+            if last is not None and last[0] is fam.defn and last[1] == fam.samples:
+                text = last[2]
+            else:
+                text = _family_text(fam, self.openmetrics)
+            # a copy: a collector that kept its Family and changed it would otherwise compare equal to itself
+            self._kept[name] = (fam.defn, list(fam.samples), text)
+            out.append(text)
+        if self.openmetrics:
+            out.append("# EOF\n")
+        return "".join(out).encode("utf-8")
+
+
+def _header(d: MetricDef, openmetrics: bool) -> str:
+    head = d.family_name if openmetrics else d.name
+    text = f"# HELP {head} {escape_help(d.help)}\n# TYPE {head} {d.type}\n"
+    if openmetrics and d.prom_unit:
+        text += f"# UNIT {head} {d.prom_unit}\n"
+    return text
+
+
+def _family_text(fam: Family, openmetrics: bool) -> str:
+    d = fam.defn
+    out = [_header(d, openmetrics)]
+    name, names = d.name, d.label_names
+    samples = fam.samples
+    if len(samples) > 1 and len({values for values, _ in samples}) < len(samples):
+        # a duplicate series would make the whole scrape fail: the first of equal label sets wins
+        seen: set[tuple[str, ...]] = set()
+        first: Samples = []
+        for sample in samples:
+            if sample[0] not in seen:
+                seen.add(sample[0])
+                first.append(sample)
+        samples = first
+    for values, value in samples:
+        if isinstance(value, HistogramValue):
+            _histogram_lines(out, name, names, values, value)
+        else:
+            out.append(_prefix(name, names, values) + format_value(value) + "\n")
+    return "".join(out)
 
 
 def _histogram_lines(out: list[str], name: str, names: tuple[str, ...], values: tuple[str, ...],

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 
 from outrider.metrics.catalog import CATALOG, MetricDef
 
@@ -52,19 +54,21 @@ class Family:
 
     __slots__ = ("attributes", "defn", "samples")
 
-    def __init__(self, name: str | MetricDef, attributes: dict[str, str] | None = None) -> None:
+    def __init__(self, name: str | MetricDef, attributes: Mapping[str, str] | None = None) -> None:
         self.defn: MetricDef = CATALOG[name] if isinstance(name, str) else name
         self.samples: list[tuple[tuple[str, ...], SampleValue]] = []
         # OTLP-only attributes every sample of this sweep shares, facts rather than identity (hw.driver_version):
         # neither the exposition nor the rule evaluation sees them, so a driver upgrade starts no new series there.
-        self.attributes: dict[str, str] = attributes or {}
+        # Most families have none: they share one empty mapping rather than each allocating a dict.
+        self.attributes: Mapping[str, str] = attributes if attributes is not None else _NONE
 
     def add(self, value: SampleValue, *label_values: str) -> Family:
-        if len(label_values) != len(self.defn.labels):
-            raise ValueError(f"{self.defn.name}: expected labels {self.defn.label_names}, got {label_values!r}")
-        if self.defn.type == "histogram":
+        defn = self.defn
+        if len(label_values) != defn.arity:
+            raise ValueError(f"{defn.name}: expected labels {defn.label_names}, got {label_values!r}")
+        if defn.type == "histogram":
             if not isinstance(value, HistogramValue):
-                raise TypeError(f"{self.defn.name} is a histogram: add a HistogramValue")
+                raise TypeError(f"{defn.name} is a histogram: add a HistogramValue")
             self.samples.append((label_values, value))
         else:
             self.samples.append((label_values, float(value)))  # type: ignore[arg-type]
@@ -72,3 +76,6 @@ class Family:
 
     def __repr__(self) -> str:
         return f"Family({self.defn.name!r}, {len(self.samples)} samples)"
+
+
+_NONE: Mapping[str, str] = MappingProxyType({})

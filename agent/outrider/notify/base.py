@@ -10,24 +10,28 @@ host only, and a receiver that moved is a configuration to fix, not a place to s
 
 Secrets never leave in a message: every detail a notifier reports is scrubbed of them (`scrub`), and a URL is
 never echoed in a configuration error, since a Slack webhook URL is itself the secret.
+
+http.client, urllib.request and ssl are imported when a receiver first needs them (a CA file, a delivery): they load
+OpenSSL and the email package, about 6 MiB of RSS, which an agent whose only receiver is the log never needs.
 """
 
 from __future__ import annotations
 
 import base64
-import http.client
 import json
 import os
-import ssl
 import urllib.error
 import urllib.parse
-import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from outrider.rules.notification import Notification as Notification  # the notifiers' input, defined by rules
+
+if TYPE_CHECKING:
+    import ssl
+    import urllib.request
 
 
 class NotifyConfigError(ValueError):
@@ -121,12 +125,17 @@ def url_secrets(url: str) -> list[str]:
     return forms
 
 
-class _RefuseRedirects(urllib.request.HTTPRedirectHandler):
-    """A 3xx comes back as an HTTPError instead of being followed."""
+def _opener(context: ssl.SSLContext | None) -> urllib.request.OpenerDirector:
+    """An opener that verifies TLS with `context` (the default CAs when None) and follows no redirect: a 3xx comes
+    back as an HTTPError."""
+    import urllib.request
 
-    def redirect_request(self, req: urllib.request.Request, fp: Any, code: int, msg: str,
-                         headers: Any, newurl: str) -> urllib.request.Request | None:
-        return None
+    class RefuseRedirects(urllib.request.HTTPRedirectHandler):
+        def redirect_request(self, req: urllib.request.Request, fp: Any, code: int, msg: str,
+                             headers: Any, newurl: str) -> urllib.request.Request | None:
+            return None
+
+    return urllib.request.build_opener(RefuseRedirects(), urllib.request.HTTPSHandler(context=context))
 
 
 @dataclass
@@ -169,6 +178,8 @@ class Notifier:
         self.context: ssl.SSLContext | None = None
         ca_file = self.spec.get("ca_file")
         if ca_file:
+            import ssl
+
             try:
                 self.context = ssl.create_default_context(cafile=str(ca_file))
             except (OSError, ssl.SSLError) as e:
@@ -209,14 +220,16 @@ class Notifier:
         return text
 
     def post_json(self, url: str, body: Any, headers: Mapping[str, str] | None = None) -> Outcome:
+        import http.client
+        import urllib.request
+
         data = json.dumps(body, separators=(",", ":")).encode()
         request = urllib.request.Request(url, data=data, method="POST", headers={
             "Content-Type": "application/json", "User-Agent": "outrider", **getattr(self, "headers", {}),
             **(headers or {})})
         opener = self._opener
         if opener is None:
-            opener = self._opener = urllib.request.build_opener(
-                _RefuseRedirects(), urllib.request.HTTPSHandler(context=getattr(self, "context", None)))
+            opener = self._opener = _opener(getattr(self, "context", None))
         try:
             with opener.open(request, timeout=self.timeout_s) as response:
                 response.read(65536)
