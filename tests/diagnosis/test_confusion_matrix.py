@@ -53,6 +53,30 @@ def run_verdict(rec: RunRecord) -> tuple[str | None, dict[str, float]]:
     return cls, evidence[cls]
 
 
+KILLED_RANK = "exitcode  : -"  # torch.distributed.run's failure summary for a rank that died by a signal
+
+
+def run_workload(tmp_path_factory: pytest.TempPathFactory, base: dict[str, str], name: str, ranks: int, hog: bool
+                 ) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    """One labelled workload under `outrider run`, in its own directories, beside a CPU hog or not."""
+    tmp = tmp_path_factory.mktemp(f"{name}-{'hog' if hog else 'alone'}")
+    env = {**base, "OUTRIDER_RUNS_DIR": str(tmp / "runs"), "OUTRIDER_SPOOL_DIR": str(tmp / "spool"),
+           "OUTRIDER_DIAGNOSIS_WINDOW_S": "4", "OUTRIDER_FLUSH_INTERVAL_S": "0.5"}
+    command = [sys.executable, SCRIPT, name, SECONDS]
+    if ranks:
+        command = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={ranks}",
+                   f"--master-port={free_port()}", SCRIPT, name, SECONDS]
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if hog else None
+    try:
+        r = subprocess.run(outrider_cmd("run", "--listen", "127.0.0.1:0", "--interval", "1", "--", *command),
+                           env=env, capture_output=True, text=True, timeout=300)
+    finally:
+        if spinner is not None:
+            spinner.kill()
+            spinner.wait()
+    return tmp, r
+
+
 @pytest.fixture(scope="module")
 def matrix(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[tuple[str, bool], tuple[str | None, dict[str,
                                                                                                               float]]]]:
@@ -61,22 +85,15 @@ def matrix(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[tuple[str,
     results: dict[tuple[str, bool], tuple[str | None, dict[str, float]]] = {}
     for hog in (False, True):
         for name, (_, ranks) in WORKLOADS.items():
-            tmp = tmp_path_factory.mktemp(f"{name}-{'hog' if hog else 'alone'}")
-            env = {**base, "OUTRIDER_RUNS_DIR": str(tmp / "runs"), "OUTRIDER_SPOOL_DIR": str(tmp / "spool"),
-                   "OUTRIDER_DIAGNOSIS_WINDOW_S": "4", "OUTRIDER_FLUSH_INTERVAL_S": "0.5"}
-            command = [sys.executable, SCRIPT, name, SECONDS]
-            if ranks:
-                command = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={ranks}",
-                           f"--master-port={free_port()}", SCRIPT, name, SECONDS]
-            spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if hog else None
-            try:
-                r = subprocess.run(outrider_cmd("run", "--listen", "127.0.0.1:0", "--interval", "1", "--", *command),
-                                   env=env, capture_output=True, text=True, timeout=300)
-            finally:
-                if spinner is not None:
-                    spinner.kill()
-                    spinner.wait()
-            assert r.returncode == 0, r.stderr[-3000:]
+            tmp, r = run_workload(tmp_path_factory, base, name, ranks, hog)
+            if r.returncode != 0 and ranks and KILLED_RANK in r.stderr:
+                # A gloo rank killed by a signal (seen once: SIGABRT at teardown, on a loaded 2-core CI machine,
+                # after the job's verdict was already recorded) is torch's, not the verdict under test: shown,
+                # then the workload runs once more. Any other failure, or a second one, fails the matrix.
+                print(f"\n{name} ({'hog' if hog else 'alone'}): a rank was killed, run again; its stderr:\n"
+                      f"{r.stderr[:3000]}\n...\n{r.stderr[-3000:]}")
+                tmp, r = run_workload(tmp_path_factory, base, name, ranks, hog)
+            assert r.returncode == 0, f"{r.stderr[:3000]}\n...\n{r.stderr[-3000:]}"
             store = RunStore(tmp / "runs")
             try:
                 results[(name, hog)] = run_verdict(store.load(store.list_runs()[-1][0]))
