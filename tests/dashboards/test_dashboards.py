@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from outrider import links
+from outrider.collectors import cgroupfs
 from outrider.dashboards import render_all
 from outrider.metrics.catalog import CATALOG
 from tests.fakes.kubelet import FakeKubelet, short_socket_dir
@@ -43,11 +44,12 @@ ABSENT_WITHOUT_A_LIMIT = {
 
 
 def own_memory_limit() -> bool:
-    """Whether this process's cgroup (the agent's, which the test starts) has a memory limit set."""
+    """Whether this process's cgroup (the agent's, which the test starts) has a memory limit set, as the agent's own
+    cgroup reader sees it."""
+    cg = cgroupfs.find_memory_cgroup("/proc", "/sys")
     try:
-        line = next(entry for entry in Path("/proc/self/cgroup").read_text().splitlines() if entry.startswith("0::"))
-        return Path("/sys/fs/cgroup", line[3:].lstrip("/"), "memory.max").read_text().strip() != "max"
-    except (OSError, StopIteration):
+        return cg is not None and cgroupfs.read_memory(cg).limit_bytes is not None
+    except (OSError, ValueError):
         return False
 
 
