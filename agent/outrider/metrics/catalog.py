@@ -527,7 +527,9 @@ _DEFS: tuple[MetricDef, ...] = (
     MetricDef("outrider_agent_scrapes_total", "outrider.agent.scrapes", "{scrape}", "counter",
               "Requests served on /metrics.", (), "self"),
     MetricDef("outrider_agent_otlp_exports_total", "outrider.agent.otlp.exports", "{export}", "counter",
-              "OTLP export attempts by result: success, failure, or skipped while backing off after a failure.",
+              "OTLP export attempts by result: success, failure, deadline (no complete answer within "
+              "otlp_timeout_s, which bounds the whole export), too_large (a response body over 1 MiB), or skipped "
+              "while backing off after a failure.",
               (Label("result", "outrider.result"),), "self"),
     MetricDef("outrider_collector_success", "outrider.collector.success", "1", "gauge",
               "1 if the collector's last sweep succeeded, 0 if it failed (and was skipped).", (COLLECTOR,),
@@ -563,7 +565,8 @@ _DEFS: tuple[MetricDef, ...] = (
               "Alert notifications a receiver confirmed.", (RECEIVER, RECEIVER_TYPE), "alerts"),
     MetricDef("outrider_notify_failed_total", "outrider.notify.failed", "{attempt}", "counter",
               "Failed delivery attempts: reason retry (429, 5xx, a redirect, a timeout, a connection, DNS or TLS "
-              "error; tried again) or rejected (other 4xx; dropped).",
+              "error; tried again), deadline (no complete answer within the receiver's timeout_s, which bounds the "
+              "whole delivery; tried again) or rejected (other 4xx; dropped).",
               (RECEIVER, RECEIVER_TYPE, Label("reason", "error.type")), "alerts"),
     MetricDef("outrider_notify_queued", "outrider.notify.queued", "{notification}", "gauge",
               "Notifications waiting in a receiver's outbox.", (RECEIVER, RECEIVER_TYPE), "alerts"),

@@ -156,7 +156,8 @@ class Delivery:
                 self._last_refresh = time.monotonic()
                 outcome = self.notifier.refresh([n for n in self.firing() if self.route.accepts(n.labels)])
                 if outcome is not None and not outcome.delivered:  # counted; the next resend is the retry
-                    self.failed[outcome.kind] = self.failed.get(outcome.kind, 0) + 1
+                    reason = outcome.reason or outcome.kind
+                    self.failed[reason] = self.failed.get(reason, 0) + 1
                     LOG.warning("receiver %s: re-sending the firing alerts failed (%s); next try in %g s",
                                 self.notifier.name, outcome.detail, self.resend_interval_s)
             return max(0.05, self.resend_interval_s - (time.monotonic() - self._last_refresh))
@@ -176,7 +177,8 @@ class Delivery:
 
     def _failed(self, outcome: Outcome, batch: list[Notification]) -> float:
         """Count a failed attempt; drop a rejected batch; returns the wait before the next try."""
-        self.failed[outcome.kind] = self.failed.get(outcome.kind, 0) + 1
+        reason = outcome.reason or outcome.kind
+        self.failed[reason] = self.failed.get(reason, 0) + 1
         if outcome.kind == "rejected":
             LOG.error("receiver %s rejected %s %s (%s): dropped; fix the receiver's configuration (counted in "
                       "outrider_notify_failed_total)", self.notifier.name, batch[0].alertname, batch[0].event,
