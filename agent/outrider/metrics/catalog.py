@@ -573,6 +573,10 @@ _DEFS: tuple[MetricDef, ...] = (
     MetricDef("outrider_notify_oldest_queued_age_seconds", "outrider.notify.oldest_queued.age", "s", "gauge",
               "Age of the oldest notification waiting in a receiver's outbox (0 when empty).",
               (RECEIVER, RECEIVER_TYPE), "alerts"),
+    MetricDef("outrider_notify_dropped_total", "outrider.notify.dropped", "{notification}", "counter",
+              "Notifications dropped undelivered by reason: full (the receiver's outbox held its bound, 10,000 "
+              "notifications or 16 MiB, and the oldest went, its file with it) or unreadable (a corrupt outbox "
+              "file at start).", (RECEIVER, RECEIVER_TYPE, Label("reason", "error.type")), "alerts"),
     MetricDef("outrider_notify_outbox_write_errors_total", "outrider.notify.outbox.write_errors", "{error}",
               "counter", "Notifications the outbox could not write to disk (full or unwritable): held in memory "
               "and written out when the disk takes them again.", (RECEIVER, RECEIVER_TYPE), "alerts"),
