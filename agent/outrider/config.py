@@ -140,7 +140,11 @@ class Config:
     exit_when_workload_exits: bool = field(default=False, metadata={
         "help": "stop (final sweep and flush) and exit 0 once the workload is gone: every process that published "
                 "to the spool, and the trees of `pids`, seen at least once and none alive for a grace period "
-                "(3 sweeps, at least 5 s); for a sidecar in a Job where Kubernetes has no native sidecars"})
+                "(3 sweeps, at least 5 s), or seen exited between two sweeps; for a sidecar in a Job where Kubernetes "
+                "has no native sidecars"})
+    startup_grace_s: float = field(default=900.0, metadata={
+        "help": "with exit_when_workload_exits: stop all the same if no workload has appeared this long after the "
+                "agent started (it failed before instrument(), or never calls it); 0: wait for one forever"})
     host_root: str = field(default="", metadata={
         "help": "where the host's root filesystem is mounted in a node agent's container (e.g. /host/root): "
                 "`filesystems` are then host paths, read through it, labelled and judged read-only as the host "
@@ -180,6 +184,7 @@ BOUNDS: dict[str, hook_settings.Bounds] = {
     "rule_interval_s": hook_settings.Bounds(0.1, 86400.0),
     "resend_interval_s": hook_settings.Bounds(0.1, 86400.0),
     "k8s_pod_resources_timeout_s": hook_settings.Bounds(0.05, 60.0),
+    "startup_grace_s": hook_settings.Bounds(0.0, 2_592_000.0),
     **hook_settings.BOUNDS,
 }
 
@@ -343,6 +348,7 @@ CONVERTERS: dict[str, Callable[[Any], Any]] = {
     "k8s_owner_pod_label": _label_name,
     "k8s_owner_container_label": _label_name,
     "exit_when_workload_exits": _bool,
+    "startup_grace_s": _number("startup_grace_s"),
     "host_root": _str,
 }
 assert set(CONVERTERS) == set(FIELDS), "every config field needs a converter"
