@@ -34,11 +34,13 @@ RUN echo 'outrider:x:65532:65532:outrider:/var/lib/outrider:/usr/sbin/nologin' >
  && echo 'outrider:x:65532:' >> /etc/group \
  && mkdir -p /var/lib/outrider && chown 65532:65532 /var/lib/outrider && chmod 0700 /var/lib/outrider
 # No rule-file setting: the rule catalog ships inside the package and the agent evaluates it by default.
+# The listen address as an ENV, not a CMD flag, so that `-e OUTRIDER_LISTEN=...` is honoured (a flag wins over it).
 ENV PATH=/opt/outrider/bin:$PATH \
+    OUTRIDER_LISTEN=0.0.0.0:9477 \
     OUTRIDER_STATE_DIR=/var/lib/outrider \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1
 USER 65532:65532
 EXPOSE 9477
 ENTRYPOINT ["outrider"]
-CMD ["agent", "--listen", "0.0.0.0:9477"]
+CMD ["agent"]

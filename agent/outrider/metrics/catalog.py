@@ -233,7 +233,8 @@ _DEFS: tuple[MetricDef, ...] = (
               "CPU time of each watched process (top N; pid=\"other\" accumulates the rest while they are not "
               "in the top N).", (PID, PNAME, MODE), "process", semconv=True),
     MetricDef("outrider_process_memory_rss_bytes", "process.memory.usage", "By", "gauge",
-              "Resident set size of each watched process (top N; pid=\"other\" sums the rest).", (PID, PNAME),
+              "Resident set size of each watched process (top N; pid=\"other\" sums the rest that the agent may "
+              "read).", (PID, PNAME),
               "process", semconv=True, otel_instrument="updowncounter"),
     MetricDef("outrider_process_threads", "process.thread.count", "{thread}", "gauge",
               "Threads of each watched process.", (PID, PNAME), "process", semconv=True,
@@ -260,12 +261,14 @@ _DEFS: tuple[MetricDef, ...] = (
     MetricDef("outrider_watched_processes", "outrider.watched.processes", "{process}", "gauge",
               "Live processes in the watched tree.", (), "process"),
     MetricDef("outrider_watched_cpu_seconds_total", "outrider.watched.cpu.time", "s", "counter",
-              "CPU time of the whole watched tree, including processes that have exited since watching began.",
+              "CPU time of the whole watched tree, including processes that have exited since watching began; only "
+              "processes whose /proc the agent may read are summed.",
               (MODE,), "process"),
     MetricDef("outrider_watched_memory_rss_bytes", "outrider.watched.memory.usage", "By", "gauge",
               "Sum of the resident set sizes of the live processes in the watched tree.", (), "process"),
     MetricDef("outrider_watched_io_bytes_total", "outrider.watched.disk.io", "By", "counter",
-              "Storage bytes read and written by the whole watched tree, including exited processes.",
+              "Storage bytes read and written by the whole watched tree, including exited processes; only processes "
+              "whose /proc/PID/io the agent may read are summed (other users' need CAP_SYS_PTRACE).",
               (DISK_DIRECTION,), "process"),
     MetricDef("outrider_watched_threads", "outrider.watched.thread.count", "{thread}", "gauge",
               "Threads of the live processes in the watched tree.", (), "process"),
