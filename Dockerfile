@@ -13,14 +13,16 @@ COPY pyproject.toml README.md ./
 COPY agent ./agent
 # agent/outrider/alerts links here: the wheel carries the rule catalog the embedded evaluator loads by default.
 COPY alerts ./alerts
+# k8s: the PodResources client (grpcio); grpc: the OTLP gRPC exporter on the same grpcio (a few MB more), so that
+# `otlp.protocol: grpc` (the chart's inference example) runs on this image.
 # An optional wheelhouse/ in the context (the project's wheel and every dependency) lets the build run offline;
 # without one pip fetches the dependencies. README.md keeps the COPY valid when there is no wheelhouse.
 COPY README.md wheelhouse* /wheels/
 RUN python3 -m venv /opt/outrider \
  && if ls /wheels/*.whl >/dev/null 2>&1; then \
-      /opt/outrider/bin/pip install --no-cache-dir --no-index --find-links=/wheels 'outrider[k8s]'; \
+      /opt/outrider/bin/pip install --no-cache-dir --no-index --find-links=/wheels 'outrider[k8s,grpc]'; \
     else \
-      /opt/outrider/bin/pip install --no-cache-dir '/src[k8s]'; \
+      /opt/outrider/bin/pip install --no-cache-dir '/src[k8s,grpc]'; \
     fi \
  && /opt/outrider/bin/pip uninstall -y -q pip setuptools
 

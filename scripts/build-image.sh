@@ -83,12 +83,13 @@ if [ -n "$build_image" ] || [ ! -d "$WHEELHOUSE" ]; then
     # The project's wheel, from the copied sources (an in-tree build would leave build/ in the repository).
     python3 -m pip wheel --quiet --disable-pip-version-check --no-deps -w "$tmp" "$ctx" >&2
     # Its dependencies as binary wheels for the image's Python, whatever Python the host runs; with the k8s extra
-    # (grpcio), which the node agent needs to ask the kubelet which pod owns each GPU.
+    # (grpcio), which the node agent needs to ask the kubelet which pod owns each GPU, and the grpc extra (OTLP over
+    # gRPC on the same grpcio).
     wheel=$(ls "$tmp"/outrider-*.whl)
     python3 -m pip download --quiet --disable-pip-version-check --only-binary=:all: -d "$tmp" \
       --python-version "$PYTHON_VERSION" --implementation cp --abi "cp${PYTHON_VERSION/./}" --abi abi3 --abi none \
       --platform "manylinux_2_28_$(uname -m)" --platform "manylinux2014_$(uname -m)" --platform any \
-      "outrider[k8s] @ file://$wheel" >&2
+      "outrider[k8s,grpc] @ file://$wheel" >&2
     mv "$tmp" "$WHEELHOUSE"
   fi
   rm -rf "$ctx/build"

@@ -62,3 +62,19 @@ def test_the_listen_address_is_taken_from_the_environment(podman: Podman, built:
         return fetch(podman, cid, "/healthz", port=9555)[0] == 200  # raises while nothing listens there yet
 
     wait_until(healthy, timeout_s=90, interval_s=0.5, what="the agent on the port OUTRIDER_LISTEN names")
+
+
+def test_otlp_over_grpc_runs_on_the_image(podman: Podman, built: dict[str, str]) -> None:
+    """The chart's inference example sets otlp.protocol grpc: the image carries the gRPC exporter, so the agent
+    serves (it exited 2, and a native sidecar with a startup probe never let the server start)."""
+    cid = podman.create("image-otlp-grpc", ["--network", "none", "--read-only", "--cap-drop", "all",
+                                            "-e", "OUTRIDER_OTLP_PROTOCOL=grpc",
+                                            "-e", "OUTRIDER_OTLP_ENDPOINT=http://127.0.0.1:4317", built["IMAGE"]])
+    podman("start", cid)
+
+    def healthy() -> bool:
+        assert podman.exit_code(cid) is None, f"the agent exited:\n{podman.logs(cid)}"
+        return fetch(podman, cid, "/healthz")[0] == 200
+
+    wait_until(healthy, timeout_s=90, interval_s=0.5, what="the agent with OTLP over gRPC")
+    assert "needs the gRPC exporter" not in podman.logs(cid)
