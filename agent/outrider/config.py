@@ -142,6 +142,9 @@ class Config:
                 "to the spool, and the trees of `pids`, seen at least once and none alive for a grace period "
                 "(3 sweeps, at least 5 s), or seen exited between two sweeps; for a sidecar in a Job where Kubernetes "
                 "has no native sidecars"})
+    prometheus_multiproc_dir: str = field(default="", metadata={
+        "help": "a service's prometheus_client multiprocess directory, whose metrics the agent merges and exports "
+                "(PROMETHEUS_MULTIPROC_DIR sets the default); empty: none"})
     startup_grace_s: float = field(default=900.0, metadata={
         "help": "with exit_when_workload_exits: stop all the same if no workload has appeared this long after the "
                 "agent started (it failed before instrument(), or never calls it); 0: wait for one forever"})
@@ -349,6 +352,7 @@ CONVERTERS: dict[str, Callable[[Any], Any]] = {
     "k8s_owner_container_label": _label_name,
     "exit_when_workload_exits": _bool,
     "startup_grace_s": _number("startup_grace_s"),
+    "prometheus_multiproc_dir": _str,
     "host_root": _str,
 }
 assert set(CONVERTERS) == set(FIELDS), "every config field needs a converter"
@@ -373,7 +377,11 @@ def _set(values: dict[str, Any], sources: dict[str, str], key: str, raw: Any, so
 
 
 def _otel_defaults(env: Mapping[str, str], values: dict[str, Any], sources: dict[str, str]) -> None:
-    """The standard OpenTelemetry variables set defaults; Outrider's own settings override them."""
+    """The standard OpenTelemetry variables (and prometheus_client's multiprocess directory) set defaults;
+    Outrider's own settings override them."""
+    multiproc = env.get("PROMETHEUS_MULTIPROC_DIR")
+    if multiproc:
+        _set(values, sources, "prometheus_multiproc_dir", multiproc, "environment PROMETHEUS_MULTIPROC_DIR")
     proto = env.get("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL") or env.get("OTEL_EXPORTER_OTLP_PROTOCOL")
     if proto:
         name = ("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL" if env.get("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL")
