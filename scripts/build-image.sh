@@ -34,11 +34,12 @@ if ! podman image exists "$BASE_IMAGE"; then
   tarball=$CACHE/base-$base_key.tar
   if [ ! -s "$tarball" ]; then
     log "making the base root filesystem (mmdebstrap bookworm + python3)"
-    # essential + python3 (with venv, for the image's own environment) + CA certificates (OTLP over https);
+    # essential + python3 (with venv, for the image's own environment) + CA certificates (OTLP over https) +
+    # libstdc++ (grpcio's C++ core: the PodResources client and OTLP over gRPC fail to import without it);
     # merged /usr without the usrmerge package (which would pull in perl); no docs, man pages or locales.
     for try in 1 2 3; do  # a mirror's hiccup is not worth a failed CI run
       if mmdebstrap --mode=root --format=tar --variant=essential \
-           --include=python3,python3-venv,ca-certificates \
+           --include=python3,python3-venv,ca-certificates,libstdc++6 \
            --hook-dir=/usr/share/mmdebstrap/hooks/merged-usr \
            --dpkgopt='path-exclude=/usr/share/man/*' --dpkgopt='path-exclude=/usr/share/doc/*' \
            --dpkgopt='path-exclude=/usr/share/locale/*' --dpkgopt='path-exclude=/usr/share/info/*' \

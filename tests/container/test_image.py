@@ -78,3 +78,6 @@ def test_otlp_over_grpc_runs_on_the_image(podman: Podman, built: dict[str, str])
 
     wait_until(healthy, timeout_s=90, interval_s=0.5, what="the agent with OTLP over gRPC")
     assert "needs the gRPC exporter" not in podman.logs(cid)
+    # grpcio's C++ core loads (it needs libstdc++, which the base once lacked): the node agent's PodResources client
+    podman("exec", cid, "/opt/outrider/bin/python", "-c",
+           "import grpc, outrider.k8s.podresources.api_pb2_grpc, opentelemetry.exporter.otlp.proto.grpc")
