@@ -145,6 +145,9 @@ class Config:
     prometheus_multiproc_dir: str = field(default="", metadata={
         "help": "a service's prometheus_client multiprocess directory, whose metrics the agent merges and exports "
                 "(PROMETHEUS_MULTIPROC_DIR sets the default); empty: none"})
+    otlp_receiver_listen: str = field(default="", metadata={
+        "help": "host:port of a local OTLP/HTTP receiver (POST /v1/metrics) for the application's own OpenTelemetry "
+                "metrics, exported beside the agent's; empty: none (e.g. 127.0.0.1:4318)"})
     startup_grace_s: float = field(default=900.0, metadata={
         "help": "with exit_when_workload_exits: stop all the same if no workload has appeared this long after the "
                 "agent started (it failed before instrument(), or never calls it); 0: wait for one forever"})
@@ -353,6 +356,7 @@ CONVERTERS: dict[str, Callable[[Any], Any]] = {
     "exit_when_workload_exits": _bool,
     "startup_grace_s": _number("startup_grace_s"),
     "prometheus_multiproc_dir": _str,
+    "otlp_receiver_listen": lambda raw: _listen(raw) if _str(raw) else "",
     "host_root": _str,
 }
 assert set(CONVERTERS) == set(FIELDS), "every config field needs a converter"
