@@ -5,12 +5,15 @@ Invariants (who writes which cell, and why no lock is needed):
   reached through the series' threading.local, so two threads never write the same memory and no update is lost.
 - Next to its cells, the thread's local holds an owner: a tiny object referenced by that local only. The owner
   dies with the thread's local (thread or greenlet ended), and its weakref callback (run by the dying thread, one
-  atomic deque append) queues the cells as retired. From then on nothing can write them.
-- The publisher (one flush at a time) is the only reader and the only folder: total() first folds the retired
-  cells into the series' base and forgets them, then sums base, shared cells and the live threads' cells. A flush
-  therefore costs O(live threads + threads ended since the last flush), never O(threads ever seen), and every
-  update is counted exactly once: the fold and the sum happen in the same call, so no total sees cells twice or
-  misses them.
+  atomic deque append) queues the cells as retired. From then on nothing writes them.
+- Cells are accumulators, not a thread's identity: a new thread's first update takes a retired thread's cells and
+  keeps adding to them (registered under its own owner first, then forgotten under the old one; total() counts a
+  list once however many keys hold it). So a thread-per-request service holds about as many cell lists as it has
+  threads alive at once, and a flush sums those: its cost does not grow with the threads that ended.
+- The publisher (one flush at a time) is the only reader. It folds the retired cells beyond SPARE_CELLS into the
+  series' base and frees them (after a burst of threads), then sums base, shared cells and the live ones. A retired
+  list is taken from the deque exactly once, by a new thread or by the fold (deque pops are atomic), so every
+  update is counted exactly once.
 - A thread's cells and owner are set in its local in one C call (dict.update), so a signal handler or __del__
   that re-enters the slow path of the same thread can never leave cells reachable whose owner was replaced (which
   would retire cells that are still written).
@@ -32,6 +35,8 @@ DURATION_BOUNDS: tuple[float, ...] = (
     0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.0075, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75,
     1.0, 1.5, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 SIZE_BOUNDS: tuple[float, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+# Retired cell lists a series keeps for new threads to take (beyond them the publisher folds and frees them)
+SPARE_CELLS = 64
 
 
 class Dropped:
@@ -74,28 +79,39 @@ class Series:
 
     def _fresh(self) -> None:
         self._local = threading.local()
-        self._live: dict[OwnerRef, list[float]] = {}  # live threads' cells (and ended ones not folded yet)
-        self._retired: collections.deque[OwnerRef] = collections.deque()  # owners gone since the last fold
+        self._live: dict[OwnerRef, list[float]] = {}  # threads' cells by owner (live, and retired ones kept spare)
+        self._retired: collections.deque[OwnerRef] = collections.deque()  # owners gone (appended as they die)
         self._base: list[float] | None = None  # the folded cells of ended threads
         self._shared = [0.0] * self.width
         self.used = False  # anything recorded yet (a series without data is not published)
 
     def _cells(self) -> list[float]:
         """The slow path: this thread's first update of this series."""
-        cells = [0.0] * self.width
         owner = _Owner()
-        self._live[weakref.ref(owner, self._retired.append)] = cells  # registered (counted) before it is written
+        ref = weakref.ref(owner, self._retired.append)
+        live = self._live
+        cells = old = None
+        try:
+            old = self._retired.pop()  # the most recent: its cells are likely still in the cache
+            cells = live.get(old)
+        except IndexError:
+            pass
+        if cells is None:
+            cells = [0.0] * self.width
+        live[ref] = cells  # registered (counted) before it is written...
+        if old is not None:
+            live.pop(old, None)  # ...and only then forgotten under the ended thread's owner
         self.used = True
         self._local.__dict__.update(c=cells, o=owner)  # both at once (see the invariants)
         return cells
 
     def _fold(self) -> None:
-        """Moves the cells of ended threads into the base (publisher only)."""
+        """Folds the retired cells beyond SPARE_CELLS into the base and frees them (the publisher only)."""
         retired, live = self._retired, self._live
         ended: list[list[float]] = []
-        while retired:
+        for _ in range(len(retired) - SPARE_CELLS):
             try:
-                ref = retired.popleft()
+                ref = retired.popleft()  # the oldest; new threads take the newest
             except IndexError:
                 break
             cells = live.pop(ref, None)  # None: a reset (fork) forgot it already
@@ -104,13 +120,12 @@ class Series:
         if ended:
             if self._base is not None:
                 ended.append(self._base)
-            # column sums in C: folding 10,000 ended threads' histograms takes about a millisecond
-            self._base = [sum(col) for col in zip(*ended)]
+            self._base = [sum(col) for col in zip(*ended)]  # column sums in C
 
     def total(self) -> list[float]:
         """Sum over threads (the publisher's side; may trail the hot path by one update, never tears)."""
         self._fold()
-        parts = list(self._live.values())
+        parts = list({id(c): c for c in list(self._live.values())}.values())  # a list moving to a new owner: once
         if self._base is not None:
             parts.append(self._base)
         parts.append(self._shared)
@@ -124,7 +139,7 @@ class Series:
         return self.used or any(t.used for t in self.twins)
 
     def cell_lists(self) -> int:
-        """How many threads' cells this series holds: live threads, and ended ones until the next fold."""
+        """How many cell lists this series holds: live threads', spare ones, and retired ones until the next fold."""
         return len(self._live)
 
     def reset_after_fork(self) -> None:
