@@ -25,7 +25,7 @@ import re
 import threading
 from typing import Any
 
-from outrider.hook.series import DURATION_BOUNDS, Counter, Dropped, Gauge, Histogram, NoopSeries, Series
+from outrider.hook.series import DURATION_BOUNDS, Counter, Dropped, Gauge, Histogram, NoopSeries, Series, log_aside
 
 LOG = logging.getLogger("outrider.hook")
 NAME_RE = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
@@ -202,11 +202,11 @@ class Registry:
         return entries, values
 
     def log_warnings(self) -> None:
-        """The refusals' warnings, from the publisher (see the module's docstring)."""
+        """The refusals' warnings, from the publisher (see the module's docstring), through a logging thread."""
         while self._warnings:
             try:
-                LOG.warning(self._warnings.popleft())
-            except Exception:  # an emptied deque, or a logging handler that failed: never the workload's problem
+                log_aside(LOG, logging.WARNING, "%s", self._warnings.popleft())
+            except Exception:  # an emptied deque, or no thread to log from: never the workload's problem
                 break
 
     def has_data(self) -> bool:

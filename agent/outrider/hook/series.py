@@ -24,6 +24,7 @@ Every method swallows its own errors: the hook never raises into user code; a ba
 from __future__ import annotations
 
 import collections
+import logging
 import threading
 import weakref
 from bisect import bisect_left
@@ -47,6 +48,18 @@ class Dropped:
 
     def __call__(self, reason: str) -> None:
         self.counts[reason] = self.counts.get(reason, 0) + 1
+
+
+def log_aside(logger: logging.Logger, level: int, msg: str, *args: object) -> None:
+    """Logs from a short-lived thread, so the caller never waits for a logging lock. The publisher logs while it
+    holds the flush lock; a signal handler that flushes (outrider.shutdown() on SIGTERM) may have interrupted the
+    main thread inside a log call, holding the handler's lock: waiting for that lock there would deadlock both."""
+    if not logger.isEnabledFor(level):
+        return
+    try:
+        threading.Thread(target=logger.log, args=(level, msg, *args), name="outrider-log", daemon=True).start()
+    except RuntimeError:  # no new thread (interpreter shutdown): the caller is the exit path, which may wait
+        logger.log(level, msg, *args)
 
 
 class _Owner:
