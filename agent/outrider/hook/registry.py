@@ -217,4 +217,4 @@ class Registry:
         self.lock = threading.Lock()  # the parent's holder (another thread) does not exist here
         for s in [*self._series.values(), *(p[0] for p in list(self._pending.values()))]:
             s.reset_after_fork()
-        self.drop.counts.clear()
+        self.drop.clear()

@@ -41,13 +41,26 @@ SPARE_CELLS = 64
 
 
 class Dropped:
-    """Counts of measurements and registrations the hook refused, by reason."""
+    """Counts of measurements and registrations the hook refused, by reason.
+
+    Each reason's count is a one-item list bumped with `+=` (no call between the read and the write), so a signal
+    handler that drops something while the interrupted code was dropping too loses neither count."""
 
     def __init__(self) -> None:
-        self.counts: dict[str, int] = {}
+        self._cells: dict[str, list[int]] = {}
 
     def __call__(self, reason: str) -> None:
-        self.counts[reason] = self.counts.get(reason, 0) + 1
+        cell = self._cells.get(reason)
+        if cell is None:
+            cell = self._cells.setdefault(reason, [0])
+        cell[0] += 1
+
+    @property
+    def counts(self) -> dict[str, int]:
+        return {reason: cell[0] for reason, cell in list(self._cells.items())}
+
+    def clear(self) -> None:
+        self._cells = {}
 
 
 def log_aside(logger: logging.Logger, level: int, msg: str, *args: object) -> None:
