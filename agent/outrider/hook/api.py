@@ -26,6 +26,10 @@ T = TypeVar("T")
 NOOP = NoopSeries("noop", {}, 1, lambda reason: None)
 
 
+def _active() -> bool:
+    return S.hook is not None
+
+
 def _disabled() -> bool:
     return os.environ.get("OUTRIDER_DISABLED", "").strip().lower() in ("1", "true", "yes", "on")
 
@@ -50,7 +54,7 @@ class _State:
         # integration: called here rather than through a listener, which would be one more Python frame per step
         self.ops_reader: Callable[[], int] | None = None
         self.ops = 0
-        self.cached: dict[tuple[str, str, tuple[tuple[str, str], ...]], Any] = {}
+        self.cached: dict[tuple[str, str, tuple[tuple[str, str], ...], bool], Any] = {}
         # Step and data-wait rings: the hot path stores raw numbers and bumps a count; the publisher thread drains
         # them into the histograms and counters once a flush. Written by one training thread. Counts (steps,
         # samples, tokens) are running totals, exact however far the ring laps; only durations can be lost.
@@ -82,6 +86,7 @@ class _State:
         self.http_in_flight: dict[tuple[str, str, str], Any] = {}
         self.torch: Any = None  # the PyTorch integration, when torch was imported before instrument()
         self.dormant = False  # a DataLoader worker forked from an instrumented process: measures nothing
+        self.setting_up = False  # instrument() is running (in the thread that holds _SETTING_UP)
 
 
 LOOP_PARTS = ("data_wait", "step", "other")
@@ -100,6 +105,35 @@ def instrument(spool_dir: str | None = None, standalone: bool | None = None) -> 
         return True
     if _disabled():
         return False
+    # Another thread waits for the one setting up; the same thread coming back (a signal handler, __del__ or GC
+    # callback that calls outrider.counter(...) mid-setup) gets False, as before instrument(), instead of a second
+    # hook or a deadlock.
+    with _SETTING_UP:
+        if _active():  # set up by the thread this one waited for
+            return True
+        if S.setting_up:
+            return False
+        S.setting_up = True
+        try:
+            return _instrument(spool_dir, standalone)
+        finally:
+            S.setting_up = False
+
+
+_SETTING_UP = threading.RLock()
+
+
+def _renew_setting_up() -> None:
+    """A child forked while another thread was setting up would find the lock held forever."""
+    global _SETTING_UP
+    _SETTING_UP = threading.RLock()
+    S.setting_up = False
+
+
+os.register_at_fork(after_in_child=_renew_setting_up)
+
+
+def _instrument(spool_dir: str | None, standalone: bool | None) -> bool:
     try:
         import dataclasses
 
@@ -404,13 +438,16 @@ def record_batch_size(n: int) -> None:
 
 # --- latency -----------------------------------------------------------------------------------------------------
 
-def _cached(kind: str, name: str, labels: dict[str, str], bounds: tuple[float, ...] = DURATION_BOUNDS) -> Any:
-    key = (kind, name, tuple(labels.items()))
+def _cached(kind: str, name: str, labels: dict[str, str], bounds: tuple[float, ...] = DURATION_BOUNDS,
+            builtin: bool = True) -> Any:
+    """builtin: one of the hook's own names (record_latency, record_request, ...); the custom-metric functions pass
+    False, so a workload cannot publish a name the agent owns (outrider_hook_stalled 0 once hid a real stall)."""
+    key = (kind, name, tuple(labels.items()), builtin)
     hit = S.cached.get(key)
     if hit is None:
         if S.hook is None:
             return NOOP
-        hit = S.hook.series(kind, name, labels, bounds=bounds, builtin=name.startswith("outrider_"))
+        hit = S.hook.series(kind, name, labels, bounds=bounds, builtin=builtin)
         if len(S.cached) < 10_000:
             S.cached[key] = hit
     return hit
@@ -536,7 +573,8 @@ def in_flight(route: str = "", method: str = "_OTHER", scheme: str = "") -> Any:
 def histogram(name: str, labels: dict[str, str] | None = None, bounds: tuple[float, ...] | None = None) -> Any:
     """A custom histogram series (`.observe(v)`); bounds default to durations in seconds."""
     instrument()
-    return _cached("histogram", name, dict(labels or {}), tuple(bounds) if bounds else DURATION_BOUNDS)
+    return _cached("histogram", name, dict(labels or {}), tuple(bounds) if bounds else DURATION_BOUNDS,
+                   builtin=False)
 
 
 def counter(name: str, labels: dict[str, str] | None = None) -> Any:
@@ -544,10 +582,10 @@ def counter(name: str, labels: dict[str, str] | None = None) -> Any:
     instrument()
     if isinstance(name, str) and not name.endswith("_total"):
         name += "_total"
-    return _cached("counter", name, dict(labels or {}))
+    return _cached("counter", name, dict(labels or {}), builtin=False)
 
 
 def gauge(name: str, labels: dict[str, str] | None = None) -> Any:
     """A custom gauge series (`.set(v)`, `.add(d)`)."""
     instrument()
-    return _cached("gauge", name, dict(labels or {}))
+    return _cached("gauge", name, dict(labels or {}), builtin=False)
