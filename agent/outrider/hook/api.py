@@ -72,6 +72,9 @@ class _State:
         # finish; deque appends and pops are atomic, and the publisher pops.
         self.collectives: collections.deque[tuple[float, float, str, bool]] = collections.deque(maxlen=RING)
         self.collectives_seen = False
+        # Recognised checkpoints on the loop's thread (hook/torch_checkpoint.py): (begin, end), appended by that
+        # thread, popped by the publisher into the loop's accounting.
+        self.checkpoints: collections.deque[tuple[float, float]] = collections.deque(maxlen=RING)
         self.loop = LoopAccount()
         self.loop_tid = 0  # native id of the thread that completes steps (the training loop's), once one has
         self.loader_used = False  # a data-loader wrapper was iterated: a training process
@@ -84,7 +87,7 @@ class _State:
         self.dormant = False  # a DataLoader worker forked from an instrumented process: measures nothing
 
 
-LOOP_PARTS = ("data_wait", "step", "other")
+LOOP_PARTS = ("data_wait", "step", "other", "checkpoint")
 RING = 4096  # more steps (or batches) than this between two flushes (1 s) lose their durations, never their count
 MASK = RING - 1
 S = _State()
@@ -151,6 +154,7 @@ def _after_fork_in_child() -> None:
     S.drained, S.drained_w = S.n, S.nw  # the parent's steps and waits are the parent's
     S.samples_drained, S.tokens_drained = S.sample_sum, S.token_sum
     S.collectives.clear()
+    S.checkpoints.clear()
     S.loop = LoopAccount()
     S.loop_tid = 0
     S.hook.after_fork_in_child()
@@ -230,6 +234,11 @@ def _drain() -> None:
         loop.add_wait(b, e)
     S.drained_w = nw  # (a DataLoader alone does not make a training process: batch inference iterates them too)
     _drain_collectives(hook, loop)
+    while S.checkpoints:
+        try:
+            loop.add_checkpoint(*S.checkpoints.popleft())
+        except IndexError:
+            break
     if n > done:
         start = done
         if n - done > RING:
@@ -238,7 +247,7 @@ def _drain() -> None:
             loop.restart()
         prev = S.last_end if start == done else 0.0
         durations: list[float] = []
-        parts = [0.0, 0.0, 0.0, 0.0]
+        parts = [0.0, 0.0, 0.0, 0.0, 0.0]  # data wait, step, other, checkpoint; collective wait
         for k in range(start, n):
             i = k & MASK
             end, begin = S.ends[i], S.begins[i] or prev
@@ -250,7 +259,8 @@ def _drain() -> None:
                 parts[0] += it.data_wait
                 parts[1] += it.step
                 parts[2] += it.other
-                parts[3] += it.collective_wait
+                parts[3] += it.checkpoint
+                parts[4] += it.collective_wait
             prev = end
         if done == 0:
             S.first_step_g.set(time() - (perf_counter() - S.ends[start & MASK]) - S.process_start_s)
@@ -259,9 +269,11 @@ def _drain() -> None:
         S.drained = n
         if any(parts):
             for part, seconds in zip(LOOP_PARTS, parts):
-                hook.series("counter", "outrider_train_loop_seconds_total", {"part": part}, builtin=True).inc(seconds)
-        if parts[3] or S.collectives_seen:
-            hook.series("counter", "outrider_train_collective_wait_seconds_total", builtin=True).inc(parts[3])
+                if seconds or part != "checkpoint":  # the checkpoint part appears with the first checkpoint
+                    hook.series("counter", "outrider_train_loop_seconds_total", {"part": part},
+                                builtin=True).inc(seconds)
+        if parts[4] or S.collectives_seen:
+            hook.series("counter", "outrider_train_collective_wait_seconds_total", builtin=True).inc(parts[4])
     sample_sum, token_sum = S.sample_sum, S.token_sum
     if sample_sum != S.samples_drained:
         S.samples_c.inc(sample_sum - S.samples_drained)
