@@ -4,6 +4,9 @@ against a stand-in for torch.cuda (no GPU here; the gpu-marked run on real hardw
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 import threading
 import types
 import urllib.request
@@ -321,3 +324,30 @@ def test_detach_puts_torch_back(torch_hook: Any) -> None:
     assert after[0].__code__.co_name == "__init__" and after[1].__code__.co_name != "marking"
     import torch.serialization as serialization
     assert not getattr(serialization._save, "__outrider_checkpoint__", False)
+
+
+def test_instrument_before_import_torch_attaches_once_torch_is_imported(tmp_path: Path) -> None:
+    """instrument() at the top of a script, `import torch` after it: steps, data waits and the training evidence
+    are all measured (in a fresh interpreter: this one imported torch long ago)."""
+    pytest.importorskip("torch")
+    code = """if True:
+        import sys
+        import outrider
+        from outrider.hook import api
+        outrider.instrument()
+        assert api.S.torch is None and "torch" not in sys.modules
+        import torch
+        model = torch.nn.Linear(4, 4)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        data = torch.utils.data.TensorDataset(torch.ones(8, 4))
+        for (x,) in torch.utils.data.DataLoader(data, batch_size=2):
+            opt.zero_grad()
+            model(x).sum().backward()
+            opt.step()
+        finders = [f for f in sys.meta_path if type(f).__name__ == "_AfterTorchImport"]
+        print(api.S.torch is not None, api.S.n, api.S.nw, api.S.hook.progress.evidence, len(finders), sep="|")
+    """
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OUTRIDER_")}
+    env.update({"OUTRIDER_SPOOL_DIR": str(tmp_path), "OUTRIDER_STANDALONE": "false"})
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "True|4|4|built an optimizer|0", out.stderr

@@ -7,6 +7,7 @@ OUTRIDER_DISABLED=1 every call is a no-op. The hot-path functions touch one or t
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 import logging
 import os
@@ -97,7 +98,8 @@ def instrument(spool_dir: str | None = None, standalone: bool | None = None) -> 
     """Start publishing this process's metrics. Zero-config: reads OUTRIDER_* (spool directory, limits).
 
     With an agent on the spool (a sidecar, `outrider run`, or another process of this job) it only publishes;
-    with none, this process runs the agent itself and serves /metrics. Hooks into PyTorch if it is imported.
+    with none, this process runs the agent itself and serves /metrics. Hooks into PyTorch, now if it is imported,
+    else once it is.
     Idempotent. Returns whether the hook is active."""
     if S.hook is not None:
         return True
@@ -132,14 +134,60 @@ def instrument(spool_dir: str | None = None, standalone: bool | None = None) -> 
         threads = ThreadSampler(hook, lambda: S.loop_tid)
         hook.samplers.append(threads.sample)
         if "torch" in sys.modules:
-            from outrider.hook.torch_integration import attach
-
-            S.torch = attach(hook, S, _step_done, MASK)
+            _attach_torch()
+        else:  # torch imported later: attach once its import has run, on the importing thread
+            sys.meta_path.insert(0, _AfterTorchImport())
         hook.start()
         return True
     except Exception as e:
         LOG.warning("outrider: instrument() failed, continuing without the hook: %s", e)
         return False
+
+
+def _attach_torch() -> None:
+    if S.hook is None or S.torch is not None or S.dormant:
+        return
+    from outrider.hook.torch_integration import attach
+
+    S.torch = attach(S.hook, S, _step_done, MASK)
+
+
+class _AfterTorchImport:
+    """A meta path finder, first on sys.meta_path until torch is imported, so that instrument() called before
+    `import torch` still hooks into it: it finds torch's spec with the finders behind it and wraps the loader's
+    exec_module to attach the integration once torch's `__init__` has run (so every submodule the integration
+    patches is loaded, and the user's thread does the patching: nothing races its first optimizer). Answers for
+    "torch" only, once; never raises into the import."""
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        if fullname != "torch":
+            return None
+        with contextlib.suppress(ValueError):
+            sys.meta_path.remove(self)
+        try:
+            for finder in list(sys.meta_path):
+                find = getattr(finder, "find_spec", None)
+                spec = find(fullname, path, target) if find is not None else None
+                if spec is not None:
+                    break
+            else:
+                return None
+            loader = spec.loader
+            original = getattr(loader, "exec_module", None)
+            if original is None:
+                return spec
+
+            def exec_module(module: Any) -> None:
+                original(module)
+                try:
+                    _attach_torch()
+                except Exception:  # the import itself succeeded: never fail it over the hook
+                    LOG.debug("outrider: attaching to torch after its import failed", exc_info=True)
+
+            loader.exec_module = exec_module
+            return spec
+        except Exception:
+            return None  # the import machinery goes on with the other finders
 
 
 def _after_fork_in_child() -> None:

@@ -1,4 +1,5 @@
-"""PyTorch integration, attached by instrument() only when the user has already imported torch.
+"""PyTorch integration, attached by instrument() when the user has already imported torch, else right after the
+user's `import torch` has run (hook/api.py: a one-shot import hook; torch is never imported by Outrider).
 
 - Steps: a global optimizer step post hook counts steps (the first optimizer that steps, so a GAN's two
   optimizers count one step), unless the user times steps explicitly.
