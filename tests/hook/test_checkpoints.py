@@ -27,7 +27,7 @@ from outrider.metrics.exposition import render
 from tests.helpers import samples, value
 
 torch = pytest.importorskip("torch")
-CHUNK = 64 * 1024
+CHUNK = 256 * 1024
 
 pytestmark = pytest.mark.skipif(progress.written_bytes() is None, reason="no task I/O accounting in this kernel")
 
@@ -49,8 +49,9 @@ def hooked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Hook]:
 
 class SlowFile(io.RawIOBase):
     """A file-like torch.save writes into: each write goes to a real file in CHUNK pieces, each full one after a
-    pause of `pause_s` while `go_on()` says so (then the rest at once), as a slow disk; every piece is flushed to
-    the page cache (it counts as written). Small writes (the zip's headers, the pickle) go at once."""
+    pause of `pause_s`, as a slow disk, while `go_on()` says so (then the rest is dropped: the test has seen what it
+    waited for); every piece is flushed to the page cache (it counts as written). Small writes (the zip's headers,
+    the pickle) go at once."""
 
     def __init__(self, path: Path, pause_s: float, go_on: Callable[[], bool] = lambda: True,
                  write_data: bool = True) -> None:
@@ -65,7 +66,9 @@ class SlowFile(io.RawIOBase):
     def write(self, data: Any) -> int:
         view = memoryview(data).cast("B")
         for at in range(0, len(view), CHUNK):
-            if len(view) - at >= CHUNK and self.go_on():
+            if not self.go_on():
+                break
+            if len(view) - at >= CHUNK:
                 time.sleep(self.pause_s)
             if self.write_data:
                 self.fh.write(view[at:at + CHUNK])
@@ -108,7 +111,7 @@ def test_a_long_undeclared_torch_save_that_writes_is_no_stall_and_is_its_own_par
     train(20)
     hooked.flush()
     threshold = hooked.progress._step_threshold()
-    blob = torch.zeros(4 << 20, dtype=torch.uint8)  # 4 MiB: 64 pieces
+    blob = torch.zeros(16 << 20, dtype=torch.uint8)  # 16 MiB: 64 pieces, about 5 MiB/s
     t0 = time.perf_counter()
     with SlowFile(tmp_path / "ckpt.pt", pause_s=0.05) as fh:
         torch.save({"weights": blob}, fh)
@@ -138,10 +141,10 @@ def test_a_checkpoint_far_past_its_learned_duration_is_a_stall_though_it_writes(
     def until_stalled() -> bool:
         return not hooked.progress.stalled_since_ns
 
-    blob = torch.zeros(64 << 20, dtype=torch.uint8)
+    blob = torch.zeros(64 << 20, dtype=torch.uint8)  # 256 pieces: more than it takes to stall
     t0 = time.perf_counter()
     with SlowFile(tmp_path / "second.pt", pause_s=0.02, go_on=until_stalled) as fh:
-        torch.save({"weights": blob}, fh)  # writes on (1024 pieces) until the hook calls it stalled
+        torch.save({"weights": blob}, fh)  # writes on until the hook calls it stalled
     took = time.perf_counter() - t0
     assert hooked.progress.stalls == 1, f"no stall in a {took:.1f} s checkpoint against a limit of {limit:.1f} s"
     text = stall_messages(tmp_path)
@@ -219,3 +222,16 @@ def test_a_save_inside_a_declared_checkpoint_phase_is_that_phase(tmp_path: Path,
         torch.save({"w": torch.zeros(4)}, tmp_path / "declared.pt")
         assert not hooked.progress.checkpoint_since, "the declared phase holds the stall; no second checkpoint"
     assert "checkpoint" not in hooked.progress.open_phases
+
+
+def test_a_distributed_checkpoint_imported_after_instrument_is_recognised(tmp_path: Path, hooked: Hook) -> None:
+    """torch.distributed.checkpoint is not imported by `import torch`: the publisher patches it once it is."""
+    import torch.distributed.checkpoint as dcp
+
+    hooked.flush()
+    train(5)
+    with pytest.warns(UserWarning, match="single process"):  # no process group: dcp saves in this process
+        dcp.save({"model": train.model.state_dict()}, checkpoint_id=str(tmp_path / "dcp"))  # type: ignore[attr-defined]
+    train(2)
+    assert hooked.progress.checkpoints == 1
+    assert value(read(tmp_path, hooked), "outrider_train_checkpoint_duration_seconds_count") == 1

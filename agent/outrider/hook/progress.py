@@ -34,7 +34,8 @@ from time import perf_counter
 
 RECENT = 32
 CHECKPOINT_FACTOR = 3.0  # a checkpoint is stalled past this many times the longest earlier one
-WRITING_BYTES_PER_S = 64 * 1024  # write rate to storage (between two checks) that counts as writing
+WRITING_BYTES_PER_S = 1 << 20  # write rate to storage (between two looks) that counts as writing: a checkpoint's,
+# not a logger's (a hung job whose logger writes on must still stall)
 WRITE_LOOK_S = 0.5  # the shortest interval a write rate is taken over
 IO_PATH = "/proc/self/io"
 MAX_PHASES = 100  # phase names are user input: more distinct ones are timed only while open
