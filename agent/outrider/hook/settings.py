@@ -137,6 +137,11 @@ def read(env: Mapping[str, str] | None = None) -> tuple[HookSettings, list[str]]
 # (the first that says something wins; README "Training job identity"):
 KUBEFLOW_MASTER = re.compile(r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?)-master-0$")  # training operator v1: <job>-master-0
 HOSTS_PATH = "/etc/hosts"
+POD_LABELS_PATH = "/etc/podinfo/labels"  # Kubernetes' downward API example path; OUTRIDER_POD_LABELS_FILE moves it
+# Pod labels that name the job, the framework's own before the Kubernetes Job's (a JobSet's pods belong to one Job
+# per replicated job: their job-name differs between ranks)
+JOB_LABELS = ("training.kubeflow.org/job-name", "trainer.kubeflow.org/trainjob-name", "jobset.sigs.k8s.io/jobset-name",
+              "volcano.sh/job-name", "ray.io/cluster", "batch.kubernetes.io/job-name", "job-name")
 
 
 def derive_training_job(env: Mapping[str, str], hosts_path: str = HOSTS_PATH) -> tuple[str, str]:
@@ -163,6 +168,22 @@ def _torchrun(env: Mapping[str, str], _: str) -> str:
 def _jobset(env: Mapping[str, str], _: str) -> str:
     """JOBSET_NAME: mapped from the pod's jobset.sigs.k8s.io/jobset-name label with the downward API."""
     return env.get("JOBSET_NAME", "").strip()
+
+
+def _pod_labels(env: Mapping[str, str], _: str) -> str:
+    """The pod's labels, where the downward API mounts them (`key="value"` lines): the first of JOB_LABELS."""
+    path = env.get("OUTRIDER_POD_LABELS_FILE", "") or POD_LABELS_PATH
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            text = fh.read(65536)
+    except OSError:
+        return ""
+    labels: dict[str, str] = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        if sep:
+            labels[key.strip()] = value.strip().strip('"')
+    return next((labels[k] for k in JOB_LABELS if labels.get(k)), "")
 
 
 def _ray(env: Mapping[str, str], _: str) -> str:
@@ -215,4 +236,4 @@ def _indexed_job(env: Mapping[str, str], _: str) -> str:
     return match.group(1) if index.isdigit() and match else ""
 
 
-_SOURCES = (_outrider, _torchrun, _jobset, _ray, _volcano, _kubeflow, _subdomain, _indexed_job)
+_SOURCES = (_outrider, _torchrun, _jobset, _pod_labels, _ray, _volcano, _kubeflow, _subdomain, _indexed_job)
