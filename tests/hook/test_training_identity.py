@@ -54,25 +54,28 @@ def test_the_pods_subdomain_from_the_kubelets_hosts_line(tmp_path: Path) -> None
     assert derive_training_job({**K8S, "HOSTNAME": "build-box"}, other) == ("", "")
 
 
-def test_the_pods_labels_through_the_downward_api_framework_first(tmp_path: Path) -> None:
+def test_the_pods_labels_through_the_downward_api_framework_first(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     labels = tmp_path / "labels"
+    monkeypatch.setattr(settings, "POD_LABELS_PATH", str(labels))
     labels.write_text('app="trainer"\nbatch.kubernetes.io/job-name="pretrain-workers-0"\n'
                       'jobset.sigs.k8s.io/jobset-name="pretrain"\npod-template-hash="7d9f"\n')
-    env = {"OUTRIDER_POD_LABELS_FILE": str(labels)}
+    env: dict[str, str] = {}
     assert derive_training_job(env, hosts(tmp_path)) == ("pretrain", "pod_labels"), "the JobSet, not its Job"
     labels.write_text('batch.kubernetes.io/job-name="finetune"\njob-name="finetune"\n')
     assert derive_training_job(env, hosts(tmp_path)) == ("finetune", "pod_labels")
     labels.write_text('app="web"\n')
     assert derive_training_job(env, hosts(tmp_path)) == ("", "")
-    assert derive_training_job({"OUTRIDER_POD_LABELS_FILE": str(tmp_path / "none")}, hosts(tmp_path)) == ("", "")
+    labels.unlink()
+    assert derive_training_job(env, hosts(tmp_path)) == ("", "")
 
 
-def test_the_first_source_wins_in_the_documented_order(tmp_path: Path) -> None:
+def test_the_first_source_wins_in_the_documented_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = hosts(tmp_path, "10.0.0.9\tjs-w-0-0.js.ml.svc.cluster.local\tjs-w-0-0")
     pod_labels = tmp_path / "labels"
     pod_labels.write_text('volcano.sh/job-name="labelled"\n')
+    monkeypatch.setattr(settings, "POD_LABELS_PATH", str(pod_labels))
     everything = {**K8S, "OUTRIDER_TRAINING_JOB": "mine", "TORCHELASTIC_RUN_ID": "rdzv", "JOBSET_NAME": "js",
-                  "OUTRIDER_POD_LABELS_FILE": str(pod_labels),
                   "RAY_JOB_SUBMISSION_ID": "ray", "VC_W_HOSTS": "vc-w-0.vc", "MASTER_ADDR": "kf-master-0",
                   "HOSTNAME": "js-w-0-0", "JOB_COMPLETION_INDEX": "0"}
     order = ["outrider", "torchrun", "jobset", "pod_labels", "ray", "volcano", "kubeflow", "subdomain", "indexed_job"]
@@ -80,7 +83,7 @@ def test_the_first_source_wins_in_the_documented_order(tmp_path: Path) -> None:
                 "volcano": "vc",
                 "kubeflow": "kf", "subdomain": "js", "indexed_job": "js-w-0"}
     removes = {"outrider": ["OUTRIDER_TRAINING_JOB"], "torchrun": ["TORCHELASTIC_RUN_ID"], "jobset": ["JOBSET_NAME"],
-               "pod_labels": ["OUTRIDER_POD_LABELS_FILE"],
+               "pod_labels": [],
                "ray": ["RAY_JOB_SUBMISSION_ID"], "volcano": ["VC_W_HOSTS"], "kubeflow": ["MASTER_ADDR"],
                "subdomain": ["HOSTNAME"]}
     env = dict(everything)
@@ -91,6 +94,8 @@ def test_the_first_source_wins_in_the_documented_order(tmp_path: Path) -> None:
         assert derive_training_job(env, path) == (expected[source], source)
         for key in removes.get(source, []):
             env.pop(key)
+        if source == "pod_labels":
+            pod_labels.unlink()
 
 
 @pytest.mark.parametrize("env", [
@@ -120,7 +125,6 @@ def test_a_hooked_process_publishes_the_derived_job(tmp_path: Path) -> None:
     code = ("import outrider, outrider.hook.api as api; outrider.instrument(); "
             "print(api.S.hook.identity.meta()['training_job'])")
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": ":".join(sys.path), "OUTRIDER_SPOOL_DIR": str(tmp_path),
-           "OUTRIDER_STANDALONE": "false", "VC_WORKER_HOSTS": "bert-worker-0.bert,bert-worker-1.bert",
-           "OUTRIDER_POD_LABELS_FILE": str(tmp_path / "no-labels")}
+           "OUTRIDER_STANDALONE": "false", "VC_WORKER_HOSTS": "bert-worker-0.bert,bert-worker-1.bert"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "bert", out.stderr

@@ -137,7 +137,10 @@ def read(env: Mapping[str, str] | None = None) -> tuple[HookSettings, list[str]]
 # (the first that says something wins; README "Training job identity"):
 KUBEFLOW_MASTER = re.compile(r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?)-master-0$")  # training operator v1: <job>-master-0
 HOSTS_PATH = "/etc/hosts"
-POD_LABELS_PATH = "/etc/podinfo/labels"  # Kubernetes' downward API example path; OUTRIDER_POD_LABELS_FILE moves it
+# Where the pod's labels are read, when a downward API volume mounts them there (the path of Kubernetes' own example).
+# Not an OUTRIDER_* setting: every such variable is an agent key too, and a sidecar sharing the environment would
+# refuse one it does not know.
+POD_LABELS_PATH = "/etc/podinfo/labels"
 # Pod labels that name the job, the framework's own before the Kubernetes Job's (a JobSet's pods belong to one Job
 # per replicated job: their job-name differs between ranks)
 JOB_LABELS = ("training.kubeflow.org/job-name", "trainer.kubeflow.org/trainjob-name", "jobset.sigs.k8s.io/jobset-name",
@@ -172,9 +175,8 @@ def _jobset(env: Mapping[str, str], _: str) -> str:
 
 def _pod_labels(env: Mapping[str, str], _: str) -> str:
     """The pod's labels, where the downward API mounts them (`key="value"` lines): the first of JOB_LABELS."""
-    path = env.get("OUTRIDER_POD_LABELS_FILE", "") or POD_LABELS_PATH
     try:
-        with open(path, encoding="utf-8", errors="replace") as fh:
+        with open(POD_LABELS_PATH, encoding="utf-8", errors="replace") as fh:
             text = fh.read(65536)
     except OSError:
         return ""
