@@ -22,7 +22,8 @@ one only while it serves no request: tensor-parallel inference servers initialis
 alone is no evidence: batch inference iterates them, and would be paged for never stepping.
 
 Written by the publisher thread (steps, drained from the hot path's ring; write rates) and by the user's threads
-(a phase opened or closed, a recognised checkpoint begun or ended, training evidence); read by the publisher thread. Single stores and dict operations under the GIL: no lock.
+(a phase opened or closed, a recognised checkpoint begun or ended, training evidence); read by the publisher thread.
+Single stores and dict operations under the GIL: no lock.
 """
 
 from __future__ import annotations
