@@ -119,9 +119,11 @@ class Config:
         "help": "a declared phase (outrider.phase) open longer than this is a stall (hook)"})
     training_job: str = field(default="", metadata={
         "help": "the training job's name, labelling every hook series (training_job) so ranks of one job group "
-                "across pods and nodes; empty: TORCHELASTIC_RUN_ID (hook)"})
+                "across pods and nodes; empty: derived from the launcher or the platform (torchrun, JobSet, Ray, "
+                "Volcano, Kubeflow, the pod's subdomain, an Indexed Job: README, Training job identity) (hook)"})
     role: str = field(default="", metadata={
-        "help": "training or inference; empty: judged from what the process does (hook)"})
+        "help": "training or inference; empty: judged from what the process does (an optimizer, a DDP/FSDP "
+                "wrapper or a process group built: training) (hook)"})
     spool_trusted_uids: tuple[int, ...] = field(default=(), metadata={
         "help": "uids whose shards the agent reads besides its own and those of the processes it watches; owners "
                 "a configured spool may have besides the user and root"})

@@ -7,6 +7,7 @@ OUTRIDER_DISABLED=1 every call is a no-op. The hot-path functions touch one or t
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 import logging
 import os
@@ -76,6 +77,9 @@ class _State:
         # finish; deque appends and pops are atomic, and the publisher pops.
         self.collectives: collections.deque[tuple[float, float, str, bool]] = collections.deque(maxlen=RING)
         self.collectives_seen = False
+        # Recognised checkpoints on the loop's thread (hook/torch_checkpoint.py): (begin, end), appended by that
+        # thread, popped by the publisher into the loop's accounting.
+        self.checkpoints: collections.deque[tuple[float, float]] = collections.deque(maxlen=RING)
         self.loop = LoopAccount()
         self.loop_tid = 0  # native id of the thread that completes steps (the training loop's), once one has
         self.loader_used = False  # a data-loader wrapper was iterated: a training process
@@ -89,7 +93,7 @@ class _State:
         self.setting_up = False  # instrument() is running (in the thread that holds _SETTING_UP)
 
 
-LOOP_PARTS = ("data_wait", "step", "other")
+LOOP_PARTS = ("data_wait", "step", "other", "checkpoint")
 RING = 4096  # more steps (or batches) than this between two flushes (1 s) lose their durations, never their count
 MASK = RING - 1
 S = _State()
@@ -99,7 +103,8 @@ def instrument(spool_dir: str | None = None, standalone: bool | None = None) -> 
     """Start publishing this process's metrics. Zero-config: reads OUTRIDER_* (spool directory, limits).
 
     With an agent on the spool (a sidecar, `outrider run`, or another process of this job) it only publishes;
-    with none, this process runs the agent itself and serves /metrics. Hooks into PyTorch if it is imported.
+    with none, this process runs the agent itself and serves /metrics. Hooks into PyTorch, now if it is imported,
+    else once it is.
     Idempotent. Returns whether the hook is active."""
     if S.hook is not None:
         return True
@@ -163,14 +168,60 @@ def _instrument(spool_dir: str | None, standalone: bool | None) -> bool:
         threads = ThreadSampler(hook, lambda: S.loop_tid)
         hook.samplers.append(threads.sample)
         if "torch" in sys.modules:
-            from outrider.hook.torch_integration import attach
-
-            S.torch = attach(hook, S, _step_done, MASK)
+            _attach_torch()
+        else:  # torch imported later: attach once its import has run, on the importing thread
+            sys.meta_path.insert(0, _AfterTorchImport())
         hook.start()
         return True
     except Exception as e:
         LOG.warning("outrider: instrument() failed, continuing without the hook: %s", e)
         return False
+
+
+def _attach_torch() -> None:
+    if S.hook is None or S.torch is not None or S.dormant:
+        return
+    from outrider.hook.torch_integration import attach
+
+    S.torch = attach(S.hook, S, _step_done, MASK)
+
+
+class _AfterTorchImport:
+    """A meta path finder, first on sys.meta_path until torch is imported, so that instrument() called before
+    `import torch` still hooks into it: it finds torch's spec with the finders behind it and wraps the loader's
+    exec_module to attach the integration once torch's `__init__` has run (so every submodule the integration
+    patches is loaded, and the user's thread does the patching: nothing races its first optimizer). Answers for
+    "torch" only, once; never raises into the import."""
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        if fullname != "torch":
+            return None
+        with contextlib.suppress(ValueError):
+            sys.meta_path.remove(self)
+        try:
+            for finder in list(sys.meta_path):
+                find = getattr(finder, "find_spec", None)
+                spec = find(fullname, path, target) if find is not None else None
+                if spec is not None:
+                    break
+            else:
+                return None
+            loader = spec.loader
+            original = getattr(loader, "exec_module", None)
+            if original is None:
+                return spec
+
+            def exec_module(module: Any) -> None:
+                original(module)
+                try:
+                    _attach_torch()
+                except Exception:  # the import itself succeeded: never fail it over the hook
+                    LOG.debug("outrider: attaching to torch after its import failed", exc_info=True)
+
+            loader.exec_module = exec_module
+            return spec
+        except Exception:
+            return None  # the import machinery goes on with the other finders
 
 
 def _after_fork_in_child() -> None:
@@ -185,6 +236,7 @@ def _after_fork_in_child() -> None:
     S.drained, S.drained_w = S.n, S.nw  # the parent's steps and waits are the parent's
     S.samples_drained, S.tokens_drained = S.sample_sum, S.token_sum
     S.collectives.clear()
+    S.checkpoints.clear()
     S.loop = LoopAccount()
     S.loop_tid = 0
     S.hook.after_fork_in_child()
@@ -264,6 +316,11 @@ def _drain() -> None:
         loop.add_wait(b, e)
     S.drained_w = nw  # (a DataLoader alone does not make a training process: batch inference iterates them too)
     _drain_collectives(hook, loop)
+    while S.checkpoints:
+        try:
+            loop.add_checkpoint(*S.checkpoints.popleft())
+        except IndexError:
+            break
     if n > done:
         start = done
         if n - done > RING:
@@ -272,7 +329,7 @@ def _drain() -> None:
             loop.restart()
         prev = S.last_end if start == done else 0.0
         durations: list[float] = []
-        parts = [0.0, 0.0, 0.0, 0.0]
+        parts = [0.0, 0.0, 0.0, 0.0, 0.0]  # data wait, step, other, checkpoint; collective wait
         for k in range(start, n):
             i = k & MASK
             end, begin = S.ends[i], S.begins[i] or prev
@@ -284,7 +341,8 @@ def _drain() -> None:
                 parts[0] += it.data_wait
                 parts[1] += it.step
                 parts[2] += it.other
-                parts[3] += it.collective_wait
+                parts[3] += it.checkpoint
+                parts[4] += it.collective_wait
             prev = end
         if done == 0:
             S.first_step_g.set(time() - (perf_counter() - S.ends[start & MASK]) - S.process_start_s)
@@ -293,9 +351,11 @@ def _drain() -> None:
         S.drained = n
         if any(parts):
             for part, seconds in zip(LOOP_PARTS, parts):
-                hook.series("counter", "outrider_train_loop_seconds_total", {"part": part}, builtin=True).inc(seconds)
-        if parts[3] or S.collectives_seen:
-            hook.series("counter", "outrider_train_collective_wait_seconds_total", builtin=True).inc(parts[3])
+                if seconds or part != "checkpoint":  # the checkpoint part appears with the first checkpoint
+                    hook.series("counter", "outrider_train_loop_seconds_total", {"part": part},
+                                builtin=True).inc(seconds)
+        if parts[4] or S.collectives_seen:
+            hook.series("counter", "outrider_train_collective_wait_seconds_total", builtin=True).inc(parts[4])
     sample_sum, token_sum = S.sample_sum, S.token_sum
     if sample_sum != S.samples_drained:
         S.samples_c.inc(sample_sum - S.samples_drained)

@@ -391,9 +391,14 @@ _DEFS: tuple[MetricDef, ...] = (
     MetricDef("outrider_train_loop_seconds_total", "outrider.train.loop.time", "s", "counter",
               "The training loop's wall time, split exactly into parts: data_wait (inside DataLoader __next__ or "
               "outrider.dataloader()), step (the step's work: from its explicit begin, else from the iteration's first "
-              "data request, to its end, less data wait) and other (the rest of the iteration: logging, evaluation, "
-              "checkpoints). An iteration runs from one step's end to the next; the parts' rates add up to the "
-              "loop's wall time.", (*BY_RANK, Label("part", "outrider.train.loop.part")), "hook"),
+              "data request, to its end, less data wait), checkpoint (inside torch.save, torch.distributed.checkpoint "
+              "or safetensors saves on the loop's thread) and other (the rest of the iteration: logging, evaluation, "
+              "saves through other libraries). An iteration runs from one step's end to the next; the parts' rates "
+              "add up to the loop's wall time.", (*BY_RANK, Label("part", "outrider.train.loop.part")), "hook"),
+    MetricDef("outrider_train_checkpoint_duration_seconds", "outrider.train.checkpoint.duration", "s",
+              "histogram", "Duration of each checkpoint recognised on the loop's thread (torch.save, "
+              "torch.distributed.checkpoint, safetensors), from the outermost save's call to its return.", BY_RANK,
+              "hook"),
     MetricDef("outrider_train_collective_seconds_total", "outrider.train.collective.time", "s", "counter",
               "Time in torch.distributed collectives, by operation (all_reduce, broadcast, ..., ddp_bucket for DDP's "
               "gradient buckets, from hand-over to completion): wall time of blocking calls on CPU, CUDA events on "

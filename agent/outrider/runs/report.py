@@ -16,7 +16,7 @@ from outrider.runs.store import RunRecord
 
 COLORS = {"idle": "#9e9e9e", "throttled": "#e65100", "memory_pressure": "#c62828", "input_bound": "#6a1b9a",
           "memory_bandwidth_bound": "#283593", "compute_bound": "#2e7d32", "host_bound": "#f9a825",
-          "communication_bound": "#00838f", "balanced": "#607d8b"}
+          "communication_bound": "#00838f", "balanced": "#607d8b", "hung_before_first_step": "#b71c1c"}
 ALERT_COLORS = {"critical": "#b71c1c", "warning": "#ef6c00"}
 
 
