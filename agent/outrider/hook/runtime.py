@@ -1,12 +1,17 @@
 """The hook's runtime: one Hook per process, wiring its parts together, and the publisher thread that drives them.
 
 - registry.py: the series and their limits;  progress.py: steps, phases, stalls;
-- publisher.py: the shard in the spool;  election.py: the in-process agent when no agent holds the spool.
+- publisher.py: the shard in the spool;  election.py: starting the agent's process when no agent holds the spool.
 
 The publisher thread wakes every flush interval (1 s): it runs the samplers (the step ring's drain, PyTorch's
 allocator and CUDA events), writes the shard (heartbeat, progress, values), checks for a stall (dumping the Python
-stacks when one starts) and, while no agent holds the spool's lock, runs one in this process. Standard library
-only: nothing of the agent is imported unless this process becomes the agent (election.py).
+stacks when one starts) and, while no agent holds the spool's lock, starts one as a separate process. Standard
+library only: nothing of the agent is imported or run in this process (decision 9).
+
+Exit paths (the last flush, marked closed): interpreter exit and sys.exit (atexit); SIGTERM with the default
+disposition (a handler that flushes, restores the default and re-raises: the exit status stays the signal's);
+a child forked by multiprocessing, which leaves through os._exit (a multiprocessing finalizer); os._exit
+elsewhere after an explicit outrider.flush(). SIGKILL loses what changed since the last flush.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import atexit
 import contextlib
 import logging
 import os
+import signal
 import sys
 import threading
 import time
@@ -94,7 +100,7 @@ class Hook:
         while not self._stop.wait(self.settings.flush_interval_s):
             try:
                 if self.settings.standalone:
-                    self.election.maybe_become_agent()
+                    self.election.maybe_start_agent()
                 self.flush()
             except Exception:  # the publisher never dies and never touches the workload
                 self.drop("flush_error")
@@ -167,6 +173,7 @@ class Hook:
                                         self.publisher.trusted_uids, self._retry_s())
         self._thread = None
         self.closed = False
+        _close_at_multiprocessing_exit(self)
         self.start()
 
 
@@ -178,13 +185,74 @@ def make_hook_from_env() -> Hook:
     return Hook(settings)
 
 
+SIGTERM_FLUSH_TIMEOUT_S = 2.0
+
+
 def register_exit(hook_getter: Callable[[], Hook | None]) -> None:
+    """The final flush at interpreter exit (sys.exit included) and, where SIGTERM has its default disposition,
+    on SIGTERM."""
     def on_exit() -> None:
         h = hook_getter()
         if h is not None:
             h.close()
 
     atexit.register(on_exit)
+    flush_on_sigterm(hook_getter)
+
+
+def flush_on_sigterm(hook_getter: Callable[[], Hook | None]) -> bool:
+    """A SIGTERM handler that closes the hook (final flush) and re-raises SIGTERM with the default disposition,
+    so the process ends as it would have without the hook (killed by SIGTERM: same status, no atexit handlers).
+
+    Installed only from the main thread (the only one allowed to) and only over the default disposition: a
+    handler of the user's, or SIG_IGN, is never replaced. Forked children inherit it and flush their own hook.
+    The flush runs on a thread joined for at most SIGTERM_FLUSH_TIMEOUT_S: a signal that interrupted the main
+    thread inside the hook (holding a lock the flush needs) delays the exit by that much, never forever. A
+    second SIGTERM during the flush kills at once, as the default does. Limit: like any Python-level handler it
+    runs when the main thread next runs Python code, so a main thread blocked in a C call that is not interrupted
+    by signals ends at that call's return (or by the SIGKILL that follows SIGTERM under Kubernetes and torchrun).
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return False
+
+    def on_sigterm(signum: int, frame: object) -> None:
+        with contextlib.suppress(Exception):
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        h = hook_getter()
+        if h is not None:
+            try:
+                t = threading.Thread(target=h.close, name="outrider-sigterm-flush", daemon=True)
+                t.start()
+                t.join(SIGTERM_FLUSH_TIMEOUT_S)
+            except Exception:  # no thread can start (interpreter shutting down): exit without the flush
+                pass
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    try:
+        if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+            return False
+        signal.signal(signal.SIGTERM, on_sigterm)
+    except (ValueError, OSError, AttributeError):
+        return False
+    return True
+
+
+def _close_at_multiprocessing_exit(hook: Hook) -> None:
+    """In a forked child: a child started by multiprocessing leaves through os._exit, past atexit; its exit
+    runs multiprocessing's finalizers instead (cleared at its start, then its after-fork functions run, where
+    this one registers the final flush). Only when multiprocessing is loaded; nothing is imported for it."""
+    mp_util = sys.modules.get("multiprocessing.util")
+    if mp_util is None:
+        return
+    with contextlib.suppress(Exception):
+        mp_util.register_after_fork(hook, _register_multiprocessing_finalizer)
+
+
+def _register_multiprocessing_finalizer(hook: Hook) -> None:
+    mp_util = sys.modules.get("multiprocessing.util")
+    if mp_util is not None:
+        with contextlib.suppress(Exception):
+            mp_util.Finalize(hook, hook.close, exitpriority=-100)  # after the user's own finalizers
 
 
 BUILTIN = {
