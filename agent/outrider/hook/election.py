@@ -201,5 +201,6 @@ class Election:
                 os.close(self._spawn_fd)
             self._spawn_fd = None
         self._child = None
+        self.started = 0
         self._next_try = time.monotonic() + random.uniform(0.0, ELECTION_RETRY_S)
         self._retry_s, self._warned = ELECTION_RETRY_S, False
