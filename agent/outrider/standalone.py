@@ -4,12 +4,14 @@ Started by outrider/hook/election.py as `python -m outrider standalone --workloa
 agent of every process publishing to the spool (all ranks of a job on the node, all workers of a server), in a
 process of its own (decision 9): the workload holds none of its sockets, threads, descriptors or memory.
 
-In order: it lowers its priority (nice 19, then SCHED_IDLE where the platform has it), takes the spool's lock
-(retrying briefly, since a hook's probe may hold it for microseconds; a second agent exits EXIT_ANOTHER_AGENT, at
-once and quietly), builds the agent (a configuration error or a listen address that is not ours exits non-zero,
-which the starting hook logs once and backs off on), then detaches: it forks once and the first process exits 0,
-so the agent is never a child of the workload. It serves until no publishing process and no process of the
-starting workload's tree has been alive for lifecycle.grace_s, then does a final sweep and flush and exits.
+In order: it lowers its priority (nice 19, then SCHED_IDLE where the platform has it), raises its own soft
+descriptor limit to the hard one (one descriptor per shard: 1,100 workers need more than a usual 1024), takes the
+spool's lock (retrying briefly, since a hook's probe may hold it for microseconds; a second agent exits
+EXIT_ANOTHER_AGENT, at once and quietly), builds the agent (a configuration error or a listen address that is not
+ours exits non-zero, which the starting hook logs once and backs off on), then detaches: it forks once and the
+first process exits 0, so the agent is never a child of the workload. It serves until no publishing process and no
+process of the starting workload's tree has been alive for lifecycle.grace_s, then does a final sweep and flush
+and exits.
 
 Collectors: host, process (the starting workload's process tree, not the agent), hook, alerts, and self, which
 now measures the agent's own process. Alert rules are evaluated only if OUTRIDER_RULE_FILES (or a config file)
@@ -23,6 +25,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import resource
 import sys
 import threading
 import time
@@ -37,6 +40,7 @@ LOG = logging.getLogger("outrider.standalone")
 COLLECTORS = ("host", "process", "hook", "alerts", "self")
 LOCK_WAIT_S = 2.0
 NICEST = 19
+MAX_DESCRIPTORS = 1 << 20
 
 
 def standalone_config(loaded: LoadedConfig, spool_dir: str | None, listen: str | None) -> Config:
@@ -54,6 +58,16 @@ def lower_priority() -> None:
         os.setpriority(os.PRIO_PROCESS, 0, NICEST)
     with contextlib.suppress(OSError, AttributeError):
         os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+
+
+def raise_descriptor_limit(cap: int = MAX_DESCRIPTORS) -> None:
+    """The soft descriptor limit up to the hard one (capped): the agent keeps one descriptor per shard, and it
+    inherits the workload's soft limit (often 1024) while a job may have more publishing processes than that."""
+    with contextlib.suppress(OSError, ValueError):
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        target = cap if hard == resource.RLIM_INFINITY else min(hard, cap)
+        if soft != resource.RLIM_INFINITY and soft < target:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
 
 
 def take_lock(spool_dir: str, private: bool, trusted_uids: frozenset[int], wait_s: float = LOCK_WAIT_S) -> int | None:
@@ -89,6 +103,7 @@ def release_stderr() -> None:
 
 def run(workload_pid: int, spool_dir: str | None, listen: str | None, detach_first: bool) -> int:
     lower_priority()
+    raise_descriptor_limit()
     loaded = load()
     config = standalone_config(loaded, spool_dir, listen)
     setup_logging(config.log_level if loaded.sources["log_level"] != "default" else "warning")
