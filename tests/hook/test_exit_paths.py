@@ -52,6 +52,13 @@ if mode == "sys.exit":
 elif mode == "os._exit-after-flush":
     outrider.flush()
     os._exit(4)
+elif mode == "sigterm-inside-flush":
+    from outrider.hook import api
+    # The signal arrives while the main thread is inside the hook's flush (here: its last sampler), as when a
+    # Pool worker's exit flush is under way and Pool.terminate() sends SIGTERM.
+    api.S.hook.samplers.append(lambda: os.kill(os.getpid(), signal.SIGTERM))
+    outrider.flush()
+    sys.exit(9)  # never reached: the flush ends, then the process dies of the signal
 elif mode in ("sigterm", "user-handler", "ignored"):
     (control / "ready").touch()
     wait_for("release")  # SIGTERM arrives while this waits
@@ -131,6 +138,13 @@ def test_sigterm_publishes_the_steps_and_the_process_still_dies_of_sigterm(tmp_p
     assert code == -signal.SIGTERM, err  # the same status as without the hook
     snap = _shards(sp)[p.pid]
     assert snap.header.steps == 17 and snap.header.flags & spool.FLAG_CLOSED
+
+
+def test_sigterm_inside_the_hooks_own_flush_lets_it_finish_then_dies_of_sigterm(tmp_path: Path) -> None:
+    p, sp, _ = _run(tmp_path, "sigterm-inside-flush")
+    code, err = _finish(p)
+    assert code == -signal.SIGTERM, err
+    assert _shards(sp)[p.pid].header.steps == 17
 
 
 def test_a_sigterm_handler_of_the_users_is_left_in_place(tmp_path: Path) -> None:

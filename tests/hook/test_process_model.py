@@ -218,14 +218,16 @@ def _descriptors_with_workers(tmp_path: Path, n: int, nofile: int) -> int:
             parsed = samples(http_get(f"{url}/metrics")[2].decode())
             return value(parsed, "outrider_hook_processes", state="running") == n + 1
         wait_until(all_publishing, timeout_s=120, what=f"{n} workers read by the agent")
-        # Every 5 s the publisher opens the spool's agent.lock for a few microseconds (longer when a loaded
-        # machine preempts it there), with one worker as with 300: that look is left out of the count.
+        # Momentary descriptors are left out of the count, one at a time at most: every 5 s the publisher opens
+        # the spool's agent.lock for a few microseconds, and every flush the thread sampler (hook/threads.py)
+        # reads /proc files one after the other (longer when a loaded machine preempts it there).
         locks = (str(spool / "agent.lock"), str(spool / "spawn.lock"))
         looks = []
         for _ in range(5):
             targets = _fds(p.pid)
-            assert sum(t in locks for t in targets) <= 1
-            looks.append(sum(t not in locks for t in targets))
+            momentary = [t for t in targets if t in locks or t.startswith("/proc/")]
+            assert len(momentary) <= 2, momentary
+            looks.append(len(targets) - len(momentary))
             time.sleep(0.05)
         assert [t for t in _fds(p.pid) if t.startswith("socket:")] == []
         (control / "measure").touch()

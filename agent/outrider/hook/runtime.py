@@ -79,6 +79,8 @@ class Hook:
         # writing on the publisher thread, which would leave older values and no closed flag as the last word.
         self._flushing = threading.Lock()
         self.closed = False
+        # Per thread: how deep it is inside flush()/close(), and a SIGTERM that arrived meanwhile (exit_signal).
+        self._inside = threading.local()
 
     def _retry_s(self) -> float:
         return min(WRITER_RETRY_S, max(1.0, 10 * self.settings.flush_interval_s))
@@ -108,8 +110,31 @@ class Hook:
 
     def flush(self, closing: bool = False) -> None:
         """Sample, then publish one consistent state of this process into its shard."""
-        with self._flushing:
-            self._flush(closing)
+        self._enter()
+        try:
+            with self._flushing:
+                self._flush(closing)
+        finally:
+            self._leave()
+
+    def _enter(self) -> None:
+        self._inside.depth = getattr(self._inside, "depth", 0) + 1
+
+    def _leave(self) -> None:
+        """Leaving the outermost flush or close: a SIGTERM deferred meanwhile on this thread is raised now."""
+        self._inside.depth -= 1
+        if self._inside.depth == 0 and getattr(self._inside, "deferred", 0):
+            signum, self._inside.deferred = self._inside.deferred, 0
+            os.kill(os.getpid(), signum)
+
+    def defer_exit_signal(self, signum: int) -> bool:
+        """Called by the SIGTERM handler: when it interrupted this very thread inside flush() or close(), that
+        flush cannot be waited for (it is below the handler on the stack), so the signal is raised again once it
+        is done. False when the thread is elsewhere."""
+        if getattr(self._inside, "depth", 0) == 0:
+            return False
+        self._inside.deferred = signum
+        return True
 
     def _flush(self, closing: bool) -> None:
         if self.closed and not closing:
@@ -155,16 +180,21 @@ class Hook:
         """Final flush, marked closed, so the agent can tell a finished process from a dead one."""
         if self.closed:
             return
-        self.closed = True
-        self._stop.set()
-        with contextlib.suppress(Exception):
-            self.flush(closing=True)
-        self.election.stop()
-        self.publisher.close()
+        self._enter()
+        try:
+            self.closed = True
+            self._stop.set()
+            with contextlib.suppress(Exception):
+                self.flush(closing=True)
+            self.election.stop()
+            self.publisher.close()
+        finally:
+            self._leave()
 
     def after_fork_in_child(self) -> None:
         """In a forked child: its own identity and shard, zeroed series, no inherited lock or agent, a new thread."""
         self._flushing = threading.Lock()  # the parent's publisher may have held it when the child was forked
+        self._inside = threading.local()
         self.election.after_fork_in_child()
         self.registry.reset_after_fork()
         self.progress.reset()
@@ -219,6 +249,8 @@ def flush_on_sigterm(hook_getter: Callable[[], Hook | None]) -> bool:
         with contextlib.suppress(Exception):
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
         h = hook_getter()
+        if h is not None and h.defer_exit_signal(signum):
+            return  # the main thread was inside the final flush (an exit already under way): it ends it first
         if h is not None:
             try:
                 t = threading.Thread(target=h.close, name="outrider-sigterm-flush", daemon=True)
