@@ -36,7 +36,9 @@ AGENT_LINE = re.compile(r"started one \(pid (\d+)\) serving (\S+)/metrics")
 
 
 def workload(n: int, control: Path) -> int:
-    """The measured process: ulimit -n 1024, instrument(), then N forked publishing workers until released."""
+    """The measured process: ulimit -n 1024, instrument(), then N forked publishing workers until released.
+    With FOOTPRINT_NO_THREAD_SAMPLER=1 the hook's thread sampler (hook/threads.py: the CPU of threads and of
+    up to 256 descendant processes, read from /proc every flush) is taken out, to attribute the CPU it costs."""
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (min(1024, hard), hard))
     import outrider
@@ -44,6 +46,8 @@ def workload(n: int, control: Path) -> int:
     from outrider.hook.election import agent_serving
 
     outrider.instrument()
+    if os.environ.get("FOOTPRINT_NO_THREAD_SAMPLER") == "1":
+        api.S.hook.samplers[:] = [f for f in api.S.hook.samplers if getattr(f, "__name__", "") != "sample"]
     with outrider.step(samples=1):
         pass
     while True:
@@ -140,12 +144,14 @@ def gone(pid: int) -> bool:
         return True
 
 
-def round_(n: int, window_s: float, work: Path) -> dict[str, Any]:
+def round_(n: int, window_s: float, work: Path, no_thread_sampler: bool = False) -> dict[str, Any]:
     control, sp, err = work / f"control-{n}", work / f"spool-{n}", work / f"stderr-{n}"
     control.mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith("OUTRIDER_")}
     env.update({"OUTRIDER_SPOOL_DIR": str(sp), "OUTRIDER_INTERVAL_S": "1", "OUTRIDER_LISTEN": "127.0.0.1:0",
                 "PYTHONPATH": os.pathsep.join([str(REPO / "agent"), env.get("PYTHONPATH", "")])})
+    if no_thread_sampler:
+        env["FOOTPRINT_NO_THREAD_SAMPLER"] = "1"
     with err.open("wb") as fh:
         p = subprocess.Popen([sys.executable, __file__, "--role-workload", str(n), str(control)], env=env,
                              stderr=fh)
@@ -193,12 +199,14 @@ def main() -> int:
     ap.add_argument("--window", type=float, default=5.0, help="seconds of CPU measured per round")
     ap.add_argument("--quick", action="store_true", help="1, 10 and 50 workers, 2 s windows")
     ap.add_argument("--json", help="also write the figures here")
+    ap.add_argument("--no-thread-sampler", action="store_true",
+                    help="take the hook's thread sampler out of the workload, to attribute its CPU")
     args = ap.parse_args()
     if args.quick:
         args.workers, args.window = [1, 10, 50], 2.0
     work = Path(tempfile.mkdtemp(prefix="outrider-footprint-"))
     try:
-        rows = [round_(n, args.window, work) for n in args.workers]
+        rows = [round_(n, args.window, work, args.no_thread_sampler) for n in args.workers]
     finally:
         shutil.rmtree(work, ignore_errors=True)
     base = rows[0]
