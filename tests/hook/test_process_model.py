@@ -304,3 +304,58 @@ for pid in kids:
             p.wait()
         for pid in agents or _agents_on(spool):
             _terminate(pid)
+
+
+def test_scrapes_answer_after_the_parent_exits_while_its_forked_child_publishes_on(tmp_path: Path) -> None:
+    """Once a forked child inherited the in-process agent's listening socket: after the parent exited nobody
+    accepted on it and scrapes hung. Now the agent outlives the parent while the child publishes."""
+    spool, control, err = tmp_path / "spool", tmp_path / "control", tmp_path / "stderr"
+    control.mkdir()
+    script = tmp_path / "orphan.py"
+    script.write_text(r"""
+import os, pathlib, sys, time
+import outrider
+control = pathlib.Path(sys.argv[1])
+outrider.instrument()
+with outrider.step():
+    pass
+if os.fork() == 0:
+    n = 0
+    while not (control / "release").exists():
+        with outrider.step():
+            time.sleep(0.01)
+        n += 1
+        if n == 5:
+            (control / "child").write_text(str(os.getpid()))
+    sys.exit(0)
+while not (control / "child").exists():
+    time.sleep(0.02)
+""")
+    port = free_port()
+    with err.open("wb") as stderr:
+        p = subprocess.Popen([sys.executable, str(script), str(control)], stderr=stderr,
+                             env=_env(spool, OUTRIDER_LISTEN=f"127.0.0.1:{port}"))
+    agent = None
+    child = 0
+    try:
+        assert p.wait(timeout=60) == 0, "the parent exits, its child steps on"
+        child = int((control / "child").read_text())
+        agent = wait_until(lambda: standalone_agent(err.read_text()), timeout_s=60, what="the agent")
+        assert _listening_sockets_held(child) == []
+
+        def steps() -> float:
+            status, _, body = http_get(f"{agent[1]}/metrics", timeout_s=10)
+            assert status == 200
+            return value(samples(body.decode()), "outrider_train_steps_total", rank="") or 0.0
+        first = wait_until(lambda: steps() > 5 and steps(), timeout_s=60, what="the child's steps")
+        wait_until(lambda: steps() > first, timeout_s=60, what="more of the child's steps, after the parent left")
+        (control / "release").touch()
+        assert stop_standalone_agent(agent[0], timeout_s=60), "and the agent ends after the child"
+    finally:
+        (control / "release").touch()
+        p.kill()
+        p.wait()
+        if child and not process_gone(child):
+            os.kill(child, signal.SIGKILL)
+        if agent is not None:
+            _terminate(agent[0])
