@@ -9,9 +9,9 @@ descriptor limit to the hard one (one descriptor per shard: 1,100 workers need m
 spool's lock (retrying briefly, since a hook's probe may hold it for microseconds; a second agent exits
 EXIT_ANOTHER_AGENT, at once and quietly), builds the agent (a configuration error or a listen address that is not
 ours exits non-zero, which the starting hook logs once and backs off on), then detaches: it forks once and the
-first process exits 0, so the agent is never a child of the workload. It serves until no publishing process and no
-process of the starting workload's tree has been alive for lifecycle.grace_s, then does a final sweep and flush
-and exits.
+first process exits 0, so the agent is never a child of the workload. It serves until neither a publishing process
+nor the starting process (known by pid and start time) has been alive for lifecycle.grace_s, then does a final
+sweep and flush and exits.
 
 Collectors: host, process (the starting workload's process tree, not the agent), hook, alerts, and self, which
 now measures the agent's own process. Alert rules are evaluated only if OUTRIDER_RULE_FILES (or a config file)
@@ -29,12 +29,15 @@ import resource
 import sys
 import threading
 import time
+from collections.abc import Callable, Sequence
 
-from outrider import spool
+from outrider import lifecycle, spool
 from outrider.agent import Agent
+from outrider.collectors import procfs
 from outrider.config import Config, LoadedConfig, load
 from outrider.hook.election import EXIT_ANOTHER_AGENT
 from outrider.logs import setup_logging
+from outrider.metrics.family import Family
 
 LOG = logging.getLogger("outrider.standalone")
 COLLECTORS = ("host", "process", "hook", "alerts", "self")
@@ -47,8 +50,36 @@ def standalone_config(loaded: LoadedConfig, spool_dir: str | None, listen: str |
     """The agent's configuration from the environment it shares with the workload, with the standalone choices."""
     config = loaded.config
     rule_files = config.rule_files if loaded.sources["rule_files"] != "default" else ()
+    # exit_when_workload_exits off: the standalone agent watches its workload itself (workload_watch).
     return dataclasses.replace(config, spool_dir=spool_dir or config.spool_dir, collectors=COLLECTORS,
-                               listen=listen or config.listen, rule_files=rule_files, exit_when_workload_exits=True)
+                               listen=listen or config.listen, rule_files=rule_files, exit_when_workload_exits=False)
+
+
+def _start_ticks(proc_root: str, pid: int) -> int | None:
+    """The process's start time, which with its pid identifies it across pid reuse; None when it is gone."""
+    try:
+        st = procfs.read_proc_stat(proc_root, pid)
+    except (OSError, ValueError, IndexError):
+        return None
+    return None if st.state in ("Z", "X") else st.start_ticks
+
+
+def workload_watch(config: Config, workload_pid: int,
+                   clock: Callable[[], float] = time.monotonic) -> lifecycle.WorkloadWatch:
+    """What keeps the agent alive: the live publishing processes (any of the spool) and the starting process,
+    known by pid and start time (a pid reused by another process after the workload exits keeps nothing alive).
+    It counts as seen from the start: the workload was alive when it started the agent, and one that exits before
+    the first sweep is still one the agent exits after."""
+    publishers = lifecycle.live_processes(config.proc_root, ())
+    identity = _start_ticks(config.proc_root, workload_pid) if workload_pid > 0 else None
+
+    def live(families: Sequence[Family]) -> int:
+        starter = identity is not None and _start_ticks(config.proc_root, workload_pid) == identity
+        return publishers(families) + int(starter)
+
+    watch = lifecycle.WorkloadWatch(live, lifecycle.grace_s(config.interval_s), clock=clock)
+    watch.seen = True
+    return watch
 
 
 def lower_priority() -> None:
@@ -125,9 +156,10 @@ def run(workload_pid: int, spool_dir: str | None, listen: str | None, detach_fir
         if detach_first:
             detach()
         agent.sampler.ctx.exclude_pids = frozenset({os.getpid()})  # a descendant of the workload while attached
-        if agent.workload is not None:
-            agent.workload.seen = True  # the starting process was alive: a workload that exits before the first
-            agent.workload.on_empty = release_stderr  # sweep is still one the agent exits after
+        watch = workload_watch(config, workload_pid)
+        watch.on_empty = release_stderr
+        agent.sampler.listeners.append(watch.on_sweep)
+        agent.workload = watch  # run_until_signal stops the agent when it says the workload is gone
         print(f"outrider: no agent found on {path}; started one (pid {os.getpid()}) serving {agent.server.url}/metrics"
               f"; it exits after the last instrumented process", file=sys.stderr, flush=True)
         return agent.run_until_signal()

@@ -359,3 +359,36 @@ while not (control / "child").exists():
             os.kill(child, signal.SIGKILL)
         if agent is not None:
             _terminate(agent[0])
+
+
+def _stat_line(pid: int, state: str, start_ticks: int) -> str:
+    """A /proc/PID/stat line: this process's own, with the pid, state and start time replaced."""
+    text = Path("/proc/self/stat").read_text()
+    rest = text[text.rindex(")") + 2:].split()
+    rest[0], rest[19] = state, str(start_ticks)
+    return f"{pid} (python3) {' '.join(rest)}\n"
+
+
+def test_the_agent_outlives_its_starting_process_by_identity_not_by_a_reused_pid(tmp_path: Path) -> None:
+    from outrider.config import Config
+    from outrider.metrics.family import Family
+    from outrider.standalone import workload_watch
+
+    proc = tmp_path / "proc"
+    (proc / "4242").mkdir(parents=True)
+    stat = proc / "4242" / "stat"
+    stat.write_text(_stat_line(4242, "S", 1000))
+    clock = [0.0]
+    gone: list[bool] = []
+    watch = workload_watch(Config(proc_root=str(proc), interval_s=1.0), 4242, clock=lambda: clock[0])
+    watch.on_gone = lambda: gone.append(True)
+    publishers = [Family("outrider_hook_processes").add(0, "running")]
+    watch.on_sweep(publishers)
+    clock[0] = 60.0
+    watch.on_sweep(publishers)
+    assert not gone, "the starting process is alive: the agent stays"
+    stat.write_text(_stat_line(4242, "S", 5000))  # it exited and another process got its pid
+    watch.on_sweep(publishers)
+    clock[0] = 60.0 + watch.grace_s
+    watch.on_sweep(publishers)
+    assert gone == [True], "a reused pid keeps nothing alive"
