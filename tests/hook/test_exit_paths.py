@@ -59,6 +59,25 @@ elif mode == "sigterm-inside-flush":
     api.S.hook.samplers.append(lambda: os.kill(os.getpid(), signal.SIGTERM))
     outrider.flush()
     sys.exit(9)  # never reached: the flush ends, then the process dies of the signal
+elif mode == "sigterm-blocked-in-c":
+    import ctypes
+    libc = ctypes.CDLL(None)
+    mutex = ctypes.create_string_buffer(64)  # zeroed: glibc's PTHREAD_MUTEX_INITIALIZER, a normal mutex
+    libc.pthread_mutex_lock(mutex)
+    (control / "ready").touch()
+    libc.pthread_mutex_lock(mutex)  # the main thread waits in C for ever; a signal does not interrupt the wait
+elif mode == "child-sigterm":
+    from outrider.hook import exit_signal
+    pid = os.fork()
+    if pid == 0:
+        steps(7)
+        time.sleep(60)
+        os._exit(0)
+    time.sleep(0.5)
+    os.kill(pid, signal.SIGTERM)
+    _, status = os.waitpid(pid, 0)
+    (control / "child").write_text(f"{pid} {os.waitstatus_to_exitcode(status)}")
+    time.sleep(exit_signal.WATCH_GRACE_S + 1.0)  # what the parent's watch would wait before acting
 elif mode in ("sigterm", "user-handler", "ignored"):
     (control / "ready").touch()
     wait_for("release")  # SIGTERM arrives while this waits
@@ -145,6 +164,30 @@ def test_sigterm_inside_the_hooks_own_flush_lets_it_finish_then_dies_of_sigterm(
     code, err = _finish(p)
     assert code == -signal.SIGTERM, err
     assert _shards(sp)[p.pid].header.steps == 17
+
+
+def test_sigterm_to_a_main_thread_blocked_in_c_still_flushes_and_dies_of_sigterm(tmp_path: Path) -> None:
+    """Without the hook, SIGTERM kills a process whose main thread waits in C (a collective that never ends) at
+    once; a Python handler alone would never run there. The watch thread does its job."""
+    p, sp, control = _run(tmp_path, "sigterm-blocked-in-c")
+    try:
+        wait_until(lambda: (control / "ready").exists(), timeout_s=60, what="the main thread blocked in C")
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(timeout=60) == -signal.SIGTERM
+    finally:
+        p.kill()
+        p.wait()
+    assert _shards(sp)[p.pid].header.steps == 17
+
+
+def test_a_forked_childs_sigterm_is_never_taken_for_the_parents(tmp_path: Path) -> None:
+    p, sp, control = _run(tmp_path, "child-sigterm")
+    code, err = _finish(p)
+    assert code == 0, err  # the parent lived on past its watch's grace, then exited normally
+    child, child_code = map(int, (control / "child").read_text().split())
+    assert child_code == -signal.SIGTERM
+    shards = _shards(sp)
+    assert shards[child].header.steps == 7 and shards[p.pid].header.steps == 17
 
 
 def test_a_sigterm_handler_of_the_users_is_left_in_place(tmp_path: Path) -> None:

@@ -20,7 +20,6 @@ import atexit
 import contextlib
 import logging
 import os
-import signal
 import sys
 import threading
 import time
@@ -29,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from outrider import spool
+from outrider.hook import exit_signal
 from outrider.hook.election import Election
 from outrider.hook.progress import Progress
 from outrider.hook.publisher import WRITER_RETRY_S, ShardPublisher
@@ -215,58 +215,16 @@ def make_hook_from_env() -> Hook:
     return Hook(settings)
 
 
-SIGTERM_FLUSH_TIMEOUT_S = 2.0
-
-
 def register_exit(hook_getter: Callable[[], Hook | None]) -> None:
     """The final flush at interpreter exit (sys.exit included) and, where SIGTERM has its default disposition,
-    on SIGTERM."""
+    on SIGTERM (exit_signal.py)."""
     def on_exit() -> None:
         h = hook_getter()
         if h is not None:
             h.close()
 
     atexit.register(on_exit)
-    flush_on_sigterm(hook_getter)
-
-
-def flush_on_sigterm(hook_getter: Callable[[], Hook | None]) -> bool:
-    """A SIGTERM handler that closes the hook (final flush) and re-raises SIGTERM with the default disposition,
-    so the process ends as it would have without the hook (killed by SIGTERM: same status, no atexit handlers).
-
-    Installed only from the main thread (the only one allowed to) and only over the default disposition: a
-    handler of the user's, or SIG_IGN, is never replaced. Forked children inherit it and flush their own hook.
-    The flush runs on a thread joined for at most SIGTERM_FLUSH_TIMEOUT_S: a signal that interrupted the main
-    thread inside the hook (holding a lock the flush needs) delays the exit by that much, never forever. A
-    second SIGTERM during the flush kills at once, as the default does. Limit: like any Python-level handler it
-    runs when the main thread next runs Python code, so a main thread blocked in a C call that is not interrupted
-    by signals ends at that call's return (or by the SIGKILL that follows SIGTERM under Kubernetes and torchrun).
-    """
-    if threading.current_thread() is not threading.main_thread():
-        return False
-
-    def on_sigterm(signum: int, frame: object) -> None:
-        with contextlib.suppress(Exception):
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        h = hook_getter()
-        if h is not None and h.defer_exit_signal(signum):
-            return  # the main thread was inside the final flush (an exit already under way): it ends it first
-        if h is not None:
-            try:
-                t = threading.Thread(target=h.close, name="outrider-sigterm-flush", daemon=True)
-                t.start()
-                t.join(SIGTERM_FLUSH_TIMEOUT_S)
-            except Exception:  # no thread can start (interpreter shutting down): exit without the flush
-                pass
-        os.kill(os.getpid(), signal.SIGTERM)
-
-    try:
-        if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
-            return False
-        signal.signal(signal.SIGTERM, on_sigterm)
-    except (ValueError, OSError, AttributeError):
-        return False
-    return True
+    exit_signal.install(hook_getter)
 
 
 def _close_at_multiprocessing_exit(hook: Hook) -> None:
