@@ -9,7 +9,8 @@ stacks when one starts) and, while no agent holds the spool's lock, starts one a
 library only: nothing of the agent is imported or run in this process (decision 9).
 
 Exit paths (the last flush, marked closed): interpreter exit and sys.exit (atexit); SIGTERM with the default
-disposition (a handler that flushes, restores the default and re-raises: the exit status stays the signal's);
+disposition (exit_signal.py: a handler that flushes, restores the default and re-raises, so the exit status stays
+the signal's, and a watch for a main thread blocked in C);
 a child forked by multiprocessing, which leaves through os._exit (a multiprocessing finalizer); os._exit
 elsewhere after an explicit outrider.flush(). SIGKILL loses what changed since the last flush.
 """
