@@ -392,3 +392,27 @@ def test_the_agent_outlives_its_starting_process_by_identity_not_by_a_reused_pid
     clock[0] = 60.0 + watch.grace_s
     watch.on_sweep(publishers)
     assert gone == [True], "a reused pid keeps nothing alive"
+
+
+def test_an_agent_that_cannot_start_is_said_once_and_the_workload_runs_on(tmp_path: Path) -> None:
+    """A setting the agent refuses (the hook ignores agent keys, the agent validates them): the started process
+    exits 2 saying why, the hook says once that no agent could start and backs off, the workload finishes."""
+    spool = tmp_path / "spool"
+    script = tmp_path / "steady.py"
+    script.write_text(r"""
+import time
+import outrider
+from outrider.hook import api
+outrider.instrument()
+for _ in range(40):
+    with outrider.step():
+        time.sleep(0.1)
+print(api.S.hook.election.started)
+""")
+    r = subprocess.run([sys.executable, str(script)], env=_env(spool, OUTRIDER_NOT_A_KEY="x"), capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.count("unknown key 'not_a_key'") == 1, r.stderr
+    assert r.stderr.count("could not start an agent") == 1, r.stderr
+    assert r.stdout.strip() == "1", "one start in 4 s: the next waits at least 10 s"
+    assert not agent_serving(str(spool)) and _agents_on(spool) == []
