@@ -416,3 +416,21 @@ print(api.S.hook.election.started)
     assert r.stderr.count("could not start an agent") == 1, r.stderr
     assert r.stdout.strip() == "1", "one start in 4 s: the next waits at least 10 s"
     assert not agent_serving(str(spool)) and _agents_on(spool) == []
+
+
+def test_no_hook_module_names_an_agent_module_even_as_a_string() -> None:
+    """import-linter sees imports, not `importlib.import_module("outrider.standalone")`, which is how the hook once
+    reached the agent. No module of the hook side names an agent module at all now; the agent is a command."""
+    import re
+
+    import outrider
+
+    root = Path(outrider.__file__).parent
+    agent_modules = {"outrider." + ".".join(p.relative_to(root).with_suffix("").parts) for p in root.rglob("*.py")
+                     if p.parts[len(root.parts)] not in ("hook", "spool.py", "version.py", "__init__.py")}
+    agent_modules |= {m.rsplit(".", 1)[0] for m in agent_modules if m.endswith(".__init__")}
+    assert "outrider.standalone" in agent_modules and "outrider.agent" in agent_modules
+    hook_side = [root / "__init__.py", root / "spool.py", root / "version.py", *sorted((root / "hook").glob("*.py"))]
+    named = {(p.name, m) for p in hook_side
+             for m in re.findall(r"""["'](outrider\.[\w.]+)["']""", p.read_text()) if m in agent_modules}
+    assert named == set(), named
