@@ -434,3 +434,21 @@ def test_no_hook_module_names_an_agent_module_even_as_a_string() -> None:
     named = {(p.name, m) for p in hook_side
              for m in re.findall(r"""["'](outrider\.[\w.]+)["']""", p.read_text()) if m in agent_modules}
     assert named == set(), named
+
+
+def test_a_second_agent_for_a_spool_exits_at_once_and_quietly(tmp_path: Path) -> None:
+    from outrider import spool as spool_mod
+    from outrider.hook.election import EXIT_ANOTHER_AGENT
+
+    sp = tmp_path / "spool"
+    spool_mod.prepare_dir(str(sp), private=False)
+    held = spool_mod.try_lock(str(sp))  # this test is the agent that serves the spool
+    assert held is not None
+    try:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("OUTRIDER_")}
+        r = subprocess.run([sys.executable, "-m", "outrider", "standalone", "--spool-dir", str(sp), "--detach",
+                            "--listen", f"127.0.0.1:{free_port()}"], env=env, capture_output=True, text=True,
+                           timeout=120)
+    finally:
+        os.close(held)
+    assert (r.returncode, r.stdout, r.stderr) == (EXIT_ANOTHER_AGENT, "", "")
