@@ -161,10 +161,12 @@ class Election:
         if code is None:
             if now - self._spawned_at < SPAWN_TIMEOUT_S:
                 return
-            # It could not detach (it is the agent itself, a child of ours) or its start is hung: let others try
-            # later; the subprocess module reaps it whenever it ends.
+            # It could not detach (it is the agent itself, a child of ours) or its start is hung: let go, and look
+            # again after a longer while (a hung start must not become one new process a minute); the subprocess
+            # module reaps it whenever it ends.
             self._child = None
             self._release()
+            self._failed(f"it has not settled after {SPAWN_TIMEOUT_S:g} s")
             return
         self._child = None
         self._release()
