@@ -1,7 +1,7 @@
 """Outrider: monitoring for deep-learning training and inference.
 
     import outrider
-    outrider.instrument()                       # publish to the agent (sidecar, `outrider run`) or run one
+    outrider.instrument()                       # publish to the agent (sidecar, `outrider run`) or start one
     for batch in outrider.dataloader(loader):   # measures the wait for each batch
         with outrider.step(samples=len(batch)): # times the step, counts samples
             ...
@@ -21,6 +21,7 @@ from outrider.hook.api import (
     count_tokens,
     counter,
     dataloader,
+    flush,
     gauge,
     histogram,
     in_flight,
@@ -69,6 +70,7 @@ __all__ = [
     "count_tokens",
     "counter",
     "dataloader",
+    "flush",
     "gauge",
     "histogram",
     "in_flight",

@@ -1,12 +1,18 @@
 """The hook's runtime: one Hook per process, wiring its parts together, and the publisher thread that drives them.
 
 - registry.py: the series and their limits;  progress.py: steps, phases, stalls;
-- publisher.py: the shard in the spool;  election.py: the in-process agent when no agent holds the spool.
+- publisher.py: the shard in the spool;  election.py: starting the agent's process when no agent holds the spool.
 
 The publisher thread wakes every flush interval (1 s): it runs the samplers (the step ring's drain, PyTorch's
 allocator and CUDA events), writes the shard (heartbeat, progress, values), checks for a stall (dumping the Python
-stacks when one starts) and, while no agent holds the spool's lock, runs one in this process. Standard library
-only: nothing of the agent is imported unless this process becomes the agent (election.py).
+stacks when one starts) and, while no agent holds the spool's lock, starts one as a separate process. Standard
+library only: nothing of the agent is imported or run in this process (decision 9).
+
+Exit paths (the last flush, marked closed): interpreter exit and sys.exit (atexit); SIGTERM with the default
+disposition (exit_signal.py: a handler that flushes, restores the default and re-raises, so the exit status stays
+the signal's, and a watch for a main thread blocked in C);
+a child forked by multiprocessing, which leaves through os._exit (a multiprocessing finalizer); os._exit
+elsewhere after an explicit outrider.flush(). SIGKILL loses what changed since the last flush.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from outrider import spool
+from outrider.hook import exit_signal
 from outrider.hook.election import Election
 from outrider.hook.progress import Progress
 from outrider.hook.publisher import WRITER_RETRY_S, ShardPublisher
@@ -73,6 +80,8 @@ class Hook:
         # writing on the publisher thread, which would leave older values and no closed flag as the last word.
         self._flushing = threading.Lock()
         self.closed = False
+        # Per thread: how deep it is inside flush()/close(), and a SIGTERM that arrived meanwhile (exit_signal).
+        self._inside = threading.local()
 
     def _retry_s(self) -> float:
         return min(WRITER_RETRY_S, max(1.0, 10 * self.settings.flush_interval_s))
@@ -94,7 +103,7 @@ class Hook:
         while not self._stop.wait(self.settings.flush_interval_s):
             try:
                 if self.settings.standalone:
-                    self.election.maybe_become_agent()
+                    self.election.maybe_start_agent()
                 self.flush()
             except Exception:  # the publisher never dies and never touches the workload
                 self.drop("flush_error")
@@ -102,8 +111,31 @@ class Hook:
 
     def flush(self, closing: bool = False) -> None:
         """Sample, then publish one consistent state of this process into its shard."""
-        with self._flushing:
-            self._flush(closing)
+        self._enter()
+        try:
+            with self._flushing:
+                self._flush(closing)
+        finally:
+            self._leave()
+
+    def _enter(self) -> None:
+        self._inside.depth = getattr(self._inside, "depth", 0) + 1
+
+    def _leave(self) -> None:
+        """Leaving the outermost flush or close: a SIGTERM deferred meanwhile on this thread is raised now."""
+        self._inside.depth -= 1
+        if self._inside.depth == 0 and getattr(self._inside, "deferred", 0):
+            signum, self._inside.deferred = self._inside.deferred, 0
+            os.kill(os.getpid(), signum)
+
+    def defer_exit_signal(self, signum: int) -> bool:
+        """Called by the SIGTERM handler: when it interrupted this very thread inside flush() or close(), that
+        flush cannot be waited for (it is below the handler on the stack), so the signal is raised again once it
+        is done. False when the thread is elsewhere."""
+        if getattr(self._inside, "depth", 0) == 0:
+            return False
+        self._inside.deferred = signum
+        return True
 
     def _flush(self, closing: bool) -> None:
         if self.closed and not closing:
@@ -150,16 +182,21 @@ class Hook:
         """Final flush, marked closed, so the agent can tell a finished process from a dead one."""
         if self.closed:
             return
-        self.closed = True
-        self._stop.set()
-        with contextlib.suppress(Exception):
-            self.flush(closing=True)
-        self.election.stop()
-        self.publisher.close()
+        self._enter()
+        try:
+            self.closed = True
+            self._stop.set()
+            with contextlib.suppress(Exception):
+                self.flush(closing=True)
+            self.election.stop()
+            self.publisher.close()
+        finally:
+            self._leave()
 
     def after_fork_in_child(self) -> None:
         """In a forked child: its own identity and shard, zeroed series, no inherited lock or agent, a new thread."""
         self._flushing = threading.Lock()  # the parent's publisher may have held it when the child was forked
+        self._inside = threading.local()
         self.election.after_fork_in_child()
         self.registry.reset_after_fork()
         self.progress.reset()
@@ -168,6 +205,7 @@ class Hook:
                                         self.publisher.trusted_uids, self._retry_s())
         self._thread = None
         self.closed = False
+        _close_at_multiprocessing_exit(self)
         self.start()
 
 
@@ -180,12 +218,33 @@ def make_hook_from_env() -> Hook:
 
 
 def register_exit(hook_getter: Callable[[], Hook | None]) -> None:
+    """The final flush at interpreter exit (sys.exit included) and, where SIGTERM has its default disposition,
+    on SIGTERM (exit_signal.py)."""
     def on_exit() -> None:
         h = hook_getter()
         if h is not None:
             h.close()
 
     atexit.register(on_exit)
+    exit_signal.install(hook_getter)
+
+
+def _close_at_multiprocessing_exit(hook: Hook) -> None:
+    """In a forked child: a child started by multiprocessing leaves through os._exit, past atexit; its exit
+    runs multiprocessing's finalizers instead (cleared at its start, then its after-fork functions run, where
+    this one registers the final flush). Only when multiprocessing is loaded; nothing is imported for it."""
+    mp_util = sys.modules.get("multiprocessing.util")
+    if mp_util is None:
+        return
+    with contextlib.suppress(Exception):
+        mp_util.register_after_fork(hook, _register_multiprocessing_finalizer)
+
+
+def _register_multiprocessing_finalizer(hook: Hook) -> None:
+    mp_util = sys.modules.get("multiprocessing.util")
+    if mp_util is not None:
+        with contextlib.suppress(Exception):
+            mp_util.Finalize(hook, hook.close, exitpriority=-100)  # after the user's own finalizers
 
 
 BUILTIN = {
