@@ -87,7 +87,9 @@ def test_a_shard_truncated_under_a_running_agent_is_counted_and_the_agent_serves
                                       reason="truncated") or 0) >= 1, timeout_s=30, what="the truncation counted")
             assert agent.proc.poll() is None, "the agent survived"
             assert http_get(f"{agent.url}/healthz")[0] == 200
-            assert value(samples(agent.metrics()), "outrider_train_steps_total") == 7, "the good shard is read"
+            # The good shard is read; the cut one's last good values are kept as retired (a merged counter never
+            # dips because a shard became unreadable), and counted once.
+            assert value(samples(agent.metrics()), "outrider_train_steps_total") == 7 + 5
         finally:
             victim.send_signal(18)
             hold.touch()
