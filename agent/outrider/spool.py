@@ -365,14 +365,18 @@ class ShardWriter:
     def fits(self, directory_len: int, value_count: int) -> bool:
         return directory_len <= self.directory_capacity and value_count <= self.value_capacity
 
+    def room_for(self, directory_len: int, value_count: int) -> tuple[int, int]:
+        """The directory and value capacities a next generation would have for this directory and these values
+        (as far as the format allows; the same as today's when it cannot grow)."""
+        return (capacity_for(directory_len, self.directory_capacity, MAX_DIRECTORY_BYTES),
+                capacity_for(8 * value_count, 8 * self.value_capacity, MAX_DATA_BYTES) // 8)
+
     def grown(self, directory_len: int, value_count: int) -> ShardWriter:
         """The next generation, with room for this directory and these values (as far as the format allows):
         a new file, renamed over this one by its first write. OSError when it cannot be created."""
+        directory_capacity, value_capacity = self.room_for(directory_len, value_count)
         return ShardWriter(self.spool_dir, self.pid, self.start_ns, self.mode,
-                           directory_capacity=capacity_for(directory_len, self.directory_capacity,
-                                                           MAX_DIRECTORY_BYTES),
-                           value_capacity=capacity_for(8 * value_count, 8 * self.value_capacity,
-                                                       MAX_DATA_BYTES) // 8,
+                           directory_capacity=directory_capacity, value_capacity=value_capacity,
                            generation=self.generation + 1, seq=self._seq)
 
     def intact(self) -> bool:

@@ -160,6 +160,7 @@ def test_past_the_format_limit_series_are_left_out_counted_once_and_the_header_k
         snap = spool.decode(Path(pub.writer.path).read_bytes())
         assert snap.header.heartbeat_ns == heartbeat and snap.header.steps == 5, "the header is always written"
     assert pub.writer.directory_capacity == 128 * 1024, "grown to the limit first"
+    assert pub.writer.generation == 1, "and not re-created at every flush once at the limit"
     kept = {s[2].get("k", ""): s[3][0] for s in snap.series}
     assert snap.series[0][0] == "outrider_train_steps_total", "the hook's own series kept first"
     assert all(float(int(k[:4]) + 1) == v for k, v in kept.items() if k), "kept series keep their values"

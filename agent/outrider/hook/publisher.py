@@ -113,8 +113,7 @@ class ShardPublisher:
         once, retried like a failed creation)."""
         if writer.generation and time.monotonic() < self.grow_retry_at:
             return writer
-        if writer.directory_capacity >= spool.MAX_DIRECTORY_BYTES and \
-                writer.value_capacity >= (spool.MAX_SHARD_BYTES - writer.data_offset) // 8:
+        if writer.room_for(directory_len, value_count) == (writer.directory_capacity, writer.value_capacity):
             return writer  # as large as the format allows
         try:
             return writer.grown(directory_len, value_count)
