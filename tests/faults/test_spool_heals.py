@@ -52,9 +52,9 @@ def _env(spool_dir: Path, **extra: str) -> dict[str, str]:
             "OUTRIDER_STANDALONE": "false", **extra}
 
 
-def _collector(spool_dir: Path) -> HookCollector:
+def _collector(spool_dir: Path, lock: bool = False) -> HookCollector:
     return HookCollector(CollectorContext(Config(spool_dir=str(spool_dir), flush_interval_s=FLUSH_S),
-                                          hold_spool_lock=False))
+                                          hold_spool_lock=lock))
 
 
 def _steps(c: HookCollector) -> float:
@@ -124,7 +124,7 @@ def _tmpfs_over(path: Path) -> Iterator[None]:
 def test_a_spool_deleted_under_a_running_job_is_recreated_private_and_nothing_is_counted_twice(
         tmp_path: Path) -> None:
     sp = tmp_path / "spool"
-    c = _collector(sp)
+    c = _collector(sp, lock=True)  # as an agent: it holds the spool's lock
     m = Monotonic(c)
     try:
         with _steppers(tmp_path, sp, 2) as (procs, stop, reports):
@@ -135,6 +135,7 @@ def test_a_spool_deleted_under_a_running_job_is_recreated_private_and_nothing_is
             wait_until(lambda: len(list(sp.glob("*.shard"))) == 2, timeout_s=30, what="both shards re-created")
             assert stat.S_IMODE(sp.stat().st_mode) == 0o700, "re-created private, as at first"
             m.grows("steps counted again after the re-creation")
+            assert spool.try_lock(str(sp)) is None, "the agent holds the lock of the re-created spool"
             wait_until(lambda: c.collect() and len(c.processes) == 2, timeout_s=30, what="the job seen again")
             total = _finish(procs, stop, reports)
         wait_until(lambda: m.read() == total and not c.processes, timeout_s=30, what="the final counts")

@@ -161,7 +161,30 @@ class HookCollector(Collector):
             return False
         return True
 
+    def _keep_lock(self) -> None:
+        """A spool re-created under the agent (deleted, remounted) lost the lock with its old directory, and a
+        workload would take it for a spool no agent serves: take it again in the new directory."""
+        if self._lock_fd is None:
+            return
+        try:
+            st, fst = os.lstat(os.path.join(self.spool, spool.LOCK_NAME)), os.fstat(self._lock_fd)
+            if (st.st_dev, st.st_ino) == (fst.st_dev, fst.st_ino):
+                return
+        except OSError:
+            pass
+        try:
+            spool.prepare_dir(self.spool, private=not self._explicit, trusted_uids=self._trusted_uids)
+            fd = spool.try_lock(self.spool)
+        except OSError as e:
+            self.drop("spool", e)
+            return
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._lock_fd)
+            self._lock_fd = fd
+
     def collect(self) -> list[Family]:
+        self._keep_lock()
         merged: dict[SeriesKey, list[float]] = {}
         processes: list[ProcessState] = []
         live: list[tuple[ProcessState, dict[SeriesKey, list[float]]]] = []
