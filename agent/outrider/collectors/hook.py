@@ -325,6 +325,29 @@ class HookCollector(Collector):
             return "stalled"
         return "running"
 
+    def _helper(self, p: ProcessState, procs: list[ProcessState]) -> bool:
+        """Whether a process of a rank is a helper of it rather than the rank: a spawned worker (its meta says so),
+        or one that never stepped and descends from another live process of the same rank (a helper started with
+        subprocess, which inherits RANK and TORCHELASTIC_RUN_ID). A helper never makes its rank stalled."""
+        if p.worker:
+            return True
+        if p.header.steps or len(procs) < 2:
+            return False
+        others = {q.header.pid for q in procs if q is not p}
+        pid = p.header.pid
+        for _ in range(MAX_ANCESTRY):
+            try:
+                with open(f"{self.ctx.config.proc_root}/{pid}/stat", "rb") as fh:
+                    text = fh.read()
+                pid = int(text[text.rindex(b")") + 2:].split()[1])
+            except (OSError, ValueError, IndexError):
+                return False
+            if pid in others:
+                return True
+            if pid <= 1:
+                return False
+        return False
+
     def _retire(self, entries: dict[SeriesKey, list[float]], path: str) -> None:
         now = time.monotonic()
         kept: dict[SeriesKey, list[float]] = {}
@@ -438,8 +461,8 @@ class HookCollector(Collector):
             if steps:
                 last_step.add(max(steps) / 1e9, rank, job)
             started.add(min(p.header.start_ns for p in procs) / 1e9, rank, job)
-            stalled.add(1 if any(p.state in ("stalled", "unresponsive") and not p.worker for p in procs) else 0,
-                        rank, job)
+            stalled.add(1 if any(p.state in ("stalled", "unresponsive") and not self._helper(p, procs)
+                                 for p in procs) else 0, rank, job)
         for p in processes:
             heartbeat.add(p.header.heartbeat_ns / 1e9, p.rank, p.training_job, str(p.header.pid))
         errors = Family("outrider_hook_shard_errors_total")
