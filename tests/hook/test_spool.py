@@ -331,3 +331,21 @@ def test_a_writer_knows_when_its_shard_left_the_spool(tmp_path: Path) -> None:
     assert w2.intact() and not w.intact(), "replaced"
     w.close()
     w2.close()
+
+
+def test_closed_shards_of_two_shapes_found_at_start_make_one_valid_family(tmp_path: Path) -> None:
+    # An agent (re)started after both publishers finished: no live process to choose a shape, the exposition must
+    # still be valid (one shape per name).
+    for pid, kind, labels in ((101, "counter", {"queue": "a"}), (102, "counter", {"host": "h"})):
+        w = spool.ShardWriter(str(tmp_path), pid, 5)
+        directory = json.dumps({"meta": {}, "series": [["workload_jobs_total", kind, labels, 0, []]]}).encode()
+        w.write(directory, [3.0], flags=spool.FLAG_CLOSED, pid=pid, stalls=0, start_ns=5, heartbeat_ns=6,
+                last_step_ns=0, steps=0, stalled_since_ns=0)
+        w.close()
+    c = HookCollector(CollectorContext(Config(spool_dir=str(tmp_path)), hold_spool_lock=False))
+    try:
+        parsed = samples(render(c.collect()).decode())  # the parser refuses an exposition with mixed shapes
+        shown = [labels for (name, labels) in parsed if name == "workload_jobs_total"]
+        assert shown == [(("queue", "a"),)], shown
+    finally:
+        c.close()

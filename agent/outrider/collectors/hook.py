@@ -439,6 +439,8 @@ class HookCollector(Collector):
             fam = fams.get(name)
             if fam is None:
                 fam = fams[name] = Family(defn)
+            elif fam.defn.type != kind or set(fam.defn.label_names) != set(label_map):
+                continue  # retired series of two shapes with no live publisher to choose: the first shape shown
             label_values = tuple(label_map[n] for n in defn.label_names)
             if kind == "histogram":
                 fam.add(HistogramValue(bounds, tuple(int(v) for v in values[:-1]), values[-1]), *label_values)
