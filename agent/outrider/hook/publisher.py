@@ -47,6 +47,7 @@ class ShardPublisher:
         self.grow_retry_at = 0.0
         self.left_out: set[str] = set()  # series left out of a full shard, counted once each
         self.healed = 0  # times the shard was re-created after the spool lost it
+        self.grow_failures = 0
 
     def _open(self, pid: int, start_ns: int) -> spool.ShardWriter | None:
         if time.monotonic() < self.retry_at:
@@ -89,40 +90,53 @@ class ShardPublisher:
             if self.writer is None:
                 return False
         directory = _directory(meta, entries)
-        writer = self.writer
-        if not writer.fits(len(directory), len(values)):
-            writer = self._grow(writer, len(directory), len(values))
-            if not writer.fits(len(directory), len(values)):
-                directory, values = self._trim(meta, entries, values, writer)
+        if not self.writer.fits(len(directory), len(values)):
+            bigger = self._grow(self.writer, len(directory), len(values))
+            if bigger is not None:
+                try:
+                    fitted, fitted_values = directory, values
+                    if not bigger.fits(len(directory), len(values)):  # past the format's limit
+                        fitted, fitted_values = self._trim(meta, entries, values, bigger)
+                    bigger.write(fitted, fitted_values, pid=pid, start_ns=start_ns, **header)
+                except (OSError, ValueError) as e:
+                    bigger.close()
+                    self._grow_failed(e)
+                else:
+                    self.writer.close()  # the previous generation, replaced by the rename
+                    self.writer = bigger
+                    return True
+            if not self.writer.fits(len(directory), len(values)):
+                directory, values = self._trim(meta, entries, values, self.writer)
         try:
-            writer.write(directory, values, pid=pid, start_ns=start_ns, **header)
+            self.writer.write(directory, values, pid=pid, start_ns=start_ns, **header)
         except (OSError, ValueError) as e:
-            if writer is not self.writer:
-                writer.close()
             self.writer.close()
             self.writer = None
             self._failed("spool_unwritable", e if isinstance(e, OSError) else OSError(str(e)))
             return False
-        if writer is not self.writer:
-            self.writer.close()  # the previous generation, replaced by the rename
-            self.writer = writer
         return True
 
-    def _grow(self, writer: spool.ShardWriter, directory_len: int, value_count: int) -> spool.ShardWriter:
-        """The next, larger generation; the current one while a larger file cannot be created (counted, said
-        once, retried like a failed creation)."""
-        if writer.generation and time.monotonic() < self.grow_retry_at:
-            return writer
+    def _grow(self, writer: spool.ShardWriter, directory_len: int, value_count: int) -> spool.ShardWriter | None:
+        """The next, larger generation; None when the shard is as large as the format allows, or while a larger
+        file cannot be created (counted, said once, retried like a failed creation): the current one is then
+        written with the series that fit, so its heartbeat and progress never stop."""
+        if time.monotonic() < self.grow_retry_at:
+            return None
         if writer.room_for(directory_len, value_count) == (writer.directory_capacity, writer.value_capacity):
-            return writer  # as large as the format allows
+            return None
         try:
             return writer.grown(directory_len, value_count)
         except (OSError, ValueError) as e:
-            self.grow_retry_at = time.monotonic() + self.retry_s
-            self.drop("spool_unwritable")
-            LOG.warning("outrider: cannot grow the shard %s (%s); series that do not fit are left out until it "
-                        "can", writer.path, e)
-            return writer
+            self._grow_failed(e)
+            return None
+
+    def _grow_failed(self, error: Exception) -> None:
+        self.grow_retry_at = time.monotonic() + self.retry_s
+        self.drop("spool_unwritable")
+        if not self.grow_failures:
+            LOG.warning("outrider: cannot grow the shard in %s (%s); series that do not fit are left out until it "
+                        "can (retried every %g s)", self.spool_dir, error, self.retry_s)
+        self.grow_failures += 1
 
     def _trim(self, meta: dict[str, Any], entries: list[list[Any]], values: list[float],
               writer: spool.ShardWriter) -> tuple[bytes, list[float]]:
