@@ -376,6 +376,8 @@ def test_a_helper_process_of_a_rank_that_never_steps_never_pages_the_rank(tmp_pa
         def helper_waited() -> bool:
             parsed = samples(render(c.collect()).decode())
             pages.append(value(parsed, "outrider_hook_stalled", rank="0", training_job="job-helper") or 0.0)
+            # The rank is not "waiting for its first step" either (TrainingNoFirstStep reads this gauge).
+            pages.append(value(parsed, "outrider_train_first_step_pending", rank="0", training_job="job-helper") or 0.0)
             # The helper waits for a first step that never comes (it inherits torchrun's environment) and flags
             # itself stalled: the scenario, else this test shows nothing.
             return any(q.header.pid != p.pid and q.state == "stalled" for q in c.processes)

@@ -225,6 +225,7 @@ class HookCollector(Collector):
                 self._retire(entries, path)
                 self._heartbeats.pop(path, None)
         self._last = {proc.path: entries for proc, entries in live}
+        self._quiet_helpers(live)
         self._elect_shapes(live)
         for proc, entries in live:
             for key, values in entries.items():
@@ -324,6 +325,18 @@ class HookCollector(Collector):
         if h.flags & spool.FLAG_STALLED:
             return "stalled"
         return "running"
+
+    def _quiet_helpers(self, live: list[tuple[ProcessState, dict[SeriesKey, list[float]]]]) -> None:
+        """A helper waiting for a first step it will never take (it inherited torchrun's environment) does not make
+        its rank's outrider_train_first_step_pending 1: the gauge is summed over the rank's processes."""
+        groups: dict[tuple[str, str], list[ProcessState]] = {}
+        for proc, _ in live:
+            groups.setdefault((proc.rank, proc.training_job), []).append(proc)
+        for proc, entries in live:
+            pending = [k for k in entries if k[0] == "outrider_train_first_step_pending" and entries[k][0]]
+            if pending and self._helper(proc, groups[(proc.rank, proc.training_job)]):
+                for key in pending:
+                    del entries[key]
 
     def _helper(self, p: ProcessState, procs: list[ProcessState]) -> bool:
         """Whether a process of a rank is a helper of it rather than the rank: a spawned worker (its meta says so),
