@@ -91,6 +91,7 @@ LOCK_NAME = "agent.lock"
 SHARD_SUFFIX = ".shard"
 STACKS_SUFFIX = ".stacks.txt"
 SHARD_NAME_RE = re.compile(r"outrider-(\d+)-(\d+)\.shard")
+PENDING_NAME_RE = re.compile(r"outrider-(\d+)-(\d+)\.shard\.new")  # a shard (generation) not yet renamed
 
 _HEAD = struct.Struct("<8sIIQIIQQQQIIQ")  # through offset 80 (version 1's whole header)
 _LAYOUT = struct.Struct("<IIQQ")  # offsets 80..104: generation, directory capacity, data offset, shard size
@@ -459,6 +460,16 @@ class ShardReader:
         except (FileNotFoundError, NotADirectoryError):
             return []
         return [os.path.join(self.spool_dir, n) for n in sorted(names)]
+
+    def pending(self) -> list[tuple[str, int, int]]:
+        """Shards being written under their temporary name, as (path, pid, start_ns): a process killed between
+        creating one and renaming it leaves it behind."""
+        try:
+            with os.scandir(self.spool_dir) as it:
+                found = [(e.path, PENDING_NAME_RE.fullmatch(e.name)) for e in it]
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        return [(path, int(m.group(1)), int(m.group(2))) for path, m in found if m]
 
     def _fd(self, path: str) -> tuple[int, os.stat_result] | None:
         try:

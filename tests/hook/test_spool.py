@@ -9,11 +9,13 @@ import stat
 import struct
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from outrider import spool
+from outrider.collectors import hook as hook_collector
 from outrider.collectors.base import CollectorContext
 from outrider.collectors.hook import HookCollector
 from outrider.config import Config
@@ -347,5 +349,22 @@ def test_closed_shards_of_two_shapes_found_at_start_make_one_valid_family(tmp_pa
         parsed = samples(render(c.collect()).decode())  # the parser refuses an exposition with mixed shapes
         shown = [labels for (name, labels) in parsed if name == "workload_jobs_total"]
         assert shown == [(("queue", "a"),)], shown
+    finally:
+        c.close()
+
+
+def test_a_pending_shard_left_by_a_killed_process_is_removed_and_a_live_ones_kept(tmp_path: Path) -> None:
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # its pid is free now (or reused by a process started later: not the same process either)
+    stray = tmp_path / f"outrider-{gone.pid}-{time.time_ns() - 10**9}.shard.new"
+    stray.write_bytes(b"\0" * 4096)  # killed between creating a larger generation and renaming it
+    growing = tmp_path / f"outrider-{os.getpid()}-{time.time_ns()}.shard.new"  # this live process, mid-growth
+    growing.write_bytes(b"\0" * 4096)
+    c = HookCollector(CollectorContext(Config(spool_dir=str(tmp_path)), hold_spool_lock=False))
+    try:
+        for _ in range(2 * hook_collector.STRAY_EVERY + 1):
+            c.collect()
+        assert not stray.exists(), "the dead process's leftover is removed"
+        assert growing.exists(), "a live process's shard being written is left alone"
     finally:
         c.close()

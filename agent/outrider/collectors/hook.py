@@ -41,6 +41,7 @@ MAX_ANCESTRY = 64
 MAX_RETIRED_PATHS = 1024  # shards whose retired values are remembered, in case the same process's shard returns
 START_SLACK_S = 2.0  # /proc/stat's boot time is whole seconds: the slack of a start time derived from it
 Shape = tuple[str, tuple[str, ...]]  # kind, label names
+STRAY_EVERY = 10  # sweeps between looks for pending shards left by processes killed while growing theirs
 
 
 @dataclass
@@ -89,6 +90,8 @@ class HookCollector(Collector):
         self._owners: dict[str, tuple[str, Shape]] = {}  # custom name -> (path of its shape's publisher, shape)
         self._conflicts: set[tuple[str, str]] = set()  # (path, name) counted as shape_conflict
         self._boot_s: float | None = None
+        self._sweeps = 0
+        self._strays: dict[str, float] = {}  # pending shards of processes gone -> when first seen so
         self._dynamic: dict[tuple[str, Shape], MetricDef] = {}
         self.shard_errors: dict[str, int] = {}
         self.processes: list[ProcessState] = []
@@ -225,6 +228,9 @@ class HookCollector(Collector):
                 self._retire(entries, path)
                 self._heartbeats.pop(path, None)
         self._last = {proc.path: entries for proc, entries in live}
+        self._sweeps += 1
+        if self._sweeps % STRAY_EVERY == 1:
+            self._remove_strays()
         self._quiet_helpers(live)
         self._elect_shapes(live)
         for proc, entries in live:
@@ -325,6 +331,25 @@ class HookCollector(Collector):
         if h.flags & spool.FLAG_STALLED:
             return "stalled"
         return "running"
+
+    def _remove_strays(self) -> None:
+        """A process killed between creating a shard (or a larger generation of it) and renaming it leaves the
+        file under its temporary name, up to the format's size: removed once its process is gone (pid and
+        start), seen so on two looks."""
+        seen: dict[str, float] = {}
+        for path, pid, start_ns in self.reader.pending():
+            if self._same_process(pid, {}, start_ns):
+                continue
+            if path in self._strays:
+                try:
+                    os.unlink(path)  # never follows a link
+                except FileNotFoundError:
+                    pass
+                except OSError as e:  # a sticky shared spool where it is not ours to delete
+                    self.drop("cleanup", e)
+                continue
+            seen[path] = time.monotonic()
+        self._strays = seen
 
     def _quiet_helpers(self, live: list[tuple[ProcessState, dict[SeriesKey, list[float]]]]) -> None:
         """A helper waiting for a first step it will never take (it inherited torchrun's environment) does not make
