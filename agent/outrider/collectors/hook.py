@@ -92,7 +92,7 @@ class HookCollector(Collector):
         self._boot_s: float | None = None
         self._sweeps = 0
         self._strays: dict[str, float] = {}  # pending shards of processes gone -> when first seen so
-        self._dynamic: dict[tuple[str, Shape], MetricDef] = {}
+        self._dynamic: dict[str, MetricDef] = {}
         self.shard_errors: dict[str, int] = {}
         self.processes: list[ProcessState] = []
         self._heartbeats: dict[str, tuple[int, float]] = {}  # path -> (heartbeat, monotonic time it changed)
@@ -205,10 +205,12 @@ class HookCollector(Collector):
             if snap is None:
                 continue
             present.add(path)
-            # Back after it was retired (its cumulative values include what was retired, taken back out), or read
-            # again: either way no counter of this process may go backwards (a stale copy, such as the spool's old
-            # directory seen again when a volume mounted over it goes, is not taken for a reset).
-            floor = self._unretire(path) or self._last.get(path)
+            # Back after it was retired (its cumulative values include what was retired, taken back out), or a
+            # heartbeat older than the last one seen (a stale copy, such as the spool's old directory seen again
+            # when a volume mounted over it goes): no counter of this process may go backwards.
+            unretired = self._unretire(path)
+            before = self._heartbeats.get(path)
+            floor = unretired or (self._last.get(path) if before and snap.header.heartbeat_ns < before[0] else None)
             for why in snap.rejected:
                 self._count("invalid_series", f"series in {name}", why)
             proc = ProcessState(path, snap.meta, snap.header, self._state(path, snap.header, snap.meta), snap.uid)
@@ -232,10 +234,11 @@ class HookCollector(Collector):
         if self._sweeps % STRAY_EVERY == 1:
             self._remove_strays()
         self._quiet_helpers(live)
-        self._elect_shapes(live)
+        left_out = self._elect_shapes(live)
         for proc, entries in live:
+            out = left_out.get(proc.path)
             for key, values in entries.items():
-                if self._shape_ok(key):
+                if not out or key[0] not in out:
                     _accumulate(merged, key, values)
                 elif (proc.path, key[0]) not in self._conflicts:
                     if len(self._conflicts) > 10_000:
@@ -288,24 +291,34 @@ class HookCollector(Collector):
         return boot + ticks / os.sysconf("SC_CLK_TCK") <= start_ns / 1e9 + START_SLACK_S
 
     # --- shapes of custom names ----------------------------------------------------------------------------------
-    def _elect_shapes(self, live: list[tuple[ProcessState, dict[SeriesKey, list[float]]]]) -> None:
+    def _elect_shapes(self, live: list[tuple[ProcessState, dict[SeriesKey, list[float]]]]) -> dict[str, set[str]]:
         """Each custom name's shape: its current owner's while that process lives, else that of the
-        longest-running live process publishing the name; with none live, the last owner's (its retired series)."""
+        longest-running live process publishing the name; with none live, the last owner's (its retired series).
+        Returns the names each process publishes in another shape (by shard path). A process has one shape per
+        name (its registry refuses a second), so one series per name tells it."""
         publishers: dict[str, dict[str, tuple[int, int, Shape]]] = {}
         for proc, entries in live:
+            seen: set[str] = set()
             for key in entries:
-                if key[0] in CATALOG:
+                name = key[0]
+                if name in seen:
                     continue
-                pubs = publishers.setdefault(key[0], {})
-                if proc.path not in pubs:
-                    pubs[proc.path] = (proc.header.start_ns, proc.header.pid, _shape(key))
+                seen.add(name)
+                if name not in CATALOG:
+                    publishers.setdefault(name, {})[proc.path] = (proc.header.start_ns, proc.header.pid, _shape(key))
+        left_out: dict[str, set[str]] = {}
         for name, pubs in publishers.items():
             owner = self._owners.get(name)
             path = owner[0] if owner is not None and owner[0] in pubs else min(pubs, key=lambda p: pubs[p][:2])
-            self._owners[name] = (path, pubs[path][2])
+            shape = pubs[path][2]
+            self._owners[name] = (path, shape)
+            for other, (_, _, theirs) in pubs.items():
+                if theirs != shape:
+                    left_out.setdefault(other, set()).add(name)
         if len(self._owners) > 10_000:  # names nobody publishes any more, and with nothing retired, go
             keep = set(publishers) | {key[0] for key in self._retired}
             self._owners = {n: o for n, o in self._owners.items() if n in keep}
+        return left_out
 
     def _shape_ok(self, key: SeriesKey) -> bool:
         owner = self._owners.get(key[0])
@@ -358,10 +371,11 @@ class HookCollector(Collector):
         for proc, _ in live:
             groups.setdefault((proc.rank, proc.training_job), []).append(proc)
         for proc, entries in live:
-            pending = [k for k in entries if k[0] == "outrider_train_first_step_pending" and entries[k][0]]
-            if pending and self._helper(proc, groups[(proc.rank, proc.training_job)]):
-                for key in pending:
-                    del entries[key]
+            key: SeriesKey = ("outrider_train_first_step_pending", "gauge",
+                              (("training_job", proc.training_job), ("rank", proc.rank)), ())
+            pending = entries.get(key)
+            if pending and pending[0] and self._helper(proc, groups[(proc.rank, proc.training_job)]):
+                del entries[key]
 
     def _helper(self, p: ProcessState, procs: list[ProcessState]) -> bool:
         """Whether a process of a rank is a helper of it rather than the rank: a spawned worker (its meta says so),
@@ -454,15 +468,15 @@ class HookCollector(Collector):
         defn = CATALOG.get(name)
         if defn is not None:
             return defn if defn.type == kind and set(defn.label_names) == set(label_names) else None
-        shape = (kind, tuple(sorted(label_names)))
-        hit = self._dynamic.get((name, shape))
-        if hit is None:
-            if len(self._dynamic) >= 10_000:
-                self._dynamic.clear()  # shapes seen long ago; the live ones are made again
+        hit = self._dynamic.get(name)
+        if hit is None or hit.type != kind or set(hit.label_names) != set(label_names):
+            # New, or its shape changed (the process that owned the old one is gone): the definition follows
+            if hit is None and len(self._dynamic) >= 10_000:
+                self._dynamic.clear()  # names seen long ago; the live ones are made again
             hit = MetricDef(name, name, "s" if name.endswith("_seconds") else "1", kind,  # type: ignore[arg-type]
                             "Custom metric published by the workload through the Outrider hook.",
                             tuple(Label(n, n) for n in label_names), "hook")
-            self._dynamic[(name, shape)] = hit
+            self._dynamic[name] = hit
         return hit
 
     def _families(self, merged: dict[SeriesKey, list[float]], processes: list[ProcessState]) -> list[Family]:
@@ -527,7 +541,8 @@ def _label_text(value: object) -> str:
 
 
 def _shape(key: SeriesKey) -> Shape:
-    return key[1], tuple(sorted(n for n, _ in key[2]))
+    # The labels of a key are sorted, then training_job and rank: their names in order are the shape's.
+    return key[1], tuple([n for n, _ in key[2]])
 
 
 def _not_backwards(entries: dict[SeriesKey, list[float]], floor: dict[SeriesKey, list[float]]) -> None:
