@@ -70,7 +70,7 @@ def spawned_child() -> bool:
     TORCHELASTIC_RUN_ID, OUTRIDER_ROLE) but is not that rank: it is one only once it steps. While it imports the
     parent's main module (where instrument() may be called) its __main__ is "__mp_main__" and multiprocessing is
     "inheriting"; later, parent_process() says so."""
-    if "--multiprocessing-fork" in sys.argv:
+    if "--multiprocessing-fork" in getattr(sys, "argv", ()):
         return True
     main = sys.modules.get("__main__")
     if getattr(main, "__name__", "") == "__mp_main__":
@@ -175,11 +175,13 @@ class Hook:
         hint, OUTRIDER_ROLE=training): it is a worker until it steps or uses a training API, so one that never
         steps (a DataLoader worker) never waits for a first step and never pages."""
         p = self.progress
-        if not self.spawned and (spawned_child() or in_dataloader_worker()):
-            self.spawned = True
-            p.training_hint = False
-            if p.role == "training":
-                p.role = ""
+        if not self.spawned:
+            with contextlib.suppress(Exception):  # never a reason for a flush (or instrument()) to fail
+                self.spawned = spawned_child() or in_dataloader_worker()
+            if self.spawned:
+                p.training_hint = False
+                if p.role == "training":
+                    p.role = ""
         if self.spawned:
             self.identity.role = "" if p.training else "worker"
 
