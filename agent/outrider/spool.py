@@ -8,8 +8,9 @@ Shard layout, little-endian, created 0600 as ``outrider-<pid>-<start_ns>.shard``
 
     offset  size  field
     0       8     magic b"OUTRSHD1"
-    8       4     format version (u32) = 2; a reader skips (and counts) shards of a newer version, and reads
-                  version 1 (the fixed layout: the fields from 80 absent, a 60 KiB directory, data at 65536)
+    8       4     format version (u32): 2 once regrown, 1 in the first layout (a 60 KiB directory, data at
+                  65536: what version 1 fixed; its fields from 80 are ignored there, so an older agent reads it);
+                  a reader skips (and counts) shards of a newer version
     12      4     flags (u32): 1 = closed (the process finished and flushed), 2 = stalled
     16      8     seq (u64): even when the shard is consistent; odd while the writer updates it (a seqlock)
     24      4     pid (u32)
@@ -277,8 +278,11 @@ def pack_header(*, flags: int, seq: int, pid: int, stalls: int, start_ns: int, h
                 last_step_ns: int, steps: int, directory_len: int, value_count: int, stalled_since_ns: int,
                 generation: int = 0, directory_capacity: int = DIRECTORY_BYTES, data_offset: int = DATA_OFFSET,
                 shard_bytes: int = SHARD_BYTES) -> bytes:
-    return _HEAD.pack(MAGIC, VERSION, flags, seq, pid & 0xFFFFFFFF, stalls & 0xFFFFFFFF, start_ns, heartbeat_ns,
-                      last_step_ns, steps, directory_len, value_count, stalled_since_ns) + \
+    # A shard in the first layout says version 1 (its fields from 80 were reserved there, and an older agent reads
+    # it as before); only a regrown one needs version 2, which an older agent skips and counts.
+    first = (directory_capacity, data_offset, shard_bytes) == (DIRECTORY_BYTES, DATA_OFFSET, SHARD_BYTES)
+    return _HEAD.pack(MAGIC, 1 if first else VERSION, flags, seq, pid & 0xFFFFFFFF, stalls & 0xFFFFFFFF, start_ns,
+                      heartbeat_ns, last_step_ns, steps, directory_len, value_count, stalled_since_ns) + \
         _LAYOUT.pack(generation, directory_capacity, data_offset, shard_bytes)
 
 

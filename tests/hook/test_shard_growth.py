@@ -174,12 +174,15 @@ def test_a_reader_refuses_a_layout_that_does_not_fit_the_format(tmp_path: Path) 
     w = spool.ShardWriter(str(tmp_path), 4242, 1)
     w.write(b'{"meta":{},"series":[]}', [1.0], flags=0, pid=4242, stalls=0, start_ns=1, heartbeat_ns=1,
             last_step_ns=0, steps=0, stalled_since_ns=0)
-    good = Path(w.path).read_bytes()
+    good = bytearray(Path(w.path).read_bytes())
+    struct.pack_into("<I", good, 8, 2)
+    assert spool.decode(bytes(good)).header.data_offset == spool.DATA_OFFSET, "the layout as written is valid"
     for offset, fmt, bad in [(84, "<I", spool.MAX_DIRECTORY_BYTES + 4096),  # directory capacity past the limit
                              (88, "<Q", 4096 + 8),  # data inside the directory's space
                              (88, "<Q", spool.DATA_OFFSET + 3),  # unaligned data
                              (96, "<Q", spool.MAX_SHARD_BYTES + 8)]:  # a size past the limit
         data = bytearray(good)
+        struct.pack_into("<I", data, 8, 2)  # a regrown shard's version: its layout is read
         struct.pack_into(fmt, data, offset, bad)
         with pytest.raises(spool.ShardFormatError):
             spool.decode(bytes(data))

@@ -315,6 +315,17 @@ def test_a_regrown_shard_is_followed_by_a_reader_that_held_the_old_generation(tm
     r.close()
 
 
+def test_a_shard_in_the_first_layout_says_version_1_and_a_regrown_one_version_2(tmp_path: Path) -> None:
+    w = write_one(tmp_path)
+    assert spool.decode(Path(w.path).read_bytes()).header.version == 1, "an older agent reads it as before"
+    bigger = w.grown(100_000, 10)
+    bigger.write(b'{"meta":{},"series":[]}', [], flags=0, pid=4242, stalls=0, start_ns=1_000, heartbeat_ns=1,
+                 last_step_ns=0, steps=0, stalled_since_ns=0)
+    assert spool.decode(Path(w.path).read_bytes()).header.version == 2
+    w.close()
+    bigger.close()
+
+
 def test_a_version_1_shard_is_still_read(tmp_path: Path) -> None:
     data = bytearray(Path(write_one(tmp_path).path).read_bytes())
     struct.pack_into("<I", data, 8, 1)  # version 1: fixed layout, no layout fields
