@@ -51,10 +51,50 @@ class Identity:
     world_size: str = field(default_factory=lambda: os.environ.get("WORLD_SIZE", ""))
     training_job: str = ""
     argv0: str = field(default_factory=lambda: os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "python")
+    # With the pid, who this process is: a pid reused by another process is never taken for this one.
+    starttime: int = field(default_factory=lambda: start_ticks("/proc/self/stat"))
+    role: str = ""  # "worker": a helper of a rank (a spawned child that never stepped), never paged as the rank
 
     def meta(self) -> dict[str, Any]:
         return {"pid": self.pid, "rank": self.rank, "local_rank": self.local_rank, "world_size": self.world_size,
-                "training_job": self.training_job, "argv0": self.argv0, "start_ns": self.start_ns}
+                "training_job": self.training_job, "argv0": self.argv0, "start_ns": self.start_ns,
+                "starttime": self.starttime, "role": self.role}
+
+
+def start_ticks(stat_path: str) -> int:
+    """A process's start in clock ticks after boot (field 22 of /proc/PID/stat); 0 when unknown."""
+    try:
+        with open(stat_path, "rb") as fh:
+            text = fh.read()
+        return int(text[text.rindex(b")") + 2:].split()[19])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def spawned_child() -> bool:
+    """Whether multiprocessing started this process with spawn or forkserver (a DataLoader worker with
+    multiprocessing_context="spawn", a pool, a helper). It inherits its parent's environment (RANK,
+    TORCHELASTIC_RUN_ID, OUTRIDER_ROLE) but is not that rank: it is one only once it steps. While it imports the
+    parent's main module (where instrument() may be called) its __main__ is "__mp_main__" and multiprocessing is
+    "inheriting"; later, parent_process() says so."""
+    if "--multiprocessing-fork" in getattr(sys, "argv", ()):
+        return True
+    main = sys.modules.get("__main__")
+    if getattr(main, "__name__", "") == "__mp_main__":
+        return True
+    mp = sys.modules.get("multiprocessing.process")
+    if mp is None:
+        return False
+    try:
+        return bool(getattr(mp.current_process(), "_inheriting", False)) or mp.parent_process() is not None
+    except Exception:
+        return False
+
+
+def in_dataloader_worker() -> bool:
+    """Whether this is a torch DataLoader worker (its worker loop has set get_worker_info())."""
+    worker = sys.modules.get("torch.utils.data._utils.worker")
+    return worker is not None and getattr(worker, "_worker_info", None) is not None
 
 
 class Hook:
@@ -71,6 +111,8 @@ class Hook:
         self.drop = self.registry.drop
         self.progress = Progress(s.stall_factor, s.stall_floor_s, s.first_step_timeout_s, s.phase_timeout_s,
                                  s.role, training_hint=bool(os.environ.get("TORCHELASTIC_RUN_ID")))
+        self.spawned = False
+        self._settle_role()
         self.publisher = ShardPublisher(self.spool_dir, explicit, self.drop, trusted, self._retry_s())
         self.election = Election(self.spool_dir, s.listen, explicit, trusted)
         self.samplers: list[Callable[[], None]] = []
@@ -146,6 +188,7 @@ class Hook:
             except Exception:
                 self.drop("sampler_error")
         p = self.progress
+        self._settle_role()
         self._publish_progress(p)
         if self.publisher.writer is None and not (p.steps or p.training or self.registry.has_data()):
             return  # nothing to say yet: no shard, no file
@@ -158,6 +201,21 @@ class Hook:
                                steps=p.steps, stalled_since_ns=p.stalled_since_ns)
         if stall is not None and stall.newly:
             self.publisher.dump_stacks(f"# outrider: pid {ident.pid} rank {ident.rank or '-'}: {stall.message}\n")
+
+    def _settle_role(self) -> None:
+        """A spawned child takes nothing from its parent's environment that would make it a rank (torchrun's
+        hint, OUTRIDER_ROLE=training): it is a worker until it steps or uses a training API, so one that never
+        steps (a DataLoader worker) never waits for a first step and never pages."""
+        p = self.progress
+        if not self.spawned:
+            with contextlib.suppress(Exception):  # never a reason for a flush (or instrument()) to fail
+                self.spawned = spawned_child() or in_dataloader_worker()
+            if self.spawned:
+                p.training_hint = False
+                if p.role == "training":
+                    p.role = ""
+        if self.spawned:
+            self.identity.role = "" if p.training else "worker"
 
     def _publish_progress(self, p: Progress) -> None:
         """Progress as series: steps, phases, and whether the first step is still awaited."""
@@ -201,6 +259,7 @@ class Hook:
         self.registry.reset_after_fork()
         self.progress.reset()
         self.identity = Identity(training_job=self.identity.training_job)
+        self._settle_role()
         self.publisher = ShardPublisher(self.spool_dir, self.publisher.explicit, self.drop,
                                         self.publisher.trusted_uids, self._retry_s())
         self._thread = None
