@@ -78,6 +78,22 @@ elif mode == "child-sigterm":
     _, status = os.waitpid(pid, 0)
     (control / "child").write_text(f"{pid} {os.waitstatus_to_exitcode(status)}")
     time.sleep(exit_signal.WATCH_GRACE_S + 1.0)  # what the parent's watch would wait before acting
+elif mode == "chained-handler":
+    # A framework that installs its handler after instrument() and calls the one it found (PyTorch Lightning's
+    # SignalConnector): SIGTERM asks the loop to stop gracefully, and the process must live to do it.
+    previous = signal.getsignal(signal.SIGTERM)
+    stop = []
+    def graceful(signum, frame):
+        stop.append(signum)
+        if callable(previous):
+            previous(signum, frame)
+    signal.signal(signal.SIGTERM, graceful)
+    (control / "ready").touch()
+    while not stop:
+        time.sleep(0.02)
+    steps(5)  # the last steps before a graceful stop (a checkpoint, in Lightning)
+    (control / "graceful").touch()
+    sys.exit(0)
 elif mode in ("sigterm", "user-handler", "ignored"):
     (control / "ready").touch()
     wait_for("release")  # SIGTERM arrives while this waits
@@ -200,6 +216,15 @@ def test_a_sigterm_handler_of_the_users_is_left_in_place(tmp_path: Path) -> None
         (control / "release").touch()
     assert code == 0 and (control / "user-handler-ran").exists(), err
     assert _shards(sp)[p.pid].header.steps == 17, "the handler's sys.exit flushes through atexit"
+
+
+def test_a_handler_that_chains_to_the_hooks_keeps_the_process_alive_to_stop_gracefully(tmp_path: Path) -> None:
+    p, sp, control = _run(tmp_path, "chained-handler")
+    wait_until(lambda: (control / "ready").exists(), timeout_s=60, what="the workload's steps")
+    p.send_signal(signal.SIGTERM)
+    code, err = _finish(p)
+    assert code == 0 and (control / "graceful").exists(), f"the hook's handler killed the process ({code}): {err}"
+    assert _shards(sp)[p.pid].header.steps == 22, "the steps before and after the signal, flushed at exit"
 
 
 def test_an_ignored_sigterm_stays_ignored(tmp_path: Path) -> None:

@@ -1,7 +1,9 @@
 """The hook's SIGTERM: the final flush, then the same death SIGTERM would have given without the hook.
 
 Installed by instrument() from the main thread, and only over the default disposition: a handler of the user's,
-or SIG_IGN, is never replaced, and a handler the user sets later replaces this one. The handler restores the
+or SIG_IGN, is never replaced, and a handler the user sets later replaces this one. A handler set later that calls
+the one it found (PyTorch Lightning's SignalConnector chains to it to stop training gracefully) gets a flush from
+it and nothing more: the process lives on, as it would without the hook. The handler restores the
 default first (a second SIGTERM kills at once, as the default does), closes the hook on a thread joined for at
 most FLUSH_TIMEOUT_S (the main thread may have been interrupted holding a lock the flush needs: the exit is then
 delayed by that much, never forever), and raises SIGTERM again: the status is the signal's, and atexit handlers do
@@ -58,12 +60,31 @@ def install(hook_getter: Callable[[], Any]) -> bool:
 
 
 def _on_sigterm(signum: int, frame: Any) -> None:
+    try:
+        chained = signal.getsignal(signal.SIGTERM) is not _on_sigterm
+    except Exception:
+        chained = False
+    if chained:
+        # A handler installed over ours called us as the one it found (PyTorch Lightning's SignalConnector does):
+        # the process's fate is that handler's, which may well be a graceful stop. Publish, and do not kill.
+        _flush_only(_hook_getter())
+        return
     with contextlib.suppress(Exception):
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
     h = _hook_getter()
     if h is not None and h.defer_exit_signal(signum):
         return  # the main thread was inside the hook's own flush: it raises the signal again when that ends
     _flush_then_die(h)
+
+
+def _flush_only(h: Any) -> None:
+    """A flush on a thread, waited for at most FLUSH_TIMEOUT_S (the interrupted main thread may hold its lock)."""
+    if h is None:
+        return
+    with contextlib.suppress(Exception):
+        t = threading.Thread(target=h.flush, name="outrider-sigterm-flush", daemon=True)
+        t.start()
+        t.join(FLUSH_TIMEOUT_S)
 
 
 def _flush_then_die(h: Any) -> None:

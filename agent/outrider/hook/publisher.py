@@ -80,8 +80,8 @@ class ShardPublisher:
         if self.writer is not None and not self.writer.intact():
             # The spool was deleted, replaced or remounted under the job: re-create it now, not after a retry.
             if not self.healed:
-                LOG.warning("outrider: the shard %s left the spool (deleted, replaced or remounted); re-creating it",
-                            self.writer.path)
+                log_aside(LOG, logging.WARNING, "outrider: the shard %s left the spool (deleted, replaced or "
+                          "remounted); re-creating it", self.writer.path)
             self.healed += 1
             self.writer.close()
             self.writer = None
@@ -135,8 +135,8 @@ class ShardPublisher:
         self.grow_retry_at = time.monotonic() + self.retry_s
         self.drop("spool_unwritable")
         if not self.grow_failures:
-            LOG.warning("outrider: cannot grow the shard in %s (%s); series that do not fit are left out until it "
-                        "can (retried every %g s)", self.spool_dir, error, self.retry_s)
+            log_aside(LOG, logging.WARNING, "outrider: cannot grow the shard in %s (%s); series that do not fit are "
+                      "left out until it can (retried every %g s)", self.spool_dir, error, self.retry_s)
         self.grow_failures += 1
 
     def _trim(self, meta: dict[str, Any], entries: list[list[Any]], values: list[float],
@@ -159,9 +159,9 @@ class ShardPublisher:
             key = json.dumps([name, labels], separators=(",", ":"), sort_keys=True)
             if key not in self.left_out:
                 if not self.left_out:
-                    LOG.warning("outrider: the shard %s is full (%d series); series that do not fit are left out "
-                                "and counted in outrider_hook_dropped_total{reason=\"shard_full\"}", writer.path,
-                                len(entries))
+                    log_aside(LOG, logging.WARNING, "outrider: the shard %s is full (%d series); series that do not "
+                              "fit are left out and counted in outrider_hook_dropped_total{reason=\"shard_full\"}",
+                              writer.path, len(entries))
                 self.left_out.add(key)
                 self.drop("shard_full")
         return head + b",".join(kept) + b"]}", out
