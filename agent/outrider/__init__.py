@@ -47,6 +47,14 @@ from outrider.version import __version__
 _LAZY = {"OutriderMiddleware": "outrider.hook.asgi", "OutriderWSGIMiddleware": "outrider.hook.wsgi"}
 
 
+def prometheus_collector(registry: Any = None) -> Any:
+    """Expose the hook's series through an existing prometheus_client registry (the default one when None): a
+    service without a sidecar shows them on the /metrics it already serves. Imports prometheus_client then, only."""
+    from outrider.prometheus_bridge import prometheus_collector as register
+
+    return register(registry)
+
+
 def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
@@ -77,6 +85,7 @@ __all__ = [
     "instrument",
     "latency",
     "phase",
+    "prometheus_collector",
     "record_batch_size",
     "record_inter_token_latency",
     "record_latency",

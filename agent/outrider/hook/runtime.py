@@ -122,6 +122,9 @@ class Hook:
         # writing on the publisher thread, which would leave older values and no closed flag as the last word.
         self._flushing = threading.Lock()
         self.closed = False
+        # The last flush's series (registry.layout()): read whole by other threads (outrider.prometheus_collector),
+        # replaced whole by the publisher, so a reader never sees half of one flush.
+        self.last_layout: tuple[list[list[Any]], list[float]] = ([], [])
         # Per thread: how deep it is inside flush()/close(), and a SIGTERM that arrived meanwhile (exit_signal).
         self._inside = threading.local()
 
@@ -194,6 +197,7 @@ class Hook:
             return  # nothing to say yet: no shard, no file
         stall = None if closing or self.closed else p.check()
         entries, values = self.registry.layout()
+        self.last_layout = (entries, values)
         flags = (spool.FLAG_CLOSED if closing else 0) | (spool.FLAG_STALLED if stall else 0)
         ident = self.identity
         self.publisher.publish(ident.pid, ident.start_ns, ident.meta(), entries, values, flags=flags,
@@ -264,6 +268,7 @@ class Hook:
                                         self.publisher.trusted_uids, self._retry_s())
         self._thread = None
         self.closed = False
+        self.last_layout = ([], [])  # the parent's series are not the child's
         _close_at_multiprocessing_exit(self)
         self.start()
 
