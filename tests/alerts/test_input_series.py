@@ -63,7 +63,8 @@ def problems(series: str) -> list[str]:
         out.append(f"{name}: missing {sorted(missing)}")
     if unknown := own - known:
         out.append(f"{name}: the agent exports no {sorted(unknown)}")
-    if "status_code" in labels and "status_class" in labels and labels["status_class"] != labels["status_code"][0] + "xx":
+    code, cls = labels.get("status_code"), labels.get("status_class")
+    if code and cls and cls != code[0] + "xx":
         out.append(f"{name}: status_class {labels['status_class']} of status code {labels['status_code']}")
     return out
 

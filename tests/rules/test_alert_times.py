@@ -66,5 +66,6 @@ def test_a_notification_from_an_older_outbox_fires_at_its_start() -> None:
     n = Notification.from_json(old)
     assert (n.fired_at, n.firing_since) == (0.0, 100.0)
     assert Notification.from_json(n.to_json()) == n
-    assert AlertRecord("A", {}, "", 160.0, None, 100.0).text(40.0) == "A pending at 1:00, fired at 2:00, still firing at the end"
+    assert AlertRecord("A", {}, "", 160.0, None, 100.0).text(40.0) == \
+        "A pending at 1:00, fired at 2:00, still firing at the end"
     assert AlertRecord("A", {}, "", 160.0, None).text(40.0) == "A fired at 2:00, still firing at the end"
