@@ -79,7 +79,7 @@ def test_a_pattern_re2_refuses_is_refused_at_load_naming_the_rule(pattern: str) 
 def test_config_and_receivers_refuse_what_re2_refuses(tmp_path: Path) -> None:
     cfg = tmp_path / "outrider.yaml"
     cfg.write_text("network_exclude: '(?!eth0).*'\n")
-    with pytest.raises(ConfigError, match="network_exclude.*RE2"):
+    with pytest.raises(ConfigError, match=r"network_exclude.*RE2"):
         load(str(cfg), env={})
     assert regex.compile(Config().disk_exclude).match("loop0")  # the defaults are RE2 patterns
     with pytest.raises(NotifyConfigError, match=r"receivers.yaml: receiver 'oncall': match_re severity: .*RE2"):
