@@ -18,10 +18,10 @@ from tests.helpers import REPO
 TESTS = sorted((REPO / "alerts" / "tests").glob("*.test.yaml"))
 
 # Labels a scrape attaches to every series of a target: Prometheus's job and instance; the prometheus-operator's
-# namespace, pod, container, endpoint and service; the chart's monitors' node and outrider_agent (the role of the
+# namespace, pod, container, endpoint and service; the chart's monitors' node and agent_role (the role of the
 # agent: "node" for the DaemonSet, "sidecar" for a workload's own agent; helm/outrider/templates/*monitor.yaml).
 TARGET_LABELS = frozenset({"job", "instance", "namespace", "pod", "node", "container", "endpoint", "service",
-                           "outrider_agent"})
+                           "agent_role"})
 # Series of other exporters the rules read (Prometheus's own, Alertmanager's): not the agent's to check.
 FOREIGN = re.compile(r"(up|ALERTS|ALERTS_FOR_STATE|prometheus_\w+|alertmanager_\w+)")
 
@@ -108,6 +108,6 @@ def test_the_check_takes_the_real_label_sets() -> None:
         # a GPU with its Kubernetes owner (enrichment), and without
         'outrider_gpu_utilization_ratio{job="o",instance="a",node="n1",gpu="0",uuid="GPU-1",model="H100",'
         'task="general",exported_namespace="ml",exported_pod="train-0"}',
-        'up{job="outrider",instance="a",namespace="m",pod="outrider-x",node="n1",outrider_agent="node"}',
+        'up{job="outrider",instance="a",namespace="m",pod="outrider-x",node="n1",agent_role="node"}',
     ]
     assert {s: problems(s) for s in ok} == {s: [] for s in ok}
