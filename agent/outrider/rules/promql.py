@@ -164,7 +164,7 @@ def _check_regex(pattern: str) -> None:
     try:
         regex.compile(pattern, dotall=True)
     except regex.RegexError as e:
-        raise PromQLRegexError(f"the regular expression {e}") from None
+        raise PromQLRegexError(f"the pattern {e}") from None
 
 
 def selectors(node: Any) -> Iterable[tuple[Any, int]]:
