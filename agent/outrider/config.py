@@ -234,7 +234,7 @@ def _regex(raw: Any) -> str:
     try:
         regex.compile(text)
     except regex.RegexError as e:
-        raise ValueError(f"a valid RE2 regular expression: {e}") from None
+        raise ValueError(f"a valid regular expression ({e})") from None
     return text
 
 
