@@ -5,7 +5,11 @@ passes with rules that split every page by status code in production (alerts v3,
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -13,7 +17,7 @@ import yaml
 
 from outrider.metrics.catalog import BY_RANK, CATALOG, MetricDef
 from outrider.rules.promtest import parse_series
-from tests.helpers import REPO
+from tests.helpers import REPO, AgentProcess, samples, wait_until
 
 TESTS = sorted((REPO / "alerts" / "tests").glob("*.test.yaml"))
 
@@ -111,3 +115,42 @@ def test_the_check_takes_the_real_label_sets() -> None:
         'up{job="outrider",instance="a",namespace="m",pod="outrider-x",node="n1",agent_role="node"}',
     ]
     assert {s: problems(s) for s in ok} == {s: [] for s in ok}
+
+
+def test_the_real_exposition_of_request_series_passes_the_check(tmp_path: Path) -> None:
+    """The check's label sets are the exporter's: a hooked process records requests as the WSGI/ASGI middleware do,
+    the real agent publishes them, and every request series of its /metrics (with the job and instance a scrape
+    adds) passes the check, carrying route, method, scheme, status_code and status_class."""
+    spool, hold = tmp_path / "spool", tmp_path / "hold"
+    env = {"OUTRIDER_SPOOL_DIR": str(spool), "OUTRIDER_FLUSH_INTERVAL_S": "0.2"}
+    script = tmp_path / "served.py"
+    script.write_text(textwrap.dedent(f"""
+        import os, time
+        import outrider
+        from outrider.hook import api
+        outrider.instrument()
+        while not os.path.exists({str(hold)!r}):
+            api.record_request(0.02, "/v1/chat", 200, "POST", "http")
+            api.record_request(0.60, "/v1/chat", 504, "POST", "http")
+            time.sleep(0.05)
+    """))
+    base = {k: v for k, v in os.environ.items() if not k.startswith("OUTRIDER_")}
+    with AgentProcess(env=env, interval_s=0.5) as agent:
+        served = subprocess.Popen([sys.executable, str(script)], env={**base, **env})
+        try:
+            def request_series() -> list[str] | None:
+                found = [name + "{" + ",".join(f'{k}="{v}"' for k, v in labels) + "}"
+                         for name, labels in samples(agent.metrics())
+                         if name.startswith(("outrider_requests_total", "outrider_request_duration_seconds"))]
+                return found if any('status_code="504"' in f for f in found) else None
+
+            exposed = wait_until(request_series, timeout_s=30, what="request series on /metrics")
+        finally:
+            hold.touch()
+            served.wait(timeout=30)
+    assert exposed is not None
+    scraped = [s.replace("{", '{job="outrider",instance="10.0.0.1:9477",', 1) for s in exposed]
+    assert {s: problems(s) for s in scraped} == {s: [] for s in scraped}
+    counts = [s for s in scraped if s.startswith("outrider_requests_total{")]
+    assert {tuple(sorted(k for k, _ in parse_series(s)[1])) for s in counts} == {
+        ("instance", "job", "method", "route", "scheme", "status_class", "status_code")}
