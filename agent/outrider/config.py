@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from outrider import links
+from outrider import links, regex
 from outrider.hook import settings as hook_settings
 
 ENV_PREFIX = "OUTRIDER_"
@@ -245,10 +245,11 @@ def _pid_list(raw: Any) -> tuple[int, ...]:
 
 
 def _regex(raw: Any) -> str:
+    """A pattern the collectors compile with RE2 (outrider.regex: linear time, Prometheus's syntax)."""
     text = _str(raw)
     try:
-        re.compile(text)
-    except re.error as e:
+        regex.compile(text)
+    except regex.RegexError as e:
         raise ValueError(f"a valid regular expression ({e})") from None
     return text
 
