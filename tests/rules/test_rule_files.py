@@ -129,10 +129,11 @@ REFUSED = [
     ("groups: [{name: g, rules: [{alert: A, expr: up, for: 99999999999y}]}]", "for: '99999999999y' is longer"),
     ("groups: [{name: g, interval: [1], rules: []}]", "group 'g': interval: expected text, got a list"),
     ("groups: [{name: g, interval: 1.5, rules: []}]", "group 'g': interval: '1.5' is not a Prometheus duration"),
-    ("groups: [{name: g, rules: [{alert: [x], expr: up}]}]", "group 'g', rule 1: alert: expected text, got a list"),
+    # a list where text belongs reads as not set, as Prometheus reads a YAML node's value
+    ("groups: [{name: g, rules: [{alert: [x], expr: up}]}]", "group 'g', rule 1: needs one of 'alert' or 'record'"),
     ("groups: [{name: g, rules: [{alert: '', expr: up}]}]", "group 'g', rule 1: needs one of 'alert' or 'record'"),
     ("groups: [{name: g, rules: [{alert: A, record: b, expr: up}]}]", "group 'g', rule 1: has both 'alert'"),
-    ("groups: [{name: g, rules: [{alert: A, expr: [up]}]}]", "group 'g', alert 'A': expr: expected text"),
+    ("groups: [{name: g, rules: [{alert: A, expr: [up]}]}]", "group 'g', alert 'A': no expr"),
     ("groups: [{name: g, rules: [{alert: A}]}]", "group 'g', alert 'A': no expr"),
     ("groups: [{name: g, rules: [{record: 'not a name', expr: up}]}]",
      "group 'g', recording rule 'not a name': 'not a name' is not a valid metric name"),

@@ -178,9 +178,12 @@ def _text(value: Any, where: str, key: str) -> str:
 
 def _node_text(rule: dict[Any, Any], key: str, where: str) -> str:
     """alert, record and expr, which Prometheus reads as YAML nodes: a null there is the text "null" (`alert: null`
-    is an alert named null, and `record: null` beside an alert makes a rule with both)."""
+    is an alert named null, and `record: null` beside an alert makes a rule with both), and a list or mapping is no
+    text at all (`record: []` beside an alert is an alert; `expr: {}` is an expression not set)."""
     if key in rule and rule[key] is None:
         return "null"
+    if isinstance(rule.get(key), (list, dict)):
+        return ""  # a yaml.Node's Value is a scalar's text only: a list or mapping there reads as not set
     return _text(rule.get(key), where, key)
 
 
