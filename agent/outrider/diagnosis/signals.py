@@ -15,6 +15,10 @@ from dataclasses import dataclass, field
 from outrider.metrics.family import Family, HistogramValue
 
 ROLE_SIGNALS = ("main", "intra_op", "data_workers", "other")  # the outrider role is the monitor, not the job
+# Where the loop thread's stack samples were (hook/profiler.py WHERE)
+WHERE = ("python", "native", "waiting", "data", "collective", "checkpoint", "optimizer")
+PROFILE_MIN_SAMPLES = 20  # fewer samples in a window: their shares say nothing
+TOP_FRAMES = 10
 SEP = "\t"  # joins (training_job, rank, field) in a snapshot's per-rank keys
 
 
@@ -71,6 +75,14 @@ def snapshot(families: list[Family]) -> dict[str, float]:
                 add("gpu_observed", v)
             elif name == "outrider_train_autograd_ops_total":
                 add("autograd_ops", v)
+            elif name == "outrider_train_loop_samples_total":
+                where = lab.get("where", "")
+                add(f"prof_{where}", v)
+                add("prof_total", v)
+                by_rank(lab, f"prof_{where}", v)
+                by_rank(lab, "prof_total", v)
+            elif name == "outrider_train_loop_frame_samples_total":
+                add(SEP.join(("frame", lab.get("where", ""), lab.get("frame", ""))), v)
             elif name == "outrider_thread_cpu_seconds_total":
                 add(f"cpu_{lab.get('role', '')}", v)
             elif name == "outrider_thread_run_delay_seconds_total":
@@ -176,16 +188,34 @@ class Signals:
     others_wait_fraction: float | None = None
     ranks: list[RankSignals] = field(default_factory=list)
     straggler: RankSignals | None = None
+    # the loop thread's stack samples in the window (hook/profiler.py): how many, the share of each place, and the
+    # top frames (where, `file:line function`, share of all samples), most sampled first
+    loop_samples: float | None = None
+    profile: dict[str, float] = field(default_factory=dict)
+    top_frames: list[tuple[str, str, float]] = field(default_factory=list)
     extra: dict[str, float] = field(default_factory=dict)
 
     def evidence(self) -> dict[str, float]:
         """The signals that have a value, rounded, for reports and the diagnosis metrics."""
         out = {}
         for key, value in vars(self).items():
-            if key in ("extra", "window_s", "ranks", "straggler") or value is None:
+            if key in ("extra", "window_s", "ranks", "straggler", "profile", "top_frames") or value is None:
                 continue
             out[key] = round(float(value), 4)
+        for where, share in self.profile.items():
+            out[f"in_{where}_fraction"] = round(share, 4)
         return out
+
+    def share(self, where: str) -> float | None:
+        """The share of the loop thread's samples in `where`; None without enough samples in the window."""
+        return self.profile.get(where, 0.0) if self.profile else None
+
+    def top_frame(self, *where: str) -> tuple[str, float] | None:
+        """The most sampled frame in one of `where` (any when none given), and its share of all samples."""
+        for w, frame, share in self.top_frames:
+            if not where or w in where:
+                return frame, share
+        return None
 
 
 def signals(old: dict[str, float], new: dict[str, float], dt: float) -> Signals:
@@ -230,8 +260,29 @@ def signals(old: dict[str, float], new: dict[str, float], dt: float) -> Signals:
     s.alloc_retries = delta("alloc_retries")
     s.throttle_thermal = bool(new.get("throttle_thermal"))
     s.throttle_power = bool(new.get("throttle_power"))
+    _profile(s, old, new, delta)
     _ranks(s, old, new)
     return s
+
+
+def _profile(s: Signals, old: dict[str, float], new: dict[str, float], d: Callable[[str], float]) -> None:
+    """Shares of the loop thread's stack samples, and its top frames, over the window; only where the window's
+    first sweep already had samples (a counter that appears mid-window holds samples from before it)."""
+    if "prof_total" not in old or "prof_total" not in new:
+        return
+    total = d("prof_total")
+    s.loop_samples = total
+    if total < PROFILE_MIN_SAMPLES:
+        return
+    s.profile = {w: d(f"prof_{w}") / total for w in WHERE if d(f"prof_{w}") > 0}
+    frames = []
+    for key in new:
+        if key.startswith("frame" + SEP):
+            n = d(key)
+            if n > 0:
+                _, where, frame = key.split(SEP, 2)
+                frames.append((where, frame, min(1.0, n / total)))
+    s.top_frames = sorted(frames, key=lambda f: -f[2])[:TOP_FRAMES]
 
 
 def _threads(s: Signals, old: dict[str, float], new: dict[str, float], dt: float, d: Callable[[str], float]) \

@@ -128,6 +128,9 @@ def instrument(spool_dir: str | None = None, standalone: bool | None = None) -> 
 
         threads = ThreadSampler(hook, lambda: S.loop_tid)
         hook.samplers.append(threads.sample)
+        from outrider.hook.profiler import LoopProfiler
+
+        hook.samplers.append(LoopProfiler(hook, lambda: S.loop_tid, config.profile_hz).sample)
         if "torch" in sys.modules:
             from outrider.hook.torch_integration import attach
 

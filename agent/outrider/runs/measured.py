@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from outrider.diagnosis.profile import LoopProfile, loop_profile
 from outrider.metrics import units
 from outrider.metrics.family import Family, HistogramValue, merged_histogram
 from outrider.metrics.quantile import histogram_quantile
@@ -68,6 +69,7 @@ class Inference:
 class Measured:
     training: Training | None = None
     inference: Inference | None = None
+    profile: LoopProfile | None = None  # the loop thread's stack samples (hook/profiler.py)
 
     def rows(self) -> list[tuple[str, str]]:
         """(topic, what was measured) lines, in human units; the same for the summary and the report."""
@@ -75,8 +77,14 @@ class Measured:
         return out or [("hook", "nothing: no process of the command called outrider.instrument() (the process "
                                 "tree's CPU, memory and I/O above are measured without it)")]
 
+    def profile_rows(self) -> list[tuple[str, str]]:
+        """Where the training loop's thread was, and its hottest lines (the report shows the whole table)."""
+        return self.profile.rows() if self.profile else []
+
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        out["profile"] = self.profile.to_json() if self.profile else None
+        return out
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Measured:
@@ -86,7 +94,8 @@ class Measured:
             names = {f.name for f in fields(kind)}
             return kind(**{k: v for k, v in value.items() if k in names}) if names <= set(value) else None
 
-        return cls(part(Training, data.get("training")), part(Inference, data.get("inference")))
+        return cls(part(Training, data.get("training")), part(Inference, data.get("inference")),
+                   LoopProfile.from_json(data.get("profile")))
 
 
 def _sum(families: list[Family], name: str, label: str = "", value: str = "") -> float:
@@ -133,4 +142,4 @@ def measure(families: list[Family]) -> Measured:
             latency_p99_s=histogram_quantile(0.99, req) or 0.0,
             client_errors=_sum(families, "outrider_requests_total", "status_class", "4xx"),
             server_errors=_sum(families, "outrider_requests_total", "status_class", "5xx"))
-    return Measured(training, inference)
+    return Measured(training, inference, loop_profile(families) if training is not None else None)

@@ -3,8 +3,9 @@ averaged over the time it held, and the timeline of classes beside it.
 
 Each sweep's verdict (diagnosis/window.VerdictWindow: the last window_s of sweeps) speaks for the time since the
 sweep before it, so every second of the run is counted once. Idle windows do not vote: a job that loads for a
-minute and then trains for ten is judged on the ten. A run that was idle throughout is `idle`; a run shorter than
-two sweeps has no verdict ("").
+minute and then trains for ten is judged on the ten. Windows not judged (without the evidence their rule needs,
+diagnosis/bottleneck.NOT_JUDGED) do not vote either; their time is shown beside the verdict. A run that was idle
+throughout is `idle`; a run shorter than two sweeps, or none of whose windows was judged, has no verdict ("").
 """
 
 from __future__ import annotations
@@ -13,11 +14,12 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from outrider.diagnosis.bottleneck import CLASSES, RECOMMENDATIONS
+from outrider.diagnosis.bottleneck import CLASSES, NOT_JUDGED, RECOMMENDATIONS
 from outrider.metrics import units
 from outrider.runs.kpis import describe, evidence_order, is_count
 
 IDLE = "idle"
+NO_VOTE = (IDLE, NOT_JUDGED)  # windows that never decide a run's verdict
 
 
 @dataclass(frozen=True)
@@ -36,7 +38,7 @@ class RunVerdict:
 
     @property
     def active_s(self) -> float:
-        return sum(s for c, s in self.seconds.items() if c != IDLE)
+        return sum(s for c, s in self.seconds.items() if c not in NO_VOTE)
 
     @property
     def share(self) -> float:
@@ -52,20 +54,31 @@ class RunVerdict:
     def headline(self) -> str:
         """`input_bound, 82% of the 24.1 s the job was active (balanced 18%; idle 3.2 s)`."""
         if not self.cls:
+            unjudged = self.seconds.get(NOT_JUDGED, 0.0)
+            if unjudged:
+                return (f"none: not judged ({units.seconds(unjudged)} without the measurements the rules need: "
+                        "per-thread CPU, operations or steps)")
             return "none: the run ended before the agent had two sweeps to compare"
         if self.cls == IDLE:
             return f"idle: no steps, requests or CPU use in {units.seconds(self.seconds.get(IDLE, 0.0))}"
         others = [f"{c} {units.percent(s / self.active_s)}" for c, s in
-                  sorted(self.seconds.items(), key=lambda kv: -kv[1]) if c not in (self.cls, IDLE) and s > 0]
-        idle = self.seconds.get(IDLE, 0.0)
-        aside = "; ".join(x for x in (", ".join(others), f"idle {units.seconds(idle)}" if idle else "") if x)
+                  sorted(self.seconds.items(), key=lambda kv: -kv[1]) if c not in (self.cls, *NO_VOTE) and s > 0]
+        idle, unjudged = self.seconds.get(IDLE, 0.0), self.seconds.get(NOT_JUDGED, 0.0)
+        aside = "; ".join(x for x in (", ".join(others), f"idle {units.seconds(idle)}" if idle else "",
+                                      f"not judged {units.seconds(unjudged)}" if unjudged else "") if x)
         return (f"{self.cls}, {units.percent(self.share)} of the {units.seconds(self.active_s)} the job was active"
                 + (f" ({aside})" if aside else ""))
 
     def evidence_rows(self) -> list[tuple[str, str]]:
         """(label, value) in human units; counts and flags that are zero (no GPUs, no retries) left out."""
-        keys = [k for k in evidence_order(list(self.evidence)) if self.evidence[k] or not is_count(k)]
-        return [describe(k, self.evidence[k]) for k in keys]
+        where = {k: v for k, v in self.evidence.items() if k.startswith("in_") and k.endswith("_fraction")}
+        keys = [k for k in evidence_order(list(self.evidence)) if k not in where and k != "loop_samples"
+                and (self.evidence[k] or not is_count(k))]
+        rows = [describe(k, self.evidence[k]) for k in keys]
+        if where:  # the loop thread's stack samples (hook/profiler.py), one row: the largest share first
+            rows.append(("where the loop thread is (samples)", ", ".join(
+                f"{k[3:-9]} {units.percent(v)}" for k, v in sorted(where.items(), key=lambda kv: -kv[1]) if v)))
+        return rows
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -102,13 +115,13 @@ class VerdictTally:
             self.segments.append(Segment(start, end, cls))
 
     def result(self) -> RunVerdict:
-        active = {c: s for c, s in self._seconds.items() if c != IDLE and s > 0}
+        active = {c: s for c, s in self._seconds.items() if c not in NO_VOTE and s > 0}
         if active:
             cls = max(active, key=lambda c: (active[c], -_rank(c)))
-        elif self._seconds:
+        elif self._seconds.get(IDLE):
             cls = IDLE
         else:
-            return RunVerdict("", "", {}, {})
+            return RunVerdict("", "", {}, dict(self._seconds))
         sums, weights = self._weighted.get(cls, {}), self._weight.get(cls, {})
         evidence = {k: round(sums[k] / weights[k], 4) if weights[k] else sums[k] for k in sums}
         return RunVerdict(cls, self._reason.get(cls, ""), evidence, dict(self._seconds))
