@@ -218,6 +218,10 @@ class LoopProfiler:
         if frame is None:
             return
         where, label = self.classify(frame, gil_free=waited < 0.5 * self.switch_interval(), on_cpu=on_cpu)
+        self.count(where, label)
+
+    def count(self, where: str, label: str) -> None:
+        """One sample into the counts and the bounded frame table."""
         self.counts[where] += 1
         key = (where, label)
         frames = self.frames
