@@ -122,10 +122,10 @@ def test_the_first_window_is_judged_from_the_first_sweep_with_per_thread_cpu() -
     """Per-thread CPU appears after the first step; a 30 s window is judged from the sweep that first has it,
     not called 'balanced' for 30 s."""
     def sweep(t: float, with_threads: bool) -> list[Family]:
-        fams = loop(0, t, steps=int(100 * t) + 1) + [Family("outrider_watched_cpu_seconds_total").add(t, "user")]
+        fams = [*loop(0, t, steps=int(100 * t) + 1), Family("outrider_watched_cpu_seconds_total").add(t, "user")]
         if with_threads:  # a host-bound loop: main thread saturated by tiny operations (50 us each)
-            fams += threads((t, 0.0), (0.01 * t, 0.0)) + [
-                Family("outrider_train_autograd_ops_total").add(t / 50e-6, "", "")]
+            fams += [*threads((t, 0.0), (0.01 * t, 0.0)),
+                     Family("outrider_train_autograd_ops_total").add(t / 50e-6, "", "")]
         return fams
 
     w = VerdictWindow(30.0)
