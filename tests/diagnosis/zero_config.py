@@ -1,7 +1,7 @@
 """Labelled CPU training scripts for the confusion matrix: each calls only `outrider.instrument()` (no loader
 wrapper, no step timing), the way a new user would, and has one known bottleneck.
 
-    python tests/diagnosis/zero_config.py input|input_io|compute|host SECONDS
+    python tests/diagnosis/zero_config.py input|input_io|compute|host|python|idle SECONDS
     python -m torch.distributed.run --nproc-per-node N tests/diagnosis/zero_config.py comm|straggler SECONDS
 
 The work is fixed per step (never "run for N ms"), so a neighbour on the machine changes how long it takes, not
@@ -109,6 +109,58 @@ def host(seconds: float) -> None:
     train(torch.nn.Sequential(*layers, torch.nn.Linear(8, 4)), loader, seconds)
 
 
+WORDS = ("the quick brown fox jumps over the lazy dog while a tokeniser written in pure python splits every "
+         "sentence into words lowercases them strips punctuation and looks each one up in a vocabulary").split()
+
+
+def tokenize(texts: list[str], vocab: dict[str, int]) -> list[list[int]]:
+    """A tokeniser in pure Python, run in the loop: what many NLP scripts do before each step."""
+    out = []
+    for text in texts:
+        ids = []
+        for word in text.split():
+            w = word.lower().strip(".,;:!?")
+            if w not in vocab:
+                vocab[w] = len(vocab) % 1000
+            ids.append(vocab[w])
+        out.append((ids + [0] * 64)[:64])
+    return out
+
+
+def python_bound(seconds: float) -> None:
+    """Each step tokenises its batch of texts in Python, then a small model trains on the ids: the Python is the
+    work (the intra-op pool idles, the main thread is saturated)."""
+    # One intra-op thread, as CPU jobs that run a process per core do. (With two on a crowded 2-core machine, every
+    # parallel region of this tiny model waits at libgomp's barrier for a thread that waits for a CPU: measured
+    # here, 100 ms a step instead of 2.5 ms, and the job is no longer Python-bound.)
+    torch.set_num_threads(1)
+    texts = [" ".join(WORDS[(i + j) % len(WORDS)] for j in range(60)) for i in range(64)]
+    vocab: dict[str, int] = {}
+    model = torch.nn.Sequential(torch.nn.Linear(64, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        for _ in range(2):  # two passes over the batch (an augmentation): the Python dominates the step
+            ids = torch.tensor(tokenize(texts, vocab), dtype=torch.float32) / 1000.0
+        opt.zero_grad()
+        loss = model(ids).pow(2).mean()
+        loss.backward()
+        opt.step()
+
+
+def at_rest(seconds: float) -> None:
+    """A loop that sleeps 0.66 s a step (polling for work, rate-limited): nothing limits it, it is idle."""
+    model = small()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x, y = torch.randn(8, 32), torch.randint(0, 4, (8,))
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+        time.sleep(0.66)
+
+
 def distributed(seconds: float, straggler: bool) -> None:
     import torch.distributed as dist
 
@@ -146,4 +198,5 @@ if __name__ == "__main__":
     if what in ("comm", "straggler"):
         distributed(secs, what == "straggler")
     else:
-        {"input": input_bound, "input_io": input_io, "compute": compute, "host": host}[what](secs)
+        {"input": input_bound, "input_io": input_io, "compute": compute, "host": host, "python": python_bound,
+         "idle": at_rest}[what](secs)

@@ -117,6 +117,10 @@ def _classify(s: Signals) -> Verdict:
     gpu_busy = s.gpu_busy_ratio if s.gpu_busy_ratio is not None else (gpu_util if has_gpu else None)
     gpu_source = "CUDA events: the GPU paced" if s.gpu_busy_ratio is not None else "NVML: the GPU was busy"
     wait = s.data_wait_fraction or 0.0
+    # on a crowded machine the step is stretched by the time the loop's thread waits for a CPU, the wait for data
+    # is not: the loop's own share decides (it is the measured share on a machine to itself)
+    if s.data_wait_alone_fraction is not None:
+        wait = max(wait, s.data_wait_alone_fraction)
     active = s.steps_per_s > 0 or s.requests_per_s > 0
     if not active and s.process_cpu_cores < 0.05 and (not has_gpu or gpu_util < 0.05):
         return Verdict("idle", ev, "no steps or requests, no CPU or GPU use")
@@ -128,8 +132,11 @@ def _classify(s: Signals) -> Verdict:
     if active and wait > INPUT_WAIT and (gpu_busy is None or gpu_busy < GPU_BUSY):
         workers = f", DataLoader workers {s.data_workers_cpu_cores:.1f} CPU cores" \
             if s.data_workers_cpu_cores else ""
-        return Verdict("input_bound", ev, f"{wait:.0%} of the loop waiting for data, accelerator underused"
-                                          f"{workers}")
+        measured = s.data_wait_fraction or 0.0
+        alone = f" ({wait:.0%} of its own time, less the time its thread waited for a CPU)" \
+            if wait > measured + 0.05 else ""
+        return Verdict("input_bound", ev, f"{measured:.0%} of the loop waiting for data{alone}, accelerator "
+                                          f"underused{workers}")
     if s.straggler is not None:
         r = s.straggler
         return Verdict("communication_bound", ev,

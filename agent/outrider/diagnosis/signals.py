@@ -152,6 +152,9 @@ class Signals:
     steps_per_s: float = 0.0
     step_time_s: float | None = None
     data_wait_fraction: float | None = None
+    # data wait over the loop's time less the time its thread waited for a CPU (run delay): the share the loop
+    # would wait for data with the CPUs to itself. Neighbours stretch the step, never the wait for storage.
+    data_wait_alone_fraction: float | None = None
     step_fraction: float | None = None
     other_fraction: float | None = None
     collective_wait_fraction: float | None = None
@@ -300,6 +303,13 @@ def _threads(s: Signals, old: dict[str, float], new: dict[str, float], dt: float
         s.main_cpu_us_per_op = d("cpu_main") / ops * 1e6
         if steps:
             s.ops_per_step = ops / steps
+    wall, waited = d("loop_wall"), d("loop_data_wait")
+    if new.get("has_run_delay") and wall > 0:
+        # the main thread's run delay falls in the step and other parts (it is not runnable while it waits for
+        # data): without it, the loop's own time
+        own = max(wall - d("delay_main"), waited)
+        if own > 0:
+            s.data_wait_alone_fraction = waited / own
     if new.get("has_run_delay"):
         cpu = sum(d(f"cpu_{r}") for r in ROLE_SIGNALS)
         delay = sum(d(f"delay_{r}") for r in ROLE_SIGNALS)

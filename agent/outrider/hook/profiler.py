@@ -19,13 +19,15 @@ sample is one of WHERE:
   from lists, logging).
 
 The first four are decided by the outermost such frame (a dataset's `__getitem__` called by the DataLoader is
-data). For the rest, the innermost frame decides: torch's files are native; in any other file, the frame is either
-running bytecode (python) or inside a C call. A thread running bytecode holds the GIL and gives it up only at the
-switch interval (5 ms), so the sampler waits for it; a thread inside a call that released the GIL (every torch
-operator does; so do sleep and I/O) lets it run at once. The sampler's own wake-up lag, less its own run delay
-(its /proc schedstat: on a crowded machine it also waits for a CPU), is that GIL wait: under half the switch
-interval, the loop thread was in a GIL-free C call; the loop thread's CPU clock since the previous sample then
-tells native (on a CPU) from waiting (off it).
+data). For the rest: a sampler in Python needs the GIL, so it can only look at the loop thread when that thread
+lets go of it: inside a call that released it (every torch operator does; so do sleep and I/O), or, running
+Python, at the switch interval (5 ms) or sooner wherever it next calls into such code. What the thread was doing
+*when the sampler woke* is told by how long the sampler then waited for the GIL: its wake-up lag, less its own
+run delay (/proc schedstat: on a crowded machine it also waits for a CPU). A wait (over GIL_WAIT_S) means the loop
+thread held the GIL: running Python (python; native where the frame is torch's own Python layers); none means it
+was in a GIL-free call, and its CPU clock since the previous sample tells native (on a CPU) from waiting (off it).
+The frame shown is the one seen once the sampler has the GIL: for a Python sample, the line where the loop let
+go of it (the call of the torch function after the Python work), within the user's function that did the work.
 
 The hot path is untouched: the sampler reads frames, it never sets a trace or profile function. Each sample holds
 the GIL for as long as it takes to walk the stack (measured in benchmarks/profiler_overhead.py). Counts per class
@@ -56,6 +58,9 @@ MAX_FRAME_SERIES = 60  # distinct frame series ever registered (each one a serie
 MAX_FILE_KINDS = 8192
 MAX_LABEL = 120
 ON_CPU = 0.2
+# A wake-up later than this, less the sampler's own run delay, is a wait for the GIL: the loop thread held it when
+# the sampler woke (an uncontended GIL takes some microseconds; timer slack is 50 us)
+GIL_WAIT_S = 0.0003
 _OUTRIDER_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 _STDLIB = tuple({p for p in (sysconfig.get_paths().get("stdlib"), sysconfig.get_paths().get("platstdlib")) if p})
 
@@ -90,14 +95,12 @@ def frame_label(path: str, line: int, function: str) -> str:
 
 
 class LoopProfiler:
-    def __init__(self, hook: Any, loop_tid: Callable[[], int], hz: float,
-                 switch_interval: Callable[[], float] = sys.getswitchinterval) -> None:
+    def __init__(self, hook: Any, loop_tid: Callable[[], int], hz: float) -> None:
         """hook: where the series go, whether it is closed, and whether the process has a loop yet; loop_tid: the
         native id of the thread that completes steps (0: none yet, the main thread is sampled)."""
         self.hook = hook
         self.loop_tid = loop_tid
         self.period = 1.0 / hz if hz > 0 else 0.0
-        self.switch_interval = switch_interval
         self.counts = dict.fromkeys(WHERE, 0)
         self.frames: dict[tuple[str, str], int] = {}
         self.kinds: dict[str, str] = {}
@@ -217,7 +220,7 @@ class LoopProfiler:
         frame = sys._current_frames().get(ident)
         if frame is None:
             return
-        where, label = self.classify(frame, gil_free=waited < 0.5 * self.switch_interval(), on_cpu=on_cpu)
+        where, label = self.classify(frame, gil_free=waited < GIL_WAIT_S, on_cpu=on_cpu)
         self.count(where, label)
 
     def count(self, where: str, label: str) -> None:
