@@ -109,8 +109,9 @@ def host(seconds: float) -> None:
     train(torch.nn.Sequential(*layers, torch.nn.Linear(8, 4)), loader, seconds)
 
 
-WORDS = ("the quick brown fox jumps over the lazy dog while a tokeniser written in pure python splits every "
-         "sentence into words lowercases them strips punctuation and looks each one up in a vocabulary").split()
+TEXT = ("the quick brown fox jumps over the lazy dog while a tokeniser written in pure python splits every "
+        "sentence into words lowercases them strips punctuation and looks each one up in a vocabulary")
+WORDS = TEXT.split(" ")
 
 
 def tokenize(texts: list[str], vocab: dict[str, int]) -> list[list[int]]:
