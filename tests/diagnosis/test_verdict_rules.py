@@ -75,9 +75,9 @@ def test_an_almost_idle_loop_is_idle_never_compute_bound() -> None:
                   top_frames=[("waiting", "train.py:30 main", 0.97)])
     v = classify(at_rest)
     assert v.cls == "idle" and "train.py:30 main" in v.reason, v.reason
-    assert classify(cpu(steps_per_s=1.5, process_cpu_cores=b.IDLE_CORES + EPS, main_thread_busy=0.03,
-                        intra_op_busy=0.02)).cls != "compute_bound"
-    assert classify(cpu(process_cpu_cores=b.IDLE_CORES - EPS, main_thread_busy=b.IDLE_MAIN + EPS)).cls != "idle"
+    assert classify(cpu(steps_per_s=1.5, main_thread_busy=b.IDLE_MAIN - EPS, intra_op_busy=0.02)).cls == "idle"
+    assert classify(cpu(steps_per_s=1.5, main_thread_busy=b.IDLE_MAIN + EPS, intra_op_busy=0.02)).cls != "idle"
+    assert classify(cpu(steps_per_s=1.5, main_thread_busy=0.03, intra_op_busy=b.IDLE_MAIN + EPS)).cls != "idle"
     # without operations counted the pool decides, but only beside a busy main thread
     assert classify(cpu(main_thread_busy=0.25, intra_op_busy=0.3)).cls != "compute_bound"
     assert classify(cpu(main_thread_busy=0.9, intra_op_busy=0.9)).cls == "compute_bound"

@@ -94,9 +94,8 @@ HOST_OP_US = 100.0
 COMPUTE_OP_US = 500.0
 # The loop thread's stack samples: at least this share in the user's Python is python_bound
 PYTHON_SHARE = 0.5
-# An active loop whose process uses under IDLE_CORES and whose main thread is busy (demand) under IDLE_MAIN of the
-# time is at rest (a loop that sleeps between steps), not bound by anything: idle
-IDLE_CORES = 0.1
+# An active loop whose main thread and intra-op pool are each busy (demand) under IDLE_MAIN of the time is at rest
+# (a loop that sleeps between steps), not bound by anything: idle
 IDLE_MAIN = 0.2
 
 
@@ -150,13 +149,13 @@ def _classify(s: Signals) -> Verdict:
     if has_gpu and (s.dram_activity or 0) >= 0.7 and (s.sm_activity is None or s.sm_activity < 0.5):
         return Verdict("memory_bandwidth_bound", ev, "DRAM bandwidth high while SMs are not")
     # a loop at rest (sleeping between steps, waiting on something else), neither waiting for data nor in
-    # collectives: nothing limits it
-    if active and s.process_cpu_cores < IDLE_CORES and s.main_thread_busy is not None \
-            and s.main_thread_busy < IDLE_MAIN and (not has_gpu or gpu_util < 0.05):
+    # collectives: nothing limits it. Its own threads' demand, not the process's CPU (the hook's threads are in it)
+    if active and s.main_thread_busy is not None and s.main_thread_busy < IDLE_MAIN \
+            and (s.intra_op_busy or 0.0) < IDLE_MAIN and (not has_gpu or gpu_util < 0.05):
         top = s.top_frame("waiting")
         at = f", mostly at {top[0]}" if top else ""
-        return Verdict("idle", ev, f"the loop steps but is at rest: {s.process_cpu_cores:.2f} CPU cores, its thread "
-                                   f"busy {s.main_thread_busy:.0%} of the time{at}")
+        return Verdict("idle", ev, f"the loop steps but is at rest: its thread busy {s.main_thread_busy:.0%} of "
+                                   f"the time, torch's pool {s.intra_op_busy or 0.0:.2f}{at}")
     python = s.share("python")
     if active and python is not None and python >= PYTHON_SHARE and (gpu_busy is None or gpu_busy < GPU_BUSY):
         top = s.top_frame("python")
