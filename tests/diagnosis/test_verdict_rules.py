@@ -134,3 +134,18 @@ def test_the_first_window_is_judged_from_the_first_sweep_with_per_thread_cpu() -
     assert v is not None and v.cls == NOT_JUDGED, "the counters appeared in this sweep: nothing to compare yet"
     v = w.add(sweep(3.0, True), now=3.0)
     assert v is not None and v.cls == "host_bound", v
+
+
+def test_input_bound_on_the_loops_own_time_under_contention() -> None:
+    """A loop waiting on storage 2 s of 10, whose step is stretched by neighbours (its thread waited 7 s for a
+    CPU, ran 1 s): 20% measured, two thirds of its own time. Alone (8 s of CPU in the step) it is not input-bound."""
+    old = loop(0, 0, steps=10) + ZERO
+    crowded = classify(signals(snapshot(old), snapshot(loop(2.0, 8.0, steps=110) + threads((1.0, 7.0), (0.1, 0.0))),
+                               10.0))
+    assert crowded.cls == "input_bound", crowded.reason
+    assert crowded.evidence["data_wait_fraction"] == pytest.approx(0.2)
+    assert crowded.evidence["data_wait_alone_fraction"] == pytest.approx(2.0 / 3.0, abs=1e-3)
+    assert "of its own time" in crowded.reason
+    alone = classify(signals(snapshot(old), snapshot(loop(2.0, 8.0, steps=110) + threads((8.0, 0.0), (0.1, 0.0))),
+                             10.0))
+    assert alone.cls != "input_bound" and alone.evidence["data_wait_alone_fraction"] == pytest.approx(0.2)

@@ -305,9 +305,10 @@ def _threads(s: Signals, old: dict[str, float], new: dict[str, float], dt: float
             s.ops_per_step = ops / steps
     wall, waited = d("loop_wall"), d("loop_data_wait")
     if new.get("has_run_delay") and wall > 0:
-        # the main thread's run delay falls in the step and other parts (it is not runnable while it waits for
-        # data): without it, the loop's own time
-        own = max(wall - d("delay_main"), waited)
+        # the main thread's run delay falls mostly in the step and other parts (it is not runnable while it waits
+        # for data, but for the wake-up): without it, the loop's own time; never less than the CPU the thread
+        # spent, so a wake-up delay counted in the wait cannot make the rest vanish
+        own = waited + max(wall - waited - d("delay_main"), d("cpu_main"))
         if own > 0:
             s.data_wait_alone_fraction = waited / own
     if new.get("has_run_delay"):
