@@ -149,3 +149,19 @@ def test_input_bound_on_the_loops_own_time_under_contention() -> None:
     alone = classify(signals(snapshot(old), snapshot(loop(2.0, 8.0, steps=110) + threads((8.0, 0.0), (0.1, 0.0))),
                              10.0))
     assert alone.cls != "input_bound" and alone.evidence["data_wait_alone_fraction"] == pytest.approx(0.2)
+
+
+def test_input_bound_says_whether_the_workers_decode_or_wait_for_storage() -> None:
+    def io(read: float, stalled: float) -> list[Family]:
+        return [Family("outrider_watched_io_bytes_total").add(read, "read").add(0.0, "write"),
+                Family("outrider_host_pressure_stalled_seconds_total").add(stalled, "io", "some")]
+
+    old = loop(0, 0, steps=10) + ZERO + io(0.0, 0.0)
+    storage = classify(signals(snapshot(old), snapshot(loop(7.0, 3.0, steps=110) + io(250e6, 4.0) + threads(
+        (3.0, 0.0), (0.1, 0.0), workers=b.WORKERS_WAITING * 10 - 1)), 10.0))
+    assert storage.cls == "input_bound"
+    assert "wait for storage at 25.0 MB/s, I/O pressure on the host 40%" in storage.reason, storage.reason
+    assert storage.evidence["storage_read_bytes_per_s"] == 25e6
+    decode = classify(signals(snapshot(old), snapshot(loop(7.0, 3.0, steps=110) + io(0.0, 0.0) + threads(
+        (3.0, 0.0), (0.1, 0.0), workers=b.WORKERS_WAITING * 10 + 1)), 10.0))
+    assert decode.cls == "input_bound" and "the DataLoader workers decode" in decode.reason, decode.reason

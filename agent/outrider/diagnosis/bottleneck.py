@@ -42,8 +42,11 @@ RECOMMENDATIONS = {
     "memory_pressure": "Memory is nearly exhausted (GPU near capacity, allocator retries, or little host memory): "
                        "smaller batches with gradient accumulation, activation checkpointing, mixed precision, "
                        "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True against fragmentation.",
-    "input_bound": "The loop waits for data: more DataLoader workers, pin_memory=True, prefetch_factor, "
-                   "persistent_workers=True, preprocessing offline or on the GPU, faster storage.",
+    "input_bound": "The loop waits for data. Workers busy decoding (on a CPU): more DataLoader workers where cores "
+                   "are free, cheaper decoding, preprocessing offline or on the GPU, pin_memory=True, "
+                   "persistent_workers=True. Workers waiting on storage (the reason says which): faster or local "
+                   "storage, a cache of the dataset, larger sequential reads, more workers or prefetch_factor to "
+                   "overlap more reads.",
     "memory_bandwidth_bound": "DRAM bandwidth, not compute, limits the kernels: fuse operations (torch.compile), "
                               "use lower precision (bf16/fp8) to move fewer bytes, larger batches for reuse.",
     "compute_bound": "The processor is busy doing the work: this is where a well-fed job should be. Faster still: "
@@ -97,6 +100,9 @@ PYTHON_SHARE = 0.5
 # An active loop whose main thread and intra-op pool are each busy (demand) under IDLE_MAIN of the time is at rest
 # (a loop that sleeps between steps), not bound by anything: idle
 IDLE_MAIN = 0.2
+# DataLoader workers busy (demand per worker thread) under this share of the time while the loop waits for them
+# wait for something else than a CPU: storage, the network, a lock
+WORKERS_WAITING = 0.3
 
 
 def classify(s: Signals) -> Verdict:
@@ -129,8 +135,7 @@ def _classify(s: Signals) -> Verdict:
     if (s.gpu_mem_ratio or 0) > 0.95 or s.alloc_retries > 0 or (s.host_mem_available_ratio or 1) < 0.05:
         return Verdict("memory_pressure", ev, "GPU memory above 95%, allocator retries, or host memory below 5%")
     if active and wait > INPUT_WAIT and (gpu_busy is None or gpu_busy < GPU_BUSY):
-        workers = f", DataLoader workers {s.data_workers_cpu_cores:.1f} CPU cores" \
-            if s.data_workers_cpu_cores else ""
+        workers = _workers(s)
         measured = s.data_wait_fraction or 0.0
         alone = f" ({wait:.0%} of its own time, less the time its thread waited for a CPU)" \
             if wait > measured + 0.05 else ""
@@ -172,6 +177,22 @@ def _classify(s: Signals) -> Verdict:
             return Verdict(NOT_JUDGED, ev, f"no steps or requests; {gpu_source} {gpu_busy:.0%} of the time")
         return Verdict("balanced", ev, f"{gpu_source} {gpu_busy:.0%} of the steps: neither GPU nor host dominates")
     return _cpu(s, ev, active, wait)
+
+
+def _workers(s: Signals) -> str:
+    """What the DataLoader workers do while the loop waits for them: decode (on a CPU) or wait (storage)."""
+    if s.data_worker_busy is None:
+        return f", DataLoader workers {s.data_workers_cpu_cores:.1f} CPU cores" if s.data_workers_cpu_cores else ""
+    read = s.storage_read_bytes_per_s
+    rate = f" at {read / 1e6:.1f} MB/s" if read else ""
+    psi = f", I/O pressure on the host {s.io_pressure_fraction:.0%}" if s.io_pressure_fraction else ""
+    if s.data_worker_busy < WORKERS_WAITING:
+        return (f"; the DataLoader workers wait rather than decode (each busy {s.data_worker_busy:.0%} of the time): "
+                f"they wait for storage{rate}{psi} (or the network, a lock): faster or local storage, a cache, "
+                "more workers to overlap reads, not cheaper decoding")
+    return (f"; the DataLoader workers decode: each busy {s.data_worker_busy:.0%} of the time "
+            f"({s.data_workers_cpu_cores or 0.0:.1f} CPU cores; reading{rate or ' nothing'} from storage): more "
+            "workers where cores are free, cheaper decoding, preprocessing offline")
 
 
 def _cpu(s: Signals, ev: dict[str, float], active: bool, wait: float) -> Verdict:

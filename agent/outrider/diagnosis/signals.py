@@ -59,6 +59,11 @@ def snapshot(families: list[Family]) -> dict[str, float]:
                 add("requests", v)
             elif name == "outrider_watched_cpu_seconds_total":
                 add("process_cpu", v)
+            elif name == "outrider_watched_io_bytes_total":
+                add(f"tree_io_{lab.get('direction', '')}", v)
+            elif name == "outrider_host_pressure_stalled_seconds_total" and lab.get("resource") == "io" \
+                    and lab.get("kind") == "some":
+                out["io_pressure"] = v
             elif name == "outrider_train_loop_seconds_total":
                 add(f"loop_{lab.get('part', '')}", v)
                 add("loop_wall", v)
@@ -90,6 +95,8 @@ def snapshot(families: list[Family]) -> dict[str, float]:
                 out["has_run_delay"] = 1.0
             elif name == "outrider_threads" and lab.get("role") == "main":
                 add("main_threads", v)
+            elif name == "outrider_threads" and lab.get("role") == "data_workers":
+                add("worker_threads", v)
             elif name == "outrider_torch_intra_op_threads":
                 intra_op.append(v)
             elif name == "outrider_host_cpu_utilization_ratio":
@@ -175,6 +182,11 @@ class Signals:
     ops_per_step: float | None = None
     main_cpu_us_per_op: float | None = None
     data_workers_cpu_cores: float | None = None
+    # the DataLoader workers' demand (CPU + run delay) per worker thread: near 1 they decode, near 0 they wait (for
+    # storage, the network, a lock)
+    data_worker_busy: float | None = None
+    storage_read_bytes_per_s: float | None = None  # what the watched process tree read from storage
+    io_pressure_fraction: float | None = None  # PSI io "some": the share of time a task of the host waited on I/O
     run_delay_fraction: float | None = None
     gpus: int = 0
     gpu_util: float | None = None
@@ -245,6 +257,10 @@ def signals(old: dict[str, float], new: dict[str, float], dt: float) -> Signals:
     s.samples_per_s = delta("samples") / dt
     s.requests_per_s = delta("requests") / dt
     s.process_cpu_cores = delta("process_cpu") / dt
+    if "tree_io_read" in old and "tree_io_read" in new:
+        s.storage_read_bytes_per_s = delta("tree_io_read") / dt
+    if "io_pressure" in old and "io_pressure" in new:
+        s.io_pressure_fraction = min(1.0, delta("io_pressure") / dt)
     s.cpus = new.get("cpus", 1.0) or 1.0
     s.host_cpu_util = new.get("host_cpu_util")
     if new.get("host_mem_total"):
@@ -296,6 +312,8 @@ def _threads(s: Signals, old: dict[str, float], new: dict[str, float], dt: float
     s.main_thread_busy = (d("cpu_main") + d("delay_main")) / dt / processes
     s.intra_op_busy = (d("cpu_intra_op") + d("delay_intra_op")) / dt / processes
     s.data_workers_cpu_cores = d("cpu_data_workers") / dt
+    if new.get("worker_threads"):
+        s.data_worker_busy = (d("cpu_data_workers") + d("delay_data_workers")) / dt / new["worker_threads"]
     s.intra_op_threads = new.get("intra_op_threads")
     s.ops_counted = "autograd_ops" in new
     ops, steps = d("autograd_ops"), d("step_count")
