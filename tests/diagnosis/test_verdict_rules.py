@@ -7,7 +7,7 @@ import pytest
 
 from outrider.diagnosis import bottleneck as b
 from outrider.diagnosis.bottleneck import NOT_JUDGED, classify
-from outrider.diagnosis.signals import Signals, signals, snapshot
+from outrider.diagnosis.signals import STARVED_WAIT, Signals, signals, snapshot
 from outrider.diagnosis.window import VerdictWindow
 from outrider.metrics.family import Family
 from outrider.runs.verdict import VerdictTally
@@ -78,6 +78,9 @@ def test_an_almost_idle_loop_is_idle_never_compute_bound() -> None:
     assert classify(cpu(steps_per_s=1.5, main_thread_busy=b.IDLE_MAIN - EPS, intra_op_busy=0.02)).cls == "idle"
     assert classify(cpu(steps_per_s=1.5, main_thread_busy=b.IDLE_MAIN + EPS, intra_op_busy=0.02)).cls != "idle"
     assert classify(cpu(steps_per_s=1.5, main_thread_busy=0.03, intra_op_busy=b.IDLE_MAIN + EPS)).cls != "idle"
+    # the pool spinning on a crowded machine, the loop thread's samples mostly waiting: at rest all the same
+    assert classify(cpu(steps_per_s=1.5, main_thread_busy=0.17, intra_op_busy=b.IDLE_MAIN + EPS, loop_samples=500.0,
+                        profile={"waiting": 0.83, "native": 0.17})).cls == "idle"
     # without operations counted the pool decides, but only beside a busy main thread
     assert classify(cpu(main_thread_busy=0.25, intra_op_busy=0.3)).cls != "compute_bound"
     assert classify(cpu(main_thread_busy=0.9, intra_op_busy=0.9)).cls == "compute_bound"
@@ -165,3 +168,23 @@ def test_input_bound_says_whether_the_workers_decode_or_wait_for_storage() -> No
     decode = classify(signals(snapshot(old), snapshot(loop(7.0, 3.0, steps=110) + io(0.0, 0.0) + threads(
         (3.0, 0.0), (0.1, 0.0), workers=b.WORKERS_WAITING * 10 + 1)), 10.0))
     assert decode.cls == "input_bound" and "the DataLoader workers decode" in decode.reason, decode.reason
+
+
+def test_the_starved_rank_is_named_and_a_rank_that_merely_waits_is_not() -> None:
+    """Rank 1 waits 6 s of 10 for data; ranks 0, 2 and 3 wait 5 s in collectives for it: rank 1 is named, not an
+    average of 15% data wait and 'collectives evenly across ranks'."""
+    def judged(hungry_wait: float, others_coll: float) -> b.Verdict:
+        old = [f for r in "0123" for f in loop(0, 0, rank=r, collective_wait=0.0, steps=10)] + ZERO
+        new = []
+        for r in "0123":
+            if r == "1":
+                new += loop(hungry_wait, 10.0 - hungry_wait, rank=r, collective_wait=0.2, steps=110)
+            else:
+                new += loop(0.0, 10.0, rank=r, collective_wait=others_coll, steps=110)
+        return classify(signals(snapshot(old), snapshot(new + threads((8.0, 0.0), (1.0, 0.0), processes=4)), 10.0))
+
+    v = judged(6.0, 5.0)
+    assert v.cls == "input_bound" and "rank 1 is starved by its DataLoader: 60%" in v.reason, v.reason
+    assert v.evidence["starved_rank"] == 1
+    assert "starved_rank" not in judged(6.0, 1.0).evidence, "the others do not wait for it: not starving them"
+    assert "starved_rank" not in judged(STARVED_WAIT * 10 - 0.5, 5.0).evidence, "under the line"

@@ -134,6 +134,13 @@ def _classify(s: Signals) -> Verdict:
         return Verdict("throttled", ev, f"{why} clock event reasons active on a busy GPU")
     if (s.gpu_mem_ratio or 0) > 0.95 or s.alloc_retries > 0 or (s.host_mem_available_ratio or 1) < 0.05:
         return Verdict("memory_pressure", ev, "GPU memory above 95%, allocator retries, or host memory below 5%")
+    if active and s.starved is not None and (gpu_busy is None or gpu_busy < GPU_BUSY):
+        r = s.starved
+        return Verdict("input_bound", ev, f"rank {r.rank or '-'} is starved by its DataLoader: "
+                                          f"{r.data_wait_fraction:.0%} of its loop waiting for data, while the "
+                                          f"other ranks spend "
+                                          f"{s.others_wait_fraction or 0:.0%} of theirs waiting for it in "
+                                          f"collectives{_workers(s)}")
     if active and wait > INPUT_WAIT and (gpu_busy is None or gpu_busy < GPU_BUSY):
         workers = _workers(s)
         measured = s.data_wait_fraction or 0.0
@@ -155,8 +162,11 @@ def _classify(s: Signals) -> Verdict:
         return Verdict("memory_bandwidth_bound", ev, "DRAM bandwidth high while SMs are not")
     # a loop at rest (sleeping between steps, waiting on something else), neither waiting for data nor in
     # collectives: nothing limits it. Its own threads' demand, not the process's CPU (the hook's threads are in it)
-    if active and s.main_thread_busy is not None and s.main_thread_busy < IDLE_MAIN \
-            and (s.intra_op_busy or 0.0) < IDLE_MAIN and (not has_gpu or gpu_util < 0.05):
+    # (the pool works only inside the main thread's parallel regions: a pool looking busier than that spins after
+    # them, all the more on a crowded machine, so the loop thread's samples mostly waiting decide as well)
+    resting = (s.intra_op_busy or 0.0) < IDLE_MAIN or (s.share("waiting") or 0.0) >= 0.5
+    if active and s.main_thread_busy is not None and s.main_thread_busy < IDLE_MAIN and resting \
+            and (not has_gpu or gpu_util < 0.05):
         top = s.top_frame("waiting")
         at = f", mostly at {top[0]}" if top else ""
         return Verdict("idle", ev, f"the loop steps but is at rest: its thread busy {s.main_thread_busy:.0%} of "

@@ -151,6 +151,7 @@ class RankSignals:
     wait_s: float  # per step: collective wait
     wall_s: float  # per step: the loop's wall time
     wait_fraction: float  # collective wait over the loop's wall time
+    data_wait_fraction: float = 0.0  # data wait over the loop's wall time
 
 
 @dataclass
@@ -201,8 +202,10 @@ class Signals:
     straggler_rank: float | None = None
     straggler_compute_ratio: float | None = None
     others_wait_fraction: float | None = None
+    starved_rank: float | None = None
     ranks: list[RankSignals] = field(default_factory=list)
     straggler: RankSignals | None = None
+    starved: RankSignals | None = None  # the rank whose DataLoader starves it while the others wait for it
     # the loop thread's stack samples in the window (hook/profiler.py): how many, the share of each place, and the
     # top frames (where, `file:line function`, share of all samples), most sampled first
     loop_samples: float | None = None
@@ -214,7 +217,8 @@ class Signals:
         """The signals that have a value, rounded, for reports and the diagnosis metrics."""
         out = {}
         for key, value in vars(self).items():
-            if key in ("extra", "window_s", "ranks", "straggler", "profile", "top_frames") or value is None:
+            if key in ("extra", "window_s", "ranks", "straggler", "starved", "profile", "top_frames") \
+                    or value is None:
                 continue
             out[key] = round(float(value), 4)
         for where, share in self.profile.items():
@@ -355,12 +359,20 @@ def _ranks(s: Signals, old: dict[str, float], new: dict[str, float]) -> None:
             continue
         compute = max(0.0, f.get("step", 0.0) - f["collective_wait"]) / steps
         ranks.append(RankSignals(job, rank, steps, compute, f["collective_wait"] / steps, wall / steps,
-                                 min(1.0, f["collective_wait"] / wall)))
+                                 min(1.0, f["collective_wait"] / wall), min(1.0, f.get("data_wait", 0.0) / wall)))
     s.ranks = ranks
     for job in {r.training_job for r in ranks}:
         group = [r for r in ranks if r.training_job == job]
         if len(group) < 2:
             continue
+        hungry = max(group, key=lambda r: r.data_wait_fraction)
+        fed = [r for r in group if r is not hungry]
+        if hungry.data_wait_fraction >= STARVED_WAIT \
+                and statistics.median(r.data_wait_fraction for r in fed) < STARVED_FED * hungry.data_wait_fraction \
+                and statistics.median(r.wait_fraction for r in fed) >= STARVED_WAITED * hungry.data_wait_fraction:
+            s.starved = hungry
+            s.starved_rank = _number(hungry.rank)
+            s.others_wait_fraction = statistics.median(r.wait_fraction for r in fed)
         slow = max(group, key=lambda r: r.compute_s)
         others = [r for r in group if r is not slow]
         typical = statistics.median(r.compute_s for r in others)
@@ -385,6 +397,12 @@ def _ranks(s: Signals, old: dict[str, float], new: dict[str, float]) -> None:
 STRAGGLER_RATIO = 1.5
 STRAGGLER_SHARE = 0.1
 STRAGGLER_WAITED = 0.5
+# The starved rank: the one whose loop waits for data at least STARVED_WAIT of its time while the others' median
+# is under STARVED_FED of its share, and the others spend, in collectives, at least STARVED_WAITED of its share:
+# they wait for it.
+STARVED_WAIT = 0.3
+STARVED_FED = 0.5
+STARVED_WAITED = 0.5
 
 
 def _number(text: str) -> float | None:
