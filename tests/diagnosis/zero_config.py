@@ -2,7 +2,7 @@
 wrapper, no step timing), the way a new user would, and has one known bottleneck.
 
     python tests/diagnosis/zero_config.py input|input_io|compute|host|python|idle SECONDS
-    python -m torch.distributed.run --nproc-per-node N tests/diagnosis/zero_config.py comm|straggler SECONDS
+    python -m torch.distributed.run --nproc-per-node N tests/diagnosis/zero_config.py comm|straggler|starved SECONDS
 
 The work is fixed per step (never "run for N ms"), so a neighbour on the machine changes how long it takes, not
 what it is.
@@ -162,6 +162,25 @@ def at_rest(seconds: float) -> None:
         time.sleep(0.66)
 
 
+def starved(seconds: float) -> None:
+    """DDP over gloo; rank 1 reads its samples from slow storage (10 ms each, one worker), the others have theirs in
+    memory and wait for it in the gradient all_reduce."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    torch.manual_seed(rank)
+    if rank == 1:
+        loader = torch.utils.data.DataLoader(SlowDataset(io_s=0.01), batch_size=8, num_workers=1)
+    else:
+        data = torch.utils.data.TensorDataset(torch.randn(4096, 32), torch.randint(0, 4, (4096,)))
+        loader = torch.utils.data.DataLoader(data, batch_size=8, shuffle=True)
+    ddp = torch.nn.parallel.DistributedDataParallel(small())
+    train(ddp, loader, seconds, loss_fn="mse", distributed=True)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
 def distributed(seconds: float, straggler: bool) -> None:
     import torch.distributed as dist
 
@@ -198,6 +217,8 @@ if __name__ == "__main__":
     what, secs = sys.argv[1], float(sys.argv[2])
     if what in ("comm", "straggler"):
         distributed(secs, what == "straggler")
+    elif what == "starved":
+        starved(secs)
     else:
         {"input": input_bound, "input_io": input_io, "compute": compute, "host": host, "python": python_bound,
          "idle": at_rest}[what](secs)
