@@ -10,7 +10,7 @@ throughout is `idle`; a run shorter than two sweeps, or none of whose windows wa
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -70,11 +70,12 @@ class RunVerdict:
                 + (f" ({aside})" if aside else ""))
 
     def evidence_rows(self) -> list[tuple[str, str]]:
-        """(label, value) in human units; counts and flags that are zero (no GPUs, no retries) left out."""
+        """(label, value) in human units; counts and flags that are zero (no GPUs, no retries) left out, internal
+        flags never shown."""
         where = {k: v for k, v in self.evidence.items() if k.startswith("in_") and k.endswith("_fraction")}
-        keys = [k for k in evidence_order(list(self.evidence)) if k not in where and k != "loop_samples"
+        keys = [k for k in evidence_order(list(self.evidence)) if k not in where and k not in HIDDEN
                 and (self.evidence[k] or not is_count(k))]
-        rows = [describe(k, self.evidence[k]) for k in keys]
+        rows = [_describe(k, self.evidence[k]) for k in keys]
         if where:  # the loop thread's stack samples (hook/profiler.py), one row: the largest share first
             rows.append(("where the loop thread is (samples)", ", ".join(
                 f"{k[3:-9]} {units.percent(v)}" for k, v in sorted(where.items(), key=lambda kv: -kv[1]) if v)))
@@ -88,6 +89,41 @@ class RunVerdict:
         return cls(str(data.get("cls", "")), str(data.get("reason", "")),
                    {str(k): float(v) for k, v in dict(data.get("evidence", {})).items()},
                    {str(k): float(v) for k, v in dict(data.get("seconds", {})).items()})
+
+
+# Diagnosis evidence (diagnosis/signals.Signals) that is bookkeeping, not a number to read
+HIDDEN = ("ops_counted", "torch_cpu_only", "loop_samples")
+# Human names and units for the diagnosis's own signals (runs/kpis.py names the KPIs)
+LABELS: dict[str, tuple[str, Callable[[float], str]]] = {
+    "main_thread_busy": ("main thread busy (CPU + waiting for one)", units.percent),
+    "main_thread_cpu": ("main thread CPU", units.cores),
+    "intra_op_busy": ("intra-op pool busy", lambda v: f"{units.number(v)} threads' worth"),
+    "intra_op_threads": ("intra-op threads", units.count),
+    "main_cpu_us_per_op": ("main-thread CPU per operation", lambda v: units.seconds(v / 1e6)),
+    "ops_per_step": ("operations per step", units.count),
+    "data_workers_cpu_cores": ("DataLoader workers' CPU", units.cores),
+    "data_worker_busy": ("each DataLoader worker busy", units.percent),
+    "data_wait_alone_fraction": ("data wait, on the loop's own time", units.percent),
+    "storage_read_bytes_per_s": ("read from storage", lambda v: units.bytes_iec(v) + "/s"),
+    "io_pressure_fraction": ("host I/O pressure", units.percent),
+    "run_delay_fraction": ("waiting for a CPU (run delay)", units.percent),
+    "step_fraction": ("step work", units.percent),
+    "other_fraction": ("outside data and step", units.percent),
+    "collective_fraction": ("in collectives", units.percent),
+    "collective_wait_fraction": ("blocked in collectives", units.percent),
+    "straggler_rank": ("straggler rank", lambda v: f"{v:g}"),
+    "starved_rank": ("starved rank", lambda v: f"{v:g}"),
+    "straggler_compute_ratio": ("slowest rank's compute", lambda v: f"{v:.1f}x the others'"),
+    "others_wait_fraction": ("other ranks waiting in collectives", units.percent),
+    "gpu_busy_ratio": ("GPU busy per step", units.percent),
+}
+
+
+def _describe(key: str, value: float) -> tuple[str, str]:
+    if key in LABELS:
+        label, fmt = LABELS[key]
+        return label, fmt(value)
+    return describe(key, value)
 
 
 class VerdictTally:
