@@ -10,12 +10,47 @@ what it is.
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 
 import torch
 
 import outrider
+
+# The ground truth, measured without Outrider (`--truth`, OUTRIDER_DISABLED=1): seconds of each part of the loop,
+# timed around it (data: the loader's next(); python: the tokeniser; sleep: the loop's own sleep; the rest is the
+# step), printed as JSON at the end.
+TRUTH: dict[str, float] = {}
+
+
+def run_delay() -> float:
+    """Seconds this thread has waited for a CPU (/proc schedstat; 0 where there is none)."""
+    try:
+        with open("/proc/thread-self/schedstat", "rb") as fh:
+            return int(fh.read().split()[1]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+class Timed:
+    """`with Timed("data"):` adds the block's wall time to TRUTH[part]; the "loop" block also the thread's CPU time
+    and run delay (TRUTH["loop_cpu"], TRUTH["loop_delay"])."""
+
+    def __init__(self, part: str) -> None:
+        self.part = part
+        self.t0 = self.cpu0 = self.delay0 = 0.0
+
+    def __enter__(self) -> None:
+        self.t0 = time.perf_counter()
+        if self.part == "loop":
+            self.cpu0, self.delay0 = time.thread_time(), run_delay()
+
+    def __exit__(self, *exc: object) -> None:
+        TRUTH[self.part] = TRUTH.get(self.part, 0.0) + time.perf_counter() - self.t0
+        if self.part == "loop":
+            TRUTH["loop_cpu"] = time.thread_time() - self.cpu0
+            TRUTH["loop_delay"] = run_delay() - self.delay0
 
 
 def burn(n: int) -> int:
@@ -58,20 +93,27 @@ def train(model: torch.nn.Module, loader: torch.utils.data.DataLoader, seconds: 
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     heavy = torch.randn(384, 384)
     end = time.monotonic() + seconds
-    while True:
-        for x, y in loader:
-            opt.zero_grad()
-            out = model(x)
-            if loss_fn == "mse":  # no parallel region: a small step stays small on a busy machine
-                loss = (out - y.unsqueeze(1).float()).pow(2).mean()
-            else:
-                loss = torch.nn.functional.cross_entropy(out, y)
-            for _ in range(extra):  # a rank with more work per step (a slower node, a heavier shard)
-                loss = loss + torch.tanh(heavy @ heavy).mean() * 0.0
-            loss.backward()
-            opt.step()
-            if not running(end, distributed):
-                return
+    with Timed("loop"):
+        while True:
+            batches = iter(loader)
+            while True:
+                with Timed("data"):
+                    batch = next(batches, None)
+                if batch is None:
+                    break
+                x, y = batch
+                opt.zero_grad()
+                out = model(x)
+                if loss_fn == "mse":  # no parallel region: a small step stays small on a busy machine
+                    loss = (out - y.unsqueeze(1).float()).pow(2).mean()
+                else:
+                    loss = torch.nn.functional.cross_entropy(out, y)
+                for _ in range(extra):  # a rank with more work per step (a slower node, a heavier shard)
+                    loss = loss + torch.tanh(heavy @ heavy).mean() * 0.0
+                loss.backward()
+                opt.step()
+                if not running(end, distributed):
+                    return
 
 
 def small() -> torch.nn.Module:
@@ -140,13 +182,20 @@ def python_bound(seconds: float) -> None:
     model = torch.nn.Sequential(torch.nn.Linear(64, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     end = time.monotonic() + seconds
-    while time.monotonic() < end:
-        for _ in range(2):  # two passes over the batch (an augmentation): the Python dominates the step
-            ids = torch.tensor(tokenize(texts, vocab), dtype=torch.float32) / 1000.0
-        opt.zero_grad()
-        loss = model(ids).pow(2).mean()
-        loss.backward()
-        opt.step()
+    with Timed("loop"):
+        while time.monotonic() < end:
+            python_step(texts, vocab, model, opt)
+
+
+def python_step(texts: list[str], vocab: dict[str, int], model: torch.nn.Module, opt: torch.optim.Optimizer) -> None:
+    for _ in range(2):  # two passes over the batch (an augmentation): the Python dominates the step
+        with Timed("python"):  # the tokeniser, and building a tensor from its lists (Python objects, one by one)
+            tokens = torch.tensor(tokenize(texts, vocab), dtype=torch.float32)
+        ids = tokens / 1000.0
+    opt.zero_grad()
+    loss = model(ids).pow(2).mean()
+    loss.backward()
+    opt.step()
 
 
 def at_rest(seconds: float) -> None:
@@ -155,11 +204,13 @@ def at_rest(seconds: float) -> None:
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     x, y = torch.randn(8, 32), torch.randint(0, 4, (8,))
     end = time.monotonic() + seconds
-    while time.monotonic() < end:
-        opt.zero_grad()
-        torch.nn.functional.cross_entropy(model(x), y).backward()
-        opt.step()
-        time.sleep(0.66)
+    with Timed("loop"):
+        while time.monotonic() < end:
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+            with Timed("sleep"):
+                time.sleep(0.66)
 
 
 def starved(seconds: float) -> None:
@@ -222,3 +273,5 @@ if __name__ == "__main__":
     else:
         {"input": input_bound, "input_io": input_io, "compute": compute, "host": host, "python": python_bound,
          "idle": at_rest}[what](secs)
+    if "--truth" in sys.argv:
+        print(json.dumps(TRUTH))
