@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import os
 import sys
-import sysconfig
 import threading
 import time
 from collections.abc import Callable
@@ -64,7 +63,8 @@ ON_CPU = 0.2
 # pure-Python tokeniser.
 GIL_WAIT_S = 0.00015
 _OUTRIDER_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
-_STDLIB = tuple({p for p in (sysconfig.get_paths().get("stdlib"), sysconfig.get_paths().get("platstdlib")) if p})
+# the standard library's directory: where os.py lives (sysconfig would import its generated data module)
+_STDLIB = os.path.dirname(os.__file__) + os.sep
 
 
 def file_kind(path: str) -> str:
