@@ -188,3 +188,13 @@ def test_the_starved_rank_is_named_and_a_rank_that_merely_waits_is_not() -> None
     assert v.evidence["starved_rank"] == 1
     assert "starved_rank" not in judged(6.0, 1.0).evidence, "the others do not wait for it: not starving them"
     assert "starved_rank" not in judged(STARVED_WAIT * 10 - 0.5, 5.0).evidence, "under the line"
+
+
+def test_milliseconds_per_operation_beside_an_idle_pool_are_not_math() -> None:
+    """On a crowded machine the main thread spins at libgomp's barriers after each parallel region: its CPU per
+    operation grows while the pool, which would share any real math, idles. Not judged, not compute_bound."""
+    spinning = classify(cpu(main_cpu_us_per_op=2000.0, intra_op_threads=2.0, intra_op_busy=b.POOL_IDLE * 0.9 - EPS))
+    assert spinning.cls == NOT_JUDGED and "pool" in spinning.reason
+    math = classify(cpu(main_cpu_us_per_op=2000.0, intra_op_threads=2.0, intra_op_busy=b.POOL_IDLE * 0.9 + EPS))
+    assert math.cls == "compute_bound"
+    assert classify(cpu(main_cpu_us_per_op=2000.0, intra_op_threads=1.0, intra_op_busy=0.0)).cls == "compute_bound"

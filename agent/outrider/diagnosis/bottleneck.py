@@ -218,6 +218,14 @@ def _cpu(s: Signals, ev: dict[str, float], active: bool, wait: float) -> Verdict
     per_op = s.main_cpu_us_per_op
     if per_op is not None and main >= 0.5:  # operations counted: their size decides
         ops = f"{s.ops_per_step:.0f} operations per step, " if s.ops_per_step else ""
+        # Large operations split their math across torch's pool: with a pool, it works as the main thread does.
+        # A pool idle beside a main thread spending milliseconds of CPU per operation is the main thread spinning at
+        # the pool's barriers on a crowded machine (libgomp), not math: the evidence disagrees, not judged
+        pooled = s.intra_op_threads is not None and s.intra_op_threads > 1
+        if per_op >= COMPUTE_OP_US and pooled and pool < POOL_IDLE * main:
+            return Verdict(NOT_JUDGED, ev, f"{ops}{per_op / 1000:.1f} ms of main-thread CPU each, but torch's pool "
+                                           f"idles ({pool:.2f} beside {main:.2f}): the CPU per operation is not "
+                                           "the math's (spinning at the pool's barriers, on a crowded machine)")
         if per_op >= COMPUTE_OP_US:
             return Verdict("compute_bound", ev, f"{ops}{per_op / 1000:.1f} ms of main-thread CPU each: the "
                                                 f"operations' math dominates (intra-op pool demand {pool:.1f})")

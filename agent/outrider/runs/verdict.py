@@ -60,7 +60,8 @@ class RunVerdict:
                         "per-thread CPU, operations or steps)")
             return "none: the run ended before the agent had two sweeps to compare"
         if self.cls == IDLE:
-            return f"idle: no steps, requests or CPU use in {units.seconds(self.seconds.get(IDLE, 0.0))}"
+            return (f"idle: no steps, requests or CPU use in {units.seconds(self.seconds.get(IDLE, 0.0))} (or a "
+                    "loop whose threads rest between steps)")
         others = [f"{c} {units.percent(s / self.active_s)}" for c, s in
                   sorted(self.seconds.items(), key=lambda kv: -kv[1]) if c not in (self.cls, *NO_VOTE) and s > 0]
         idle, unjudged = self.seconds.get(IDLE, 0.0), self.seconds.get(NOT_JUDGED, 0.0)
