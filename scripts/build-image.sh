@@ -34,11 +34,12 @@ if ! podman image exists "$BASE_IMAGE"; then
   tarball=$CACHE/base-$base_key.tar
   if [ ! -s "$tarball" ]; then
     log "making the base root filesystem (mmdebstrap bookworm + python3)"
-    # essential + python3 (with venv, for the image's own environment) + CA certificates (OTLP over https);
+    # essential + python3 (with venv, for the image's own environment) + CA certificates (OTLP over https) +
+    # libstdc++ (grpcio's C++ core: the PodResources client and OTLP over gRPC fail to import without it);
     # merged /usr without the usrmerge package (which would pull in perl); no docs, man pages or locales.
     for try in 1 2 3; do  # a mirror's hiccup is not worth a failed CI run
       if mmdebstrap --mode=root --format=tar --variant=essential \
-           --include=python3,python3-venv,ca-certificates \
+           --include=python3,python3-venv,ca-certificates,libstdc++6 \
            --hook-dir=/usr/share/mmdebstrap/hooks/merged-usr \
            --dpkgopt='path-exclude=/usr/share/man/*' --dpkgopt='path-exclude=/usr/share/doc/*' \
            --dpkgopt='path-exclude=/usr/share/locale/*' --dpkgopt='path-exclude=/usr/share/info/*' \
@@ -83,12 +84,13 @@ if [ -n "$build_image" ] || [ ! -d "$WHEELHOUSE" ]; then
     # The project's wheel, from the copied sources (an in-tree build would leave build/ in the repository).
     python3 -m pip wheel --quiet --disable-pip-version-check --no-deps -w "$tmp" "$ctx" >&2
     # Its dependencies as binary wheels for the image's Python, whatever Python the host runs; with the k8s extra
-    # (grpcio), which the node agent needs to ask the kubelet which pod owns each GPU.
+    # (grpcio), which the node agent needs to ask the kubelet which pod owns each GPU, and the grpc extra (OTLP over
+    # gRPC on the same grpcio).
     wheel=$(ls "$tmp"/outrider-*.whl)
     python3 -m pip download --quiet --disable-pip-version-check --only-binary=:all: -d "$tmp" \
       --python-version "$PYTHON_VERSION" --implementation cp --abi "cp${PYTHON_VERSION/./}" --abi abi3 --abi none \
       --platform "manylinux_2_28_$(uname -m)" --platform "manylinux2014_$(uname -m)" --platform any \
-      "outrider[k8s] @ file://$wheel" >&2
+      "outrider[k8s,grpc] @ file://$wheel" >&2
     mv "$tmp" "$WHEELHOUSE"
   fi
   rm -rf "$ctx/build"

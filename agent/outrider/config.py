@@ -44,6 +44,8 @@ class Config:
                                  metadata={"help": "regex of network interfaces left out"})
     process_top_n: int = field(default=10, metadata={
         "help": "watched processes reported one by one; the rest are summed under pid=\"other\""})
+    process_full_command: bool = field(default=False, metadata={
+        "help": "export watched command lines unredacted (by default secret-looking values are <redacted>)"})
     pids: tuple[int, ...] = field(default=(), metadata={
         "help": "roots of the process trees to watch (empty: every process visible to the agent)"})
     otlp_endpoint: str = field(default="", metadata={
@@ -115,11 +117,16 @@ class Config:
         "help": "a training process with no first step this long after instrument() is stalled (hook)"})
     phase_timeout_s: float = field(default=hook_settings.KEYS["phase_timeout_s"], metadata={
         "help": "a declared phase (outrider.phase) open longer than this is a stall (hook)"})
+    profile_hz: float = field(default=hook_settings.KEYS["profile_hz"], metadata={
+        "help": "samples a second of the training loop thread's stack (where its time goes, its hottest lines); "
+                "0: off (hook)"})
     training_job: str = field(default="", metadata={
         "help": "the training job's name, labelling every hook series (training_job) so ranks of one job group "
-                "across pods and nodes; empty: TORCHELASTIC_RUN_ID (hook)"})
+                "across pods and nodes; empty: derived from the launcher or the platform (torchrun, JobSet, Ray, "
+                "Volcano, Kubeflow, the pod's subdomain, an Indexed Job: README, Training job identity) (hook)"})
     role: str = field(default="", metadata={
-        "help": "training or inference; empty: judged from what the process does (hook)"})
+        "help": "training or inference; empty: judged from what the process does (an optimizer, a DDP/FSDP "
+                "wrapper or a process group built: training) (hook)"})
     spool_trusted_uids: tuple[int, ...] = field(default=(), metadata={
         "help": "uids whose shards the agent reads besides its own and those of the processes it watches; owners "
                 "a configured spool may have besides the user and root"})
@@ -138,7 +145,17 @@ class Config:
     exit_when_workload_exits: bool = field(default=False, metadata={
         "help": "stop (final sweep and flush) and exit 0 once the workload is gone: every process that published "
                 "to the spool, and the trees of `pids`, seen at least once and none alive for a grace period "
-                "(3 sweeps, at least 5 s); for a sidecar in a Job where Kubernetes has no native sidecars"})
+                "(3 sweeps, at least 5 s), or seen exited between two sweeps; for a sidecar in a Job where Kubernetes "
+                "has no native sidecars"})
+    prometheus_multiproc_dir: str = field(default="", metadata={
+        "help": "a service's prometheus_client multiprocess directory, whose metrics the agent merges and exports "
+                "(PROMETHEUS_MULTIPROC_DIR sets the default); empty: none"})
+    otlp_receiver_listen: str = field(default="", metadata={
+        "help": "host:port of a local OTLP/HTTP receiver (POST /v1/metrics) for the application's own OpenTelemetry "
+                "metrics, exported beside the agent's; empty: none (e.g. 127.0.0.1:4318)"})
+    startup_grace_s: float = field(default=900.0, metadata={
+        "help": "with exit_when_workload_exits: stop all the same if no workload has appeared this long after the "
+                "agent started (it failed before instrument(), or never calls it); 0: wait for one forever"})
     host_root: str = field(default="", metadata={
         "help": "where the host's root filesystem is mounted in a node agent's container (e.g. /host/root): "
                 "`filesystems` are then host paths, read through it, labelled and judged read-only as the host "
@@ -178,6 +195,7 @@ BOUNDS: dict[str, hook_settings.Bounds] = {
     "rule_interval_s": hook_settings.Bounds(0.1, 86400.0),
     "resend_interval_s": hook_settings.Bounds(0.1, 86400.0),
     "k8s_pod_resources_timeout_s": hook_settings.Bounds(0.05, 60.0),
+    "startup_grace_s": hook_settings.Bounds(0.0, 2_592_000.0),
     **hook_settings.BOUNDS,
 }
 
@@ -296,6 +314,7 @@ CONVERTERS: dict[str, Callable[[Any], Any]] = {
     "disk_exclude": _regex,
     "network_exclude": _regex,
     "process_top_n": _number("process_top_n", integer=True),
+    "process_full_command": _bool,
     "pids": _pid_list,
     "otlp_endpoint": _str,
     "otlp_protocol": _choice(OTLP_PROTOCOLS),
@@ -331,6 +350,7 @@ CONVERTERS: dict[str, Callable[[Any], Any]] = {
     "alert_log": _bool,
     "first_step_timeout_s": _number("first_step_timeout_s"),
     "phase_timeout_s": _number("phase_timeout_s"),
+    "profile_hz": _number("profile_hz"),
     "training_job": _str,
     "role": _choice(hook_settings.ROLES),
     "spool_trusted_uids": hook_settings.parse_uids,
@@ -340,6 +360,9 @@ CONVERTERS: dict[str, Callable[[Any], Any]] = {
     "k8s_owner_pod_label": _label_name,
     "k8s_owner_container_label": _label_name,
     "exit_when_workload_exits": _bool,
+    "startup_grace_s": _number("startup_grace_s"),
+    "prometheus_multiproc_dir": _str,
+    "otlp_receiver_listen": lambda raw: _listen(raw) if _str(raw) else "",
     "host_root": _str,
 }
 assert set(CONVERTERS) == set(FIELDS), "every config field needs a converter"
@@ -364,7 +387,11 @@ def _set(values: dict[str, Any], sources: dict[str, str], key: str, raw: Any, so
 
 
 def _otel_defaults(env: Mapping[str, str], values: dict[str, Any], sources: dict[str, str]) -> None:
-    """The standard OpenTelemetry variables set defaults; Outrider's own settings override them."""
+    """The standard OpenTelemetry variables (and prometheus_client's multiprocess directory) set defaults;
+    Outrider's own settings override them."""
+    multiproc = env.get("PROMETHEUS_MULTIPROC_DIR")
+    if multiproc:
+        _set(values, sources, "prometheus_multiproc_dir", multiproc, "environment PROMETHEUS_MULTIPROC_DIR")
     proto = env.get("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL") or env.get("OTEL_EXPORTER_OTLP_PROTOCOL")
     if proto:
         name = ("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL" if env.get("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL")

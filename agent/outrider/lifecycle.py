@@ -3,12 +3,14 @@ older than 1.29 would otherwise keep the pod Running after the trainer exits).
 
 "The workload" is every process that published to the spool (instrumented processes, as the sweep's
 outrider_hook_processes counts them: a shard not yet closed whose process is alive) plus, when `pids` are given,
-those process trees. Once at least one of them has been seen and none is alive for a grace period (a launcher's
-next stage, `python prep.py && python train.py`, gets that long to publish), the agent stops the way SIGTERM stops
-it: a final sweep, which takes in the values of the shards closed last, and a flush of OTLP; then `outrider agent`
-exits 0.
+those process trees. It has been seen once a sweep found one of them alive, or found the values of one that had
+already exited (outrider_hook_retired_series: a trainer that lived less than one sweep, a crash at start). Once
+seen and none is alive for a grace period (a launcher's next stage, `python prep.py && python train.py`, gets that
+long to publish), the agent stops the way SIGTERM stops it: a final sweep, which takes in the values of the shards
+closed last, and a flush of OTLP; then `outrider agent` exits 0.
 
-A workload that never publishes and has no `pids` is never seen: the agent then runs until it is told to stop.
+A workload that is never seen (it failed before `instrument()`, or never calls it, and no `pids` are given) ends
+the agent the same way after `startup_grace_s` (0: the agent then runs until it is told to stop).
 """
 
 from __future__ import annotations
@@ -40,11 +42,16 @@ class WorkloadWatch:
 
     def __init__(self, live: Callable[[Sequence[Family]], int], grace_s: float,
                  on_gone: Callable[[], None] | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 ran: Callable[[Sequence[Family]], bool] = lambda families: False,
+                 startup_grace_s: float = 0.0) -> None:
         self._live = live
+        self._ran = ran
         self.grace_s = grace_s
+        self.startup_grace_s = startup_grace_s
         self.on_gone = on_gone
         self._clock = clock
+        self._started = clock()
         self.seen = False
         self.gone = False
         self._empty_since: float | None = None
@@ -61,7 +68,17 @@ class WorkloadWatch:
             self.seen = True
             self._empty_since = None
             return
+        if not self.seen and self._ran(families):
+            self.seen = True  # it came and went between two sweeps: its values are in, it has run
+            LOG.info("the workload ran and exited between two sweeps")
         if not self.seen:
+            if self.startup_grace_s > 0 and now - self._started >= self.startup_grace_s:
+                self.gone = True
+                LOG.warning("no workload appeared within startup_grace_s (%g s): it failed before instrument(), or "
+                            "does not call it; the workload is gone: final sweep and flush, then exit",
+                            self.startup_grace_s)
+                if self.on_gone is not None:
+                    self.on_gone()
             return
         if self._empty_since is None:
             self._empty_since = now
@@ -91,6 +108,12 @@ def live_processes(proc_root: str, roots: tuple[int, ...]) -> Callable[[Sequence
     return live
 
 
+def ran_and_exited(families: Sequence[Family]) -> bool:
+    """Whether the sweep holds values of hooked processes that already exited (their series, retired)."""
+    return any(v > 0 for f in families if f.defn.name == "outrider_hook_retired_series"
+               for _, v in f.samples if isinstance(v, float))
+
+
 def attach(sampler: Sampler, config: Config) -> WorkloadWatch | None:
     """A WorkloadWatch listening to the sampler's sweeps when exit_when_workload_exits is set, else None."""
     if not config.exit_when_workload_exits:
@@ -99,6 +122,7 @@ def attach(sampler: Sampler, config: Config) -> WorkloadWatch | None:
     if "hook" not in {c.name for c in sampler.collectors} and not roots:
         LOG.warning("exit_when_workload_exits: with neither the hook collector nor pids there is no workload to "
                     "watch; the agent runs until it is stopped")
-    watch = WorkloadWatch(live_processes(config.proc_root, roots), grace_s(config.interval_s))
+    watch = WorkloadWatch(live_processes(config.proc_root, roots), grace_s(config.interval_s), ran=ran_and_exited,
+                          startup_grace_s=config.startup_grace_s)
     sampler.listeners.append(watch.on_sweep)
     return watch

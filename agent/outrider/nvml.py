@@ -44,6 +44,15 @@ class _NA:
 
 
 NA: Any = _NA()
+# What a driver writes where it has no value (NVML_VALUE_NOT_AVAILABLE as unsigned int, and as unsigned long long).
+NOT_AVAILABLE = frozenset((0xFFFFFFFF, 0xFFFFFFFFFFFFFFFF))
+
+
+def percent(value: Any) -> Any:
+    """A 0-100 reading as given, or NA where the driver wrote "not available" or something no percentage can be."""
+    if value is NA or value in NOT_AVAILABLE or not 0 <= value <= 100:
+        return NA
+    return value
 
 
 class GpuLost(Exception):
@@ -348,7 +357,9 @@ class Nvml:
             return NA
         self.calls += 1
         try:
-            return func(*args)
+            value = func(*args)
+            # NVML's "not available" (NVML_VALUE_NOT_AVAILABLE, all ones): an absent reading, never 4.29e9 of it.
+            return NA if type(value) is int and value in NOT_AVAILABLE else value
         except lib.NVMLError_NotSupported:
             self._unsupported.add((cap, device))
             return NA
@@ -444,7 +455,10 @@ class Nvml:
                 self._once.warning(f"field-type-{v.valueType}", "NVML field %d has value type %d, unknown here: "
                                    "dropped (counted)", v.fieldId, v.valueType)
                 continue
-            out[int(v.fieldId)] = float(getattr(v.value, member))
+            raw = getattr(v.value, member)
+            if isinstance(raw, int) and raw in NOT_AVAILABLE:
+                continue
+            out[int(v.fieldId)] = float(raw)
         return out
 
     def nvlink_links(self, index: int, handle: Any) -> tuple[int, ...]:

@@ -210,7 +210,8 @@ def run(cmd: Sequence[str], config: Config, on_exit: Callable[[list[Family]], No
         read_bytes=max((after.ru_inblock - before.ru_inblock) * 512, tree.io.get("read", 0)),
         written_bytes=max((after.ru_oublock - before.ru_oublock) * 512, tree.io.get("write", 0)),
         max_processes=max(tree.max_processes, 1), signals_forwarded=forwarded,
-        metrics_url=agent.server.url + "/metrics", started=started_unix, measured=measure(final),
+        metrics_url=agent.server.url + "/metrics", started=started_unix,
+        measured=measure(final, recorder.waiting(), recorder.hooked),
         alerts=sorted(recorder.alerts, key=lambda a: a.fired), verdict=recorder.verdict(),
         timeline=recorder.timeline(),
     )

@@ -14,12 +14,13 @@ from tests.helpers import samples, value, wait_until
 
 pytestmark = pytest.mark.container
 
-FETCH = ("import sys, urllib.request as u; r = u.urlopen('http://127.0.0.1:9477' + sys.argv[1], timeout=5); "
+FETCH = ("import sys, urllib.request as u; port = sys.argv[2] if len(sys.argv) > 2 else '9477'; "
+         "r = u.urlopen('http://127.0.0.1:' + port + sys.argv[1], timeout=5); "
          "sys.stdout.write(str(r.status) + chr(10) + r.read().decode())")
 
 
-def fetch(podman: Podman, cid: str, path: str) -> tuple[int, str]:
-    status, _, body = podman("exec", cid, "python3", "-c", FETCH, path, strip=False).partition("\n")
+def fetch(podman: Podman, cid: str, path: str, port: int = 9477) -> tuple[int, str]:
+    status, _, body = podman("exec", cid, "python3", "-c", FETCH, path, str(port), strip=False).partition("\n")
     return int(status), body
 
 
@@ -32,7 +33,8 @@ def test_the_images_own_env_and_cmd_start_the_agent(podman: Podman, built: dict[
     podman("start", cid)
     inspect = podman.inspect(cid)
     assert inspect["Config"]["User"] == "65532:65532"
-    assert inspect["Config"]["Cmd"] == ["agent", "--listen", "0.0.0.0:9477"]
+    assert inspect["Config"]["Cmd"] == ["agent"], "no flag in the CMD that would override -e OUTRIDER_LISTEN"
+    assert "OUTRIDER_LISTEN=0.0.0.0:9477" in inspect["Config"]["Env"]
     assert not [e for e in inspect["Config"]["Env"] if e.startswith("OUTRIDER_RULES")]
 
     def healthy() -> bool:
@@ -47,3 +49,35 @@ def test_the_images_own_env_and_cmd_start_the_agent(podman: Podman, built: dict[
     parsed = samples(text)
     assert value(parsed, "outrider_rule_evaluations_total") is not None, "the built-in rules load from the package"
     assert value(parsed, "outrider_collector_success", collector="host") == 1
+
+
+def test_the_listen_address_is_taken_from_the_environment(podman: Podman, built: dict[str, str]) -> None:
+    """`docker run -e OUTRIDER_LISTEN=...` moves the port (the CMD used to pass --listen, which wins over it)."""
+    cid = podman.create("image-listen-env", ["--network", "none", "--read-only", "--cap-drop", "all",
+                                             "-e", "OUTRIDER_LISTEN=127.0.0.1:9555", built["IMAGE"]])
+    podman("start", cid)
+
+    def healthy() -> bool:
+        assert podman.exit_code(cid) is None, f"the agent exited:\n{podman.logs(cid)}"
+        return fetch(podman, cid, "/healthz", port=9555)[0] == 200  # raises while nothing listens there yet
+
+    wait_until(healthy, timeout_s=90, interval_s=0.5, what="the agent on the port OUTRIDER_LISTEN names")
+
+
+def test_otlp_over_grpc_runs_on_the_image(podman: Podman, built: dict[str, str]) -> None:
+    """The chart's inference example sets otlp.protocol grpc: the image carries the gRPC exporter, so the agent
+    serves (it exited 2, and a native sidecar with a startup probe never let the server start)."""
+    cid = podman.create("image-otlp-grpc", ["--network", "none", "--read-only", "--cap-drop", "all",
+                                            "-e", "OUTRIDER_OTLP_PROTOCOL=grpc",
+                                            "-e", "OUTRIDER_OTLP_ENDPOINT=http://127.0.0.1:4317", built["IMAGE"]])
+    podman("start", cid)
+
+    def healthy() -> bool:
+        assert podman.exit_code(cid) is None, f"the agent exited:\n{podman.logs(cid)}"
+        return fetch(podman, cid, "/healthz")[0] == 200
+
+    wait_until(healthy, timeout_s=90, interval_s=0.5, what="the agent with OTLP over gRPC")
+    assert "needs the gRPC exporter" not in podman.logs(cid)
+    # grpcio's C++ core loads (it needs libstdc++, which the base once lacked): the node agent's PodResources client
+    podman("exec", cid, "/opt/outrider/bin/python", "-c",
+           "import grpc, outrider.k8s.podresources.api_pb2_grpc, opentelemetry.exporter.otlp.proto.grpc")

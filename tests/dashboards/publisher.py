@@ -32,6 +32,7 @@ gpu_observed = hook.series("counter", "outrider_train_gpu_observed_seconds_total
 all_reduce = hook.series("counter", "outrider_train_collective_seconds_total", {"op": "all_reduce"}, builtin=True)
 collective_wait = hook.series("counter", "outrider_train_collective_wait_seconds_total", builtin=True)
 autograd_ops = hook.series("counter", "outrider_train_autograd_ops_total", builtin=True)
+checkpoint = hook.series("histogram", "outrider_train_checkpoint_duration_seconds", builtin=True)  # torch.save's
 hook.series("gauge", "outrider_torch_intra_op_threads", builtin=True).set(2)
 in_flight = outrider.in_flight("all")
 in_flight.add(1)
@@ -54,6 +55,7 @@ for i, _ in enumerate(outrider.dataloader(batches)):
     if i % 25 == 0:
         with outrider.phase("checkpoint"):
             time.sleep(0.01)
+        checkpoint.observe(0.01)
     outrider.record_phase("queue", rng.uniform(0.001, 0.01))
     outrider.record_phase("compute", rng.uniform(0.01, 0.2))
     outrider.record_batch_size(rng.randint(1, 16))

@@ -148,6 +148,50 @@ def test_unsupported_readings_are_absent_not_zero(fake_nvml: dict[str, str], sce
     assert c.nvml.errors == 0
 
 
+# What a driver writes where it has no value (NVML_VALUE_NOT_AVAILABLE): seen as 4.29e9 % utilisation and 4.29e9 °C.
+NOT_AVAILABLE_32 = 0xFFFFFFFF
+SENTINEL_READINGS = [  # (scenario key, metric, labels)
+    ("util_gpu", "outrider_gpu_utilization_ratio", {**G0, "task": "general"}),
+    ("util_mem", "outrider_gpu_memory_bandwidth_utilization_ratio", G0),
+    ("enc_util", "outrider_gpu_utilization_ratio", {**G0, "task": "encoder"}),
+    ("temp", "outrider_gpu_temperature_celsius", {**G0, "sensor": "gpu"}),
+    ("power_mw", "outrider_gpu_power_watts", G0),
+    ("clock_sm", "outrider_gpu_clock_hertz", {**G0, "clock": "sm"}),
+    ("fan", "outrider_gpu_fan_speed_ratio", G0),
+    ("pcie_replay", "outrider_gpu_pcie_replays_total", G0),
+]
+
+
+@pytest.mark.parametrize(("key", "metric", "labels"), SENTINEL_READINGS)
+def test_not_available_sentinels_are_absent_not_a_reading(fake_nvml: dict[str, str], scenario: Scenario, key: str,
+                                                           metric: str, labels: dict[str, str]) -> None:
+    """The C fake hands back 0xFFFFFFFF through the real bindings, as a driver does for "not available"."""
+    scenario.write(FULL + f"\ngpu 0 {key} {NOT_AVAILABLE_32}\n")
+    c = make_collector(fake_nvml["full"])
+    parsed = sweep(c)
+    assert value(parsed, metric, **labels) is None
+    assert value(parsed, "outrider_gpu_temperature_celsius", **G0, sensor="memory") == 78, "the rest is read"
+    assert c.nvml.errors == 0, "an answer, not a failure"
+
+
+@pytest.mark.parametrize(("key", "raw", "metric", "labels"), [
+    ("util_gpu", 101, "outrider_gpu_utilization_ratio", {**G0, "task": "general"}),
+    ("fan", 250, "outrider_gpu_fan_speed_ratio", G0),
+    ("pstate", 32, "outrider_gpu_performance_state", G0),  # NVML_PSTATE_UNKNOWN
+])
+def test_impossible_readings_are_absent(fake_nvml: dict[str, str], scenario: Scenario, key: str, raw: int,
+                                        metric: str, labels: dict[str, str]) -> None:
+    scenario.write(FULL + f"\ngpu 0 {key} {raw}\n")
+    assert value(sweep(make_collector(fake_nvml["full"])), metric, **labels) is None
+
+
+def test_a_percentage_of_100_is_a_reading(fake_nvml: dict[str, str], scenario: Scenario) -> None:
+    scenario.write(FULL + "\ngpu 0 util_gpu 100\ngpu 0 fan 0\n")
+    parsed = sweep(make_collector(fake_nvml["full"]))
+    assert value(parsed, "outrider_gpu_utilization_ratio", **G0, task="general") == 1.0
+    assert value(parsed, "outrider_gpu_fan_speed_ratio", **G0) == 0.0
+
+
 def test_gpm_needs_two_samples(fake_nvml: dict[str, str], scenario: Scenario) -> None:
     scenario.write(FULL)
     c = make_collector(fake_nvml["full"])

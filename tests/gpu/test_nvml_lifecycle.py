@@ -98,7 +98,9 @@ gpu 0 uuid GPU-0
 gpu 0 field 1 -2.5 d
 gpu 0 field 2 4000000000 ui
 gpu 0 field 3 123456789012 ul
-gpu 0 field 4 18446744073709551615 ull
+gpu 0 field 4 18446744073709551614 ull
+gpu 0 field 9 18446744073709551615 ull
+gpu 0 field 10 4294967295 ui
 gpu 0 field 5 -42 sll
 gpu 0 field 6 -7 si
 gpu 0 field 7 65535 us
@@ -110,9 +112,9 @@ def test_field_values_are_decoded_by_their_value_type(fake_nvml: dict[str, str],
     nv = Nvml(fake_nvml["full"])
     assert nv.init()
     try:
-        got = nv.field_values(nv.handle(0), [1, 2, 3, 4, 5, 6, 7, 8], device=0)
-        assert got == {1: -2.5, 2: 4000000000, 3: 123456789012, 4: float(2**64 - 1), 5: -42, 6: -7, 7: 65535}, \
-            "field 8 is not offered: absent"
+        got = nv.field_values(nv.handle(0), [1, 2, 3, 4, 5, 6, 7, 8, 9, 10], device=0)
+        assert got == {1: -2.5, 2: 4000000000, 3: 123456789012, 4: float(2**64 - 2), 5: -42, 6: -7, 7: 65535}, \
+            "field 8 is not offered, 9 and 10 are NVML's all-ones 'not available': absent"
         assert nv.errors == 0
     finally:
         nv.shutdown()

@@ -4,6 +4,9 @@ against a stand-in for torch.cuda (no GPU here; the gpu-marked run on real hardw
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 import threading
 import types
 import urllib.request
@@ -219,3 +222,132 @@ def test_no_event_is_recorded_during_cuda_graph_capture(tmp_path: Path) -> None:
         assert not integ.pending
     finally:
         integ.handle.remove()
+
+
+# --- what makes a process a training process, with zero configuration ----------------------------------------
+
+@pytest.fixture
+def torch_hook(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """instrument() with torch imported (no torchrun, no OUTRIDER_ROLE); torch's own functions put back after."""
+    torch = pytest.importorskip("torch")
+    for name in ("TORCHELASTIC_RUN_ID", "OUTRIDER_ROLE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(api, "S", api._State())
+    monkeypatch.setenv("OUTRIDER_SPOOL_DIR", str(tmp_path))
+    monkeypatch.setenv("OUTRIDER_STANDALONE", "false")
+    monkeypatch.setenv("OUTRIDER_FIRST_STEP_TIMEOUT_S", "60")
+    assert outrider.instrument()
+    assert api.S.torch is not None
+    yield torch, api.S.hook
+    api.S.hook._stop.set()
+    api.S.torch.detach()
+
+
+def test_building_an_optimizer_makes_a_training_process_whose_missing_first_step_is_a_stall(
+        tmp_path: Path, torch_hook: Any) -> None:
+    torch, hook = torch_hook
+    assert not hook.progress.training, "importing torch and instrumenting says nothing yet"
+    assert value(read(tmp_path, hook), "outrider_train_first_step_pending") is None
+    model = torch.nn.Linear(4, 4)
+    torch.optim.AdamW(model.parameters(), lr=1e-3)  # a subclass: its __init__ calls Optimizer's
+    parsed = read(tmp_path, hook)
+    assert value(parsed, "outrider_train_first_step_pending") == 1
+    assert value(parsed, "outrider_hook_stalled") == 0, "within the first-step timeout"
+    hook.progress.started_perf -= hook.settings.first_step_timeout_s + 1  # as if it had hung that long
+    parsed = read(tmp_path, hook)
+    assert value(parsed, "outrider_hook_stalled") == 1
+    dump = next(tmp_path.glob("*.stacks.txt")).read_text()
+    assert "no first step (a training process: it built an optimizer)" in dump
+    outrider.record_request(0.01, route="/x")
+    read(tmp_path, hook)
+    assert hook.progress.training, "an optimizer is strong evidence: serving a request does not undo it"
+
+
+def test_a_process_group_makes_a_training_process_unless_it_serves(tmp_path: Path, torch_hook: Any) -> None:
+    torch, hook = torch_hook
+    dist = torch.distributed
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        parsed = read(tmp_path, hook)
+        assert hook.progress.evidence == "initialised a torch.distributed process group"
+        assert value(parsed, "outrider_train_first_step_pending") == 1
+        outrider.record_request(0.01, route="/generate")  # tensor-parallel inference initialises one too
+        parsed = read(tmp_path, hook)
+        assert not hook.progress.training and value(parsed, "outrider_train_first_step_pending") == 0
+        torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 4))
+        assert hook.progress.training, "a DDP wrapper is training, whatever else the process does"
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_process_group_initialised_before_instrument_is_seen(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    torch = pytest.importorskip("torch")
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
+    dist = torch.distributed
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        monkeypatch.setattr(api, "S", api._State())
+        monkeypatch.setenv("OUTRIDER_SPOOL_DIR", str(tmp_path))
+        monkeypatch.setenv("OUTRIDER_STANDALONE", "false")
+        assert outrider.instrument()
+        try:
+            assert value(read(tmp_path, api.S.hook), "outrider_train_first_step_pending") == 1
+        finally:
+            api.S.hook._stop.set()
+            api.S.torch.detach()
+    finally:
+        dist.destroy_process_group()
+
+
+def test_batch_inference_over_a_dataloader_is_not_training(tmp_path: Path, torch_hook: Any) -> None:
+    """A DataLoader alone is no evidence: a batch inference job iterating one must never wait for a first step."""
+    torch, hook = torch_hook
+    model = torch.nn.Linear(4, 2)
+    data = torch.utils.data.TensorDataset(torch.ones(16, 4))
+    with torch.no_grad():
+        for (x,) in torch.utils.data.DataLoader(data, batch_size=4):
+            model(x)
+    parsed = read(tmp_path, hook)
+    assert not hook.progress.training
+    assert value(parsed, "outrider_train_first_step_pending") is None
+    assert value(parsed, "outrider_train_data_wait_seconds_count") == 4, "its batches are still timed"
+
+
+def test_detach_puts_torch_back(torch_hook: Any) -> None:
+    torch, _ = torch_hook
+    before = (torch.optim.Optimizer.__dict__["__init__"], torch.distributed.init_process_group)
+    api.S.torch.detach()
+    after = (torch.optim.Optimizer.__dict__["__init__"], torch.distributed.init_process_group)
+    assert after[0] is not before[0] and after[1] is not before[1]
+    assert after[0].__code__.co_name == "__init__" and after[1].__code__.co_name != "marking"
+    import torch.serialization as serialization
+    assert not getattr(serialization._save, "__outrider_checkpoint__", False)
+
+
+def test_instrument_before_import_torch_attaches_once_torch_is_imported(tmp_path: Path) -> None:
+    """instrument() at the top of a script, `import torch` after it: steps, data waits and the training evidence
+    are all measured (in a fresh interpreter: this one imported torch long ago)."""
+    pytest.importorskip("torch")
+    code = """if True:
+        import sys
+        import outrider
+        from outrider.hook import api
+        outrider.instrument()
+        assert api.S.torch is None and "torch" not in sys.modules
+        import torch
+        model = torch.nn.Linear(4, 4)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        data = torch.utils.data.TensorDataset(torch.ones(8, 4))
+        for (x,) in torch.utils.data.DataLoader(data, batch_size=2):
+            opt.zero_grad()
+            model(x).sum().backward()
+            opt.step()
+        finders = [f for f in sys.meta_path if type(f).__name__ == "_AfterTorchImport"]
+        print(api.S.torch is not None, api.S.n, api.S.nw, api.S.hook.progress.evidence, len(finders), sep="|")
+    """
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OUTRIDER_")}
+    env.update({"OUTRIDER_SPOOL_DIR": str(tmp_path), "OUTRIDER_STANDALONE": "false"})
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "True|4|4|built an optimizer|0", out.stderr

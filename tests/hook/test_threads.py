@@ -135,3 +135,27 @@ def test_this_process_threads_by_role(tmp_path: Path) -> None:
     after = published(hook, "outrider_thread_cpu_seconds_total")
     assert after["main"] > before["main"] and after["other"] > before["other"]
     assert published(hook, "outrider_threads")["main"] == 1
+
+
+def test_ended_threads_leave_nothing_behind_in_the_sampler(tmp_path: Path) -> None:
+    """A thread-per-request process: real threads start and end between reads; what the sampler keeps per thread
+    (its last reading) never outgrows the threads alive at the read."""
+    hook = Hook(HookSettings(spool_dir=str(tmp_path), standalone=False))
+    hook.progress.steps = 1
+    s = ThreadSampler(hook, threading.get_native_id)
+    kept = []
+    for _ in range(30):
+        release = threading.Event()
+        threads = [threading.Thread(target=release.wait) for _ in range(20)]
+        for t in threads:
+            t.start()
+        s.read()
+        alive = len(os.listdir(f"/proc/{os.getpid()}/task"))  # ours are still alive: they wait for release
+        kept.append((len(s.last), alive))
+        release.set()
+        for t in threads:
+            t.join()
+    s.read()
+    assert all(n <= alive + 1 for n, alive in kept), kept  # (+1: a thread of pytest's that ended meanwhile)
+    assert len(s.last) <= len(os.listdir(f"/proc/{os.getpid()}/task")) + 1
+    assert len(s.last) < 30, "the 600 ended threads are gone from the sampler"

@@ -87,3 +87,32 @@ def test_without_the_setting_the_agent_outlives_the_workload(tmp_path: Path) -> 
         if work.poll() is None:
             work.kill()
             work.wait()
+
+
+def test_agent_exits_after_a_workload_shorter_than_one_sweep(tmp_path: Path) -> None:
+    """A crash at start or a 1-3 s job: never alive at a sweep, but its closed shard is read; the agent used to wait
+    for it forever (the Job stayed Running)."""
+    spool = tmp_path / "spool"
+    env = {"OUTRIDER_SPOOL_DIR": str(spool), "OUTRIDER_EXIT_WHEN_WORKLOAD_EXITS": "true",
+           "OUTRIDER_RULE_FILES": "", "OUTRIDER_COLLECTORS": "hook,self", "OUTRIDER_STARTUP_GRACE_S": "0"}
+    # Ready means its first sweep is done and saw nothing; the next is 10 s later, long after the workload's end.
+    with AgentProcess(env=env, interval_s=10.0) as agent:
+        workload_env = {k: v for k, v in os.environ.items() if not k.startswith("OUTRIDER_")}
+        workload_env.update({"OUTRIDER_SPOOL_DIR": str(spool), "OUTRIDER_STANDALONE": "false",
+                             "OUTRIDER_FLUSH_INTERVAL_S": "0.2", "PYTHONPATH": str(REPO / "agent")})
+        assert subprocess.run([sys.executable, str(WORKLOAD), "--steps", "5"], env=workload_env,
+                              timeout=60).returncode == 0
+        code = agent.proc.wait(timeout=180)  # a bound, generous: a sweep reads the shard, then 3 sweeps of grace
+        assert code == 0, agent.output
+        assert "ran and exited between two sweeps" in agent.output
+        assert "the workload is gone" in agent.output
+
+
+def test_agent_exits_when_no_workload_appears_within_the_startup_grace(tmp_path: Path) -> None:
+    """The trainer failed before instrument(): nothing ever publishes."""
+    env = {"OUTRIDER_SPOOL_DIR": str(tmp_path / "spool"), "OUTRIDER_EXIT_WHEN_WORKLOAD_EXITS": "true",
+           "OUTRIDER_RULE_FILES": "", "OUTRIDER_COLLECTORS": "hook,self", "OUTRIDER_STARTUP_GRACE_S": "2"}
+    with AgentProcess(env=env, interval_s=0.5) as agent:
+        code = agent.proc.wait(timeout=60)
+        assert code == 0, agent.output
+        assert "no workload appeared within startup_grace_s" in agent.output

@@ -314,3 +314,21 @@ def test_a_rule_that_breaks_is_counted_and_the_others_still_evaluate(monkeypatch
     assert sent[0].annotations["summary"].startswith("<error expanding template:")
     text = __import__("outrider.metrics.exposition", fromlist=["render"]).render(engine.families()).decode()
     assert 'outrider_rule_evaluation_failures_total{rule="Breaks"} 2' in text
+
+
+def test_a_clock_corrected_backwards_across_a_restart_does_not_blind_the_rules(tmp_path: Path) -> None:
+    """The first agent ran with the wall clock an hour fast; the second starts after the correction. Fresh samples
+    must be taken in at once (they were 'out of order' behind the snapshot's for the hour), and a restored alert
+    must not have become active in the future."""
+    clock, sent = Clock(), []
+    clock.ms += 3_600_000
+    first = engine_with_state(tmp_path, clock, sent)
+    run(first, clock, {"0": 10.0, "1": 95.0}, 5)
+    assert [(n.event, n.labels["gpu"]) for n in sent] == [("firing", "1")]
+    first.close()
+    clock.ms -= 3_600_000  # NTP stepped the clock back while the agent was down
+    second = engine_with_state(tmp_path, clock, sent)
+    assert all(a.active_at <= clock.ms and a.fired_at <= clock.ms for _, a in second.active_alerts())
+    run(second, clock, {"0": 95.0, "1": 95.0}, 4)
+    assert ("firing", "0") in [(n.event, n.labels["gpu"]) for n in sent], "fresh samples are seen"
+    assert [(n.event, n.labels["gpu"]) for n in sent].count(("firing", "1")) == 1, "no second page for gpu 1"

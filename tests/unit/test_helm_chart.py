@@ -242,6 +242,32 @@ def test_without_metrics_auth_monitors_scrape_plain_http() -> None:
         assert not {"scheme", "tlsConfig", "basicAuth"} & set(e)
 
 
+TUNING = {"scrapeTimeout": "7s", "honorLabels": True, "interval": "30s",
+          "relabelings": [{"sourceLabels": ["__meta_kubernetes_pod_label_team"], "targetLabel": "team"}],
+          "metricRelabelings": [{"sourceLabels": ["__name__"], "regex": "outrider_process_.*", "action": "drop"}]}
+
+
+def test_monitors_take_the_tuning_people_expect() -> None:
+    docs = render(None, {"serviceMonitor": {"enabled": True, **TUNING}, "podMonitor": {"enabled": True, **TUNING},
+                         "service": {"annotations": {"prometheus.io/scrape": "false"}}})
+    validate(docs)
+    for e in (kind(docs, "ServiceMonitor")[0]["spec"]["endpoints"]
+              + kind(docs, "PodMonitor")[0]["spec"]["podMetricsEndpoints"]):
+        assert (e["interval"], e["scrapeTimeout"], e["honorLabels"]) == ("30s", "7s", True)
+        assert e["relabelings"][-1] == TUNING["relabelings"][0], "after the chart's own"
+        assert {r["targetLabel"] for r in e["relabelings"][:-1]} >= {"namespace", "pod", "node"}
+        assert e["metricRelabelings"] == TUNING["metricRelabelings"]
+    assert kind(docs, "Service")[0]["metadata"]["annotations"] == {"prometheus.io/scrape": "false"}
+
+
+def test_monitors_without_tuning_carry_none_of_it() -> None:
+    docs = render(None, {"serviceMonitor": {"enabled": True}, "podMonitor": {"enabled": True}})
+    for e in (kind(docs, "ServiceMonitor")[0]["spec"]["endpoints"]
+              + kind(docs, "PodMonitor")[0]["spec"]["podMetricsEndpoints"]):
+        assert not {"scrapeTimeout", "honorLabels", "metricRelabelings"} & set(e)
+    assert "annotations" not in kind(docs, "Service")[0]["metadata"]
+
+
 def test_each_sidecar_workload_is_its_own_job() -> None:
     pm = kind(render(None, {"podMonitor": {"enabled": True}}), "PodMonitor")[0]
     assert pm["spec"]["jobLabel"] == "outrider.dev/job"
@@ -318,6 +344,9 @@ def test_sidecar_examples_share_the_spool_and_the_process_namespace(values_file:
     ({"port": "9477"}, "port"),
     ({"otlp": {"protocol": "udp"}}, "protocol"),
     ({"serviceMonitor": {"interval": "often"}}, "interval"),
+    ({"podMonitor": {"scrapeTimeout": "soon"}}, "scrapeTimeout"),
+    ({"serviceMonitor": {"relabelings": [{"action": "explode"}]}}, "action"),
+    ({"podMonitor": {"metricRelabelings": [{"target_label": "x"}]}}, "target_label"),
     ({"metricsAuth": {"basicAuthUsername": "prometheus"}}, "basicAuthUsername"),
     ({"secretEnv": {"KEY": {"secretName": "s"}}}, "key"),
     ({"sidecar": {"native": "yes"}}, "native"),

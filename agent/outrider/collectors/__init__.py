@@ -17,13 +17,15 @@ from outrider.collectors.diagnosis import DiagnosisCollector
 from outrider.collectors.gpu import GpuCollector
 from outrider.collectors.hook import HookCollector
 from outrider.collectors.host import HostCollector
+from outrider.collectors.otlp_receiver import OtlpReceiverCollector
 from outrider.collectors.process import ProcessCollector
+from outrider.collectors.prometheus_multiproc import PrometheusMultiprocCollector
 from outrider.config import ConfigError, LoadedConfig
 
 REGISTRY: dict[str, type[Collector]] = {
     cls.name: cls
-    for cls in (HostCollector, ProcessCollector, GpuCollector, HookCollector, DiagnosisCollector, AlertsCollector,
-                SelfCollector)
+    for cls in (HostCollector, ProcessCollector, GpuCollector, HookCollector, PrometheusMultiprocCollector,
+                OtlpReceiverCollector, DiagnosisCollector, AlertsCollector, SelfCollector)
 }
 
 

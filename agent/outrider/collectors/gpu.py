@@ -23,7 +23,7 @@ from outrider.config import ConfigError
 from outrider.k8s.gpu_owners import GpuOwners, Owner
 from outrider.metrics.catalog import CATALOG, K8S_OWNER, MetricDef, with_enrichment
 from outrider.metrics.family import Family
-from outrider.nvml import NA, GpuLost, Nvml
+from outrider.nvml import NA, GpuLost, Nvml, percent
 
 CLOCK_EVENT_REASONS = (  # bit -> reason, as nvml.h names them
     (0x1, "gpu_idle"), (0x2, "applications_clocks_setting"), (0x4, "sw_power_cap"), (0x8, "hw_slowdown"),
@@ -181,12 +181,14 @@ class GpuCollector(Collector):
         owned = self._owner_values(owner)  # after each series' own labels
         util = q("nvmlDeviceGetUtilizationRates", h, device=i)
         if util is not NA:
-            fam("outrider_gpu_utilization_ratio").add(util.gpu / 100.0, *labels, "general", *owned)
-            fam("outrider_gpu_memory_bandwidth_utilization_ratio").add(util.memory / 100.0, *labels, *owned)
+            if percent(util.gpu) is not NA:
+                fam("outrider_gpu_utilization_ratio").add(util.gpu / 100.0, *labels, "general", *owned)
+            if percent(util.memory) is not NA:
+                fam("outrider_gpu_memory_bandwidth_utilization_ratio").add(util.memory / 100.0, *labels, *owned)
         for fn, task in (("nvmlDeviceGetEncoderUtilization", "encoder"),
                          ("nvmlDeviceGetDecoderUtilization", "decoder")):
             v = q(fn, h, device=i)
-            if v is not NA:
+            if v is not NA and percent(v[0]) is not NA:
                 fam("outrider_gpu_utilization_ratio").add(v[0] / 100.0, *labels, task, *owned)
         mem = q("nvmlDeviceGetMemoryInfo", h, lib.nvmlMemory_v2, device=i, key="nvmlDeviceGetMemoryInfo_v2")
         if mem is NA:
@@ -228,9 +230,9 @@ class GpuCollector(Collector):
         if facts.max_mem_clock_hz is not NA:
             fam("outrider_gpu_clock_max_hertz").add(facts.max_mem_clock_hz, *labels, "memory", *owned)
         pstate = q("nvmlDeviceGetPerformanceState", h, device=i)
-        if pstate is not NA:
+        if pstate is not NA and pstate != getattr(lib, "NVML_PSTATE_UNKNOWN", 32):
             fam("outrider_gpu_performance_state").add(pstate, *labels, *owned)
-        fan = q("nvmlDeviceGetFanSpeed", h, device=i)
+        fan = percent(q("nvmlDeviceGetFanSpeed", h, device=i))
         if fan is not NA:
             fam("outrider_gpu_fan_speed_ratio").add(fan / 100.0, *labels, *owned)
         reasons = self.nvml.probe(("nvmlDeviceGetCurrentClocksEventReasons",

@@ -58,7 +58,7 @@ class ProcessCollector(Collector):
         self._tree_read: set[tuple[int, int]] = set()
         self.last_rss_total = 0  # for the end-of-run summary's peak
         self.peak_rss_total = 0
-        self._identities = ProcessIdentities(self._root)
+        self._identities = ProcessIdentities(self._root, full_command=ctx.config.process_full_command)
 
     def _pids(self) -> list[int]:
         roots = self.ctx.roots

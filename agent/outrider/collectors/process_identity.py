@@ -1,4 +1,5 @@
-"""Who a watched process is: its user, command line and start time, for the per-process tables (nvitop's columns).
+"""Who a watched process is: its user, command line (secrets redacted) and start time, for the per-process tables
+(nvitop's columns).
 
 Read once per process while it holds a top-N slot (pid and start ticks identify it across pid reuse), so a sweep
 pays for a process's identity only when it first appears. The user is the name the agent's own passwd database
@@ -11,6 +12,7 @@ import pwd
 from collections.abc import Iterable, Mapping
 
 from outrider.collectors import procfs
+from outrider.collectors.cmdline import command_label
 from outrider.metrics.family import Family
 
 MAX_COMMAND = 128  # a label value, not a log line: the first characters say which script it is
@@ -19,8 +21,9 @@ Key = tuple[int, int]  # (pid, start ticks)
 
 
 class ProcessIdentities:
-    def __init__(self, root: str) -> None:
+    def __init__(self, root: str, full_command: bool = False) -> None:
         self._root = root
+        self._full_command = full_command  # opt-in: the command line unredacted (collectors/cmdline.py)
         self._boot: float | None = None
         self._known: dict[Key, tuple[str, str]] = {}
         self._users: dict[int, str] = {}
@@ -45,10 +48,11 @@ class ProcessIdentities:
         if known is None:
             try:
                 user = self._user(procfs.read_proc_uid(self._root, key[0]))
-                command = procfs.read_proc_cmdline(self._root, key[0]) or f"[{name}]"
+                argv = procfs.read_proc_argv(self._root, key[0])
             except (OSError, ValueError, IndexError):
                 return None  # gone meanwhile, or not ours to read: shown without its identity
-            known = self._known[key] = (user, command[:MAX_COMMAND])
+            command = command_label(argv, MAX_COMMAND, full=self._full_command) if argv else f"[{name}]"
+            known = self._known[key] = (user, command)
         return known
 
     def families(self, shown: Iterable[Key], names: Mapping[Key, str]) -> list[Family]:

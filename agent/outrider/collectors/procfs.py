@@ -425,8 +425,10 @@ def read_proc_uid(root: str, pid: int) -> int:
     raise ValueError(f"{root}/{pid}/status has no Uid line")
 
 
-def read_proc_cmdline(root: str, pid: int) -> str:
-    """The command line, arguments joined by spaces ("" for a kernel thread or a process that is exiting)."""
+def read_proc_argv(root: str, pid: int) -> list[str]:
+    """The command line's arguments, at most its first 4 KiB ([] for a kernel thread or a process that is exiting)."""
     with open(f"{root}/{pid}/cmdline", "rb") as fh:
         raw = fh.read(4096)
-    return raw.rstrip(b"\0").replace(b"\0", b" ").decode("utf-8", "replace")
+    raw = raw.rstrip(b"\0")
+    return [a.decode("utf-8", "replace") for a in raw.split(b"\0")] if raw else []
+

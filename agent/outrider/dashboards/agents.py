@@ -92,10 +92,13 @@ def build() -> Dashboard:
                         query(f"sum by (receiver, type) (rate(outrider_notify_sent_total{{{SEL}}}[$__rate_interval]))",
                               "{{receiver}} ({{type}})")))
     d = d.with_panel(ts("Notification backlog", "Age of the oldest notification waiting in each receiver's outbox, "
-                        "and notifications the outbox could not write to disk (held in memory meanwhile).", "s",
+                        "notifications the outbox could not write to disk (held in memory meanwhile), and those "
+                        "dropped undelivered (outbox full, or unreadable at start).", "s",
                         query(f"max by (receiver) (outrider_notify_oldest_queued_age_seconds{{{SEL}}})",
                               "oldest {{receiver}}"),
                         query(f"sum by (receiver) (increase(outrider_notify_outbox_write_errors_total{{{SEL}}}"
                               "[$__rate_interval]))", "write errors {{receiver}}"),
+                        query(f"sum by (receiver, reason) (increase(outrider_notify_dropped_total{{{SEL}}}"
+                              "[$__rate_interval]))", "dropped {{receiver}} ({{reason}})"),
                         th=thresholds(GREEN, (300, "orange"), (1800, "red"))))
     return d

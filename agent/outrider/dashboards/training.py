@@ -186,6 +186,12 @@ def build() -> Dashboard:
                               "[$__rate_interval]))", "{{phase}} rank {{rank}}"),
                         query(f"max by (rank, phase) (outrider_train_phase_active{{{R}}})",
                               "open: {{phase}} rank {{rank}}"), min_val=0, max_val=1))
+    d = d.with_panel(ts("Checkpoints", "Recognised checkpoints (torch.save, torch.distributed.checkpoint, "
+                        "safetensors on the loop's thread): mean duration of those finished in the interval, by rank.",
+                        "s", query(f"sum by (rank) (rate(outrider_train_checkpoint_duration_seconds_sum{{{R}}}"
+                                   "[$__rate_interval])) / sum by (rank) (rate("
+                                   f"outrider_train_checkpoint_duration_seconds_count{{{R}}}[$__rate_interval]))",
+                                   "rank {{rank}}")))
     d = d.with_panel(ts("Custom latencies p50 / p99", "What the job times itself (outrider.latency, @timed, "
                         "record_latency), by name.", "s",
                         *percentiles(f"outrider_latency_seconds_bucket{{{R}}}", 0.5, 0.99, by="le, name",

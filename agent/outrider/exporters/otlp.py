@@ -152,6 +152,7 @@ class OtlpExporter:
         self.config = config
         self.latest = latest
         self.results: dict[str, int] = {}
+        self._cut_reason = ""  # why the current export's HTTP call was cut short (deadline, too_large), if it was
         self._inner = self._make_exporter()  # fails now, not in a background thread, if the protocol is missing
         self._resource = _resource(config)
         self._start_ns = time.time_ns()
@@ -173,8 +174,16 @@ class OtlpExporter:
             return GrpcExporter(endpoint=self.config.otlp_endpoint or None, timeout=timeout)
         from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
 
+        from outrider.outbound import bounded_session
+
         endpoint = _http_endpoint(self.config.otlp_endpoint) if self.config.otlp_endpoint else None
-        return OTLPMetricExporter(endpoint=endpoint, timeout=timeout)
+        # otlp_timeout_s bounds the whole export (a peer answering a byte at a time) and the answer's size (a peer
+        # answering a gigabyte): requests alone bounds each read and reads any body whole.
+        session = bounded_session(timeout, on_failure=self._cut_short)
+        return OTLPMetricExporter(endpoint=endpoint, timeout=timeout, session=session)
+
+    def _cut_short(self, reason: str) -> None:
+        self._cut_reason = reason
 
     def start(self) -> None:
         quiet_sdk_logging(self.config.log_level == "debug")
@@ -205,6 +214,7 @@ class OtlpExporter:
         if not families:
             return False
         err: object = "endpoint refused or unreachable"
+        self._cut_reason = ""
         try:
             data = to_metrics_data(families, self._resource, self._start_ns, time.time_ns())
             timeout_ms = 1000 * (timeout_s if timeout_s is not None else self.config.otlp_timeout_s)
@@ -222,7 +232,11 @@ class OtlpExporter:
         self._failures += 1
         pause = min(MAX_BACKOFF_S, 2.0 ** min(self._failures, 16)) * random.uniform(0.5, 1.0)
         self._retry_at = time.monotonic() + pause
-        self._count("failure")
+        if self._cut_reason == "deadline":
+            err = f"no complete answer within otlp_timeout_s ({self.config.otlp_timeout_s:g} s)"
+        elif self._cut_reason == "too_large":
+            err = "the endpoint's answer was larger than 1 MiB: not read"
+        self._count(self._cut_reason or "failure")
         if self._failures in (1, 10, 100) or self._failures % 1000 == 0:
             LOG.warning("OTLP export failed (%d in a row): %s; next attempt in %.0f s", self._failures, err, pause)
         return False

@@ -7,6 +7,7 @@ OUTRIDER_DISABLED=1 every call is a no-op. The hot-path functions touch one or t
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 import logging
 import os
@@ -24,6 +25,10 @@ LOG = logging.getLogger("outrider.hook")
 F = TypeVar("F", bound=Callable[..., Any])
 T = TypeVar("T")
 NOOP = NoopSeries("noop", {}, 1, lambda reason: None)
+
+
+def _active() -> bool:
+    return S.hook is not None
 
 
 def _disabled() -> bool:
@@ -50,7 +55,7 @@ class _State:
         # integration: called here rather than through a listener, which would be one more Python frame per step
         self.ops_reader: Callable[[], int] | None = None
         self.ops = 0
-        self.cached: dict[tuple[str, str, tuple[tuple[str, str], ...]], Any] = {}
+        self.cached: dict[tuple[str, str, tuple[tuple[str, str], ...], bool], Any] = {}
         # Step and data-wait rings: the hot path stores raw numbers and bumps a count; the publisher thread drains
         # them into the histograms and counters once a flush. Written by one training thread. Counts (steps,
         # samples, tokens) are running totals, exact however far the ring laps; only durations can be lost.
@@ -72,6 +77,9 @@ class _State:
         # finish; deque appends and pops are atomic, and the publisher pops.
         self.collectives: collections.deque[tuple[float, float, str, bool]] = collections.deque(maxlen=RING)
         self.collectives_seen = False
+        # Recognised checkpoints on the loop's thread (hook/torch_checkpoint.py): (begin, end), appended by that
+        # thread, popped by the publisher into the loop's accounting.
+        self.checkpoints: collections.deque[tuple[float, float]] = collections.deque(maxlen=RING)
         self.loop = LoopAccount()
         self.loop_tid = 0  # native id of the thread that completes steps (the training loop's), once one has
         self.loader_used = False  # a data-loader wrapper was iterated: a training process
@@ -82,9 +90,10 @@ class _State:
         self.http_in_flight: dict[tuple[str, str, str], Any] = {}
         self.torch: Any = None  # the PyTorch integration, when torch was imported before instrument()
         self.dormant = False  # a DataLoader worker forked from an instrumented process: measures nothing
+        self.setting_up = False  # instrument() is running (in the thread that holds _SETTING_UP)
 
 
-LOOP_PARTS = ("data_wait", "step", "other")
+LOOP_PARTS = ("data_wait", "step", "other", "checkpoint")
 RING = 4096  # more steps (or batches) than this between two flushes (1 s) lose their durations, never their count
 MASK = RING - 1
 S = _State()
@@ -94,12 +103,42 @@ def instrument(spool_dir: str | None = None, standalone: bool | None = None) -> 
     """Start publishing this process's metrics. Zero-config: reads OUTRIDER_* (spool directory, limits).
 
     With an agent on the spool (a sidecar, `outrider run`, or another process of this job) it only publishes;
-    with none, this process runs the agent itself and serves /metrics. Hooks into PyTorch if it is imported.
+    with none, this process runs the agent itself and serves /metrics. Hooks into PyTorch, now if it is imported,
+    else once it is.
     Idempotent. Returns whether the hook is active."""
     if S.hook is not None:
         return True
     if _disabled():
         return False
+    # Another thread waits for the one setting up; the same thread coming back (a signal handler, __del__ or GC
+    # callback that calls outrider.counter(...) mid-setup) gets False, as before instrument(), instead of a second
+    # hook or a deadlock.
+    with _SETTING_UP:
+        if _active():  # set up by the thread this one waited for
+            return True
+        if S.setting_up:
+            return False
+        S.setting_up = True
+        try:
+            return _instrument(spool_dir, standalone)
+        finally:
+            S.setting_up = False
+
+
+_SETTING_UP = threading.RLock()
+
+
+def _renew_setting_up() -> None:
+    """A child forked while another thread was setting up would find the lock held forever."""
+    global _SETTING_UP
+    _SETTING_UP = threading.RLock()
+    S.setting_up = False
+
+
+os.register_at_fork(after_in_child=_renew_setting_up)
+
+
+def _instrument(spool_dir: str | None, standalone: bool | None) -> bool:
     try:
         import dataclasses
 
@@ -132,14 +171,60 @@ def instrument(spool_dir: str | None = None, standalone: bool | None = None) -> 
 
         hook.samplers.append(LoopProfiler(hook, lambda: S.loop_tid, config.profile_hz).sample)
         if "torch" in sys.modules:
-            from outrider.hook.torch_integration import attach
-
-            S.torch = attach(hook, S, _step_done, MASK)
+            _attach_torch()
+        else:  # torch imported later: attach once its import has run, on the importing thread
+            sys.meta_path.insert(0, _AfterTorchImport())
         hook.start()
         return True
     except Exception as e:
         LOG.warning("outrider: instrument() failed, continuing without the hook: %s", e)
         return False
+
+
+def _attach_torch() -> None:
+    if S.hook is None or S.torch is not None or S.dormant:
+        return
+    from outrider.hook.torch_integration import attach
+
+    S.torch = attach(S.hook, S, _step_done, MASK)
+
+
+class _AfterTorchImport:
+    """A meta path finder, first on sys.meta_path until torch is imported, so that instrument() called before
+    `import torch` still hooks into it: it finds torch's spec with the finders behind it and wraps the loader's
+    exec_module to attach the integration once torch's `__init__` has run (so every submodule the integration
+    patches is loaded, and the user's thread does the patching: nothing races its first optimizer). Answers for
+    "torch" only, once; never raises into the import."""
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        if fullname != "torch":
+            return None
+        with contextlib.suppress(ValueError):
+            sys.meta_path.remove(self)
+        try:
+            for finder in list(sys.meta_path):
+                find = getattr(finder, "find_spec", None)
+                spec = find(fullname, path, target) if find is not None else None
+                if spec is not None:
+                    break
+            else:
+                return None
+            loader = spec.loader
+            original = getattr(loader, "exec_module", None)
+            if original is None:
+                return spec
+
+            def exec_module(module: Any) -> None:
+                original(module)
+                try:
+                    _attach_torch()
+                except Exception:  # the import itself succeeded: never fail it over the hook
+                    LOG.debug("outrider: attaching to torch after its import failed", exc_info=True)
+
+            loader.exec_module = exec_module
+            return spec
+        except Exception:
+            return None  # the import machinery goes on with the other finders
 
 
 def _after_fork_in_child() -> None:
@@ -154,6 +239,7 @@ def _after_fork_in_child() -> None:
     S.drained, S.drained_w = S.n, S.nw  # the parent's steps and waits are the parent's
     S.samples_drained, S.tokens_drained = S.sample_sum, S.token_sum
     S.collectives.clear()
+    S.checkpoints.clear()
     S.loop = LoopAccount()
     S.loop_tid = 0
     S.hook.after_fork_in_child()
@@ -233,6 +319,11 @@ def _drain() -> None:
         loop.add_wait(b, e)
     S.drained_w = nw  # (a DataLoader alone does not make a training process: batch inference iterates them too)
     _drain_collectives(hook, loop)
+    while S.checkpoints:
+        try:
+            loop.add_checkpoint(*S.checkpoints.popleft())
+        except IndexError:
+            break
     if n > done:
         start = done
         if n - done > RING:
@@ -241,7 +332,7 @@ def _drain() -> None:
             loop.restart()
         prev = S.last_end if start == done else 0.0
         durations: list[float] = []
-        parts = [0.0, 0.0, 0.0, 0.0]
+        parts = [0.0, 0.0, 0.0, 0.0, 0.0]  # data wait, step, other, checkpoint; collective wait
         for k in range(start, n):
             i = k & MASK
             end, begin = S.ends[i], S.begins[i] or prev
@@ -253,7 +344,8 @@ def _drain() -> None:
                 parts[0] += it.data_wait
                 parts[1] += it.step
                 parts[2] += it.other
-                parts[3] += it.collective_wait
+                parts[3] += it.checkpoint
+                parts[4] += it.collective_wait
             prev = end
         if done == 0:
             S.first_step_g.set(time() - (perf_counter() - S.ends[start & MASK]) - S.process_start_s)
@@ -262,9 +354,11 @@ def _drain() -> None:
         S.drained = n
         if any(parts):
             for part, seconds in zip(LOOP_PARTS, parts):
-                hook.series("counter", "outrider_train_loop_seconds_total", {"part": part}, builtin=True).inc(seconds)
-        if parts[3] or S.collectives_seen:
-            hook.series("counter", "outrider_train_collective_wait_seconds_total", builtin=True).inc(parts[3])
+                if seconds or part != "checkpoint":  # the checkpoint part appears with the first checkpoint
+                    hook.series("counter", "outrider_train_loop_seconds_total", {"part": part},
+                                builtin=True).inc(seconds)
+        if parts[4] or S.collectives_seen:
+            hook.series("counter", "outrider_train_collective_wait_seconds_total", builtin=True).inc(parts[4])
     sample_sum, token_sum = S.sample_sum, S.token_sum
     if sample_sum != S.samples_drained:
         S.samples_c.inc(sample_sum - S.samples_drained)
@@ -407,13 +501,16 @@ def record_batch_size(n: int) -> None:
 
 # --- latency -----------------------------------------------------------------------------------------------------
 
-def _cached(kind: str, name: str, labels: dict[str, str], bounds: tuple[float, ...] = DURATION_BOUNDS) -> Any:
-    key = (kind, name, tuple(labels.items()))
+def _cached(kind: str, name: str, labels: dict[str, str], bounds: tuple[float, ...] = DURATION_BOUNDS,
+            builtin: bool = True) -> Any:
+    """builtin: one of the hook's own names (record_latency, record_request, ...); the custom-metric functions pass
+    False, so a workload cannot publish a name the agent owns (outrider_hook_stalled 0 once hid a real stall)."""
+    key = (kind, name, tuple(labels.items()), builtin)
     hit = S.cached.get(key)
     if hit is None:
         if S.hook is None:
             return NOOP
-        hit = S.hook.series(kind, name, labels, bounds=bounds, builtin=name.startswith("outrider_"))
+        hit = S.hook.series(kind, name, labels, bounds=bounds, builtin=builtin)
         if len(S.cached) < 10_000:
             S.cached[key] = hit
     return hit
@@ -539,7 +636,8 @@ def in_flight(route: str = "", method: str = "_OTHER", scheme: str = "") -> Any:
 def histogram(name: str, labels: dict[str, str] | None = None, bounds: tuple[float, ...] | None = None) -> Any:
     """A custom histogram series (`.observe(v)`); bounds default to durations in seconds."""
     instrument()
-    return _cached("histogram", name, dict(labels or {}), tuple(bounds) if bounds else DURATION_BOUNDS)
+    return _cached("histogram", name, dict(labels or {}), tuple(bounds) if bounds else DURATION_BOUNDS,
+                   builtin=False)
 
 
 def counter(name: str, labels: dict[str, str] | None = None) -> Any:
@@ -547,10 +645,10 @@ def counter(name: str, labels: dict[str, str] | None = None) -> Any:
     instrument()
     if isinstance(name, str) and not name.endswith("_total"):
         name += "_total"
-    return _cached("counter", name, dict(labels or {}))
+    return _cached("counter", name, dict(labels or {}), builtin=False)
 
 
 def gauge(name: str, labels: dict[str, str] | None = None) -> Any:
     """A custom gauge series (`.set(v)`, `.add(d)`)."""
     instrument()
-    return _cached("gauge", name, dict(labels or {}))
+    return _cached("gauge", name, dict(labels or {}), builtin=False)

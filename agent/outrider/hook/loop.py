@@ -10,8 +10,11 @@ exactly, into three parts:
   begin B[k] to its end, less any data wait inside it. Without it, from the iteration's first request for data to
   the step's end, less the data wait (the forward, backward and optimizer after the batch arrives); an iteration
   with no data request at all (data already in memory) is all step;
-- **other** (O = W - D - S): the rest of the loop: from the previous step's end to the first data request (or
-  the explicit begin): logging, evaluation, checkpoints, the LR scheduler.
+- **checkpoint** (C): time inside a recognised save on the loop's thread (torch.save, torch.distributed.checkpoint,
+  safetensors: hook/torch_checkpoint.py), taken out of `other` (where a save between steps falls), and out of the
+  step for a save inside it;
+- **other** (O = W - D - S - C): the rest of the loop: from the previous step's end to the first data request (or
+  the explicit begin): logging, evaluation, undeclared checkpoints through other libraries, the LR scheduler.
 
 Collectives (torch.distributed) are part of the step. Their **wait** in an iteration is the time the step could
 not go on because of them, within the step's span (its begin, or first data request, to its end): the whole of
@@ -40,6 +43,7 @@ class Iteration:
     step: float
     other: float
     collective_wait: float
+    checkpoint: float = 0.0
 
 
 class LoopAccount:
@@ -48,6 +52,7 @@ class LoopAccount:
         self.waits: list[tuple[float, float]] = []  # data waits not yet placed
         self.blocking: list[tuple[float, float]] = []  # blocking collectives not yet placed
         self.overlapped: list[tuple[float, float]] = []  # overlapped collectives (DDP buckets) not yet placed
+        self.saves: list[tuple[float, float]] = []  # recognised checkpoints not yet placed
         self.lost = 0  # intervals dropped because too many waited to be placed
 
     def add_wait(self, begin: float, end: float) -> None:
@@ -55,6 +60,9 @@ class LoopAccount:
 
     def add_collective(self, begin: float, end: float, blocking: bool) -> None:
         self._keep(self.blocking if blocking else self.overlapped, begin, end)
+
+    def add_checkpoint(self, begin: float, end: float) -> None:
+        self._keep(self.saves, begin, end)
 
     def _keep(self, into: list[tuple[float, float]], begin: float, end: float) -> None:
         if len(into) >= MAX_PENDING:
@@ -73,6 +81,7 @@ class LoopAccount:
         waits = _take(self.waits, end)
         blocking = _take(self.blocking, end)
         overlapped = _take(self.overlapped, end)
+        saves = _take(self.saves, end)
         if not prev or end <= prev:
             return None
         wall = end - prev
@@ -91,13 +100,18 @@ class LoopAccount:
             step = wall - data_wait
         step = min(max(step, 0.0), wall - data_wait)
         other = max(wall - data_wait - step, 0.0)
+        saved = sum(min(e, end) - max(b, prev) for b, e in saves if e > prev)
+        checkpoint = min(max(saved, 0.0), other + step)
+        from_other = min(checkpoint, other)  # a save between steps; what is left was inside the step
+        other -= from_other
+        step -= checkpoint - from_other
         # collectives count as a wait only inside the step's span: one in `other` (a metrics all_reduce after the
         # step) is not the step's
         wait = sum(min(e, end) - max(b, start) for b, e in blocking if e > start and b < end)
         late = [(b, e) for b, e in overlapped if e > start]
         if late:
             wait += max(0.0, max(e for _, e in late) - max(max(b for b, _ in late), start))
-        return Iteration(wall, data_wait, step, other, min(max(wait, 0.0), step))
+        return Iteration(wall, data_wait, step, other, min(max(wait, 0.0), step), checkpoint)
 
 
 def _take(items: list[tuple[float, float]], until: float) -> list[tuple[float, float]]:

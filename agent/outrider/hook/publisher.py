@@ -3,7 +3,8 @@
 The shard is created at the first flush that has data. When the spool cannot be used (unwritable, full, unsafe),
 the process keeps measuring (values are cumulative: nothing is lost), says so once, counts the reason and tries
 again every 10 flush intervals (at most every WRITER_RETRY_S). A write that fails later (a volume gone
-read-only) drops the writer and takes the same path. Nothing here raises into the workload.
+read-only) drops the writer and takes the same path. Nothing here raises into the workload, and nothing waits for
+a logging lock while the flush lock is held (series.log_aside).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from collections.abc import Callable
 from typing import Any, TextIO
 
 from outrider import spool
-from outrider.hook.series import Dropped
+from outrider.hook.series import Dropped, log_aside
 
 LOG = logging.getLogger("outrider.hook")
 WRITER_RETRY_S = 30.0
@@ -45,15 +46,15 @@ class ShardPublisher:
             self._failed("spool_unsafe" if isinstance(e, spool.SpoolError) else "spool_unwritable", e)
             return None
         if self.failing:
-            LOG.info("outrider: the spool %s is usable again; publishing", self.spool_dir)
+            log_aside(LOG, logging.INFO, "outrider: the spool %s is usable again; publishing", self.spool_dir)
         self.failing = False
         return writer
 
     def _failed(self, reason: str, error: OSError) -> None:
         self.retry_at = time.monotonic() + self.retry_s
         if not self.failing:
-            LOG.warning("outrider: cannot publish to the spool %s (%s); metrics stay in this process and publishing "
-                        "is retried every %g s", self.spool_dir, error, self.retry_s)
+            log_aside(LOG, logging.WARNING, "outrider: cannot publish to the spool %s (%s); metrics stay in this "
+                      "process and publishing is retried every %g s", self.spool_dir, error, self.retry_s)
         self.failing = True
         self.drop(reason)
 
@@ -85,7 +86,7 @@ class ShardPublisher:
             return self.writer.write_stacks(first_line, dump or _all_threads)
         except OSError as e:
             self.drop("stack_dump_error")
-            LOG.debug("stack dump failed: %s", e)
+            log_aside(LOG, logging.DEBUG, "stack dump failed: %s", e)
             return None
 
     def close(self) -> None:

@@ -139,7 +139,8 @@ class Hook:
             gauge = reg.series("gauge", "outrider_train_phase_active", {"phase": name}, builtin=True)
             if isinstance(gauge, Gauge):
                 gauge.set(1.0 if active else 0.0)
-        if p.training:
+        if p.training or p.pending_published:  # 0 once no longer training (it served requests after all)
+            p.pending_published = True
             pending = reg.series("gauge", "outrider_train_first_step_pending", builtin=True)
             if isinstance(pending, Gauge):
                 pending.set(1.0 if p.first_step_pending else 0.0)

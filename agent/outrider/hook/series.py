@@ -1,14 +1,32 @@
 """The hook's hot path: counters, gauges and histograms that aggregate in process, with no lock and no system call.
 
-Each thread updates its own cells (a plain list reached through a threading.local), so two threads never write the
-same memory and no update is lost; the publisher thread sums the cells of all threads when it flushes. Cells of
-threads that have ended stay in the sum. Every method swallows its own errors: the hook never raises into user
-code; a bad value is dropped and counted.
+Invariants (who writes which cell, and why no lock is needed):
+- Each thread (or greenlet: gevent's patched threading.local is per greenlet) updates its own cells, a plain list
+  reached through the series' threading.local, so two threads never write the same memory and no update is lost.
+- Next to its cells, the thread's local holds an owner: a tiny object referenced by that local only. The owner
+  dies with the thread's local (thread or greenlet ended), and its weakref callback (run by the dying thread, one
+  atomic deque append) queues the cells as retired. From then on nothing writes them.
+- Cells are accumulators, not a thread's identity: a new thread's first update takes a retired thread's cells and
+  keeps adding to them (registered under its own owner first, then forgotten under the old one; total() counts a
+  list once however many keys hold it). So a thread-per-request service holds about as many cell lists as it has
+  threads alive at once, and a flush sums those: its cost does not grow with the threads that ended.
+- The publisher (one flush at a time) is the only reader. It folds the retired cells beyond SPARE_CELLS into the
+  series' base and frees them (after a burst of threads), then sums base, shared cells and the live ones. A retired
+  list is taken from the deque exactly once, by a new thread or by the fold (deque pops are atomic), so every
+  update is counted exactly once.
+- A thread's cells and owner are set in its local in one C call (dict.update), so a signal handler or __del__
+  that re-enters the slow path of the same thread can never leave cells reachable whose owner was replaced (which
+  would retire cells that are still written).
+- Gauges, and counters set from a cumulative count elsewhere, use one shared cell: last value wins.
+Every method swallows its own errors: the hook never raises into user code; a bad value is dropped and counted.
 """
 
 from __future__ import annotations
 
+import collections
+import logging
 import threading
+import weakref
 from bisect import bisect_left
 from collections.abc import Callable
 
@@ -18,22 +36,59 @@ DURATION_BOUNDS: tuple[float, ...] = (
     0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.0075, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75,
     1.0, 1.5, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 SIZE_BOUNDS: tuple[float, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+# Retired cell lists a series keeps for new threads to take (beyond them the publisher folds and frees them)
+SPARE_CELLS = 64
 
 
 class Dropped:
-    """Counts of measurements and registrations the hook refused, by reason."""
+    """Counts of measurements and registrations the hook refused, by reason.
+
+    Each reason's count is a one-item list bumped with `+=` (no call between the read and the write), so a signal
+    handler that drops something while the interrupted code was dropping too loses neither count."""
 
     def __init__(self) -> None:
-        self.counts: dict[str, int] = {}
+        self._cells: dict[str, list[int]] = {}
 
     def __call__(self, reason: str) -> None:
-        self.counts[reason] = self.counts.get(reason, 0) + 1
+        cell = self._cells.get(reason)
+        if cell is None:
+            cell = self._cells.setdefault(reason, [0])
+        cell[0] += 1
+
+    @property
+    def counts(self) -> dict[str, int]:
+        return {reason: cell[0] for reason, cell in list(self._cells.items())}
+
+    def clear(self) -> None:
+        self._cells = {}
+
+
+def log_aside(logger: logging.Logger, level: int, msg: str, *args: object) -> None:
+    """Logs from a short-lived thread, so the caller never waits for a logging lock. The publisher logs while it
+    holds the flush lock; a signal handler that flushes (outrider.shutdown() on SIGTERM) may have interrupted the
+    main thread inside a log call, holding the handler's lock: waiting for that lock there would deadlock both."""
+    if not logger.isEnabledFor(level):
+        return
+    try:
+        threading.Thread(target=logger.log, args=(level, msg, *args), name="outrider-log", daemon=True).start()
+    except RuntimeError:  # no new thread (interpreter shutdown): the caller is the exit path, which may wait
+        logger.log(level, msg, *args)
+
+
+class _Owner:
+    """Lives exactly as long as one thread's local of one series (see the invariants above)."""
+
+    __slots__ = ("__weakref__",)
+
+
+OwnerRef = weakref.ref[_Owner]  # the key of a thread's cells
 
 
 class Series:
     """One label set of one metric. Subclasses implement the hot-path method."""
 
-    __slots__ = ("_all", "_drop", "_last", "_local", "bounds", "kind", "labels", "name", "width")
+    __slots__ = ("_base", "_drop", "_last", "_live", "_local", "_retired", "_shared", "bounds", "kind", "labels",
+                 "name", "twins", "used", "width")
     kind: str
 
     def __init__(self, name: str, labels: dict[str, str], width: int, drop: Callable[[str], None],
@@ -44,27 +99,80 @@ class Series:
         self._last = width - 1  # a histogram's sum: a non-negative index, which the interpreter's fast path needs
         self.bounds = bounds
         self._drop = drop
+        # Series created for the same key while this one was being registered (registry.py): published as one
+        self.twins: list[Series] = []
+        self._fresh()
+
+    def _fresh(self) -> None:
         self._local = threading.local()
-        self._all: list[list[float]] = []  # every thread's cells; list.append is atomic
+        self._live: dict[OwnerRef, list[float]] = {}  # threads' cells by owner (live, and retired ones kept spare)
+        self._retired: collections.deque[OwnerRef] = collections.deque()  # owners gone (appended as they die)
+        self._base: list[float] | None = None  # the folded cells of ended threads
+        self._shared = [0.0] * self.width
+        self.used = False  # anything recorded yet (a series without data is not published)
 
     def _cells(self) -> list[float]:
-        cells = [0.0] * self.width
-        self._local.c = cells
-        self._all.append(cells)
+        """The slow path: this thread's first update of this series."""
+        owner = _Owner()
+        ref = weakref.ref(owner, self._retired.append)
+        live = self._live
+        cells = old = None
+        try:
+            old = self._retired.pop()  # the most recent: its cells are likely still in the cache
+            cells = live.get(old)
+        except IndexError:
+            pass
+        if cells is None:
+            cells = [0.0] * self.width
+        live[ref] = cells  # registered (counted) before it is written...
+        if old is not None:
+            live.pop(old, None)  # ...and only then forgotten under the ended thread's owner
+        self.used = True
+        self._local.__dict__.update(c=cells, o=owner)  # both at once (see the invariants)
         return cells
+
+    def _fold(self) -> None:
+        """Folds the retired cells beyond SPARE_CELLS into the base and frees them (the publisher only)."""
+        retired, live = self._retired, self._live
+        ended: list[list[float]] = []
+        for _ in range(len(retired) - SPARE_CELLS):
+            try:
+                ref = retired.popleft()  # the oldest; new threads take the newest
+            except IndexError:
+                break
+            cells = live.pop(ref, None)  # None: a reset (fork) forgot it already
+            if cells is not None:
+                ended.append(cells)
+        if ended:
+            if self._base is not None:
+                ended.append(self._base)
+            self._base = [sum(col) for col in zip(*ended)]  # column sums in C
 
     def total(self) -> list[float]:
         """Sum over threads (the publisher's side; may trail the hot path by one update, never tears)."""
-        out = [0.0] * self.width
-        for cells in list(self._all):
-            for i, v in enumerate(cells):
+        self._fold()
+        parts = list({id(c): c for c in list(self._live.values())}.values())  # a list moving to a new owner: once
+        if self._base is not None:
+            parts.append(self._base)
+        parts.append(self._shared)
+        out = [float(sum(col)) for col in zip(*parts)]
+        for twin in list(self.twins):
+            for i, v in enumerate(twin.total()):
                 out[i] += v
         return out
 
+    def has_data(self) -> bool:
+        return self.used or any(t.used for t in self.twins)
+
+    def cell_lists(self) -> int:
+        """How many cell lists this series holds: live threads', spare ones, and retired ones until the next fold."""
+        return len(self._live)
+
     def reset_after_fork(self) -> None:
         """A forked child starts from zero: its parent's counts stay the parent's."""
-        self._local = threading.local()
-        self._all = []
+        self._fresh()
+        for twin in self.twins:
+            twin.reset_after_fork()
 
 
 class Counter(Series):
@@ -85,8 +193,8 @@ class Counter(Series):
 
     def set_total(self, value: float) -> None:
         """For samplers that read a cumulative count elsewhere (allocator retries): not the hot path."""
-        cells = self._all[0] if self._all else self._cells()
-        cells[0] = float(value)
+        self._shared[0] = float(value)
+        self.used = True
 
 
 class Gauge(Series):
@@ -99,20 +207,17 @@ class Gauge(Series):
         try:
             if value != value:
                 raise ValueError
-            cells = self._all[0] if self._all else self._cells()
-            cells[0] = float(value)
+            self._shared[0] = float(value)
+            self.used = True
         except Exception:
             self._drop("bad_value")
 
     def add(self, amount: float) -> None:
         try:
-            cells = self._all[0] if self._all else self._cells()
-            cells[0] += amount
+            self._shared[0] += amount
+            self.used = True
         except Exception:
             self._drop("bad_value")
-
-    def total(self) -> list[float]:
-        return [self._all[0][0]] if self._all else [0.0]
 
 
 class Histogram(Series):
@@ -151,4 +256,7 @@ class NoopSeries(Histogram, Counter, Gauge):
         pass
 
     def add(self, amount: float) -> None:
+        pass
+
+    def set_total(self, value: float) -> None:
         pass

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
@@ -49,7 +50,7 @@ class HookSettings:
     phase_timeout_s: float = 3600.0
     standalone: bool = True
     listen: str = ""  # the in-process agent's /metrics address; empty: the agent's default
-    training_job: str = ""  # groups the ranks of one training job; else TORCHELASTIC_RUN_ID
+    training_job: str = ""  # groups the ranks of one training job; else derived (derive_training_job)
     role: str = ""  # training, inference, or empty: judged from what the process does
     spool_trusted_uids: tuple[int, ...] = ()  # owners of a configured spool besides this user and root
     profile_hz: float = 50.0  # samples a second of the loop thread's stack (hook/profiler.py); 0: off
@@ -124,9 +125,119 @@ def read(env: Mapping[str, str] | None = None) -> tuple[HookSettings, list[str]]
         except ValueError as e:
             problems.append(f"{name}={raw[:80]!r}: expected {e}; using the default {default!r}")
     if "training_job" not in values:
-        run_id = env.get("TORCHELASTIC_RUN_ID", "")
-        if run_id and run_id != "none":  # torchrun's placeholder when no rendezvous id was given
-            values["training_job"] = run_id
+        job, _ = derive_training_job(env)
+        if job:
+            values["training_job"] = job
     if len(values.get("training_job", "")) > MAX_TEXT:
         values["training_job"] = values["training_job"][:MAX_TEXT]
     return HookSettings(**values), problems
+
+
+# --- the training job's identity, where the platform says it --------------------------------------------------
+# Ranks of one job that run in different pods (one rank per pod) are compared with each other (stragglers) only when
+# they share a training_job; so it is derived from what the launcher or the platform puts in the pod, in this order
+# (the first that says something wins; README "Training job identity"):
+KUBEFLOW_MASTER = re.compile(r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?)-master-0$")  # training operator v1: <job>-master-0
+HOSTS_PATH = "/etc/hosts"
+# Where the pod's labels are read, when a downward API volume mounts them there (the path of Kubernetes' own example).
+# Not an OUTRIDER_* setting: every such variable is an agent key too, and a sidecar sharing the environment would
+# refuse one it does not know.
+POD_LABELS_PATH = "/etc/podinfo/labels"
+# Pod labels that name the job, the framework's own before the Kubernetes Job's (a JobSet's pods belong to one Job
+# per replicated job: their job-name differs between ranks)
+JOB_LABELS = ("training.kubeflow.org/job-name", "trainer.kubeflow.org/trainjob-name", "jobset.sigs.k8s.io/jobset-name",
+              "volcano.sh/job-name", "ray.io/cluster", "batch.kubernetes.io/job-name", "job-name")
+
+
+def derive_training_job(env: Mapping[str, str], hosts_path: str = HOSTS_PATH) -> tuple[str, str]:
+    """(training job, where it came from), or ("", "") when nothing says it. Never raises."""
+    for source in _SOURCES:
+        try:
+            job = source(env, hosts_path)
+        except Exception:  # a platform's odd value never costs the workload anything
+            job = ""
+        if job:
+            return job[:MAX_TEXT], source.__name__.lstrip("_")
+    return "", ""
+
+
+def _outrider(env: Mapping[str, str], _: str) -> str:
+    return env.get("OUTRIDER_TRAINING_JOB", "").strip()
+
+
+def _torchrun(env: Mapping[str, str], _: str) -> str:
+    run_id = env.get("TORCHELASTIC_RUN_ID", "").strip()
+    return run_id if run_id != "none" else ""  # torchrun's placeholder when no rendezvous id was given
+
+
+def _jobset(env: Mapping[str, str], _: str) -> str:
+    """JOBSET_NAME: mapped from the pod's jobset.sigs.k8s.io/jobset-name label with the downward API."""
+    return env.get("JOBSET_NAME", "").strip()
+
+
+def _pod_labels(env: Mapping[str, str], _: str) -> str:
+    """The pod's labels, where the downward API mounts them (`key="value"` lines): the first of JOB_LABELS."""
+    try:
+        with open(POD_LABELS_PATH, encoding="utf-8", errors="replace") as fh:
+            text = fh.read(65536)
+    except OSError:
+        return ""
+    labels: dict[str, str] = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        if sep:
+            labels[key.strip()] = value.strip().strip('"')
+    return next((labels[k] for k in JOB_LABELS if labels.get(k)), "")
+
+
+def _ray(env: Mapping[str, str], _: str) -> str:
+    """A Ray job's submission id (set in the job's environment), else the KubeRay cluster's name."""
+    return (env.get("RAY_JOB_SUBMISSION_ID", "") or env.get("RAY_CLUSTER_NAME", "")).strip()
+
+
+def _volcano(env: Mapping[str, str], _: str) -> str:
+    """Volcano's svc plugin: VC_<TASK>_HOSTS lists `<job>-<task>-<i>.<job>`: the job is the domain."""
+    for key in sorted(env):
+        if key.startswith("VC_") and key.endswith("_HOSTS"):
+            first = env[key].split(",")[0].strip()
+            if first.count(".") >= 1:
+                return first.split(".")[1]
+    return ""
+
+
+def _kubeflow(env: Mapping[str, str], _: str) -> str:
+    """Kubeflow: the training operator's PyTorchJob sets MASTER_ADDR to `<job>-master-0`; Trainer v2 sets
+    PET_MASTER_ADDR to `<trainjob>-node-0-0.<trainjob>`."""
+    pet = env.get("PET_MASTER_ADDR", "").strip()
+    if pet.count(".") >= 1 and "-node-" in pet.split(".")[0]:
+        return pet.split(".")[1]
+    match = KUBEFLOW_MASTER.match(env.get("MASTER_ADDR", "").strip())
+    if match and env.get("KUBERNETES_SERVICE_HOST"):
+        return match.group(1)
+    return ""
+
+
+def _subdomain(env: Mapping[str, str], hosts_path: str) -> str:
+    """The pod's subdomain (its headless service: a JobSet's, a Volcano job's, an Indexed Job's), from the line
+    the kubelet writes for it in /etc/hosts (`IP host.subdomain.namespace.svc.<domain> host`); no DNS lookup."""
+    host = env.get("HOSTNAME", "").strip()
+    if not host or not env.get("KUBERNETES_SERVICE_HOST"):
+        return ""
+    with open(hosts_path, encoding="utf-8", errors="replace") as fh:
+        for line in fh.read(65536).splitlines():
+            for name in line.split("#")[0].split()[1:]:
+                parts = name.split(".")
+                if len(parts) >= 4 and parts[0] == host and parts[3] == "svc":
+                    return parts[1]
+    return ""
+
+
+def _indexed_job(env: Mapping[str, str], _: str) -> str:
+    """An Indexed Kubernetes Job: JOB_COMPLETION_INDEX is set, and the pod's name (HOSTNAME) is
+    `<job>-<index>-<random>` (or `<job>-<index>` with a subdomain)."""
+    index = env.get("JOB_COMPLETION_INDEX", "").strip()
+    match = re.match(rf"^(.+)-{re.escape(index)}(-[a-z0-9]{{5}})?$", env.get("HOSTNAME", "").strip())
+    return match.group(1) if index.isdigit() and match else ""
+
+
+_SOURCES = (_outrider, _torchrun, _jobset, _pod_labels, _ray, _volcano, _kubeflow, _subdomain, _indexed_job)

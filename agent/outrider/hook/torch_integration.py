@@ -1,4 +1,5 @@
-"""PyTorch integration, attached by instrument() only when the user has already imported torch.
+"""PyTorch integration, attached by instrument() when the user has already imported torch, else right after the
+user's `import torch` has run (hook/api.py: a one-shot import hook; torch is never imported by Outrider).
 
 - Steps: a global optimizer step post hook counts steps (the first optimizer that steps, so a GAN's two
   optimizers count one step), unless the user times steps explicitly.
@@ -11,6 +12,13 @@
   device.
 - Data wait: every DataLoader iterator's __next__ is timed (hook/torch_data.py).
 - Collectives: torch.distributed's collectives and DDP's gradient buckets are timed (hook/torch_distributed.py).
+- Training, recognised: building an optimizer, a DistributedDataParallel or FSDP wrapper (strong evidence), or
+  initialising a process group (weak: inference servers do too) makes the process a training process
+  (hook/progress.py), so a hang before its first step is a stall after first_step_timeout_s with zero
+  configuration. Each is seen at its call (a wrapped `__init__` or `init_process_group`: once per object, never
+  on the hot path), and a process group initialised before instrument() by the publisher's look at
+  `dist.is_initialized()`.
+- Checkpoints: torch.save and the like on the loop's thread are timed as checkpoints (hook/torch_checkpoint.py).
 - The intra-op pool's size (torch.get_num_threads()), for the per-thread CPU attribution (hook/threads.py).
 - Operations per step: the training thread's autograd sequence number (one per differentiable operation run
   with grad enabled), read at each step end (about 0.1 us). Main-thread CPU per operation tells many small
@@ -24,14 +32,16 @@ Each part that cannot attach to this torch (a future version) says so once; the 
 from __future__ import annotations
 
 import collections
+import functools
 import logging
+import os
 import sys
 import weakref
 from collections.abc import Callable
 from time import perf_counter
 from typing import Any
 
-from outrider.hook import torch_data, torch_distributed
+from outrider.hook import torch_checkpoint, torch_data, torch_distributed
 from outrider.hook.gpu_pacing import GpuPacing
 
 LOG = logging.getLogger("outrider.hook")
@@ -81,6 +91,8 @@ class TorchIntegration:
             state.ops_reader = self._sequence_nr
         self.data = torch_data.attach(state, torch, mask) if mask else None
         self.distributed = torch_distributed.attach(state, torch, hook.drop) if mask else None
+        self.setup = TrainingSetup(torch, hook.progress, hook.drop)
+        self.checkpoints = torch_checkpoint.attach(state, hook.progress, hook.drop) if mask else None
         hook.samplers.append(self.sample)
 
     def detach(self) -> None:
@@ -94,6 +106,9 @@ class TorchIntegration:
             self.data.detach()
         if self.distributed is not None:
             self.distributed.detach()
+        self.setup.detach()
+        if self.checkpoints is not None:
+            self.checkpoints.detach()
 
     # hot-ish path: once per optimizer step
     def on_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
@@ -126,6 +141,9 @@ class TorchIntegration:
     # publisher thread
     def sample(self) -> None:
         self._intra_op_threads()
+        self.setup.poll()
+        if self.checkpoints is not None:
+            self.checkpoints.sample(self.hook)
         if self.state.ops:
             self.hook.series("counter", "outrider_train_autograd_ops_total", builtin=True).set_total(self.state.ops)
         if self.distributed is not None:
@@ -191,6 +209,77 @@ class TorchIntegration:
             series("gauge", "outrider_torch_cuda_oom_step", {"device": device},
                    builtin=True).set(self.hook.progress.steps)
         self.last_ooms[int(device)] = ooms
+
+
+# What only training builds, and what it says: (module, class, strong). A class whose module is not imported yet
+# is left alone (FSDP: its process group is seen instead).
+SETUP_CLASSES = (
+    ("torch.optim.optimizer", "Optimizer", "built an optimizer", True),
+    ("torch.nn.parallel.distributed", "DistributedDataParallel", "built a DistributedDataParallel wrapper", True),
+    ("torch.distributed.fsdp.fully_sharded_data_parallel", "FullyShardedDataParallel", "built an FSDP wrapper",
+     True),
+)
+PROCESS_GROUP = "initialised a torch.distributed process group"
+
+
+class TrainingSetup:
+    """Tells progress.py that this process sets up training, when it does (see the module's docstring)."""
+
+    def __init__(self, torch: Any, progress: Any, drop: Callable[[str], None]) -> None:
+        self.torch = torch
+        self.progress = progress
+        self.drop = drop
+        self.pid = os.getpid()  # a forked child inherits the parent's process group, not its training
+        self.saved: list[tuple[Any, str, Any]] = []
+        for module_name, cls_name, evidence, strong in SETUP_CLASSES:
+            cls = getattr(sys.modules.get(module_name), cls_name, None)
+            if isinstance(cls, type) and "__init__" in cls.__dict__:
+                self._wrap(cls, "__init__", evidence, strong)
+        dist = getattr(torch, "distributed", None)
+        c10d = sys.modules.get("torch.distributed.distributed_c10d")
+        name = "init_process_group"
+        original = getattr(c10d, name, None)
+        if callable(original):
+            marking = self._marking(original, PROCESS_GROUP, False)
+            for owner in (c10d, dist):
+                if owner is not None and getattr(owner, name, None) is original:
+                    self.saved.append((owner, name, original))
+                    setattr(owner, name, marking)
+        self.poll()
+
+    def _wrap(self, owner: Any, name: str, evidence: str, strong: bool) -> None:
+        original = owner.__dict__[name]
+        self.saved.append((owner, name, original))
+        setattr(owner, name, self._marking(original, evidence, strong))
+
+    def _marking(self, original: Callable[..., Any], evidence: str, strong: bool) -> Callable[..., Any]:
+        progress, drop = self.progress, self.drop
+
+        @functools.wraps(original)
+        def marking(*args: Any, **kwargs: Any) -> Any:
+            try:  # before the call: a rendezvous or DDP's first broadcast may be where it hangs
+                progress.mark_training(evidence, strong)
+            except Exception:
+                drop("torch_hook_error")
+            return original(*args, **kwargs)
+
+        return marking
+
+    def poll(self) -> None:
+        """Publisher thread: a process group initialised before instrument() (or by a library's own import)."""
+        if self.progress.weak_evidence or os.getpid() != self.pid:
+            return
+        try:
+            dist = getattr(self.torch, "distributed", None)
+            if dist is not None and dist.is_available() and dist.is_initialized():
+                self.progress.mark_training(PROCESS_GROUP, False)
+        except Exception:
+            self.drop("torch_hook_error")
+
+    def detach(self) -> None:
+        for owner, name, original in reversed(self.saved):
+            setattr(owner, name, original)
+        self.saved.clear()
 
 
 def _autograd_sequence_nr(torch: Any) -> Callable[[], int] | None:

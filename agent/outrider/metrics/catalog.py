@@ -233,7 +233,8 @@ _DEFS: tuple[MetricDef, ...] = (
               "CPU time of each watched process (top N; pid=\"other\" accumulates the rest while they are not "
               "in the top N).", (PID, PNAME, MODE), "process", semconv=True),
     MetricDef("outrider_process_memory_rss_bytes", "process.memory.usage", "By", "gauge",
-              "Resident set size of each watched process (top N; pid=\"other\" sums the rest).", (PID, PNAME),
+              "Resident set size of each watched process (top N; pid=\"other\" sums the rest that the agent may "
+              "read).", (PID, PNAME),
               "process", semconv=True, otel_instrument="updowncounter"),
     MetricDef("outrider_process_threads", "process.thread.count", "{thread}", "gauge",
               "Threads of each watched process.", (PID, PNAME), "process", semconv=True,
@@ -260,12 +261,14 @@ _DEFS: tuple[MetricDef, ...] = (
     MetricDef("outrider_watched_processes", "outrider.watched.processes", "{process}", "gauge",
               "Live processes in the watched tree.", (), "process"),
     MetricDef("outrider_watched_cpu_seconds_total", "outrider.watched.cpu.time", "s", "counter",
-              "CPU time of the whole watched tree, including processes that have exited since watching began.",
+              "CPU time of the whole watched tree, including processes that have exited since watching began; only "
+              "processes whose /proc the agent may read are summed.",
               (MODE,), "process"),
     MetricDef("outrider_watched_memory_rss_bytes", "outrider.watched.memory.usage", "By", "gauge",
               "Sum of the resident set sizes of the live processes in the watched tree.", (), "process"),
     MetricDef("outrider_watched_io_bytes_total", "outrider.watched.disk.io", "By", "counter",
-              "Storage bytes read and written by the whole watched tree, including exited processes.",
+              "Storage bytes read and written by the whole watched tree, including exited processes; only processes "
+              "whose /proc/PID/io the agent may read are summed (other users' need CAP_SYS_PTRACE).",
               (DISK_DIRECTION,), "process"),
     MetricDef("outrider_watched_threads", "outrider.watched.thread.count", "{thread}", "gauge",
               "Threads of the live processes in the watched tree.", (), "process"),
@@ -388,9 +391,14 @@ _DEFS: tuple[MetricDef, ...] = (
     MetricDef("outrider_train_loop_seconds_total", "outrider.train.loop.time", "s", "counter",
               "The training loop's wall time, split exactly into parts: data_wait (inside DataLoader __next__ or "
               "outrider.dataloader()), step (the step's work: from its explicit begin, else from the iteration's first "
-              "data request, to its end, less data wait) and other (the rest of the iteration: logging, evaluation, "
-              "checkpoints). An iteration runs from one step's end to the next; the parts' rates add up to the "
-              "loop's wall time.", (*BY_RANK, Label("part", "outrider.train.loop.part")), "hook"),
+              "data request, to its end, less data wait), checkpoint (inside torch.save, torch.distributed.checkpoint "
+              "or safetensors saves on the loop's thread) and other (the rest of the iteration: logging, evaluation, "
+              "saves through other libraries). An iteration runs from one step's end to the next; the parts' rates "
+              "add up to the loop's wall time.", (*BY_RANK, Label("part", "outrider.train.loop.part")), "hook"),
+    MetricDef("outrider_train_checkpoint_duration_seconds", "outrider.train.checkpoint.duration", "s",
+              "histogram", "Duration of each checkpoint recognised on the loop's thread (torch.save, "
+              "torch.distributed.checkpoint, safetensors), from the outermost save's call to its return.", BY_RANK,
+              "hook"),
     MetricDef("outrider_train_collective_seconds_total", "outrider.train.collective.time", "s", "counter",
               "Time in torch.distributed collectives, by operation (all_reduce, broadcast, ..., ddp_bucket for DDP's "
               "gradient buckets, from hand-over to completion): wall time of blocking calls on CPU, CUDA events on "
@@ -539,7 +547,9 @@ _DEFS: tuple[MetricDef, ...] = (
     MetricDef("outrider_agent_scrapes_total", "outrider.agent.scrapes", "{scrape}", "counter",
               "Requests served on /metrics.", (), "self"),
     MetricDef("outrider_agent_otlp_exports_total", "outrider.agent.otlp.exports", "{export}", "counter",
-              "OTLP export attempts by result: success, failure, or skipped while backing off after a failure.",
+              "OTLP export attempts by result: success, failure, deadline (no complete answer within "
+              "otlp_timeout_s, which bounds the whole export), too_large (a response body over 1 MiB), or skipped "
+              "while backing off after a failure.",
               (Label("result", "outrider.result"),), "self"),
     MetricDef("outrider_collector_success", "outrider.collector.success", "1", "gauge",
               "1 if the collector's last sweep succeeded, 0 if it failed (and was skipped).", (COLLECTOR,),
@@ -575,13 +585,18 @@ _DEFS: tuple[MetricDef, ...] = (
               "Alert notifications a receiver confirmed.", (RECEIVER, RECEIVER_TYPE), "alerts"),
     MetricDef("outrider_notify_failed_total", "outrider.notify.failed", "{attempt}", "counter",
               "Failed delivery attempts: reason retry (429, 5xx, a redirect, a timeout, a connection, DNS or TLS "
-              "error; tried again) or rejected (other 4xx; dropped).",
+              "error; tried again), deadline (no complete answer within the receiver's timeout_s, which bounds the "
+              "whole delivery; tried again) or rejected (other 4xx; dropped).",
               (RECEIVER, RECEIVER_TYPE, Label("reason", "error.type")), "alerts"),
     MetricDef("outrider_notify_queued", "outrider.notify.queued", "{notification}", "gauge",
               "Notifications waiting in a receiver's outbox.", (RECEIVER, RECEIVER_TYPE), "alerts"),
     MetricDef("outrider_notify_oldest_queued_age_seconds", "outrider.notify.oldest_queued.age", "s", "gauge",
               "Age of the oldest notification waiting in a receiver's outbox (0 when empty).",
               (RECEIVER, RECEIVER_TYPE), "alerts"),
+    MetricDef("outrider_notify_dropped_total", "outrider.notify.dropped", "{notification}", "counter",
+              "Notifications dropped undelivered by reason: full (the receiver's outbox held its bound, 10,000 "
+              "notifications or 16 MiB, and the oldest went, its file with it) or unreadable (a corrupt outbox "
+              "file at start).", (RECEIVER, RECEIVER_TYPE, Label("reason", "error.type")), "alerts"),
     MetricDef("outrider_notify_outbox_write_errors_total", "outrider.notify.outbox.write_errors", "{error}",
               "counter", "Notifications the outbox could not write to disk (full or unwritable): held in memory "
               "and written out when the disk takes them again.", (RECEIVER, RECEIVER_TYPE), "alerts"),

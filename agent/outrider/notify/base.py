@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from outrider.outbound import Deadline
 from outrider.rules.notification import Notification as Notification  # the notifiers' input, defined by rules
 
 if TYPE_CHECKING:
@@ -43,6 +44,7 @@ class Outcome:
     kind: str  # delivered | retry | rejected
     detail: str = ""
     retry_after_s: float = 0.0
+    reason: str = ""  # a failure's reason where it says more than its kind (deadline: counted apart)
 
     @property
     def delivered(self) -> bool:
@@ -50,6 +52,7 @@ class Outcome:
 
 
 DELIVERED = Outcome("delivered")
+MAX_REPLY_BYTES = 65536  # of a receiver's reply, read before the connection is closed
 
 
 def rfc3339(t: float) -> str:
@@ -130,12 +133,24 @@ def _opener(context: ssl.SSLContext | None) -> urllib.request.OpenerDirector:
     back as an HTTPError."""
     import urllib.request
 
+    from outrider.outbound import connection_classes
+
+    plain, tls = connection_classes()  # sockets registered with the call's Deadline
+
     class RefuseRedirects(urllib.request.HTTPRedirectHandler):
         def redirect_request(self, req: urllib.request.Request, fp: Any, code: int, msg: str,
                              headers: Any, newurl: str) -> urllib.request.Request | None:
             return None
 
-    return urllib.request.build_opener(RefuseRedirects(), urllib.request.HTTPSHandler(context=context))
+    class BoundedHTTP(urllib.request.HTTPHandler):
+        def http_open(self, req: urllib.request.Request) -> Any:
+            return self.do_open(plain, req)  # type: ignore[arg-type]
+
+    class BoundedHTTPS(urllib.request.HTTPSHandler):
+        def https_open(self, req: urllib.request.Request) -> Any:
+            return self.do_open(tls, req, context=context)  # type: ignore[arg-type]
+
+    return urllib.request.build_opener(RefuseRedirects(), BoundedHTTP(), BoundedHTTPS(context=context))
 
 
 @dataclass
@@ -230,9 +245,10 @@ class Notifier:
         opener = self._opener
         if opener is None:
             opener = self._opener = _opener(getattr(self, "context", None))
+        deadline = Deadline(self.timeout_s)  # timeout_s bounds the whole call, not each read
         try:
-            with opener.open(request, timeout=self.timeout_s) as response:
-                response.read(65536)
+            with deadline, opener.open(request, timeout=self.timeout_s) as response:
+                response.read(MAX_REPLY_BYTES)  # the reply is not needed: what is unread is dropped with the socket
                 return DELIVERED
         except urllib.error.HTTPError as e:
             try:
@@ -247,6 +263,9 @@ class Notifier:
                 return Outcome("retry", detail, _retry_after(e.headers.get("Retry-After")))
             return Outcome("rejected", detail)
         except Exception as e:  # any failure to deliver (DNS, TLS, reset, a malformed answer) is retried
+            if deadline.expired:
+                return Outcome("retry", f"no complete answer within {self.timeout_s:g} s (the receiver's timeout_s "
+                                        f"bounds the whole delivery)", reason="deadline")
             return Outcome("retry", self.describe(e))
 
     def describe(self, e: BaseException) -> str:

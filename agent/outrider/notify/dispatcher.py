@@ -25,7 +25,7 @@ from outrider.metrics.family import Family
 from outrider.notify.alertmanager import AlertmanagerNotifier
 from outrider.notify.base import Notification, Notifier, NotifyConfigError, Outcome
 from outrider.notify.log import LogNotifier
-from outrider.notify.outbox import Outbox
+from outrider.notify.outbox import DROP_REASONS, Outbox
 from outrider.notify.pagerduty import PagerDutyNotifier
 from outrider.notify.slack import SlackNotifier
 from outrider.notify.webhook import WebhookNotifier
@@ -156,7 +156,8 @@ class Delivery:
                 self._last_refresh = time.monotonic()
                 outcome = self.notifier.refresh([n for n in self.firing() if self.route.accepts(n.labels)])
                 if outcome is not None and not outcome.delivered:  # counted; the next resend is the retry
-                    self.failed[outcome.kind] = self.failed.get(outcome.kind, 0) + 1
+                    reason = outcome.reason or outcome.kind
+                    self.failed[reason] = self.failed.get(reason, 0) + 1
                     LOG.warning("receiver %s: re-sending the firing alerts failed (%s); next try in %g s",
                                 self.notifier.name, outcome.detail, self.resend_interval_s)
             return max(0.05, self.resend_interval_s - (time.monotonic() - self._last_refresh))
@@ -176,7 +177,8 @@ class Delivery:
 
     def _failed(self, outcome: Outcome, batch: list[Notification]) -> float:
         """Count a failed attempt; drop a rejected batch; returns the wait before the next try."""
-        self.failed[outcome.kind] = self.failed.get(outcome.kind, 0) + 1
+        reason = outcome.reason or outcome.kind
+        self.failed[reason] = self.failed.get(reason, 0) + 1
         if outcome.kind == "rejected":
             LOG.error("receiver %s rejected %s %s (%s): dropped; fix the receiver's configuration (counted in "
                       "outrider_notify_failed_total)", self.notifier.name, batch[0].alertname, batch[0].event,
@@ -230,12 +232,15 @@ class Dispatcher:
         sent, failed = Family("outrider_notify_sent_total"), Family("outrider_notify_failed_total")
         queued, oldest = Family("outrider_notify_queued"), Family("outrider_notify_oldest_queued_age_seconds")
         write_errors = Family("outrider_notify_outbox_write_errors_total")
+        dropped = Family("outrider_notify_dropped_total")
         for d in self.deliveries:
             name, kind = d.notifier.name, d.notifier.type
             sent.add(d.sent, name, kind)
+            for reason in DROP_REASONS:  # each known reason from 0, so that increase() sees the first drop
+                dropped.add(d.outbox.dropped.get(reason, 0), name, kind, reason)
             for reason, count in sorted(d.failed.items()):
                 failed.add(count, name, kind, reason)
             queued.add(len(d.outbox), name, kind)
             oldest.add(d.outbox.oldest_age_s(), name, kind)
             write_errors.add(d.outbox.write_errors, name, kind)
-        return [sent, failed, queued, oldest, write_errors]
+        return [sent, failed, queued, oldest, write_errors, dropped]

@@ -13,6 +13,7 @@ empty and resolve every alert after a restart).
 from __future__ import annotations
 
 import base64
+import bisect
 import json
 import logging
 import math
@@ -275,6 +276,9 @@ class RuleEngine:
             LOG.warning("cannot save the rule store snapshot in %s: %s", self.state_dir, e.strerror or e)
 
     def _restore(self) -> None:
+        # A state saved while the wall clock was ahead (corrected backwards since, across the restart) must not put
+        # fresh samples "out of order" for as long as the correction, nor start a `for` in the future.
+        now = self.now_ms()
         try:
             with open(self._path("alerts.json"), encoding="utf-8") as fh:
                 state = json.load(fh)
@@ -288,6 +292,8 @@ class RuleEngine:
                     continue
                 for data in alerts:
                     alert = Alert.from_json(data)
+                    alert.active_at = min(alert.active_at, now)
+                    alert.fired_at = min(alert.fired_at, now)
                     rule.active[alert.labels] = alert
                     restored += 1
             for data in state.get("notified", []):
@@ -299,6 +305,7 @@ class RuleEngine:
             pass
         except (OSError, ValueError, KeyError, TypeError) as e:
             LOG.warning("alert state in %s is unreadable (%s): starting without it", self.state_dir, e)
+        future = 0
         try:
             with open(self._path("series.snapshot"), encoding="utf-8") as fh:
                 for line in fh:
@@ -311,12 +318,19 @@ class RuleEngine:
                     series.times.frombytes(base64.b64decode(data["t"]))
                     series.values.frombytes(base64.b64decode(data["v"]))
                     if len(series.times) == len(series.values):
+                        keep = bisect.bisect_right(series.times, now)
+                        if keep < len(series.times):
+                            future += len(series.times) - keep
+                            del series.times[keep:], series.values[keep:]
                         series.stale = sum(1 for v in series.values if is_stale(v))
                         self.store.put(labels, series)
         except FileNotFoundError:
             pass
         except (OSError, ValueError, KeyError, TypeError) as e:
             LOG.warning("rule store snapshot in %s is unreadable (%s): starting without history", self.state_dir, e)
+        if future:
+            LOG.warning("the rule store snapshot in %s held %d samples newer than now (the clock went back since it "
+                        "was saved): left out, so that fresh samples are taken in", self.state_dir, future)
 
     def close(self) -> None:
         if self.state_dir:

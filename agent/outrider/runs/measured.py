@@ -1,11 +1,13 @@
 """What the agent measured of a run through the hook, over the whole run: steps, step time, throughput, data wait,
 requests, latency and errors, from the final sweep's histograms and counters (cumulative since each process
 started). Every `outrider run` summary and every report shows it, rendered by `rows()`; a run whose command never
-called `outrider.instrument()` says so instead of showing nothing."""
+called `outrider.instrument()` says so instead of showing nothing, and one whose hooked processes never completed
+a step or a request says that instead (with the ranks that waited for a first step, from the run's sweeps:
+runs/recorder.py)."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import MISSING, asdict, dataclass, fields, replace
 from typing import Any
 
 from outrider.diagnosis.profile import LoopProfile, loop_profile
@@ -15,6 +17,7 @@ from outrider.metrics.quantile import histogram_quantile
 
 STEP, WAIT, REQUEST = ("outrider_train_step_duration_seconds", "outrider_train_data_wait_seconds",
                        "outrider_request_duration_seconds")
+CHECKPOINT = "outrider_train_checkpoint_duration_seconds"
 
 
 @dataclass(frozen=True)
@@ -28,6 +31,9 @@ class Training:
     first_step_s: float | None  # after instrument()
     data_wait_p50_s: float | None
     data_wait_fraction: float | None
+    checkpoints: float = 0.0  # recognised checkpoints (torch.save and the like on the loop's thread), all ranks
+    checkpoint_p50_s: float | None = None
+    checkpoint_s: float = 0.0  # their time, summed over ranks
 
     def rows(self) -> list[tuple[str, str]]:
         parts = [f"{units.count(self.steps)} steps"]
@@ -41,9 +47,29 @@ class Training:
         if self.data_wait_fraction is not None and self.data_wait_p50_s is not None:
             out.append(("", f"data-loader wait p50 {units.seconds(self.data_wait_p50_s)}, "
                             f"{units.percent(self.data_wait_fraction)} of the loop waiting for data"))
+        if self.checkpoints and self.checkpoint_p50_s is not None:
+            out.append(("", f"{units.count(self.checkpoints)} checkpoints, p50 {units.seconds(self.checkpoint_p50_s)}"
+                            f", {units.seconds(self.checkpoint_s)} in all"))
         if self.first_step_s is not None:
             out.append(("", f"first step {units.seconds(self.first_step_s)} after instrument()"))
         return out
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """Hooked training processes that never completed a step: the ranks that waited for a first step ("-": no
+    rank), those of them the hook called stalled (no first step within first_step_timeout_s), the longest wait."""
+
+    ranks: list[str]
+    stalled: list[str]
+    longest_s: float
+
+    def rows(self) -> list[tuple[str, str]]:
+        who = f"rank {', '.join(self.ranks)}" if self.ranks != ["-"] else "the training process"
+        text = f"no step completed: {who} waited {units.seconds(self.longest_s)} for a first step after instrument()"
+        if self.stalled:
+            text += " and stalled (no first step within the first-step timeout: hung before its first step)"
+        return [("training", text)]
 
 
 @dataclass(frozen=True)
@@ -69,13 +95,22 @@ class Inference:
 class Measured:
     training: Training | None = None
     inference: Inference | None = None
+    waiting: Waiting | None = None  # set when no step completed and some rank waited for its first
+    hooked: bool = False  # some process of the command called outrider.instrument()
     profile: LoopProfile | None = None  # the loop thread's stack samples (hook/profiler.py)
 
     def rows(self) -> list[tuple[str, str]]:
         """(topic, what was measured) lines, in human units; the same for the summary and the report."""
         out = (self.training.rows() if self.training else []) + (self.inference.rows() if self.inference else [])
-        return out or [("hook", "nothing: no process of the command called outrider.instrument() (the process "
-                                "tree's CPU, memory and I/O above are measured without it)")]
+        if not self.training and self.waiting:
+            out = self.waiting.rows() + out
+        if out:
+            return out
+        if self.hooked:
+            return [("hook", "no step and no request: the command's processes called outrider.instrument() but "
+                             "recorded neither")]
+        return [("hook", "nothing: no process of the command called outrider.instrument() (the process "
+                         "tree's CPU, memory and I/O above are measured without it)")]
 
     def profile_rows(self) -> list[tuple[str, str]]:
         """Where the training loop's thread was, and its hottest lines (the report shows the whole table)."""
@@ -88,13 +123,15 @@ class Measured:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Measured:
-        def part(kind: type[Training] | type[Inference], value: Any) -> Any:
+        def part(kind: type[Training] | type[Inference] | type[Waiting], value: Any) -> Any:
             if not isinstance(value, dict):
                 return None
             names = {f.name for f in fields(kind)}
-            return kind(**{k: v for k, v in value.items() if k in names}) if names <= set(value) else None
+            required = {f.name for f in fields(kind) if f.default is MISSING}  # records from before a field
+            return kind(**{k: v for k, v in value.items() if k in names}) if required <= set(value) else None
 
         return cls(part(Training, data.get("training")), part(Inference, data.get("inference")),
+                   part(Waiting, data.get("waiting")), bool(data.get("hooked", False)),
                    LoopProfile.from_json(data.get("profile")))
 
 
@@ -115,7 +152,9 @@ def _series(families: list[Family], name: str) -> list[tuple[tuple[str, ...], Hi
             if isinstance(v, HistogramValue) and v.count]
 
 
-def measure(families: list[Family]) -> Measured:
+def measure(families: list[Family], waiting: Waiting | None = None, hooked: bool = False) -> Measured:
+    """What the final sweep's families say; `waiting` and `hooked` come from the run's sweeps (runs/recorder.py):
+    a process that never stepped leaves nothing of that in the final sweep (its gauges go with it)."""
     training = inference = None
     step, wait = merged_histogram(families, STEP), merged_histogram(families, WAIT)
     if step is not None and step.count:
@@ -132,6 +171,10 @@ def measure(families: list[Family]) -> Measured:
             first_step_s=max(firsts) if firsts else None,
             data_wait_p50_s=histogram_quantile(0.5, wait) if wait is not None and waited else None,
             data_wait_fraction=wait.sum / (wait.sum + step.sum) if wait is not None and waited else None)
+        saves = merged_histogram(families, CHECKPOINT)
+        if saves is not None and saves.count:
+            training = replace(training, checkpoints=float(saves.count),
+                               checkpoint_p50_s=histogram_quantile(0.5, saves), checkpoint_s=saves.sum)
     req = merged_histogram(families, REQUEST)
     if req is not None and req.count:
         route_at = next((f.defn.label_names.index("route") for f in families if f.defn.name == REQUEST), 0)
@@ -142,4 +185,5 @@ def measure(families: list[Family]) -> Measured:
             latency_p99_s=histogram_quantile(0.99, req) or 0.0,
             client_errors=_sum(families, "outrider_requests_total", "status_class", "4xx"),
             server_errors=_sum(families, "outrider_requests_total", "status_class", "5xx"))
-    return Measured(training, inference, loop_profile(families) if training is not None else None)
+    return Measured(training, inference, waiting if training is None else None, hooked,
+                    loop_profile(families) if training is not None else None)

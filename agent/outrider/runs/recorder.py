@@ -1,6 +1,8 @@
 """Records a run as it goes, into the run store: KPIs per sweep (from the difference with the previous sweep), the
 verdict timeline and the run's verdict so far (runs/verdict.py), alert transitions from the agent's own rule
-evaluation, and events (stalls).
+evaluation, and events (stalls). It also keeps what the final sweep cannot say of processes that never stepped
+(their gauges go with them): which ranks waited for a first step and which of those stalled, so the summary and
+the verdict can say the job hung before its first step rather than that it was idle.
 
 It is a sweep listener (`__call__`) and an alert listener (`on_alert`, wired by the runner in front of the
 notifiers); both may be called from the sampler's thread and from the runner's final sweep, hence the lock. A
@@ -21,8 +23,9 @@ from outrider.diagnosis.window import VerdictWindow
 from outrider.metrics.family import Family, HistogramValue, merged_histogram
 from outrider.metrics.quantile import histogram_quantile
 from outrider.rules.notification import Notification
+from outrider.runs.measured import Waiting
 from outrider.runs.store import AlertRecord, RunStore
-from outrider.runs.verdict import RunVerdict, Segment, VerdictTally
+from outrider.runs.verdict import HUNG, RunVerdict, Segment, VerdictTally
 
 LOG = logging.getLogger("outrider.runs")
 HISTOGRAMS = ("outrider_train_step_duration_seconds", "outrider_request_duration_seconds")
@@ -64,6 +67,10 @@ class RunRecorder:
                           dict[str, float]] | None = None
         self._last_verdict = ""
         self._stalled: set[str] = set()
+        self.hooked = False  # some hooked process published during the run
+        self.stepped = False  # some step completed during the run
+        self._waiting: dict[str, float] = {}  # rank -> longest time it waited for a first step
+        self._first_step_stalled: set[str] = set()  # ranks stalled while waiting for a first step
         self._lock = threading.Lock()
         self._store_failed = False
 
@@ -83,6 +90,7 @@ class RunRecorder:
                 kpis["rss_bytes"] = float(f.samples[0][1])  # type: ignore[arg-type]
             if f.defn.name == "outrider_hook_stalled":
                 self._stalls(f, t)
+        self._first_steps(families, t)
         if prev is not None:
             dt = now - prev[0]
             s = signals(prev[2], snap, dt)
@@ -125,6 +133,37 @@ class RunRecorder:
                 self._stalled.discard(rank)
                 self._write(RunStore.add_event, t, "resume", f"rank {rank} resumed")
 
+    def _first_steps(self, families: list[Family], t: float) -> None:
+        """Ranks waiting for a first step in this sweep, how long so far, and whether they are stalled."""
+        by_name = {f.defn.name: f for f in families}
+        processes = by_name.get("outrider_hook_processes")
+        if processes is not None and any(v for _, v in processes.samples):
+            self.hooked = True
+        steps = by_name.get("outrider_train_steps_total")
+        if steps is not None and any(v for _, v in steps.samples):
+            self.stepped = True
+        pending = by_name.get("outrider_train_first_step_pending")
+        if pending is None:
+            return
+        rank_at = pending.defn.label_names.index("rank")
+        started = _by_rank(by_name.get("outrider_train_start_timestamp_seconds"))
+        stalled = _by_rank(by_name.get("outrider_hook_stalled"))
+        for labels, v in pending.samples:
+            if v != 1:
+                continue
+            rank = labels[rank_at] or "-"
+            since = started.get(rank)
+            self._waiting[rank] = max(self._waiting.get(rank, 0.0), t - since if since else 0.0)
+            if stalled.get(rank):
+                self._first_step_stalled.add(rank)
+
+    def waiting(self) -> Waiting | None:
+        """The ranks that waited for a first step, when no step completed in the whole run."""
+        with self._lock:
+            if self.stepped or not self._waiting:
+                return None
+            return Waiting(sorted(self._waiting), sorted(self._first_step_stalled), max(self._waiting.values()))
+
     def on_alert(self, n: Notification) -> None:
         """An alert transition from the agent's rule engine (firing or resolved); never raises into the engine."""
         try:
@@ -146,8 +185,18 @@ class RunRecorder:
             LOG.exception("recording an alert transition failed")
 
     def verdict(self) -> RunVerdict:
+        """The tally's verdict; a run in which no step completed and a rank stalled waiting for its first is
+        `hung_before_first_step` whatever its windows said (they saw no steps: idle, mostly)."""
         with self._lock:
-            return self.tally.result()
+            result = self.tally.result()
+            if self.stepped or not self._first_step_stalled:
+                return result
+            ranks = sorted(self._first_step_stalled)
+            who = "the training process" if ranks == ["-"] else f"rank {', '.join(ranks)}"
+            reason = (f"{who} completed no step within the first-step timeout, and none completed later "
+                      f"(its Python stacks are in the stall's page and beside its shard in the spool)")
+            evidence = {"first_step_wait_s": round(max(self._waiting.values(), default=0.0), 1)}
+            return RunVerdict(HUNG, reason, evidence, dict(result.seconds))
 
     def timeline(self) -> list[Segment]:
         with self._lock:
@@ -163,3 +212,16 @@ class RunRecorder:
             if not self._store_failed:
                 LOG.warning("the run record stopped taking writes (%s): the run goes on without it", e)
             self._store_failed = True
+
+
+def _by_rank(fam: Family | None) -> dict[str, float]:
+    """A per-rank gauge's values by rank ("-": none), the largest where several training jobs share a rank."""
+    if fam is None:
+        return {}
+    at = fam.defn.label_names.index("rank")
+    out: dict[str, float] = {}
+    for labels, v in fam.samples:
+        if isinstance(v, float):
+            rank = labels[at] or "-"
+            out[rank] = max(out.get(rank, v), v)
+    return out

@@ -20,6 +20,7 @@ from outrider.runs.kpis import describe, evidence_order, is_count
 
 IDLE = "idle"
 NO_VOTE = (IDLE, NOT_JUDGED)  # windows that never decide a run's verdict
+HUNG = "hung_before_first_step"  # set by the recorder, not by a window: no step ever, and a rank stalled waiting
 
 
 @dataclass(frozen=True)
@@ -43,12 +44,15 @@ class RunVerdict:
     @property
     def share(self) -> float:
         """The share of the active time (of all the time, for an idle run) the verdict held."""
-        if self.cls == IDLE:
+        if self.cls in (IDLE, HUNG):
             return 1.0
         return self.seconds.get(self.cls, 0.0) / self.active_s if self.active_s else 0.0
 
     @property
     def recommendation(self) -> str:
+        if self.cls == HUNG:
+            return ("Read the stall's Python stacks: a rendezvous, a barrier or a collective that some rank never "
+                    "joined, NCCL or process-group initialisation, or a DataLoader that never yields.")
         return RECOMMENDATIONS.get(self.cls, "")
 
     def headline(self) -> str:
@@ -62,6 +66,8 @@ class RunVerdict:
         if self.cls == IDLE:
             return (f"idle: no steps, requests or CPU use in {units.seconds(self.seconds.get(IDLE, 0.0))} (or a "
                     "loop whose threads rest between steps)")
+        if self.cls == HUNG:
+            return f"hung before its first step: {self.reason}"
         others = [f"{c} {units.percent(s / self.active_s)}" for c, s in
                   sorted(self.seconds.items(), key=lambda kv: -kv[1]) if c not in (self.cls, *NO_VOTE) and s > 0]
         idle, unjudged = self.seconds.get(IDLE, 0.0), self.seconds.get(NOT_JUDGED, 0.0)

@@ -1,0 +1,159 @@
+"""Checkpoints with zero configuration: torch.save, torch.distributed.checkpoint's save and safetensors' save_file,
+called on the training loop's thread, are timed as checkpoints.
+
+Each outermost call is an implicit checkpoint: progress.py holds the stall back while it runs (see there for the
+rule: its own learned duration, and whether the process writes), the loop's accounting (hook/loop.py) reports its
+time as its own part (`outrider_train_loop_seconds_total{part="checkpoint"}`), and its duration is observed in
+`outrider_train_checkpoint_duration_seconds`. A save on another thread (an asynchronous checkpointer, a logger
+saving a sample) is not the loop's: it is left alone, so it never hides a hung loop. A save inside a declared
+`outrider.phase("checkpoint")` is that phase's, not a second checkpoint.
+
+What is patched is the function the public name calls, where there is one (`torch.serialization._save`, the
+state-dict saver's `_save_state_dict`, safetensors' `serialize_file`), so a name the user bound before
+instrument() (`from torch import save`) is timed too; else the public name. Modules imported later (torch's
+checkpoint package and safetensors are not imported by `import torch`) are patched by the publisher thread as
+soon as it sees them in sys.modules. Nothing here raises into user code: the save's own result or exception
+reaches the caller unchanged.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import logging
+import sys
+import threading
+from collections.abc import Callable
+from time import perf_counter
+from typing import Any
+
+LOG = logging.getLogger("outrider.hook")
+CHECKPOINT = "checkpoint"
+# (module, [inner functions the public ones call, else the public ones]): the first that exists is patched
+TARGETS: tuple[tuple[str, tuple[tuple[str, ...], ...]], ...] = (
+    ("torch.serialization", (("_save", "_legacy_save"), ("save",))),
+    ("torch.distributed.checkpoint.state_dict_saver", (("_save_state_dict",), ("save", "save_state_dict"))),
+    ("safetensors.torch", (("serialize_file",), ("save_file", "save_model"))),
+)
+
+
+class CheckpointWatch:
+    def __init__(self, state: Any, progress: Any, drop: Callable[[str], None],
+                 clock: Callable[[], float] = perf_counter) -> None:
+        """state: the hook API's module state (the loop's thread id, the checkpoint interval queue); progress:
+        the hook's Progress (the stall rule)."""
+        self.state = state
+        self.progress = progress
+        self.drop = drop
+        self.clock = clock
+        self.depth = 0  # nesting on the loop's thread (torch.save inside dcp.save): only that thread writes it
+        self.begin = 0.0
+        self.owned = False  # this call opened the checkpoint (not inside a declared phase of that name)
+        self.saved: list[tuple[Any, str, Any]] = []
+        self.patched: set[str] = set()
+        # finished checkpoints' durations, for the publisher's histogram (appends and pops are atomic)
+        self.durations: collections.deque[float] = collections.deque(maxlen=1024)
+        self.poll()
+
+    def poll(self) -> None:
+        """Patch the target modules imported since the last look (cheap: a few dict lookups)."""
+        for module_name, choices in TARGETS:
+            if module_name in self.patched:
+                continue
+            module = sys.modules.get(module_name)
+            if module is None or _initializing(module):
+                continue
+            self.patched.add(module_name)
+            for names in choices:
+                if all(callable(getattr(module, n, None)) for n in names):
+                    for name in names:
+                        self._patch(module, name)
+                    break
+
+    def _patch(self, owner: Any, name: str) -> None:
+        original = getattr(owner, name)
+        if getattr(original, "__outrider_checkpoint__", False):
+            return
+        self.saved.append((owner, name, original))
+        setattr(owner, name, self._timed(original))
+
+    def detach(self) -> None:
+        for owner, name, original in reversed(self.saved):
+            setattr(owner, name, original)
+        self.saved.clear()
+        self.patched.clear()
+
+    def _timed(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        watch = self
+
+        @functools.wraps(original)
+        def save(*args: Any, **kwargs: Any) -> Any:
+            mine = watch._enter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                if mine:
+                    watch._exit()
+
+        save.__outrider_checkpoint__ = True  # type: ignore[attr-defined]
+        return save
+
+    def _on_loop_thread(self) -> bool:
+        tid = self.state.loop_tid
+        if tid:
+            return bool(threading.get_native_id() == tid)
+        return threading.current_thread() is threading.main_thread()  # before the first step: the main thread
+
+    def _enter(self) -> bool:
+        try:
+            if not self._on_loop_thread():
+                return False
+            self.depth += 1
+            if self.depth == 1:
+                self.begin = self.clock()
+                self.owned = CHECKPOINT not in self.progress.open_phases
+                if self.owned:
+                    self.progress.checkpoint_begin()
+            return True
+        except Exception:
+            self.drop("checkpoint_error")
+            return False
+
+    def _exit(self) -> None:
+        try:
+            self.depth -= 1
+            if self.depth:
+                return
+            end = self.clock()
+            if self.owned:
+                self.progress.checkpoint_end()
+            self.state.checkpoints.append((self.begin, end))
+            self.durations.append(end - self.begin)
+        except Exception:
+            self.drop("checkpoint_error")
+
+    # --- the publisher thread -------------------------------------------------------------------------------
+    def sample(self, hook: Any) -> None:
+        self.poll()
+        if not self.durations:
+            return
+        histogram = hook.series("histogram", "outrider_train_checkpoint_duration_seconds", builtin=True)
+        while self.durations:
+            try:
+                histogram.observe(self.durations.popleft())
+            except IndexError:
+                break
+
+
+def _initializing(module: Any) -> bool:
+    """Whether the module is still being imported (its globals half made): patch it at the next look."""
+    spec = getattr(module, "__spec__", None)
+    return bool(getattr(spec, "_initializing", False))
+
+
+def attach(state: Any, progress: Any, drop: Callable[[str], None]) -> CheckpointWatch | None:
+    try:
+        return CheckpointWatch(state, progress, drop)
+    except Exception as e:
+        LOG.warning("outrider: checkpoints are not recognised automatically in this process (%s)", e)
+        return None

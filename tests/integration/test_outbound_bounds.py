@@ -1,0 +1,172 @@
+"""Outbound calls against hostile peers on 127.0.0.1: a peer that answers one byte at a time, and one that answers
+with an endless body. Each OTLP export and each notification ends within its own timeout as a counted failure
+(the notification stays queued), whatever the peer does; the agent never reads an unbounded answer into memory.
+
+The peers are raw sockets served by a thread of the test (an HTTP server would not misbehave on purpose); the
+OTLP exporter and the notifiers are the agent's own, with the real OTel SDK exporter and urllib underneath."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from outrider.config import Config
+from outrider.exporters.otlp import OtlpExporter
+from outrider.metrics.family import Family
+from outrider.notify.webhook import WebhookNotifier
+from outrider.outbound import Deadline, ResponseTooLarge, read_capped, register_socket
+from tests.helpers import wait_until
+from tests.notify.test_delivery import alert, dispatcher
+
+TRICKLE_BODY = 8
+TRICKLE_BYTES = 46  # the whole answer a trickling peer sends, one byte every TRICKLE_EVERY_S: 11.5 s in all
+TRICKLE_EVERY_S = 0.25  # well inside any per-read timeout used below, so only a total deadline can end the call
+
+
+@dataclass
+class HostilePeer:
+    """Answers every request on its port with `mode`: 'trickle' (a 200, a byte at a time) or 'flood' (200 with an
+    endless body)."""
+
+    mode: str
+    sock: socket.socket = field(default_factory=lambda: socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+    stop: threading.Event = field(default_factory=threading.Event)
+    sent_bytes: int = 0
+    threads: list[threading.Thread] = field(default_factory=list)
+
+    def start(self) -> str:
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.sock.settimeout(0.2)
+        t = threading.Thread(target=self._accept, daemon=True)
+        t.start()
+        self.threads.append(t)
+        return f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+
+    def _accept(self) -> None:
+        while not self.stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                continue
+            t = threading.Thread(target=self._serve, args=(conn,), daemon=True)
+            t.start()
+            self.threads.append(t)
+
+    def _serve(self, conn: socket.socket) -> None:
+        with conn, contextlib.suppress(OSError):
+            conn.settimeout(5)
+            head = b""
+            while b"\r\n\r\n" not in head:
+                chunk = conn.recv(65536)
+                if not chunk:
+                    return
+                head += chunk
+            if self.mode == "trickle":  # the status line, the headers and the body, each byte on its own
+                answer = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % TRICKLE_BODY + b"\0" * TRICKLE_BODY
+                for byte in answer:
+                    if self.stop.wait(TRICKLE_EVERY_S):
+                        return
+                    conn.sendall(bytes([byte]))
+                    self.sent_bytes += 1
+            else:
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/x-protobuf\r\n"
+                             b"Content-Length: %d\r\n\r\n" % (1 << 30))
+                block = b"\0" * 65536
+                while not self.stop.is_set() and self.sent_bytes < 1 << 30:
+                    conn.sendall(block)
+                    self.sent_bytes += len(block)
+
+    def close(self) -> None:
+        self.stop.set()
+        self.sock.close()
+        for t in self.threads:
+            t.join(10)
+
+
+@pytest.fixture
+def peer(request: pytest.FixtureRequest) -> Iterator[HostilePeer]:
+    p = HostilePeer(request.param)
+    try:
+        yield p
+    finally:
+        p.close()
+
+
+def _exporter(endpoint: str, timeout_s: float) -> OtlpExporter:
+    fam = Family("outrider_agent_scrapes_total")
+    fam.add(1.0)
+    return OtlpExporter(Config(otlp_endpoint=endpoint, otlp_timeout_s=timeout_s), lambda: [fam])
+
+
+@pytest.mark.parametrize("peer", ["trickle"], indirect=True)
+def test_an_otlp_peer_answering_a_byte_at_a_time_is_cut_at_the_export_timeout(peer: HostilePeer) -> None:
+    exporter = _exporter(peer.start(), timeout_s=1.0)
+    assert exporter.export_once() is False
+    assert exporter.results == {"deadline": 1}, "counted by its reason, not as a success or a plain failure"
+    assert peer.sent_bytes < TRICKLE_BYTES, "the export did not wait for the whole trickle"
+
+
+@pytest.mark.parametrize("peer", ["flood"], indirect=True)
+def test_an_otlp_peer_answering_an_endless_body_is_not_read_past_the_cap(peer: HostilePeer) -> None:
+    exporter = _exporter(peer.start(), timeout_s=30.0)
+    assert exporter.export_once() is False
+    assert exporter.results == {"too_large": 1}
+    assert peer.sent_bytes < 1 << 30, "the agent stopped reading (the peer's writes backed up)"
+
+
+@pytest.mark.parametrize("peer", ["trickle"], indirect=True)
+def test_a_webhook_answering_a_byte_at_a_time_is_a_counted_retry_and_the_alert_stays_queued(
+        peer: HostilePeer, tmp_path: Path) -> None:
+    url = peer.start()
+    notifier = WebhookNotifier("hook", {"url": url + "/hook"}, 1.0)
+    outcome = notifier.send([alert("TrainingStalled", "firing")])
+    assert (outcome.kind, outcome.reason) == ("retry", "deadline"), outcome
+    assert peer.sent_bytes < TRICKLE_BYTES
+
+    d = dispatcher(tmp_path, [{"name": "hook", "type": "webhook", "url": url + "/hook", "timeout_s": 1}])
+    try:
+        d.notify(alert("TrainingStalled", "firing"))
+        wait_until(lambda: d.deliveries[0].failed.get("deadline", 0) >= 1, timeout_s=60,
+                   what="a delivery attempt cut at its deadline")
+        one = d.deliveries[0]
+        assert one.sent == 0 and len(one.outbox) == 1, "the notification is kept for the next attempt"
+        fams = {f.defn.name: dict(f.samples) for f in d.families()}
+        assert fams["outrider_notify_failed_total"][("hook", "webhook", "deadline")] >= 1
+    finally:
+        d.stop()
+
+
+@pytest.mark.parametrize("peer", ["flood"], indirect=True)
+def test_a_webhook_answering_an_endless_body_is_delivered_without_reading_it(peer: HostilePeer) -> None:
+    notifier = WebhookNotifier("hook", {"url": peer.start() + "/hook"}, 10.0)
+    assert notifier.send([alert("TrainingStalled", "firing")]).delivered
+    assert peer.sent_bytes < 1 << 30
+
+
+def test_read_capped_boundaries() -> None:
+    data = b"x" * 100
+    reader = iter([data[:60], data[60:], b""])
+    assert read_capped(lambda n: next(reader), 100) == data, "exactly the cap is read whole"
+    reader = iter([data[:60], data[60:], b"y", b""])
+    with pytest.raises(ResponseTooLarge):
+        read_capped(lambda n: next(reader), 100)
+
+
+def test_a_deadline_shuts_down_a_blocked_read() -> None:
+    a, b = socket.socketpair()
+    with a, b:
+        a.settimeout(30)  # a per-read timeout far longer than the deadline
+        with Deadline(0.2) as d:
+            register_socket(a)
+            assert a.recv(1) == b"", "nothing is ever sent: only the deadline's shutdown ends this read"
+        assert d.expired
+    with Deadline(30) as d:
+        pass
+    assert not d.expired
