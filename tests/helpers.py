@@ -204,3 +204,41 @@ def reap(procs: Sequence[subprocess.Popen[bytes] | subprocess.Popen[str]], timeo
 def sleeper(seconds: float = 60.0, extra: Sequence[str] = ()) -> subprocess.Popen[bytes]:
     """A watched workload: a Python process that sleeps."""
     return subprocess.Popen([sys.executable, "-c", f"import time; time.sleep({seconds})", *extra])
+
+
+# --- the standalone agent a hooked workload starts (outrider/hook/election.py, outrider/standalone.py) ----------
+
+STANDALONE_LINE = "started one (pid "
+
+
+def standalone_agent(stderr: str) -> tuple[int, str] | None:
+    """(pid, base URL) of the agent a workload started, from the line it prints on the workload's stderr."""
+    import re
+
+    m = re.search(r"started one \(pid (\d+)\) serving (\S+)/metrics", stderr)
+    return (int(m.group(1)), m.group(2)) if m else None
+
+
+def process_gone(pid: int) -> bool:
+    """Exited (or a zombie): the agent is not our child, so its end is read from /proc, not waited for."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            text = fh.read()
+    except OSError:
+        return True
+    return text[text.rindex(")") + 2:].split()[0] in ("Z", "X")
+
+
+def stop_standalone_agent(pid: int, timeout_s: float = 60.0) -> bool:
+    """Waits for a workload's agent to exit by itself (it does, a grace period after the last publisher); past
+    timeout_s it is stopped with SIGKILL, by pid, if that pid is still an `outrider standalone`. Returns whether
+    it exited by itself."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process_gone(pid):
+            return True
+        time.sleep(0.1)
+    with contextlib.suppress(OSError):
+        if b"standalone" in Path(f"/proc/{pid}/cmdline").read_bytes():
+            os.kill(pid, signal.SIGKILL)
+    return False

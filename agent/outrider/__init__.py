@@ -1,7 +1,7 @@
 """Outrider: monitoring for deep-learning training and inference.
 
     import outrider
-    outrider.instrument()                       # publish to the agent (sidecar, `outrider run`) or run one
+    outrider.instrument()                       # publish to the agent (sidecar, `outrider run`) or start one
     for batch in outrider.dataloader(loader):   # measures the wait for each batch
         with outrider.step(samples=len(batch)): # times the step, counts samples
             ...
@@ -21,6 +21,7 @@ from outrider.hook.api import (
     count_tokens,
     counter,
     dataloader,
+    flush,
     gauge,
     histogram,
     in_flight,
@@ -46,6 +47,14 @@ from outrider.version import __version__
 _LAZY = {"OutriderMiddleware": "outrider.hook.asgi", "OutriderWSGIMiddleware": "outrider.hook.wsgi"}
 
 
+def prometheus_collector(registry: Any = None) -> Any:
+    """Expose the hook's series through an existing prometheus_client registry (the default one when None): a
+    service without a sidecar shows them on the /metrics it already serves. Imports prometheus_client then, only."""
+    from outrider.prometheus_bridge import prometheus_collector as register
+
+    return register(registry)
+
+
 def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
@@ -69,12 +78,14 @@ __all__ = [
     "count_tokens",
     "counter",
     "dataloader",
+    "flush",
     "gauge",
     "histogram",
     "in_flight",
     "instrument",
     "latency",
     "phase",
+    "prometheus_collector",
     "record_batch_size",
     "record_inter_token_latency",
     "record_latency",

@@ -104,10 +104,13 @@ class Agent:
 
         def finish() -> None:
             self.sampler.stop(timeout_s=max(0.1, (deadline - time.monotonic()) / 2))
+            if self.alerting is not None or self.otlp is not None:
+                # The latest values: the rules evaluate them (a last notification is queued before the
+                # notifiers' final flush below), and the final OTLP export carries them.
+                self.sampler.sweep()
             if self.alerting is not None:
                 self.alerting.stop(timeout_s=max(0.1, (deadline - time.monotonic()) / 4))
             if self.otlp is not None:
-                self.sampler.sweep()  # the final export carries the latest values
                 self.otlp.shutdown(timeout_s=max(0.1, deadline - time.monotonic()))
 
         t = threading.Thread(target=finish, name="outrider-shutdown", daemon=True)

@@ -88,6 +88,12 @@ def cmd_agent(args: argparse.Namespace) -> int:
     return agent.run_until_signal()
 
 
+def cmd_standalone(args: argparse.Namespace) -> int:
+    from outrider.standalone import run
+
+    return run(args.workload_pid, args.spool_dir, args.listen, args.detach)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from outrider.runner import run
 
@@ -337,6 +343,17 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("agent", help="run the agent: sweep, serve /metrics, export OTLP, until SIGTERM")
     _add_config_flags(p, with_pid=True)
     p.set_defaults(func=cmd_agent)
+
+    p = sub.add_parser("standalone", help="the agent an instrumented process starts when no agent serves its "
+                                          "spool; exits after the last instrumented process (configured by the "
+                                          "OUTRIDER_* environment it shares with the workload)")
+    p.add_argument("--workload-pid", type=int, default=0, metavar="PID",
+                   help="the starting process: its tree is watched, and the agent outlives it by a grace period")
+    p.add_argument("--spool-dir", help="the spool (default: the per-user default spool)")
+    p.add_argument("--listen", help="host:port for /metrics; a busy port falls back to a free one")
+    p.add_argument("--detach", action="store_true",
+                   help="once the spool's lock is held, fork and let the first process exit 0")
+    p.set_defaults(func=cmd_standalone)
 
     p = sub.add_parser("run", help="run a command under watch: outrider run [options] -- CMD ...")
     _add_config_flags(p)

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from outrider import links
+from outrider import links, regex
 from outrider.hook import settings as hook_settings
 
 ENV_PREFIX = "OUTRIDER_"
@@ -112,7 +112,8 @@ class Config:
         "help": "seconds between re-sends of firing alerts to Alertmanager (their lease is 4x this)"})
     alert_log: bool = field(default=True, metadata={"help": "log every alert transition on the agent's log"})
     standalone: bool = field(default=True, metadata={
-        "help": "with no agent on the spool, the instrumented process runs one in-process"})
+        "help": "with no agent on the spool, an instrumented process starts one as a separate process (`outrider "
+                "standalone`), which exits after the last instrumented process"})
     first_step_timeout_s: float = field(default=hook_settings.KEYS["first_step_timeout_s"], metadata={
         "help": "a training process with no first step this long after instrument() is stalled (hook)"})
     phase_timeout_s: float = field(default=hook_settings.KEYS["phase_timeout_s"], metadata={
@@ -247,10 +248,11 @@ def _pid_list(raw: Any) -> tuple[int, ...]:
 
 
 def _regex(raw: Any) -> str:
+    """A pattern the collectors compile with RE2 (outrider.regex: linear time, Prometheus's syntax)."""
     text = _str(raw)
     try:
-        re.compile(text)
-    except re.error as e:
+        regex.compile(text)
+    except regex.RegexError as e:
         raise ValueError(f"a valid regular expression ({e})") from None
     return text
 

@@ -50,6 +50,7 @@ class WorkloadWatch:
         self.grace_s = grace_s
         self.startup_grace_s = startup_grace_s
         self.on_gone = on_gone
+        self.on_empty: Callable[[], None] | None = None  # once, when the grace period first starts
         self._clock = clock
         self._started = clock()
         self.seen = False
@@ -83,6 +84,9 @@ class WorkloadWatch:
         if self._empty_since is None:
             self._empty_since = now
             LOG.info("the workload has exited; stopping in %g s unless it comes back", self.grace_s)
+            if self.on_empty is not None:
+                self.on_empty()
+                self.on_empty = None
         if now - self._empty_since >= self.grace_s:
             self.gone = True
             LOG.info("the workload is gone: final sweep and flush, then exit")

@@ -4,11 +4,13 @@ Everything both sides must agree on lives here: the directory and its safety che
 the reader, the agent lock and the stack-dump files. Standard library only: the hook imports this module into
 the user's process. docs/spool-format.md describes the same contract for other readers.
 
-Shard layout, little-endian, created 0600 as ``outrider-<pid>-<start_ns>.shard``, SHARD_BYTES long:
+Shard layout, little-endian, created 0600 as ``outrider-<pid>-<start_ns>.shard``, SHARD_BYTES long at first:
 
     offset  size  field
     0       8     magic b"OUTRSHD1"
-    8       4     format version (u32) = 1; a reader skips (and counts) shards of a newer version
+    8       4     format version (u32): 2 once regrown, 1 in the first layout (a 60 KiB directory, data at
+                  65536: what version 1 fixed; its fields from 80 are ignored there, so an older agent reads it);
+                  a reader skips (and counts) shards of a newer version
     12      4     flags (u32): 1 = closed (the process finished and flushed), 2 = stalled
     16      8     seq (u64): even when the shard is consistent; odd while the writer updates it (a seqlock)
     24      4     pid (u32)
@@ -20,10 +22,19 @@ Shard layout, little-endian, created 0600 as ``outrider-<pid>-<start_ns>.shard``
     64      4     directory length in bytes (u32)
     68      4     values in the data area (u32)
     72      8     stalled since, unix ns (0: not stalled)
-    80..4095      reserved (zero)
+    80      4     generation (u32): 0 for the first file, +1 each time the shard was regrown
+    84      4     directory capacity in bytes (u32)
+    88      8     data offset (u64): where the data area starts, a multiple of 8, after the directory's capacity
+    96      8     shard size in bytes (u64): the size the file was created with, at most MAX_SHARD_BYTES
+    104..4095     reserved (zero)
     4096          directory: UTF-8 JSON {"meta": {...}, "series": [[name, kind, labels, offset, bounds], ...]}
-    DATA_OFFSET   data: float64 values; a counter or gauge takes one, a histogram len(bounds) + 2
+    data offset   data: float64 values; a counter or gauge takes one, a histogram len(bounds) + 2
                   (bucket counts, the last for +Inf, then the sum)
+
+A shard grows: when a process's directory or values outgrow their space, the writer creates a larger file
+(next generation, capacities doubled as needed), writes it whole and renames it over the shard, so a reader sees
+either the old file or the new one complete. Past MAX_SHARD_BYTES the series that do not fit are left out
+(the hook counts them); the header (heartbeat, steps, stall) is written whatever happens.
 
 Why it is safe for both sides:
 - The writer never maps the file. Its blocks are reserved up front (posix_fallocate) and it writes with pwrite,
@@ -59,12 +70,19 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 MAGIC = b"OUTRSHD1"
-VERSION = 1
+VERSION = 2
 HEADER_BYTES = 4096
+# The first file's layout (and version 1's fixed one): a 60 KiB directory and 24 Ki values, 256 KiB in all.
 DIRECTORY_BYTES = 60 * 1024
 DATA_OFFSET = HEADER_BYTES + DIRECTORY_BYTES
 MAX_VALUES = 24 * 1024
 SHARD_BYTES = DATA_OFFSET + 8 * MAX_VALUES  # 256 KiB
+# How far a shard may grow. 2,000 series (the hook's cap per process) of ten 128-character labels take about
+# 3.5 MiB of directory, and histograms of 27 bounds about 0.5 MiB of data: the limits leave room for several
+# times that, and bound what a reader copies from one file.
+MAX_DIRECTORY_BYTES = 32 * 1024 * 1024
+MAX_DATA_BYTES = 16 * 1024 * 1024
+MAX_SHARD_BYTES = HEADER_BYTES + MAX_DIRECTORY_BYTES + MAX_DATA_BYTES
 STACKS_MAX_BYTES = 1024 * 1024  # a stack dump larger than this is cut when read
 
 FLAG_CLOSED = 1
@@ -74,8 +92,11 @@ LOCK_NAME = "agent.lock"
 SHARD_SUFFIX = ".shard"
 STACKS_SUFFIX = ".stacks.txt"
 SHARD_NAME_RE = re.compile(r"outrider-(\d+)-(\d+)\.shard")
+PENDING_NAME_RE = re.compile(r"outrider-(\d+)-(\d+)\.shard\.new")  # a shard (generation) not yet renamed
 
-_HEAD = struct.Struct("<8sIIQIIQQQQIIQ")  # through offset 80
+_HEAD = struct.Struct("<8sIIQIIQQQQIIQ")  # through offset 80 (version 1's whole header)
+_LAYOUT = struct.Struct("<IIQQ")  # offsets 80..104: generation, directory capacity, data offset, shard size
+HEAD_BYTES = _HEAD.size + _LAYOUT.size
 _SEQ = struct.Struct("<Q")
 SEQ_OFFSET = 16
 
@@ -235,6 +256,10 @@ class ShardHeader:
     directory_len: int
     value_count: int
     stalled_since_ns: int
+    generation: int = 0
+    directory_capacity: int = DIRECTORY_BYTES
+    data_offset: int = DATA_OFFSET
+    shard_bytes: int = SHARD_BYTES
 
 
 SeriesEntry = tuple[str, str, dict[str, str], list[float], tuple[float, ...]]  # name, kind, labels, values, bounds
@@ -250,12 +275,20 @@ class ShardSnapshot:
 
 
 def pack_header(*, flags: int, seq: int, pid: int, stalls: int, start_ns: int, heartbeat_ns: int,
-                last_step_ns: int, steps: int, directory_len: int, value_count: int, stalled_since_ns: int) -> bytes:
-    return _HEAD.pack(MAGIC, VERSION, flags, seq, pid & 0xFFFFFFFF, stalls & 0xFFFFFFFF, start_ns, heartbeat_ns,
-                      last_step_ns, steps, directory_len, value_count, stalled_since_ns)
+                last_step_ns: int, steps: int, directory_len: int, value_count: int, stalled_since_ns: int,
+                generation: int = 0, directory_capacity: int = DIRECTORY_BYTES, data_offset: int = DATA_OFFSET,
+                shard_bytes: int = SHARD_BYTES) -> bytes:
+    # A shard in the first layout says version 1 (its fields from 80 were reserved there, and an older agent reads
+    # it as before); only a regrown one needs version 2, which an older agent skips and counts.
+    first = (directory_capacity, data_offset, shard_bytes) == (DIRECTORY_BYTES, DATA_OFFSET, SHARD_BYTES)
+    return _HEAD.pack(MAGIC, 1 if first else VERSION, flags, seq, pid & 0xFFFFFFFF, stalls & 0xFFFFFFFF, start_ns,
+                      heartbeat_ns, last_step_ns, steps, directory_len, value_count, stalled_since_ns) + \
+        _LAYOUT.pack(generation, directory_capacity, data_offset, shard_bytes)
 
 
 def read_header(buf: bytes) -> ShardHeader:
+    """The header, validated: the layout it claims must fit the format's limits and itself (nothing in it is
+    trusted; the reader also checks it against the file's real size)."""
     if len(buf) < _HEAD.size:
         raise ShardTruncated(f"truncated: {len(buf)} bytes, the header needs {_HEAD.size}")
     fields = _HEAD.unpack_from(buf, 0)
@@ -264,31 +297,66 @@ def read_header(buf: bytes) -> ShardHeader:
     header = ShardHeader(*fields[1:])
     if header.version > VERSION:
         raise ShardNewerVersion(f"format version {header.version} is newer than this agent's {VERSION}")
-    if header.directory_len > DIRECTORY_BYTES or header.value_count > MAX_VALUES:
+    if header.version >= 2:
+        if len(buf) < HEAD_BYTES:
+            raise ShardTruncated(f"truncated: {len(buf)} bytes, the header needs {HEAD_BYTES}")
+        (header.generation, header.directory_capacity, header.data_offset,
+         header.shard_bytes) = _LAYOUT.unpack_from(buf, _HEAD.size)
+        if not (header.directory_capacity <= MAX_DIRECTORY_BYTES
+                and HEADER_BYTES + header.directory_capacity <= header.data_offset
+                and header.data_offset % 8 == 0 and header.shard_bytes <= MAX_SHARD_BYTES
+                and header.data_offset <= header.shard_bytes):
+            raise ShardFormatError("corrupt: the layout does not fit the format")
+    max_values = (header.shard_bytes - header.data_offset) // 8
+    if header.directory_len > header.directory_capacity or header.value_count > max_values:
         raise ShardFormatError("corrupt: directory or data larger than the format allows")
     return header
+
+
+def capacity_for(needed: int, have: int, limit: int) -> int:
+    """The space to give `needed` bytes, `have` being today's: doubled until it leaves a quarter spare (so a
+    process growing one series at a time regrows rarely), in 4 KiB pages, at most `limit`."""
+    size = max(have, 4096)
+    while size < needed + needed // 4 and size < limit:
+        size *= 2
+    return min(limit, -(-size // 4096) * 4096)
 
 
 # --- the writer (the hook) ----------------------------------------------------------------------------------------
 
 class ShardWriter:
-    """One process's shard. Creating it reserves all its blocks, so later writes cannot meet a full volume;
-    any OSError (creation on a full or read-only volume, a write error) reaches the caller, which counts it."""
+    """One process's shard (one generation of it). Creating it reserves all its blocks, so later writes cannot
+    meet a full volume; any OSError (creation on a full or read-only volume, a write error) reaches the caller,
+    which counts it. `grown()` makes the next, larger generation."""
 
-    def __init__(self, spool_dir: str, pid: int, start_ns: int, mode: int = PRIVATE_FILE_MODE) -> None:
+    def __init__(self, spool_dir: str, pid: int, start_ns: int, mode: int = PRIVATE_FILE_MODE, *,
+                 directory_capacity: int = DIRECTORY_BYTES, value_capacity: int = MAX_VALUES, generation: int = 0,
+                 seq: int = 0) -> None:
+        self.spool_dir, self.pid, self.start_ns = spool_dir, pid, start_ns
         self.path = shard_path(spool_dir, pid, start_ns)
         self.mode = mode
+        self.generation = generation
+        self.directory_capacity = directory_capacity
+        self.data_offset = HEADER_BYTES + -(-directory_capacity // 8) * 8
+        self.value_capacity = value_capacity
+        self.shard_bytes = self.data_offset + 8 * value_capacity
+        if directory_capacity > MAX_DIRECTORY_BYTES or self.shard_bytes > MAX_SHARD_BYTES:
+            raise ValueError("a shard larger than the format allows")
         # Written under a temporary name and renamed after the first complete write: a reader never sees a shard
-        # whose header is not there yet.
+        # whose header is not there yet, nor a regrown one half written.
         self._pending: str | None = self.path + ".new"
-        self._fd = os.open(self._pending, _OPEN_NEW, mode)
+        try:
+            self._fd = os.open(self._pending, _OPEN_NEW, mode)
+        except FileExistsError:  # ours, left by a creation that failed half-way: the name is this process's
+            os.unlink(self._pending)
+            self._fd = os.open(self._pending, _OPEN_NEW, mode)
         try:
             os.fchmod(self._fd, mode)  # exactly this mode, whatever the umask
-            os.posix_fallocate(self._fd, 0, SHARD_BYTES)
+            os.posix_fallocate(self._fd, 0, self.shard_bytes)
         except OSError:
             self._discard()
             raise
-        self._seq = 0
+        self._seq = seq + (seq & 1)
         self._directory = b""
 
     def _discard(self) -> None:
@@ -299,9 +367,39 @@ class ShardWriter:
                 os.unlink(self._pending)
         self._fd = -1
 
+    def fits(self, directory_len: int, value_count: int) -> bool:
+        return directory_len <= self.directory_capacity and value_count <= self.value_capacity
+
+    def room_for(self, directory_len: int, value_count: int) -> tuple[int, int]:
+        """The directory and value capacities a next generation would have for this directory and these values
+        (as far as the format allows; the same as today's when it cannot grow)."""
+        return (capacity_for(directory_len, self.directory_capacity, MAX_DIRECTORY_BYTES),
+                capacity_for(8 * value_count, 8 * self.value_capacity, MAX_DATA_BYTES) // 8)
+
+    def grown(self, directory_len: int, value_count: int) -> ShardWriter:
+        """The next generation, with room for this directory and these values (as far as the format allows):
+        a new file, renamed over this one by its first write. OSError when it cannot be created."""
+        directory_capacity, value_capacity = self.room_for(directory_len, value_count)
+        return ShardWriter(self.spool_dir, self.pid, self.start_ns, self.mode,
+                           directory_capacity=directory_capacity, value_capacity=value_capacity,
+                           generation=self.generation + 1, seq=self._seq)
+
+    def intact(self) -> bool:
+        """Whether the shard is still where readers look for it: False when it (or the whole spool) was deleted,
+        replaced, or hidden by a volume mounted over the spool."""
+        if self._pending is not None or self._fd < 0:
+            return True  # not published yet: the next write creates the name
+        try:
+            st = os.lstat(self.path)
+            fst = os.fstat(self._fd)
+        except OSError:
+            return False
+        return (st.st_dev, st.st_ino) == (fst.st_dev, fst.st_ino)
+
     def write(self, directory: bytes, values: list[float], **header: int) -> None:
-        """Publish one consistent state. ValueError when it does not fit the format (the caller counts it)."""
-        if len(directory) > DIRECTORY_BYTES or len(values) > MAX_VALUES:
+        """Publish one consistent state. ValueError when it does not fit this file (the caller grows it or
+        leaves series out)."""
+        if not self.fits(len(directory), len(values)):
             raise ValueError("shard full")
         fd = self._fd
         self._seq += 1  # odd: writing
@@ -313,9 +411,11 @@ class ShardWriter:
             data = array.array("d", values)
             if sys.byteorder != "little":
                 data.byteswap()
-            os.pwrite(fd, data.tobytes(), DATA_OFFSET)
+            os.pwrite(fd, data.tobytes(), self.data_offset)
         self._seq += 1  # even: consistent, written last together with the header
-        os.pwrite(fd, pack_header(seq=self._seq, directory_len=len(directory), value_count=len(values), **header), 0)
+        os.pwrite(fd, pack_header(seq=self._seq, directory_len=len(directory), value_count=len(values),
+                                  generation=self.generation, directory_capacity=self.directory_capacity,
+                                  data_offset=self.data_offset, shard_bytes=self.shard_bytes, **header), 0)
         if self._pending is not None:
             os.rename(self._pending, self.path)
             self._pending = None
@@ -338,6 +438,10 @@ class ShardWriter:
             with contextlib.suppress(OSError):
                 os.close(self._fd)
             self._fd = -1
+        if self._pending is not None:  # never published (a growth abandoned): leave no stray file
+            with contextlib.suppress(OSError):
+                os.unlink(self._pending)
+            self._pending = None
 
 
 # --- the reader (the agent) ---------------------------------------------------------------------------------------
@@ -360,6 +464,16 @@ class ShardReader:
         except (FileNotFoundError, NotADirectoryError):
             return []
         return [os.path.join(self.spool_dir, n) for n in sorted(names)]
+
+    def pending(self) -> list[tuple[str, int, int]]:
+        """Shards being written under their temporary name, as (path, pid, start_ns): a process killed between
+        creating one and renaming it leaves it behind."""
+        try:
+            with os.scandir(self.spool_dir) as it:
+                found = [(e.path, PENDING_NAME_RE.fullmatch(e.name)) for e in it]
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        return [(path, int(m.group(1)), int(m.group(2))) for path, m in found if m]
 
     def _fd(self, path: str) -> tuple[int, os.stat_result] | None:
         try:
@@ -395,10 +509,10 @@ class ShardReader:
         if got is None:
             return None
         fd, st = got
-        if st.st_size > SHARD_BYTES:
+        if st.st_size > MAX_SHARD_BYTES:
             raise ShardFormatError(f"{st.st_size} bytes: larger than the format allows")
         for _ in range(50):
-            head = os.pread(fd, _HEAD.size, 0)
+            head = os.pread(fd, HEAD_BYTES, 0)
             header = read_header(head)
             if not self.trusted(st.st_uid, header.pid):
                 raise ShardUntrusted(f"owned by uid {st.st_uid}, which this agent does not trust")
@@ -406,7 +520,7 @@ class ShardReader:
                 time.sleep(0.0005)
                 continue
             directory = os.pread(fd, header.directory_len, HEADER_BYTES) if header.directory_len else b""
-            data = os.pread(fd, 8 * header.value_count, DATA_OFFSET) if header.value_count else b""
+            data = os.pread(fd, 8 * header.value_count, header.data_offset) if header.value_count else b""
             if os.pread(fd, _SEQ.size, SEQ_OFFSET) != head[SEQ_OFFSET:SEQ_OFFSET + _SEQ.size]:
                 continue  # the writer moved on while we copied: copy again
             if len(directory) != header.directory_len or len(data) != 8 * header.value_count:
@@ -470,7 +584,7 @@ def decode(buf: bytes) -> ShardSnapshot:
     """A whole shard copied into memory, validated as the reader validates one on disk (for tools and tests)."""
     header = read_header(buf)
     directory = bytes(buf[HEADER_BYTES:HEADER_BYTES + header.directory_len])
-    data = bytes(buf[DATA_OFFSET:DATA_OFFSET + 8 * header.value_count])
+    data = bytes(buf[header.data_offset:header.data_offset + 8 * header.value_count])
     if len(directory) != header.directory_len or len(data) != 8 * header.value_count:
         raise ShardTruncated(f"truncated: {len(buf)} bytes, the header promises more")
     meta, entries = parse_directory(directory)

@@ -1,34 +1,168 @@
-"""The agent a hooked process runs itself when no agent holds its spool (standalone mode).
+"""The standalone agent: the process a hooked workload starts when no agent serves its spool (`outrider standalone`).
 
-This is the one entry point from the hook into the agent: `outrider.hook.election` imports it by name, late,
-only in the process that won the spool's lock. That process then serves /metrics for every process publishing to
-the spool (all ranks of a job on the node, all workers of a server). Its agent leaves out the `self` collector,
-which would measure the workload as if it were the agent, and evaluates alert rules only if OUTRIDER_RULE_FILES
-(or a config file) asks: by default alerting is left to a sidecar, `outrider run` or Prometheus.
+Started by outrider/hook/election.py as `python -m outrider standalone --workload-pid PID --detach`, it is the
+agent of every process publishing to the spool (all ranks of a job on the node, all workers of a server), in a
+process of its own (decision 9): the workload holds none of its sockets, threads, descriptors or memory.
+
+In order: it lowers its priority (nice 19, then SCHED_IDLE where the platform has it), raises its own soft
+descriptor limit to the hard one (one descriptor per shard: 1,100 workers need more than a usual 1024), takes the
+spool's lock (retrying briefly, since a hook's probe may hold it for microseconds; a second agent exits
+EXIT_ANOTHER_AGENT, at once and quietly), builds the agent (a configuration error or a listen address that is not
+ours exits non-zero, which the starting hook logs once and backs off on), then detaches: it forks once and the
+first process exits 0, so the agent is never a child of the workload. It serves until neither a publishing process
+nor the starting process (known by pid and start time) has been alive for lifecycle.grace_s, then does a final
+sweep and flush and exits.
+
+Collectors: host, process (the starting workload's process tree, not the agent), hook, alerts, and self, which
+now measures the agent's own process. Alert rules are evaluated only if OUTRIDER_RULE_FILES (or a config file)
+asks: by default alerting is left to a sidecar, `outrider run` or Prometheus. Once the workload is gone the agent
+lets go of the stderr it inherited, so a pipe reading the workload's output (`| tee`) ends with the workload.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
+import resource
 import sys
-from typing import Any
+import threading
+import time
+from collections.abc import Callable, Sequence
 
+from outrider import lifecycle, spool
 from outrider.agent import Agent
-from outrider.config import load
+from outrider.collectors import procfs
+from outrider.config import Config, LoadedConfig, load
+from outrider.hook.election import EXIT_ANOTHER_AGENT
+from outrider.logs import setup_logging
+from outrider.metrics.family import Family
 
-LOG = logging.getLogger("outrider.hook")
+LOG = logging.getLogger("outrider.standalone")
+COLLECTORS = ("host", "process", "hook", "alerts", "self")
+LOCK_WAIT_S = 2.0
+NICEST = 19
+MAX_DESCRIPTORS = 1 << 20
 
 
-def start_in_process_agent(spool_dir: str, listen: str | None) -> Any:
-    loaded = load()
+def standalone_config(loaded: LoadedConfig, spool_dir: str | None, listen: str | None) -> Config:
+    """The agent's configuration from the environment it shares with the workload, with the standalone choices."""
     config = loaded.config
     rule_files = config.rule_files if loaded.sources["rule_files"] != "default" else ()
-    config = dataclasses.replace(config, spool_dir=spool_dir, collectors=("host", "process", "hook", "alerts"),
-                                 listen=listen or config.listen, rule_files=rule_files)
-    agent = Agent(config, roots=(os.getpid(),), listen_fallback=True, hold_spool_lock=False)
-    agent.start()
-    print(f"outrider: no agent found on {spool_dir}; serving {agent.server.url}/metrics from pid {os.getpid()}",
-          file=sys.stderr)
-    return agent
+    # exit_when_workload_exits off: the standalone agent watches its workload itself (workload_watch).
+    return dataclasses.replace(config, spool_dir=spool_dir or config.spool_dir, collectors=COLLECTORS,
+                               listen=listen or config.listen, rule_files=rule_files, exit_when_workload_exits=False)
+
+
+def _start_ticks(proc_root: str, pid: int) -> int | None:
+    """The process's start time, which with its pid identifies it across pid reuse; None when it is gone."""
+    try:
+        st = procfs.read_proc_stat(proc_root, pid)
+    except (OSError, ValueError, IndexError):
+        return None
+    return None if st.state in ("Z", "X") else st.start_ticks
+
+
+def workload_watch(config: Config, workload_pid: int,
+                   clock: Callable[[], float] = time.monotonic) -> lifecycle.WorkloadWatch:
+    """What keeps the agent alive: the live publishing processes (any of the spool) and the starting process,
+    known by pid and start time (a pid reused by another process after the workload exits keeps nothing alive).
+    It counts as seen from the start: the workload was alive when it started the agent, and one that exits before
+    the first sweep is still one the agent exits after."""
+    publishers = lifecycle.live_processes(config.proc_root, ())
+    identity = _start_ticks(config.proc_root, workload_pid) if workload_pid > 0 else None
+
+    def live(families: Sequence[Family]) -> int:
+        starter = identity is not None and _start_ticks(config.proc_root, workload_pid) == identity
+        return publishers(families) + int(starter)
+
+    watch = lifecycle.WorkloadWatch(live, lifecycle.grace_s(config.interval_s), clock=clock)
+    watch.seen = True
+    return watch
+
+
+def lower_priority() -> None:
+    """The lowest CPU priority the platform allows; each step may be refused (a container's seccomp, no
+    SCHED_IDLE), which leaves the others."""
+    with contextlib.suppress(OSError, AttributeError):
+        os.setpriority(os.PRIO_PROCESS, 0, NICEST)
+    with contextlib.suppress(OSError, AttributeError):
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+
+
+def raise_descriptor_limit(cap: int = MAX_DESCRIPTORS) -> None:
+    """The soft descriptor limit up to the hard one (capped): the agent keeps one descriptor per shard, and it
+    inherits the workload's soft limit (often 1024) while a job may have more publishing processes than that."""
+    with contextlib.suppress(OSError, ValueError):
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        target = cap if hard == resource.RLIM_INFINITY else min(hard, cap)
+        if soft != resource.RLIM_INFINITY and soft < target:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+
+
+def take_lock(spool_dir: str, private: bool, trusted_uids: frozenset[int], wait_s: float = LOCK_WAIT_S) -> int | None:
+    """The spool's agent lock, retried for wait_s; None when another agent keeps it."""
+    spool.prepare_dir(spool_dir, private=private, trusted_uids=trusted_uids)
+    deadline = time.monotonic() + wait_s
+    while True:
+        fd = spool.try_lock(spool_dir)
+        if fd is not None or time.monotonic() >= deadline:
+            return fd
+        time.sleep(0.02)
+
+
+def detach() -> bool:
+    """Fork once; the parent exits 0 (telling the starting hook the agent holds the lock), the child goes on,
+    reparented away from the workload. Refused when threads run (forking them is unsafe): then it stays a child."""
+    if threading.active_count() > 1:
+        return False
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if os.fork() > 0:
+        os._exit(0)
+    return True
+
+
+def release_stderr() -> None:
+    """/dev/null in place of the inherited stderr (the workload's terminal or pipe)."""
+    with contextlib.suppress(OSError):
+        fd = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(fd, 2)
+        os.close(fd)
+
+
+def run(workload_pid: int, spool_dir: str | None, listen: str | None, detach_first: bool) -> int:
+    lower_priority()
+    raise_descriptor_limit()
+    loaded = load()
+    config = standalone_config(loaded, spool_dir, listen)
+    setup_logging(config.log_level if loaded.sources["log_level"] != "default" else "warning")
+    path = config.spool_dir or spool.default_dir()
+    try:
+        lock_fd = take_lock(path, not config.spool_dir, frozenset(config.spool_trusted_uids))
+    except OSError as e:
+        print(f"outrider: cannot use the spool {path}: {e}", file=sys.stderr)
+        return 1
+    if lock_fd is None:
+        return EXIT_ANOTHER_AGENT
+    try:
+        try:
+            agent = Agent(config, roots=(workload_pid,) if workload_pid > 0 else (), listen_fallback=True,
+                          hold_spool_lock=False)
+        except OSError as e:
+            print(f"outrider: the agent for {path} could not start: {e.strerror or e}", file=sys.stderr)
+            return 1
+        if detach_first:
+            detach()
+        agent.sampler.ctx.exclude_pids = frozenset({os.getpid()})  # a descendant of the workload while attached
+        watch = workload_watch(config, workload_pid)
+        watch.on_empty = release_stderr
+        agent.sampler.listeners.append(watch.on_sweep)
+        agent.workload = watch  # run_until_signal stops the agent when it says the workload is gone
+        print(f"outrider: no agent found on {path}; started one (pid {os.getpid()}) serving {agent.server.url}/metrics"
+              f"; it exits after the last instrumented process", file=sys.stderr, flush=True)
+        return agent.run_until_signal()
+    finally:
+        with contextlib.suppress(OSError):
+            os.close(lock_fd)

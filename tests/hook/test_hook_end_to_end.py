@@ -12,7 +12,17 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO, AgentProcess, free_port, http_get, samples, value, wait_until
+from tests.helpers import (
+    REPO,
+    AgentProcess,
+    free_port,
+    http_get,
+    samples,
+    standalone_agent,
+    stop_standalone_agent,
+    value,
+    wait_until,
+)
 from tests.integration.servers import PrometheusServer
 
 pytestmark = pytest.mark.integration
@@ -69,22 +79,31 @@ def test_ranks_and_forked_children_through_agent_and_prometheus(tmp_path: Path) 
                 p.wait()
 
 
-def test_without_an_agent_the_process_serves_metrics_itself(tmp_path: Path) -> None:
-    spool, hold = tmp_path / "spool", tmp_path / "hold"
+def test_without_an_agent_the_process_starts_one_that_serves_its_metrics(tmp_path: Path) -> None:
+    spool, hold, err = tmp_path / "spool", tmp_path / "hold", tmp_path / "stderr"
     port = free_port()
-    p = start(spool, "--steps", "20", "--hold", str(hold), OUTRIDER_LISTEN=f"127.0.0.1:{port}")
+    with err.open("wb") as stderr:
+        p = subprocess.Popen([sys.executable, WORKLOAD, "--steps", "20", "--hold", str(hold)], stderr=stderr,
+                             env=env(spool, OUTRIDER_LISTEN=f"127.0.0.1:{port}", OUTRIDER_INTERVAL_S="0.3"))
+    agent = None
     try:
+        agent = wait_until(lambda: standalone_agent(err.read_text()), timeout_s=30, what="the agent's start line")
+        assert agent == (agent[0], f"http://127.0.0.1:{port}") and agent[0] != p.pid
+
         def served() -> float | None:
             return value(samples(http_get(f"http://127.0.0.1:{port}/metrics")[2].decode()),
                          "outrider_train_steps_total", rank="")
-        assert wait_until(served, timeout_s=30, what="the in-process agent's /metrics") == 20
+        assert wait_until(served, timeout_s=30, what="the agent's /metrics") == 20
         parsed = samples(http_get(f"http://127.0.0.1:{port}/metrics")[2].decode())
-        assert value(parsed, "outrider_watched_processes") == 1
+        assert value(parsed, "outrider_watched_processes") == 1, "the workload, not the agent"
         hold.write_text("x")
         assert p.wait(timeout=30) == 0
+        assert stop_standalone_agent(agent[0]), "the agent exits by itself once the workload is gone"
     finally:
         p.kill()
         p.wait()
+        if agent is not None:
+            stop_standalone_agent(agent[0], timeout_s=0)
 
 
 def test_agent_restart_neither_loses_nor_doubles(tmp_path: Path) -> None:

@@ -7,11 +7,20 @@ import json
 import os
 import stat
 import struct
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from outrider import spool
+from outrider.collectors import hook as hook_collector
+from outrider.collectors.base import CollectorContext
+from outrider.collectors.hook import HookCollector
+from outrider.config import Config
+from outrider.metrics.exposition import render
+from tests.helpers import samples, value, wait_until
 
 ROOT = os.geteuid() == 0
 needs_root = pytest.mark.skipif(not ROOT, reason="changing a file's owner needs root (CI runs as root)")
@@ -219,3 +228,154 @@ def test_a_configured_spool_may_be_a_shared_volume_but_not_a_strangers_directory
     assert spool.prepare_dir(str(theirs), private=False, trusted_uids=frozenset({STRANGER})) == str(theirs)
     with pytest.raises(spool.SpoolError, match="belongs to uid"):
         spool.prepare_dir(str(theirs), private=True)
+
+
+# A process publishing one custom name in one shape, until `stop` exists.
+SHAPED = """
+import pathlib, sys, time
+import outrider
+kind, stop = sys.argv[1], pathlib.Path(sys.argv[2])
+if kind == "counter":
+    outrider.counter("workload_jobs", {"queue": "a"}).inc(5)  # exported as workload_jobs_total
+else:
+    outrider.gauge("workload_jobs_total", {"host": "h1"}).set(42)
+while not stop.exists():
+    time.sleep(0.05)
+"""
+
+
+def test_a_custom_name_with_two_shapes_shows_the_first_publishers_while_it_lives_then_the_other(
+        tmp_path: Path) -> None:
+    sp = tmp_path / "spool"
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("OUTRIDER_")}, "OUTRIDER_SPOOL_DIR": str(sp),
+           "OUTRIDER_FLUSH_INTERVAL_S": "0.1", "OUTRIDER_STANDALONE": "false"}
+    stop_first, stop_second = tmp_path / "stop-first", tmp_path / "stop-second"
+
+    def view(c: HookCollector) -> dict:  # type: ignore[type-arg]
+        return samples(render(c.collect()).decode())
+
+    def collector() -> HookCollector:
+        return HookCollector(CollectorContext(Config(spool_dir=str(sp), flush_interval_s=0.1), hold_spool_lock=False))
+
+    c = collector()
+    first = subprocess.Popen([sys.executable, "-c", SHAPED, "counter", str(stop_first)], env=env)
+    second = None
+    try:
+        wait_until(lambda: value(view(c), "workload_jobs_total", queue="a") == 5, what="the first shape")
+        second = subprocess.Popen([sys.executable, "-c", SHAPED, "gauge", str(stop_second)], env=env)
+        wait_until(lambda: c.collect() and len(c.processes) == 2, what="both publishers")
+        for _ in range(5):  # several sweeps: the rule holds, and the conflict is counted once, not per sweep
+            parsed = view(c)
+        assert value(parsed, "workload_jobs_total", queue="a") == 5, "the first shape wins while its publisher lives"
+        assert value(parsed, "workload_jobs_total", host="h1") is None
+        assert value(parsed, "outrider_hook_shard_errors_total", reason="shape_conflict") == 1
+        restarted = collector()  # an agent restarted meanwhile makes the same choice: the longest-running publisher
+        try:
+            parsed = view(restarted)
+            assert value(parsed, "workload_jobs_total", queue="a") == 5
+            assert value(parsed, "workload_jobs_total", host="h1") is None
+        finally:
+            restarted.close()
+        stop_first.touch()
+        assert first.wait(timeout=30) == 0
+        wait_until(lambda: value(view(c), "workload_jobs_total", host="h1") == 42,
+                   what="the second shape back once the first publisher is gone")
+        assert value(view(c), "workload_jobs_total", queue="a") is None, "the gone shape's retired values go"
+    finally:
+        stop_first.touch()
+        stop_second.touch()
+        for p in (first, second):
+            if p is not None:
+                try:
+                    p.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait()
+        c.close()
+
+
+def test_a_regrown_shard_is_followed_by_a_reader_that_held_the_old_generation(tmp_path: Path) -> None:
+    w = write_one(tmp_path)
+    r = reader(tmp_path)
+    assert r.read(w.path) is not None  # the reader now holds the first file open
+    series = [["c_total", "counter", {"i": str(i), "pad": "p" * 100}, i, []] for i in range(30_000)]
+    directory = json.dumps({"meta": {"rank": "3"}, "series": series}).encode()
+    assert not w.fits(len(directory), 30_000), "larger than the first file"
+    bigger = w.grown(len(directory), 30_000)
+    assert (bigger.generation, bigger.fits(len(directory), 30_000)) == (1, True)
+    assert os.path.exists(w.path), "the old generation stays readable until the new one is complete"
+    bigger.write(directory, [float(i) for i in range(30_000)], flags=0, pid=4242, stalls=0, start_ns=1_000,
+                 heartbeat_ns=3_000, last_step_ns=1_500, steps=9, stalled_since_ns=0)
+    w.close()
+    snap = r.read(w.path)
+    assert snap is not None and snap.header.generation == 1 and snap.header.steps == 9
+    assert len(snap.series) == 30_000 and snap.series[-1][3] == [29_999.0]
+    assert [p for p in os.listdir(tmp_path) if p.endswith(".new")] == [], "no stray file"
+    bigger.close()
+    r.close()
+
+
+def test_a_shard_in_the_first_layout_says_version_1_and_a_regrown_one_version_2(tmp_path: Path) -> None:
+    w = write_one(tmp_path)
+    assert spool.decode(Path(w.path).read_bytes()).header.version == 1, "an older agent reads it as before"
+    bigger = w.grown(100_000, 10)
+    bigger.write(b'{"meta":{},"series":[]}', [], flags=0, pid=4242, stalls=0, start_ns=1_000, heartbeat_ns=1,
+                 last_step_ns=0, steps=0, stalled_since_ns=0)
+    assert spool.decode(Path(w.path).read_bytes()).header.version == 2
+    w.close()
+    bigger.close()
+
+
+def test_a_version_1_shard_is_still_read(tmp_path: Path) -> None:
+    data = bytearray(Path(write_one(tmp_path).path).read_bytes())
+    struct.pack_into("<I", data, 8, 1)  # version 1: fixed layout, no layout fields
+    data[80:104] = bytes(24)
+    snap = spool.decode(bytes(data))
+    assert snap.header.version == 1 and snap.header.data_offset == spool.DATA_OFFSET
+    assert snap.series[1][3] == [1.0, 2.0, 3.0, 4.5]
+
+
+def test_a_writer_knows_when_its_shard_left_the_spool(tmp_path: Path) -> None:
+    w = write_one(tmp_path)
+    assert w.intact()
+    os.unlink(w.path)
+    assert not w.intact(), "deleted"
+    w2 = write_one(tmp_path)  # another file now at the same name (as after a remount)
+    assert w2.intact() and not w.intact(), "replaced"
+    w.close()
+    w2.close()
+
+
+def test_closed_shards_of_two_shapes_found_at_start_make_one_valid_family(tmp_path: Path) -> None:
+    # An agent (re)started after both publishers finished: no live process to choose a shape, the exposition must
+    # still be valid (one shape per name).
+    for pid, kind, labels in ((101, "counter", {"queue": "a"}), (102, "counter", {"host": "h"})):
+        w = spool.ShardWriter(str(tmp_path), pid, 5)
+        directory = json.dumps({"meta": {}, "series": [["workload_jobs_total", kind, labels, 0, []]]}).encode()
+        w.write(directory, [3.0], flags=spool.FLAG_CLOSED, pid=pid, stalls=0, start_ns=5, heartbeat_ns=6,
+                last_step_ns=0, steps=0, stalled_since_ns=0)
+        w.close()
+    c = HookCollector(CollectorContext(Config(spool_dir=str(tmp_path)), hold_spool_lock=False))
+    try:
+        parsed = samples(render(c.collect()).decode())  # the parser refuses an exposition with mixed shapes
+        shown = [labels for (name, labels) in parsed if name == "workload_jobs_total"]
+        assert shown == [(("queue", "a"),)], shown
+    finally:
+        c.close()
+
+
+def test_a_pending_shard_left_by_a_killed_process_is_removed_and_a_live_ones_kept(tmp_path: Path) -> None:
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # its pid is free now (or reused by a process started later: not the same process either)
+    stray = tmp_path / f"outrider-{gone.pid}-{time.time_ns() - 10**9}.shard.new"
+    stray.write_bytes(b"\0" * 4096)  # killed between creating a larger generation and renaming it
+    growing = tmp_path / f"outrider-{os.getpid()}-{time.time_ns()}.shard.new"  # this live process, mid-growth
+    growing.write_bytes(b"\0" * 4096)
+    c = HookCollector(CollectorContext(Config(spool_dir=str(tmp_path)), hold_spool_lock=False))
+    try:
+        for _ in range(2 * hook_collector.STRAY_EVERY + 1):
+            c.collect()
+        assert not stray.exists(), "the dead process's leftover is removed"
+        assert growing.exists(), "a live process's shard being written is left alone"
+    finally:
+        c.close()

@@ -134,7 +134,8 @@ def test_demo_runs_the_synthetic_workload_and_reports(tmp_path: object) -> None:
     fired = r.stderr.find("alert DemoStepTimeRegression FIRING {instance=demo, job=outrider, severity=warning}")
     resolved = r.stderr.find("alert DemoStepTimeRegression RESOLVED")
     assert 0 <= fired < resolved, r.stderr
-    assert re.search(r"DemoStepTimeRegression \(warning\) fired at [\d:]+, resolved at [\d:]+ after [\d.]+ s: "
+    assert re.search(r"DemoStepTimeRegression \(warning\)\s+(pending\s+at\s+[\d:]+,\s+)?fired\s+at\s+[\d:]+,"
+                     r"\s+resolved\s+at\s+[\d:]+\s+after\s+[\d.]+\s+s:\s+"
                      r"Training\s+steps\s+on\s+demo\s+take\s+[\d.]+ms", r.stderr), r.stderr
     assert "exited with code 0" in r.stderr
     assert "cores" in r.stderr and "peak RSS" in r.stderr

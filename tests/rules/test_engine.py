@@ -270,27 +270,15 @@ def test_re_sends_carry_the_current_annotations_and_the_resolve_the_last(tmp_pat
     assert sent[-1].event == "resolved" and sent[-1].annotations["summary"] == "GPU 0 at 99"
 
 
-def test_the_in_process_agent_evaluates_rules_only_when_asked(monkeypatch: pytest.MonkeyPatch,
-                                                             tmp_path: Path) -> None:
+def test_the_standalone_agent_evaluates_rules_only_when_asked(monkeypatch: pytest.MonkeyPatch) -> None:
     from outrider import standalone
+    from outrider.config import load
 
-    started: list[Config] = []
-
-    class FakeAgent:
-        def __init__(self, config: Config, **kw: object) -> None:
-            started.append(config)
-            self.server = type("S", (), {"url": "http://127.0.0.1:0"})()
-
-        def start(self) -> None:
-            pass
-
-    monkeypatch.setattr(standalone, "Agent", FakeAgent)
     for name in [k for k in __import__("os").environ if k.startswith("OUTRIDER_")]:
         monkeypatch.delenv(name)
-    standalone.start_in_process_agent(str(tmp_path), None)
+    assert standalone.standalone_config(load(), None, None).rule_files == ()
     monkeypatch.setenv("OUTRIDER_RULE_FILES", "builtin")
-    standalone.start_in_process_agent(str(tmp_path), None)
-    assert [c.rule_files for c in started] == [(), ("builtin",)]
+    assert standalone.standalone_config(load(), None, None).rule_files == ("builtin",)
 
 
 def test_a_rule_that_breaks_is_counted_and_the_others_still_evaluate(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -225,7 +225,7 @@ def test_a_fifo_as_a_rule_file_is_refused_without_hanging(tmp_path: Path) -> Non
 def test_a_regular_expression_the_evaluator_cannot_compile_is_refused_at_load(tmp_path: Path) -> None:
     rules = write(tmp_path, "groups: [{name: g, rules: [{alert: A, expr: 'label_replace(up, \"a\", \"$1\", \"b\", "
                             "\"(\")'}]}]\n")
-    with pytest.raises(RuleLoadError, match=r"group 'g', alert 'A': uses the regular expression '\('"):
+    with pytest.raises(RuleLoadError, match=r"group 'g', alert 'A': the pattern '\(' is not a regular expression RE2 "):
         load_groups([rules])
 
 

@@ -278,6 +278,23 @@ def test_each_sidecar_workload_is_its_own_job() -> None:
     assert len(jobs) == 2, "the examples' pods carry the job label, one value per workload"
 
 
+def test_monitors_mark_node_agents_and_sidecars_as_the_rules_expect() -> None:
+    """The rules tell a sidecar (which leaves with its finished Job and may have any job name) from a node agent by
+    the agent_role label the monitors set; alerts/tests/meta.test.yaml runs the rules on exactly these labels."""
+    docs = render(None, {"podMonitor": {"enabled": True}, "serviceMonitor": {"enabled": True}})
+    sm = kind(docs, "ServiceMonitor")[0]["spec"]["endpoints"][0]["relabelings"]
+    pm = kind(docs, "PodMonitor")[0]["spec"]["podMetricsEndpoints"][0]["relabelings"]
+    marks = {name: [r.get("replacement") for r in rel if r.get("targetLabel") == "agent_role"]
+             for name, rel in (("service", sm), ("pod", pm))}
+    assert marks == {"service": ["node"], "pod": ["sidecar"]}
+    # both monitors give the node label, so the label is the only way to tell a sidecar from a node agent
+    assert all(any(r.get("targetLabel") == "node" for r in rel) for rel in (sm, pm))
+    rules = {r["alert"]: r["expr"] for g in yaml.safe_load((REPO / "alerts" / "outrider.rules.yaml").read_text())[
+        "groups"] for r in g["rules"] if "alert" in r}
+    assert 'up{agent_role="sidecar"} == 0' in rules["OutriderAgentDown"]
+    assert rules["OutriderTargetMissing"].count('agent_role!="sidecar"') == 2
+
+
 def test_runbook_urls_follow_the_base_the_values_set() -> None:
     source = yaml.safe_load((REPO / "alerts" / "outrider.rules.yaml").read_text())
     urls = [r["annotations"]["runbook_url"] for g in source["groups"] for r in g["rules"] if "alert" in r]

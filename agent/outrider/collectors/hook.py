@@ -6,6 +6,15 @@ marked closed, or its pid gone and its heartbeat stale), its last counter and hi
 "retired" totals, its shard is deleted, and merged counters never go backwards while the agent lives. Retired
 series that no live process shares expire after RETIRED_TTL_S, and at most MAX_RETIRED of them are held.
 
+A process is identified by its pid and its start time (the shard's meta carries the start in clock ticks, as in
+/proc/PID/stat): a pid reused by another process is never taken for the process that died. A shard that leaves
+the spool while its process lives (the spool deleted, replaced or remounted: the hook re-creates it at its next
+flush) is retired like a dead one, so merged counters do not dip; when the same process's shard comes back, what
+was retired for it is taken back out (its cumulative values include it), so nothing is counted twice. A custom
+metric name published with two shapes (kind or label names) by two processes is shown in one shape: that of the
+longest-running live process publishing it; the other shape's series are left out and counted
+(`shape_conflict`) until no live process publishes the first shape.
+
 Shards are read through outrider.spool, which trusts nothing in them: a shard that is unreadable (truncated,
 corrupt, newer format, owned by a uid this agent does not trust) is skipped and counted; a bad series in a good
 shard is dropped alone and counted. Neither ever fails the collector.
@@ -29,6 +38,10 @@ RETIRED_TTL_S = 900.0
 MAX_RETIRED = 10_000
 TRUST_TTL_S = 30.0
 MAX_ANCESTRY = 64
+MAX_RETIRED_PATHS = 1024  # shards whose retired values are remembered, in case the same process's shard returns
+START_SLACK_S = 2.0  # /proc/stat's boot time is whole seconds: the slack of a start time derived from it
+Shape = tuple[str, tuple[str, ...]]  # kind, label names
+STRAY_EVERY = 10  # sweeps between looks for pending shards left by processes killed while growing theirs
 
 
 @dataclass
@@ -46,6 +59,11 @@ class ProcessState:
     @property
     def training_job(self) -> str:
         return _label_text(self.meta.get("training_job", ""))
+
+    @property
+    def worker(self) -> bool:
+        """A helper of a rank (a spawned DataLoader worker): its series count for the rank, it never pages."""
+        return self.meta.get("role") == "worker"
 
 
 @dataclass
@@ -66,6 +84,14 @@ class HookCollector(Collector):
         self._trusted_uids = frozenset(config.spool_trusted_uids) | {os.geteuid()}
         self.reader = spool.ShardReader(self.spool, self._trusted)
         self._retired: dict[SeriesKey, Retired] = {}
+        # path -> (what was retired for it, when): taken back out if that process's shard comes back
+        self._retired_by_path: dict[str, tuple[dict[SeriesKey, list[float]], float]] = {}
+        self._last: dict[str, dict[SeriesKey, list[float]]] = {}  # live shards of the last sweep and their series
+        self._owners: dict[str, tuple[str, Shape]] = {}  # custom name -> (path of its shape's publisher, shape)
+        self._conflicts: set[tuple[str, str]] = set()  # (path, name) counted as shape_conflict
+        self._boot_s: float | None = None
+        self._sweeps = 0
+        self._strays: dict[str, float] = {}  # pending shards of processes gone -> when first seen so
         self._dynamic: dict[str, MetricDef] = {}
         self.shard_errors: dict[str, int] = {}
         self.processes: list[ProcessState] = []
@@ -138,9 +164,34 @@ class HookCollector(Collector):
             return False
         return True
 
+    def _keep_lock(self) -> None:
+        """A spool re-created under the agent (deleted, remounted) lost the lock with its old directory, and a
+        workload would take it for a spool no agent serves: take it again in the new directory."""
+        if self._lock_fd is None:
+            return
+        try:
+            st, fst = os.lstat(os.path.join(self.spool, spool.LOCK_NAME)), os.fstat(self._lock_fd)
+            if (st.st_dev, st.st_ino) == (fst.st_dev, fst.st_ino):
+                return
+        except OSError:
+            pass
+        try:
+            spool.prepare_dir(self.spool, private=not self._explicit, trusted_uids=self._trusted_uids)
+            fd = spool.try_lock(self.spool)
+        except OSError as e:
+            self.drop("spool", e)
+            return
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._lock_fd)
+            self._lock_fd = fd
+
     def collect(self) -> list[Family]:
+        self._keep_lock()
         merged: dict[SeriesKey, list[float]] = {}
         processes: list[ProcessState] = []
+        live: list[tuple[ProcessState, dict[SeriesKey, list[float]]]] = []
+        present: set[str] = set()
         for path in self.reader.paths() if self._usable() else ():
             name = os.path.basename(path)
             try:
@@ -153,27 +204,127 @@ class HookCollector(Collector):
                 continue
             if snap is None:
                 continue
+            present.add(path)
+            # Back after it was retired (its cumulative values include what was retired, taken back out), or a
+            # heartbeat older than the last one seen (a stale copy, such as the spool's old directory seen again
+            # when a volume mounted over it goes): no counter of this process may go backwards.
+            unretired = self._unretire(path)
+            before = self._heartbeats.get(path)
+            floor = unretired or (self._last.get(path) if before and snap.header.heartbeat_ns < before[0] else None)
             for why in snap.rejected:
                 self._count("invalid_series", f"series in {name}", why)
-            proc = ProcessState(path, snap.meta, snap.header, self._state(path, snap.header), snap.uid)
+            proc = ProcessState(path, snap.meta, snap.header, self._state(path, snap.header, snap.meta), snap.uid)
             extra = (("training_job", proc.training_job), ("rank", proc.rank))
             entries = {(n, kind, (*sorted(labels.items()), *extra), bounds): values
                        for n, kind, labels, values, bounds in snap.series}
+            if floor:
+                _not_backwards(entries, floor)
             if proc.state == "exited":
-                self._retire(entries)
+                self._retire(entries, path)
                 self._remove(path)
                 continue
             processes.append(proc)
+            live.append((proc, entries))
+        for path, entries in self._last.items():
+            if path not in present:  # gone without being retired here: the spool deleted or remounted, unreadable
+                self._retire(entries, path)
+                self._heartbeats.pop(path, None)
+        self._last = {proc.path: entries for proc, entries in live}
+        self._sweeps += 1
+        if self._sweeps % STRAY_EVERY == 1:
+            self._remove_strays()
+        self._quiet_helpers(live)
+        left_out = self._elect_shapes(live)
+        for proc, entries in live:
+            out = left_out.get(proc.path)
             for key, values in entries.items():
-                _accumulate(merged, key, values)
+                if not out or key[0] not in out:
+                    _accumulate(merged, key, values)
+                elif (proc.path, key[0]) not in self._conflicts:
+                    if len(self._conflicts) > 10_000:
+                        self._conflicts.clear()
+                    self._conflicts.add((proc.path, key[0]))
+                    self._count("shape_conflict", f"series {key[0]}",
+                                f"pid {proc.header.pid} publishes it as a {key[1]} with other label names than "
+                                "the process that published it first; left out while that one runs")
         self._expire_retired(merged)
         for key, retired in self._retired.items():
-            _accumulate(merged, key, retired.values)
+            if self._shape_ok(key):
+                _accumulate(merged, key, retired.values)
         self.processes = processes
         self.ctx.stalled_stacks[:] = self._stalled_stacks(processes)
         return self._families(merged, processes)
 
-    def _state(self, path: str, h: spool.ShardHeader) -> str:
+    # --- identity ----------------------------------------------------------------------------------------------
+    def _start_ticks(self, pid: int) -> int | None:
+        """The start time of the live process `pid` (clock ticks after boot, /proc/PID/stat field 22)."""
+        try:
+            with open(f"{self.ctx.config.proc_root}/{pid}/stat", "rb") as fh:
+                text = fh.read()
+            return int(text[text.rindex(b")") + 2:].split()[19])
+        except (OSError, ValueError, IndexError):
+            return None
+
+    def _boot_time_s(self) -> float:
+        if self._boot_s is None:
+            self._boot_s = 0.0
+            with contextlib.suppress(OSError, ValueError, IndexError), \
+                    open(f"{self.ctx.config.proc_root}/stat", "rb") as fh:
+                for line in fh:
+                    if line.startswith(b"btime "):
+                        self._boot_s = float(line.split()[1])
+        return self._boot_s
+
+    def _same_process(self, pid: int, meta: dict[str, object], start_ns: int) -> bool:
+        """Whether the live process `pid` is the one that wrote the shard: same pid and same start. The hook says
+        its start in clock ticks (exact); a shard without it (an older hook) is matched on wall time: the live
+        process must have started before the hook did."""
+        ticks = self._start_ticks(pid)
+        if ticks is None:
+            return False
+        said = meta.get("starttime")
+        if isinstance(said, int) and not isinstance(said, bool) and said > 0:
+            return ticks == said
+        boot = self._boot_time_s()
+        if not boot:
+            return True  # cannot tell: the pid is visible, as before
+        return boot + ticks / os.sysconf("SC_CLK_TCK") <= start_ns / 1e9 + START_SLACK_S
+
+    # --- shapes of custom names ----------------------------------------------------------------------------------
+    def _elect_shapes(self, live: list[tuple[ProcessState, dict[SeriesKey, list[float]]]]) -> dict[str, set[str]]:
+        """Each custom name's shape: its current owner's while that process lives, else that of the
+        longest-running live process publishing the name; with none live, the last owner's (its retired series).
+        Returns the names each process publishes in another shape (by shard path). A process has one shape per
+        name (its registry refuses a second), so one series per name tells it."""
+        publishers: dict[str, dict[str, tuple[int, int, Shape]]] = {}
+        for proc, entries in live:
+            seen: set[str] = set()
+            for key in entries:
+                name = key[0]
+                if name in seen:
+                    continue
+                seen.add(name)
+                if name not in CATALOG:
+                    publishers.setdefault(name, {})[proc.path] = (proc.header.start_ns, proc.header.pid, _shape(key))
+        left_out: dict[str, set[str]] = {}
+        for name, pubs in publishers.items():
+            owner = self._owners.get(name)
+            path = owner[0] if owner is not None and owner[0] in pubs else min(pubs, key=lambda p: pubs[p][:2])
+            shape = pubs[path][2]
+            self._owners[name] = (path, shape)
+            for other, (_, _, theirs) in pubs.items():
+                if theirs != shape:
+                    left_out.setdefault(other, set()).add(name)
+        if len(self._owners) > 10_000:  # names nobody publishes any more, and with nothing retired, go
+            keep = set(publishers) | {key[0] for key in self._retired}
+            self._owners = {n: o for n, o in self._owners.items() if n in keep}
+        return left_out
+
+    def _shape_ok(self, key: SeriesKey) -> bool:
+        owner = self._owners.get(key[0])
+        return owner is None or owner[1] == _shape(key)
+
+    def _state(self, path: str, h: spool.ShardHeader, meta: dict[str, object]) -> str:
         if h.flags & spool.FLAG_CLOSED:
             return "exited"
         # The heartbeat's age on the agent's monotonic clock (since the value last changed), so a wall-clock jump
@@ -184,10 +335,9 @@ class HookCollector(Collector):
             seen = self._heartbeats[path] = (h.heartbeat_ns, now)
         age_s = now - seen[1]
         flush_s = self.ctx.config.flush_interval_s
-        pid_visible = os.path.exists(f"{self.ctx.config.proc_root}/{h.pid}")
-        if not pid_visible and age_s > 3 * flush_s:
-            # Killed or crashed (no closing flush). In a pod without a shared process namespace no pid is visible:
-            # there, three missed heartbeats mean gone.
+        if age_s > 3 * flush_s and not self._same_process(h.pid, meta, h.start_ns):
+            # Killed or crashed (no closing flush), its pid gone or reused by another process. In a pod without a
+            # shared process namespace no pid is visible: there, three missed heartbeats mean gone.
             return "exited"
         if age_s > max(10 * flush_s, 10.0):
             return "unresponsive"  # alive, but its publisher thread has not written for a while
@@ -195,8 +345,64 @@ class HookCollector(Collector):
             return "stalled"
         return "running"
 
-    def _retire(self, entries: dict[SeriesKey, list[float]]) -> None:
+    def _remove_strays(self) -> None:
+        """A process killed between creating a shard (or a larger generation of it) and renaming it leaves the
+        file under its temporary name, up to the format's size: removed once its process is gone (pid and
+        start), seen so on two looks."""
+        seen: dict[str, float] = {}
+        for path, pid, start_ns in self.reader.pending():
+            if self._same_process(pid, {}, start_ns):
+                continue
+            if path in self._strays:
+                try:
+                    os.unlink(path)  # never follows a link
+                except FileNotFoundError:
+                    pass
+                except OSError as e:  # a sticky shared spool where it is not ours to delete
+                    self.drop("cleanup", e)
+                continue
+            seen[path] = time.monotonic()
+        self._strays = seen
+
+    def _quiet_helpers(self, live: list[tuple[ProcessState, dict[SeriesKey, list[float]]]]) -> None:
+        """A helper waiting for a first step it will never take (it inherited torchrun's environment) does not make
+        its rank's outrider_train_first_step_pending 1: the gauge is summed over the rank's processes."""
+        groups: dict[tuple[str, str], list[ProcessState]] = {}
+        for proc, _ in live:
+            groups.setdefault((proc.rank, proc.training_job), []).append(proc)
+        for proc, entries in live:
+            key: SeriesKey = ("outrider_train_first_step_pending", "gauge",
+                              (("training_job", proc.training_job), ("rank", proc.rank)), ())
+            pending = entries.get(key)
+            if pending and pending[0] and self._helper(proc, groups[(proc.rank, proc.training_job)]):
+                del entries[key]
+
+    def _helper(self, p: ProcessState, procs: list[ProcessState]) -> bool:
+        """Whether a process of a rank is a helper of it rather than the rank: a spawned worker (its meta says so),
+        or one that never stepped and descends from another live process of the same rank (a helper started with
+        subprocess, which inherits RANK and TORCHELASTIC_RUN_ID). A helper never makes its rank stalled."""
+        if p.worker:
+            return True
+        if p.header.steps or len(procs) < 2:
+            return False
+        others = {q.header.pid for q in procs if q is not p}
+        pid = p.header.pid
+        for _ in range(MAX_ANCESTRY):
+            try:
+                with open(f"{self.ctx.config.proc_root}/{pid}/stat", "rb") as fh:
+                    text = fh.read()
+                pid = int(text[text.rindex(b")") + 2:].split()[1])
+            except (OSError, ValueError, IndexError):
+                return False
+            if pid in others:
+                return True
+            if pid <= 1:
+                return False
+        return False
+
+    def _retire(self, entries: dict[SeriesKey, list[float]], path: str) -> None:
         now = time.monotonic()
+        kept: dict[SeriesKey, list[float]] = {}
         for key, values in entries.items():
             if key[1] not in ("counter", "histogram"):  # a gone process's gauges go with it
                 continue
@@ -206,6 +412,26 @@ class HookCollector(Collector):
             elif len(have.values) == len(values):
                 have.values = [a + b for a, b in zip(have.values, values)]
                 have.at = now
+            else:
+                continue
+            kept[key] = values
+        self._retired_by_path.pop(path, None)
+        self._retired_by_path[path] = (kept, now)
+        while len(self._retired_by_path) > MAX_RETIRED_PATHS:
+            del self._retired_by_path[next(iter(self._retired_by_path))]
+
+    def _unretire(self, path: str) -> dict[SeriesKey, list[float]] | None:
+        """The shard of a process retired here is back (the spool re-created, a process taken for dead that was
+        not): its cumulative values include what was retired for it, which is taken back out. Returns what was
+        retired (the values its series may not fall below)."""
+        hit = self._retired_by_path.pop(path, None)
+        if hit is None or time.monotonic() - hit[1] > RETIRED_TTL_S:
+            return None
+        for key, values in hit[0].items():
+            have = self._retired.get(key)
+            if have is not None and len(have.values) == len(values):
+                have.values = [a - b for a, b in zip(have.values, values)]
+        return hit[0]
 
     def _expire_retired(self, live: dict[SeriesKey, list[float]]) -> None:
         """Bounded memory: a retired series no live process shares goes after RETIRED_TTL_S (its final value has
@@ -243,14 +469,15 @@ class HookCollector(Collector):
         if defn is not None:
             return defn if defn.type == kind and set(defn.label_names) == set(label_names) else None
         hit = self._dynamic.get(name)
-        if hit is None:
-            if len(self._dynamic) >= 10_000:
-                return None
+        if hit is None or hit.type != kind or set(hit.label_names) != set(label_names):
+            # New, or its shape changed (the process that owned the old one is gone): the definition follows
+            if hit is None and len(self._dynamic) >= 10_000:
+                self._dynamic.clear()  # names seen long ago; the live ones are made again
             hit = MetricDef(name, name, "s" if name.endswith("_seconds") else "1", kind,  # type: ignore[arg-type]
                             "Custom metric published by the workload through the Outrider hook.",
                             tuple(Label(n, n) for n in label_names), "hook")
             self._dynamic[name] = hit
-        return hit if hit.type == kind and set(hit.label_names) == set(label_names) else None
+        return hit
 
     def _families(self, merged: dict[SeriesKey, list[float]], processes: list[ProcessState]) -> list[Family]:
         fams: dict[str, Family] = {}
@@ -264,6 +491,8 @@ class HookCollector(Collector):
             fam = fams.get(name)
             if fam is None:
                 fam = fams[name] = Family(defn)
+            elif fam.defn.type != kind or set(fam.defn.label_names) != set(label_map):
+                continue  # retired series of two shapes with no live publisher to choose: the first shape shown
             label_values = tuple(label_map[n] for n in defn.label_names)
             if kind == "histogram":
                 fam.add(HistogramValue(bounds, tuple(int(v) for v in values[:-1]), values[-1]), *label_values)
@@ -286,7 +515,8 @@ class HookCollector(Collector):
             if steps:
                 last_step.add(max(steps) / 1e9, rank, job)
             started.add(min(p.header.start_ns for p in procs) / 1e9, rank, job)
-            stalled.add(1 if any(p.state in ("stalled", "unresponsive") for p in procs) else 0, rank, job)
+            stalled.add(1 if any(p.state in ("stalled", "unresponsive") and not self._helper(p, procs)
+                                 for p in procs) else 0, rank, job)
         for p in processes:
             heartbeat.add(p.header.heartbeat_ns / 1e9, p.rank, p.training_job, str(p.header.pid))
         errors = Family("outrider_hook_shard_errors_total")
@@ -308,6 +538,22 @@ def _label_text(value: object) -> str:
     """A label value from a shard's meta: text, at most 128 characters, valid UTF-8 (else replaced)."""
     text = value if isinstance(value, str) else str(value)
     return text[: spool.MAX_LABEL_VALUE].encode("utf-8", "replace").decode("utf-8")
+
+
+def _shape(key: SeriesKey) -> Shape:
+    # The labels of a key are sorted, then training_job and rank: their names in order are the shape's.
+    return key[1], tuple([n for n, _ in key[2]])
+
+
+def _not_backwards(entries: dict[SeriesKey, list[float]], floor: dict[SeriesKey, list[float]]) -> None:
+    """One process's counters and histograms never go backwards: a series below what was seen of it before (a stale
+    copy of the shard) keeps the earlier values."""
+    for key, values in entries.items():
+        before = floor.get(key)
+        if before is None or len(before) != len(values) or key[1] == "gauge":
+            continue
+        if (before[0] > values[0]) if key[1] == "counter" else (sum(before[:-1]) > sum(values[:-1])):
+            entries[key] = before
 
 
 def _accumulate(into: dict[SeriesKey, list[float]], key: SeriesKey, values: list[float]) -> None:

@@ -4,9 +4,9 @@ the memory limit and usage of the cgroup (container) the agent runs in."""
 from __future__ import annotations
 
 import os
-import re
 import time
 
+from outrider import regex
 from outrider.collectors import cgroupfs, procfs
 from outrider.collectors.base import Collector, CollectorContext
 from outrider.metrics.family import Family
@@ -29,8 +29,9 @@ class HostCollector(Collector):
         self._sys_root = ctx.config.sys_root
         self._memory_cgroup: cgroupfs.MemoryCgroup | None = None
         self._cgroup_reader: procfs.KeptOpenReader | None = None
-        self._disk_exclude = re.compile(ctx.config.disk_exclude)
-        self._net_exclude = re.compile(ctx.config.network_exclude)
+        # user patterns, compiled by RE2 (linear time; config refused them at load if RE2 does not take them)
+        self._disk_exclude = regex.compile(ctx.config.disk_exclude)
+        self._net_exclude = regex.compile(ctx.config.network_exclude)
         self._prev_cpu: dict[str, float] | None = None
         self._reader = procfs.KeptOpenReader(self._root)
         self._mount_cache: tuple[float, list[procfs.Mount]] | None = None

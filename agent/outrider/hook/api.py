@@ -102,9 +102,9 @@ S = _State()
 def instrument(spool_dir: str | None = None, standalone: bool | None = None) -> bool:
     """Start publishing this process's metrics. Zero-config: reads OUTRIDER_* (spool directory, limits).
 
-    With an agent on the spool (a sidecar, `outrider run`, or another process of this job) it only publishes;
-    with none, this process runs the agent itself and serves /metrics. Hooks into PyTorch, now if it is imported,
-    else once it is.
+    With an agent on the spool (a sidecar, `outrider run`, or one another process of this job started) it only
+    publishes; with none, it starts the agent as a separate process (`outrider standalone`), which serves /metrics
+    and exits after the last instrumented process. Hooks into PyTorch, now if it is imported, else once it is.
     Idempotent. Returns whether the hook is active."""
     if S.hook is not None:
         return True
@@ -263,6 +263,16 @@ def shutdown() -> None:
     """Final flush (marked closed) now, instead of at interpreter exit."""
     if S.hook is not None:
         S.hook.close()
+
+
+def flush() -> None:
+    """Publish this process's state now (steps, counts, series), without closing: before an exit that skips the
+    interpreter's (os._exit), or at a point that must be on record. Never raises."""
+    if S.hook is not None:
+        try:
+            S.hook.flush()
+        except Exception:
+            S.hook.drop("flush_error")
 
 
 # --- training steps --------------------------------------------------------------------------------------------

@@ -1,25 +1,104 @@
-"""Standalone mode: with no agent on the spool, one instrumented process runs the agent in-process.
+"""Standalone mode: with no agent on the spool, a hooked process starts one as a separate process (decision 9).
 
-The process that takes the spool's agent lock starts the agent through ONE late, documented entry point,
-`outrider.standalone.start_in_process_agent(spool_dir, listen)`, imported by name at that moment only. It is the
-single place where the hook reaches the agent side (import-linter's contracts keep every other path closed); a
-process that never becomes the agent never imports a module of the agent or a third-party package.
+Nothing of the agent runs in the workload. Every ELECTION_RETRY_S the publisher thread checks whether an agent
+holds the spool's lock (agent.lock); when none does, and no other process of the job is already starting one
+(spawn.lock, held until the start is settled), it starts `python -m outrider standalone` with the standard
+library's subprocess: a new session, no descriptor of the workload but stderr (so the agent's "serving ..." line
+reaches the user), stdin and stdout on /dev/null. That process lowers its own priority to the lowest the platform
+allows (nice 19, SCHED_IDLE), takes agent.lock itself (a loser of a race exits at once with EXIT_ANOTHER_AGENT),
+detaches (so it is never the workload's child: no zombie, nothing for the workload's own wait() to reap), and exits
+after the last publishing process is gone (outrider/standalone.py).
+
+A failed start (exit status other than 0 or EXIT_ANOTHER_AGENT) is logged once and retried with a doubling back-off
+up to MAX_RETRY_S. Nothing here raises into the workload, and this module imports nothing of the agent.
 """
 
 from __future__ import annotations
 
 import contextlib
-import importlib
+import errno
+import fcntl
 import logging
 import os
+import random
+import stat
+import subprocess
+import sys
 import time
-from typing import Any
 
 from outrider import spool
 
 LOG = logging.getLogger("outrider.hook")
-AGENT_ENTRY_POINT = "outrider.standalone"
 ELECTION_RETRY_S = 5.0
+MAX_RETRY_S = 600.0
+# How long this process keeps other processes of the job from starting an agent while the one it started has
+# neither settled (taken the lock and detached, or found another agent) nor exited.
+SPAWN_TIMEOUT_S = 60.0
+SPAWN_LOCK_NAME = "spawn.lock"
+EXIT_ANOTHER_AGENT = 3  # the started agent found the lock taken: not a failure
+AGENT_COMMAND = "standalone"  # `outrider standalone` (outrider/cli.py)
+
+
+def agent_serving(spool_dir: str) -> bool:
+    """Whether an agent holds the spool's lock. The probe holds the lock for a few microseconds when it is free;
+    an agent starting at that instant retries for a while (standalone.take_lock). A lock file that is not ours to
+    use (a symlink, another user's file) counts as held: an agent started from here could not take it either."""
+    fd = spool.try_lock(spool_dir)
+    if fd is None:
+        return True
+    os.close(fd)
+    return False
+
+
+def try_spawn_lock(spool_dir: str) -> int | None:
+    """The job-wide right to start an agent now (flock on spawn.lock, released with the descriptor); None when
+    another process has it. Opened as spool.try_lock opens the agent lock: no symlink, a regular file of ours."""
+    path = os.path.join(spool_dir, SPAWN_LOCK_NAME)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.EACCES, errno.EPERM):
+            return None
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid not in (os.geteuid(), 0):
+            os.close(fd)
+            return None
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def agent_command(spool_dir: str, explicit: bool, listen: str, workload_pid: int) -> list[str]:
+    cmd = [sys.executable, "-m", "outrider", AGENT_COMMAND, "--workload-pid", str(workload_pid), "--detach"]
+    if explicit:  # the default spool is the agent's default too; passing it would make it a "configured" one
+        cmd += ["--spool-dir", spool_dir]
+    if listen:
+        cmd += ["--listen", listen]
+    return cmd
+
+
+def agent_environment() -> dict[str, str]:
+    """The workload's environment (the agent reads the same OUTRIDER_* settings), with this copy of outrider first
+    on the path: the agent must be the same version as the hook, wherever the workload found it."""
+    env = dict(os.environ)
+    package_root = os.path.dirname(os.path.dirname(os.path.abspath(spool.__file__)))
+    path = env.get("PYTHONPATH", "")
+    env["PYTHONPATH"] = package_root + (os.pathsep + path if path else "")
+    return env
+
+
+def python_interpreter() -> str | None:
+    """sys.executable when it is a Python interpreter; an embedding program (uWSGI, a C++ host) has its own
+    binary there, which must not be started with `-m outrider`."""
+    exe = sys.executable
+    name = os.path.basename(exe or "")
+    if exe and name.startswith(("python", "pypy")) and os.access(exe, os.X_OK):
+        return exe
+    return None
 
 
 class Election:
@@ -28,41 +107,102 @@ class Election:
         self.listen = listen
         self.explicit = explicit
         self.trusted_uids = trusted_uids
-        self.agent: Any = None  # the in-process agent; False after it failed to start (not retried)
-        self._lock_fd: int | None = None
+        self.started = 0  # agents this process started
+        self._child: subprocess.Popen[bytes] | None = None
+        self._spawn_fd: int | None = None
+        self._spawned_at = 0.0
         self._next_try = 0.0
+        self._retry_s = ELECTION_RETRY_S
+        self._warned = False
 
-    def maybe_become_agent(self) -> None:
-        """Every ELECTION_RETRY_S: take the lock if free and start the agent; a failure is logged once."""
-        if self.agent is not None or time.monotonic() < self._next_try:
+    def maybe_start_agent(self) -> None:
+        """Called by the publisher thread every flush; does something every ELECTION_RETRY_S at most."""
+        now = time.monotonic()
+        if self._child is not None:
+            self._settle(now)
             return
-        self._next_try = time.monotonic() + ELECTION_RETRY_S
+        if now < self._next_try:
+            return
+        self._next_try = now + self._retry_s * random.uniform(1.0, 1.2)  # spread the probes of many processes
         try:
             spool.prepare_dir(self.spool_dir, private=not self.explicit, trusted_uids=self.trusted_uids)
-            fd = spool.try_lock(self.spool_dir)
+            if agent_serving(self.spool_dir):
+                return
+            fd = try_spawn_lock(self.spool_dir)
+            if fd is None:
+                return  # another process of this job is starting the agent
+            if agent_serving(self.spool_dir):  # one started between the two looks
+                os.close(fd)
+                return
         except OSError:
             return  # the publisher says why the spool is unusable
-        if fd is None:
-            return  # a sidecar or another process of this job is the agent
-        self._lock_fd = fd
+        exe = python_interpreter()
+        if exe is None:
+            os.close(fd)
+            self._failed(f"{sys.executable!r} is not a Python interpreter; run `outrider agent` beside it")
+            return
         try:
-            entry = importlib.import_module(AGENT_ENTRY_POINT)
-            self.agent = entry.start_in_process_agent(self.spool_dir, self.listen or None)
-        except Exception as e:
-            LOG.warning("outrider: could not start the in-process agent: %s", e)
-            self.agent = False
+            self._child = subprocess.Popen(
+                agent_command(self.spool_dir, self.explicit, self.listen, os.getpid()), executable=exe,
+                env=agent_environment(), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=None,
+                close_fds=True, start_new_session=True, cwd="/")
+        except (OSError, ValueError, subprocess.SubprocessError) as e:
+            os.close(fd)
+            self._failed(str(e))
+            return
+        self._spawn_fd = fd
+        self._spawned_at = now
+        self.started += 1
+
+    def _settle(self, now: float) -> None:
+        """The started process exits once it holds the lock and has detached (0), or found an agent (3)."""
+        assert self._child is not None
+        code = self._child.poll()
+        if code is None:
+            if now - self._spawned_at < SPAWN_TIMEOUT_S:
+                return
+            # It could not detach (it is the agent itself, a child of ours) or its start is hung: let go, and look
+            # again after a longer while (a hung start must not become one new process a minute); the subprocess
+            # module reaps it whenever it ends.
+            self._child = None
+            self._release()
+            self._failed(f"it has not settled after {SPAWN_TIMEOUT_S:g} s")
+            return
+        self._child = None
+        self._release()
+        if code in (0, EXIT_ANOTHER_AGENT):
+            self._retry_s, self._warned = ELECTION_RETRY_S, False
+            self._next_try = now + ELECTION_RETRY_S
+        else:
+            self._failed(f"it exited with status {code}")
+
+    def _failed(self, why: str) -> None:
+        self._retry_s = min(MAX_RETRY_S, self._retry_s * 2)
+        self._next_try = time.monotonic() + self._retry_s
+        if not self._warned:
+            LOG.warning("outrider: could not start an agent for the spool %s (%s); metrics are still published "
+                        "there, and the start is retried with back-off", self.spool_dir, why)
+        self._warned = True
+
+    def _release(self) -> None:
+        if self._spawn_fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._spawn_fd)
+            self._spawn_fd = None
 
     def stop(self) -> None:
-        if self.agent:
-            with contextlib.suppress(Exception):
-                self.agent.stop()
+        """At exit: the spawn lock goes; the agent, a process of its own, stops by itself once we are gone."""
+        self._release()
 
     def after_fork_in_child(self) -> None:
-        """The child neither holds the lock nor runs the parent's agent; closing the fd leaves the lock with the
-        parent (flock locks belong to the open file, which the parent still has open)."""
-        if self._lock_fd is not None:
+        """The child holds nothing of the parent's start: closing its copy of the spawn lock's descriptor leaves
+        the lock with the parent (flock locks belong to the open file), and the started process is not its child.
+        Its first look is spread over one retry period, so a thousand forked workers do not probe at once."""
+        if self._spawn_fd is not None:
             with contextlib.suppress(OSError):
-                os.close(self._lock_fd)
-            self._lock_fd = None
-        self.agent = None
-        self._next_try = 0.0
+                os.close(self._spawn_fd)
+            self._spawn_fd = None
+        self._child = None
+        self.started = 0
+        self._next_try = time.monotonic() + random.uniform(0.0, ELECTION_RETRY_S)
+        self._retry_s, self._warned = ELECTION_RETRY_S, False

@@ -5,6 +5,17 @@ the process keeps measuring (values are cumulative: nothing is lost), says so on
 again every 10 flush intervals (at most every WRITER_RETRY_S). A write that fails later (a volume gone
 read-only) drops the writer and takes the same path. Nothing here raises into the workload, and nothing waits for
 a logging lock while the flush lock is held (series.log_aside).
+
+A shard never goes dark:
+- It grows. When the directory or the values outgrow the file, the next generation (capacities doubled as needed)
+  is written whole and renamed over it. Within the registry's caps (hook_max_series_per_metric, 2,000 series)
+  this always fits; past the format's limit (or while the larger file cannot be created) the series that do not
+  fit are left out, the hook's own (outrider_*) kept first, each counted once as
+  outrider_hook_dropped_total{reason="shard_full"} and said once. The header (heartbeat, steps, stall) is written
+  every flush whatever happens, so a full shard is never a false stall.
+- It heals. Every flush checks the shard is still where readers look (same inode at its path): a spool deleted,
+  replaced or remounted under the job is re-created (with the same checks: private, 0700, O_NOFOLLOW) and the shard
+  written again whole. Values are cumulative, so the agent counts nothing twice.
 """
 
 from __future__ import annotations
@@ -34,6 +45,10 @@ class ShardPublisher:
         self.writer: spool.ShardWriter | None = None
         self.failing = False
         self.retry_at = 0.0
+        self.grow_retry_at = 0.0
+        self.left_out: set[str] = set()  # series left out of a full shard, counted once each
+        self.healed = 0  # times the shard was re-created after the spool lost it
+        self.grow_failures = 0
 
     def _open(self, pid: int, start_ns: int) -> spool.ShardWriter | None:
         if time.monotonic() < self.retry_at:
@@ -60,23 +75,96 @@ class ShardPublisher:
 
     def publish(self, pid: int, start_ns: int, meta: dict[str, Any], entries: list[list[Any]],
                 values: list[float], **header: int) -> bool:
-        """Write the shard (creating it if needed); False when it could not be written now (counted)."""
+        """Write the shard (creating, growing or re-creating it as needed); False when it could not be written
+        now (counted)."""
+        if self.writer is not None and not self.writer.intact():
+            # The spool was deleted, replaced or remounted under the job: re-create it now, not after a retry.
+            if not self.healed:
+                log_aside(LOG, logging.WARNING, "outrider: the shard %s left the spool (deleted, replaced or "
+                          "remounted); re-creating it", self.writer.path)
+            self.healed += 1
+            self.writer.close()
+            self.writer = None
+            self.retry_at = 0.0
         if self.writer is None:
             self.writer = self._open(pid, start_ns)
             if self.writer is None:
                 return False
-        directory = json.dumps({"meta": meta, "series": entries}, separators=(",", ":")).encode()
+        directory = _directory(meta, entries)
+        if not self.writer.fits(len(directory), len(values)):
+            bigger = self._grow(self.writer, len(directory), len(values))
+            if bigger is not None:
+                try:
+                    fitted, fitted_values = directory, values
+                    if not bigger.fits(len(directory), len(values)):  # past the format's limit
+                        fitted, fitted_values = self._trim(meta, entries, values, bigger)
+                    bigger.write(fitted, fitted_values, pid=pid, start_ns=start_ns, **header)
+                except (OSError, ValueError) as e:
+                    bigger.close()
+                    self._grow_failed(e)
+                else:
+                    self.writer.close()  # the previous generation, replaced by the rename
+                    self.writer = bigger
+                    return True
+            if not self.writer.fits(len(directory), len(values)):
+                directory, values = self._trim(meta, entries, values, self.writer)
         try:
             self.writer.write(directory, values, pid=pid, start_ns=start_ns, **header)
-        except ValueError:
-            self.drop("shard_full")
-            return False
-        except OSError as e:
+        except (OSError, ValueError) as e:
             self.writer.close()
             self.writer = None
-            self._failed("spool_unwritable", e)
+            self._failed("spool_unwritable", e if isinstance(e, OSError) else OSError(str(e)))
             return False
         return True
+
+    def _grow(self, writer: spool.ShardWriter, directory_len: int, value_count: int) -> spool.ShardWriter | None:
+        """The next, larger generation; None when the shard is as large as the format allows, or while a larger
+        file cannot be created (counted, said once, retried like a failed creation): the current one is then
+        written with the series that fit, so its heartbeat and progress never stop."""
+        if time.monotonic() < self.grow_retry_at:
+            return None
+        if writer.room_for(directory_len, value_count) == (writer.directory_capacity, writer.value_capacity):
+            return None
+        try:
+            return writer.grown(directory_len, value_count)
+        except (OSError, ValueError) as e:
+            self._grow_failed(e)
+            return None
+
+    def _grow_failed(self, error: Exception) -> None:
+        self.grow_retry_at = time.monotonic() + self.retry_s
+        self.drop("spool_unwritable")
+        if not self.grow_failures:
+            log_aside(LOG, logging.WARNING, "outrider: cannot grow the shard in %s (%s); series that do not fit are "
+                      "left out until it can (retried every %g s)", self.spool_dir, error, self.retry_s)
+        self.grow_failures += 1
+
+    def _trim(self, meta: dict[str, Any], entries: list[list[Any]], values: list[float],
+              writer: spool.ShardWriter) -> tuple[bytes, list[float]]:
+        """As many series as fit this shard, the hook's own first (steps, drops, phases), the rest in order; each
+        series left out is counted once."""
+        head = json.dumps({"meta": meta, "series": []}, separators=(",", ":")).encode()[:-2]
+        size = len(head) + 2
+        kept: list[bytes] = []
+        out: list[float] = []
+        ordered = sorted(entries, key=lambda e: not str(e[0]).startswith("outrider_"))
+        for name, kind, labels, offset, bounds in ordered:
+            width = len(bounds) + 2 if kind == "histogram" else 1
+            piece = json.dumps([name, kind, labels, len(out), bounds], separators=(",", ":")).encode()
+            if size + len(piece) + 1 <= writer.directory_capacity and len(out) + width <= writer.value_capacity:
+                kept.append(piece)
+                size += len(piece) + 1
+                out.extend(values[offset:offset + width])
+                continue
+            key = json.dumps([name, labels], separators=(",", ":"), sort_keys=True)
+            if key not in self.left_out:
+                if not self.left_out:
+                    log_aside(LOG, logging.WARNING, "outrider: the shard %s is full (%d series); series that do not "
+                              "fit are left out and counted in outrider_hook_dropped_total{reason=\"shard_full\"}",
+                              writer.path, len(entries))
+                self.left_out.add(key)
+                self.drop("shard_full")
+        return head + b",".join(kept) + b"]}", out
 
     def dump_stacks(self, first_line: str, dump: Callable[[TextIO], None] | None = None) -> str | None:
         """The Python stacks of every thread, beside the shard (for the stall page); None when it failed."""
@@ -92,6 +180,10 @@ class ShardPublisher:
     def close(self) -> None:
         if self.writer is not None:
             self.writer.close()
+
+
+def _directory(meta: dict[str, Any], entries: list[list[Any]]) -> bytes:
+    return json.dumps({"meta": meta, "series": entries}, separators=(",", ":")).encode()
 
 
 def _all_threads(fh: TextIO) -> None:

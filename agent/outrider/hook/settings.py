@@ -49,7 +49,7 @@ class HookSettings:
     first_step_timeout_s: float = 1800.0
     phase_timeout_s: float = 3600.0
     standalone: bool = True
-    listen: str = ""  # the in-process agent's /metrics address; empty: the agent's default
+    listen: str = ""  # /metrics address of the agent a hooked process starts (standalone); empty: the default
     training_job: str = ""  # groups the ranks of one training job; else derived (derive_training_job)
     role: str = ""  # training, inference, or empty: judged from what the process does
     spool_trusted_uids: tuple[int, ...] = ()  # owners of a configured spool besides this user and root

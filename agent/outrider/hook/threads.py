@@ -13,7 +13,7 @@ Roles:
   in torch's parallel regions too, so main's CPU includes its share of the pool's work;
 - **data_workers**: child processes and their descendants (DataLoader workers), all their threads, and the CPU of
   those already exited and reaped (the process's cutime + cstime), so a worker of a short epoch is not lost;
-- **outrider**: the hook's own threads (and the in-process agent's), named outrider-*;
+- **outrider**: the hook's own threads, named outrider-*;
 - **other**: every other thread: Python threads of the workload, and native threads their library named
   (gloo_*, pt_autograd_*, pt_tcpstore_*, CUDA's).
 

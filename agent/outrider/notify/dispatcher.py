@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from outrider import regex
 from outrider.metrics.family import Family
 from outrider.notify.alertmanager import AlertmanagerNotifier
 from outrider.notify.base import Notification, Notifier, NotifyConfigError, Outcome
@@ -43,7 +44,7 @@ HEARTBEAT_SEVERITY = "none"
 @dataclass
 class Route:
     match: dict[str, str] = field(default_factory=dict)
-    match_re: dict[str, re.Pattern[str]] = field(default_factory=dict)
+    match_re: dict[str, regex.Pattern] = field(default_factory=dict)
     group_wait_s: float = 0.0
     # Deliver heartbeats (always-firing alerts of severity "none": the Watchdog) without the route naming them.
     # On for Alertmanager, which routes them to a dead man's switch itself; off for pagers, chat and webhooks,
@@ -83,9 +84,9 @@ def parse_receivers(data: Any, source: str) -> list[tuple[Notifier, Route]]:
                 if key == "match":
                     route.match[str(label)] = str(value)
                     continue
-                try:
-                    route.match_re[str(label)] = re.compile(str(value))
-                except re.error as e:
+                try:  # RE2 (linear time), anchored at both ends as Alertmanager's match_re
+                    route.match_re[str(label)] = regex.compile(str(value))
+                except regex.RegexError as e:
                     raise NotifyConfigError(f"{source}: receiver {name!r}: match_re {label}: {e}") from None
         cls = NOTIFIERS[str(kind)]
         try:

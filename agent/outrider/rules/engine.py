@@ -173,7 +173,7 @@ class RuleEngine:
                     continue
                 n = Notification(f"{fp}-{alert.fired_at}-firing", "firing", dict(alert.labels),
                                  self._annotations(rule, alert), alert.active_at / 1000, 0.0, fp, time.time(),
-                                 alert.value)
+                                 alert.value, alert.fired_at / 1000)
                 self.notified[fp] = n
                 out.append(n)
             for fp, sent in list(self.notified.items()):

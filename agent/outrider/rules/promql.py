@@ -19,6 +19,7 @@ from typing import Any
 
 import promql_parser as pp
 
+from outrider import regex
 from outrider.rules.store import Labels, SeriesStore
 
 LOOKBACK_MS = 300_000
@@ -153,13 +154,17 @@ def check(node: Any) -> None:
     raise PromQLError(f"the expression type {type(node).__name__}")
 
 
+class PromQLRegexError(PromQLError):
+    """A regex matcher or label_replace pattern RE2 refuses: Prometheus refuses it too."""
+
+
 def _check_regex(pattern: str) -> None:
-    """The evaluator matches with Python's re, not the parser's (Rust) engine: what re cannot compile is refused
-    when the rule loads rather than failing every evaluation."""
+    """The evaluator matches with RE2 (outrider.regex, linear time, as Prometheus): what RE2 cannot compile is
+    refused when the rule loads rather than failing every evaluation."""
     try:
-        re.compile(pattern, re.DOTALL)
-    except (re.error, RecursionError, OverflowError) as e:
-        raise PromQLError(f"the regular expression {pattern[:80]!r} ({e})") from None
+        regex.compile(pattern, dotall=True)
+    except regex.RegexError as e:
+        raise PromQLRegexError(f"the pattern {e}") from None
 
 
 def selectors(node: Any) -> Iterable[tuple[Any, int]]:
@@ -232,7 +237,7 @@ def _matcher(m: Any) -> Callable[[str], bool]:
         return lambda v: v == value
     if m.op == pp.MatchOp.NotEqual:
         return lambda v: v != value
-    pattern = re.compile(value, re.DOTALL)
+    pattern = regex.compile(value, dotall=True)  # RE2: linear in the label value whatever the pattern
     if m.op == pp.MatchOp.Re:
         return lambda v: pattern.fullmatch(v) is not None
     return lambda v: pattern.fullmatch(v) is None
@@ -373,8 +378,8 @@ class Evaluator:
         fn = _simple_function(name, extra)
         return [Sample(drop_name(s.labels), fn(s.value)) for s in vec]
 
-    def _label_replace(self, vec: Vector, dst: str, repl: str, src: str, regex: str) -> Vector:
-        pattern = re.compile(regex, re.DOTALL)
+    def _label_replace(self, vec: Vector, dst: str, repl: str, src: str, regexp: str) -> Vector:
+        pattern = regex.compile(regexp, dotall=True)
         template = re.sub(r"\$\{?(\w+)\}?", r"\\g<\1>", repl)
         out = []
         for s in vec:

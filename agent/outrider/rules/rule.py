@@ -294,6 +294,8 @@ def _parse_rule(r: dict[str, Any], where: str) -> Rule:
         raise RuleLoadError(f"{where}: {e}") from None
     try:
         promql.check(expr)
+    except promql.PromQLRegexError as e:  # refused by Prometheus as well: no "still works in Prometheus"
+        raise RuleLoadError(f"{where}: {e}") from None
     except PromQLError as e:
         raise RuleLoadError(f"{where}: uses {e}, which the agent's embedded evaluator does not support; the rule "
                             "still works in Prometheus (evaluate it there, or leave it out of the agent's "

@@ -171,16 +171,20 @@ class RunRecorder:
                 summary = n.annotations.get("summary", "") or n.annotations.get("description", "")
                 if n.event == "firing":
                     self._open[n.fingerprint] = len(self.alerts)
-                    self.alerts.append(AlertRecord(n.alertname, dict(n.labels), summary, n.starts_at, None))
-                    self._write(RunStore.alert_fired, n.fingerprint, dict(n.labels), summary, n.starts_at)
+                    self.alerts.append(AlertRecord(n.alertname, dict(n.labels), summary, n.firing_since, None,
+                                                   n.starts_at))
+                    self._write(RunStore.alert_fired, n.fingerprint, dict(n.labels), summary, n.firing_since,
+                                n.starts_at)
                 elif n.event == "resolved":
                     ended = n.ends_at or time.time()
                     at = self._open.pop(n.fingerprint, None)
                     if at is None:  # it fired before this run (the agent's saved state)
-                        self.alerts.append(AlertRecord(n.alertname, dict(n.labels), summary, n.starts_at, ended))
+                        self.alerts.append(AlertRecord(n.alertname, dict(n.labels), summary, n.firing_since, ended,
+                                                       n.starts_at))
                     else:  # keeps the summary it fired with
                         self.alerts[at] = replace(self.alerts[at], resolved=ended)
-                    self._write(RunStore.alert_resolved, n.fingerprint, dict(n.labels), summary, n.starts_at, ended)
+                    self._write(RunStore.alert_resolved, n.fingerprint, dict(n.labels), summary, n.firing_since,
+                                ended, n.starts_at)
         except Exception:
             LOG.exception("recording an alert transition failed")
 

@@ -28,6 +28,7 @@ CREATE TABLE IF NOT EXISTS events (run_id TEXT, t REAL, kind TEXT, text TEXT);
 CREATE TABLE IF NOT EXISTS run_verdicts (run_id TEXT PRIMARY KEY, verdict TEXT);
 CREATE TABLE IF NOT EXISTS alerts (run_id TEXT, fingerprint TEXT, name TEXT, labels TEXT, summary TEXT, fired REAL,
                                    resolved REAL);
+CREATE TABLE IF NOT EXISTS alert_pending (run_id TEXT, fingerprint TEXT, fired REAL, pending REAL);
 """
 
 
@@ -43,26 +44,40 @@ def default_runs_dir() -> Path:
 @dataclass(frozen=True)
 class AlertRecord:
     """An alert the agent's own rule evaluation fired during a run (resolved: None while it still fired at the end;
-    fired: when it became active, which may be before the run for an alert carried over in the agent's state)."""
+    fired: when it began firing, after its `for`; pending: when it became active, which may be before the run for an
+    alert carried over in the agent's state, and equals fired where the alert has no `for` or the time is unknown)."""
 
     name: str
     labels: dict[str, str]
     summary: str
     fired: float
     resolved: float | None
+    pending: float | None = None
 
     @property
     def severity(self) -> str:
         return self.labels.get("severity", "")
 
+    @property
+    def active_since(self) -> float:
+        """When it became active (pending), or when it fired where that is not known."""
+        return self.fired if self.pending is None else min(self.pending, self.fired)
+
     def text(self, t0: float) -> str:
-        """`StepTimeRegression (warning) fired at 0:03, resolved at 0:09 after 6 s: <its summary>`, run time from t0."""
+        """`ContainerMemoryNearLimit (warning) pending at 0:02, fired at 0:07, resolved at 0:09 after 2 s: <its
+        summary>`, run time from t0: the page went out at the firing time, not when the alert became pending."""
         head = self.name + (f" ({self.severity})" if self.severity else "")
-        fired = f"at {units.run_time(self.fired - t0)}" if self.fired >= t0 else "before the run"
+
+        def at(t: float) -> str:
+            return f"at {units.run_time(t - t0)}" if t >= t0 else "before the run"
+
+        fired = f"fired {at(self.fired)}"
+        if self.active_since < self.fired:
+            fired = f"pending {at(self.active_since)}, {fired}"
         if self.resolved is None:
-            when = f"fired {fired}, still firing at the end"
+            when = f"{fired}, still firing at the end"
         else:
-            when = f"fired {fired}, resolved at {units.run_time(self.resolved - t0)} after " \
+            when = f"{fired}, resolved at {units.run_time(self.resolved - t0)} after " \
                    f"{units.seconds(self.resolved - self.fired)}"
         return f"{head} {when}" + (f": {self.summary}" if self.summary else "")
 
@@ -137,13 +152,15 @@ class RunStore:
             self._db.execute("INSERT OR REPLACE INTO run_verdicts VALUES (?, ?)",
                              (run_id, json.dumps(verdict.to_json())))
 
-    def alert_fired(self, run_id: str, fingerprint: str, labels: dict[str, str], summary: str, fired: float) -> None:
+    def alert_fired(self, run_id: str, fingerprint: str, labels: dict[str, str], summary: str, fired: float,
+                    pending: float | None = None) -> None:
         with self._lock, self._db:
             self._db.execute("INSERT INTO alerts VALUES (?, ?, ?, ?, ?, ?, NULL)",
                              (run_id, fingerprint, labels.get("alertname", ""), json.dumps(labels), summary, fired))
+            self._pending(run_id, fingerprint, fired, pending)
 
     def alert_resolved(self, run_id: str, fingerprint: str, labels: dict[str, str], summary: str, fired: float,
-                       resolved: float) -> None:
+                       resolved: float, pending: float | None = None) -> None:
         """Close the alert's open row; one that fired before the run (restored from the agent's state) gets a row
         of its own."""
         with self._lock, self._db:
@@ -153,6 +170,12 @@ class RunStore:
                 self._db.execute("INSERT INTO alerts VALUES (?, ?, ?, ?, ?, ?, ?)",
                                  (run_id, fingerprint, labels.get("alertname", ""), json.dumps(labels), summary,
                                   fired, resolved))
+                self._pending(run_id, fingerprint, fired, pending)
+
+    def _pending(self, run_id: str, fingerprint: str, fired: float, pending: float | None) -> None:
+        # A table of its own (tables are only ever added): an older agent keeps writing the alerts table as it was.
+        if pending is not None and pending < fired:
+            self._db.execute("INSERT INTO alert_pending VALUES (?, ?, ?, ?)", (run_id, fingerprint, fired, pending))
 
     def finish_run(self, run_id: str, exit_code: int, summary: dict[str, Any]) -> None:
         with self._lock, self._db:
@@ -186,9 +209,11 @@ class RunStore:
         rec.verdicts = [(t, c, reason, json.loads(ev)) for t, c, reason, ev in self._db.execute(
             "SELECT t, class, reason, evidence FROM verdicts WHERE run_id = ? ORDER BY t", (run_id,))]
         rec.events = list(self._db.execute("SELECT t, kind, text FROM events WHERE run_id = ? ORDER BY t", (run_id,)))
-        rec.alerts = [AlertRecord(name, json.loads(labels), summary, fired, resolved) for name, labels, summary, fired,
-                      resolved in self._db.execute("SELECT name, labels, summary, fired, resolved FROM alerts WHERE "
-                                                   "run_id = ? ORDER BY fired", (run_id,))]
+        rec.alerts = [AlertRecord(name, json.loads(labels), summary, fired, resolved, pending)
+                      for name, labels, summary, fired, resolved, pending in self._db.execute(
+                          "SELECT a.name, a.labels, a.summary, a.fired, a.resolved, p.pending FROM alerts a "
+                          "LEFT JOIN alert_pending p ON p.run_id = a.run_id AND p.fingerprint = a.fingerprint "
+                          "AND p.fired = a.fired WHERE a.run_id = ? ORDER BY a.fired", (run_id,))]
         row = self._db.execute("SELECT verdict FROM run_verdicts WHERE run_id = ?", (run_id,)).fetchone()
         if row is not None:
             rec.verdict = RunVerdict.from_json(json.loads(row[0]))
