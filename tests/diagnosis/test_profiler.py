@@ -163,3 +163,21 @@ def test_files_and_labels() -> None:
     assert frame_label("/home/me/proj/train.py", 42, "step") == "proj/train.py:42 step"
     assert len(frame_label("/x/" + "a" * 500 + ".py", 1, "f")) <= 120
     assert set(WHERE) >= {"python", "native", "waiting", "data", "collective", "checkpoint", "optimizer"}
+
+
+def test_nothing_is_sampled_before_the_loop_thread_is_known(hook: Hook) -> None:
+    """Before the first step the thread that will run the loop is unknown: the main thread may only be waiting
+    for it (the demo's main thread joins its training thread), so no sample is taken."""
+    known = [0]
+    p = LoopProfiler(hook, lambda: known[0], 200.0)
+    p.sample()
+    time.sleep(0.3)
+    assert sum(p.counts.values()) == 0
+    known[0] = threading.get_native_id()
+    deadline = time.monotonic() + 10
+    while sum(p.counts.values()) < 5 and time.monotonic() < deadline:
+        pure_python()
+    hook.closed = True
+    assert p.thread is not None
+    p.thread.join(timeout=10)
+    assert sum(p.counts.values()) >= 5, "sampled once the loop thread is known"

@@ -1,7 +1,8 @@
 """Where the training loop's thread spends its time, measured rather than inferred: a low-rate sampler of its
 Python stack.
 
-A thread of the hook's own (`outrider-profiler`) wakes `profile_hz` times a second (default 50; 0: off), takes the
+A thread of the hook's own (`outrider-profiler`) wakes `profile_hz` times a second (default 50; 0: off), once the
+loop thread is known (the thread of the first step; before it nothing is sampled), takes the
 loop thread's innermost frame from `sys._current_frames()` and walks it outwards (at most MAX_DEPTH frames). Each
 sample is one of WHERE:
 
@@ -72,6 +73,8 @@ def file_kind(path: str) -> str:
     outrider, or user."""
     p = path.replace("\\", "/")
     if p.startswith(_OUTRIDER_DIR):
+        if p.startswith(_OUTRIDER_DIR + "demo/"):
+            return "user"  # the demo's workload is a user's training script
         return "data" if p.endswith("hook/torch_data.py") else "outrider"
     if "/torch/" in p:
         if "/torch/utils/data/" in p:
@@ -99,7 +102,7 @@ def frame_label(path: str, line: int, function: str) -> str:
 class LoopProfiler:
     def __init__(self, hook: Any, loop_tid: Callable[[], int], hz: float) -> None:
         """hook: where the series go, whether it is closed, and whether the process has a loop yet; loop_tid: the
-        native id of the thread that completes steps (0: none yet, the main thread is sampled)."""
+        native id of the thread that completes steps (0: none yet, nothing is sampled)."""
         self.hook = hook
         self.loop_tid = loop_tid
         self.period = 1.0 / hz if hz > 0 else 0.0
@@ -208,6 +211,8 @@ class LoopProfiler:
         delay = self._own_delay_ns()
         waited = lag - max(0, delay - self._delay) / 1e9  # the wake-up lag not spent waiting for a CPU: the GIL
         self._delay = delay
+        if not self.loop_tid():
+            return  # no step yet: which thread runs the loop is not known (the main thread may only wait for it)
         ident = self._loop_ident()
         on_cpu: bool | None = None
         if self._clock is not None:
