@@ -118,6 +118,9 @@ class Config:
         "help": "a training process with no first step this long after instrument() is stalled (hook)"})
     phase_timeout_s: float = field(default=hook_settings.KEYS["phase_timeout_s"], metadata={
         "help": "a declared phase (outrider.phase) open longer than this is a stall (hook)"})
+    profile_hz: float = field(default=hook_settings.KEYS["profile_hz"], metadata={
+        "help": "samples a second of the training loop thread's stack (where its time goes, its hottest lines); "
+                "0: off (hook)"})
     training_job: str = field(default="", metadata={
         "help": "the training job's name, labelling every hook series (training_job) so ranks of one job group "
                 "across pods and nodes; empty: derived from the launcher or the platform (torchrun, JobSet, Ray, "
@@ -349,6 +352,7 @@ CONVERTERS: dict[str, Callable[[Any], Any]] = {
     "alert_log": _bool,
     "first_step_timeout_s": _number("first_step_timeout_s"),
     "phase_timeout_s": _number("phase_timeout_s"),
+    "profile_hz": _number("profile_hz"),
     "training_job": _str,
     "role": _choice(hook_settings.ROLES),
     "spool_trusted_uids": hook_settings.parse_uids,

@@ -87,6 +87,8 @@ class RunSummary:
             lines.append(f"  record     {self.run_id}: outrider report {self.run_id}")
         lines += ["", "what the agent measured:"]
         lines += [f"  {topic:<10} {text}" for topic, text in self.measured.rows()]
+        for topic, text in self.measured.profile_rows():
+            lines += _wrapped(topic, [text], "")
         for i, alert in enumerate([a.text(self.started) for a in self.alerts] or ["none fired"]):
             lines += _wrapped("" if i else "alerts", [alert], "")
         v = self.verdict

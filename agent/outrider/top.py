@@ -145,7 +145,11 @@ def frame(new: dict[Sample, float], old: dict[Sample, float], dt: float, url: st
     rows.add_row("host", _cut(f"cpu {units.percent(total(new, 'outrider_host_cpu_utilization_ratio'))}  job rss "
                              f"{units.bytes_iec(total(new, 'outrider_watched_memory_rss_bytes'))}  memory available "
                              f"{units.bytes_iec(total(new, 'outrider_host_memory_available_bytes'))}"))
-    verdict = [c for c, v in by_label(new, "outrider_bottleneck", "class").items() if v == 1]
+    classes = by_label(new, "outrider_bottleneck", "class")
+    verdict = [c for c, v in classes.items() if v == 1]
+    if classes and not verdict:  # a window without the evidence its rule needs (diagnosis/bottleneck.NOT_JUDGED)
+        rows.add_row("verdict", Text("not judged: this window lacks the measurements its rule needs", no_wrap=True,
+                                     overflow="ellipsis"))
     if verdict:
         rows.add_row("verdict", Text(verdict[0], style="bold", no_wrap=True, overflow="ellipsis"))
         rows.add_row("", Text(RECOMMENDATIONS.get(verdict[0], "")))  # the advice wraps: it is read, not scanned

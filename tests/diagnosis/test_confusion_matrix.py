@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from outrider.diagnosis.bottleneck import NOT_JUDGED
 from outrider.runs.store import RunRecord, RunStore
 from tests.helpers import free_port, outrider_cmd
 
@@ -34,6 +35,9 @@ WORKLOADS = {
     "host": ("host_bound", 0),  # hundreds of tiny operations per step
     "comm": ("communication_bound", 2),  # a large all_reduce per step, gloo
     "straggler": ("communication_bound", 4),  # DDP over gloo, rank 2 with extra matrix products per step
+    "python": ("python_bound", 0),  # a pure-Python tokeniser in the loop
+    "idle": ("idle", 0),  # a loop sleeping 0.66 s a step
+    "starved": ("input_bound", 2),  # DDP over gloo, rank 1 reading from slow storage, rank 0 waiting for it
 }
 
 
@@ -44,7 +48,7 @@ def run_verdict(rec: RunRecord) -> tuple[str | None, dict[str, float]]:
     end = rec.ended or (rec.verdicts[-1][0] + 1 if rec.verdicts else 0.0)
     for i, (t, cls, _, ev) in enumerate(rec.verdicts):
         until = rec.verdicts[i + 1][0] if i + 1 < len(rec.verdicts) else end
-        if ev.get("steps_per_s", 0.0) > 0:
+        if ev.get("steps_per_s", 0.0) > 0 and cls != NOT_JUDGED:  # not judged: no evidence, no vote
             held[cls] = held.get(cls, 0.0) + max(0.0, until - t)
             evidence[cls] = ev
     if not held:
@@ -118,3 +122,5 @@ def test_zero_config_verdict(matrix: dict[tuple[str, bool], tuple[str | None, di
         assert evidence.get("straggler_rank", 2) == 2, "a straggler named is the slow rank"
     if workload == "comm":
         assert "straggler_rank" not in evidence, "ranks with equal work: no straggler"
+    if workload == "starved":
+        assert evidence.get("starved_rank", 1) == 1, "a starved rank named is the one with the slow storage"

@@ -1,8 +1,8 @@
 """Labelled CPU training scripts for the confusion matrix: each calls only `outrider.instrument()` (no loader
 wrapper, no step timing), the way a new user would, and has one known bottleneck.
 
-    python tests/diagnosis/zero_config.py input|input_io|compute|host SECONDS
-    python -m torch.distributed.run --nproc-per-node N tests/diagnosis/zero_config.py comm|straggler SECONDS
+    python tests/diagnosis/zero_config.py input|input_io|compute|host|python|idle SECONDS
+    python -m torch.distributed.run --nproc-per-node N tests/diagnosis/zero_config.py comm|straggler|starved SECONDS
 
 The work is fixed per step (never "run for N ms"), so a neighbour on the machine changes how long it takes, not
 what it is.
@@ -10,12 +10,47 @@ what it is.
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 
 import torch
 
 import outrider
+
+# The ground truth, measured without Outrider (`--truth`, OUTRIDER_DISABLED=1): seconds of each part of the loop,
+# timed around it (data: the loader's next(); python: the tokeniser; sleep: the loop's own sleep; the rest is the
+# step), printed as JSON at the end.
+TRUTH: dict[str, float] = {}
+
+
+def run_delay() -> float:
+    """Seconds this thread has waited for a CPU (/proc schedstat; 0 where there is none)."""
+    try:
+        with open("/proc/thread-self/schedstat", "rb") as fh:
+            return int(fh.read().split()[1]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+class Timed:
+    """`with Timed("data"):` adds the block's wall time to TRUTH[part]; the "loop" block also the thread's CPU time
+    and run delay (TRUTH["loop_cpu"], TRUTH["loop_delay"])."""
+
+    def __init__(self, part: str) -> None:
+        self.part = part
+        self.t0 = self.cpu0 = self.delay0 = 0.0
+
+    def __enter__(self) -> None:
+        self.t0 = time.perf_counter()
+        if self.part == "loop":
+            self.cpu0, self.delay0 = time.thread_time(), run_delay()
+
+    def __exit__(self, *exc: object) -> None:
+        TRUTH[self.part] = TRUTH.get(self.part, 0.0) + time.perf_counter() - self.t0
+        if self.part == "loop":
+            TRUTH["loop_cpu"] = time.thread_time() - self.cpu0
+            TRUTH["loop_delay"] = run_delay() - self.delay0
 
 
 def burn(n: int) -> int:
@@ -58,20 +93,27 @@ def train(model: torch.nn.Module, loader: torch.utils.data.DataLoader, seconds: 
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     heavy = torch.randn(384, 384)
     end = time.monotonic() + seconds
-    while True:
-        for x, y in loader:
-            opt.zero_grad()
-            out = model(x)
-            if loss_fn == "mse":  # no parallel region: a small step stays small on a busy machine
-                loss = (out - y.unsqueeze(1).float()).pow(2).mean()
-            else:
-                loss = torch.nn.functional.cross_entropy(out, y)
-            for _ in range(extra):  # a rank with more work per step (a slower node, a heavier shard)
-                loss = loss + torch.tanh(heavy @ heavy).mean() * 0.0
-            loss.backward()
-            opt.step()
-            if not running(end, distributed):
-                return
+    with Timed("loop"):
+        while True:
+            batches = iter(loader)
+            while True:
+                with Timed("data"):
+                    batch = next(batches, None)
+                if batch is None:
+                    break
+                x, y = batch
+                opt.zero_grad()
+                out = model(x)
+                if loss_fn == "mse":  # no parallel region: a small step stays small on a busy machine
+                    loss = (out - y.unsqueeze(1).float()).pow(2).mean()
+                else:
+                    loss = torch.nn.functional.cross_entropy(out, y)
+                for _ in range(extra):  # a rank with more work per step (a slower node, a heavier shard)
+                    loss = loss + torch.tanh(heavy @ heavy).mean() * 0.0
+                loss.backward()
+                opt.step()
+                if not running(end, distributed):
+                    return
 
 
 def small() -> torch.nn.Module:
@@ -107,6 +149,87 @@ def host(seconds: float) -> None:
     for _ in range(60):
         layers += [torch.nn.Linear(8, 8), torch.nn.Tanh()]
     train(torch.nn.Sequential(*layers, torch.nn.Linear(8, 4)), loader, seconds)
+
+
+TEXT = ("the quick brown fox jumps over the lazy dog while a tokeniser written in pure python splits every "
+        "sentence into words lowercases them strips punctuation and looks each one up in a vocabulary")
+WORDS = TEXT.split(" ")
+
+
+def tokenize(texts: list[str], vocab: dict[str, int]) -> list[list[int]]:
+    """A tokeniser in pure Python, run in the loop: what many NLP scripts do before each step."""
+    out = []
+    for text in texts:
+        ids = []
+        for word in text.split():
+            w = word.lower().strip(".,;:!?")
+            if w not in vocab:
+                vocab[w] = len(vocab) % 1000
+            ids.append(vocab[w])
+        out.append((ids + [0] * 64)[:64])
+    return out
+
+
+def python_bound(seconds: float) -> None:
+    """Each step tokenises its batch of texts in Python, then a small model trains on the ids: the Python is the
+    work (the intra-op pool idles, the main thread is saturated)."""
+    # One intra-op thread, as CPU jobs that run a process per core do. (With two on a crowded 2-core machine, every
+    # parallel region of this tiny model waits at libgomp's barrier for a thread that waits for a CPU: measured
+    # here, 100 ms a step instead of 2.5 ms, and the job is no longer Python-bound.)
+    torch.set_num_threads(1)
+    texts = [" ".join(WORDS[(i + j) % len(WORDS)] for j in range(60)) for i in range(64)]
+    vocab: dict[str, int] = {}
+    model = torch.nn.Sequential(torch.nn.Linear(64, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    end = time.monotonic() + seconds
+    with Timed("loop"):
+        while time.monotonic() < end:
+            python_step(texts, vocab, model, opt)
+
+
+def python_step(texts: list[str], vocab: dict[str, int], model: torch.nn.Module, opt: torch.optim.Optimizer) -> None:
+    for _ in range(2):  # two passes over the batch (an augmentation): the Python dominates the step
+        with Timed("python"):  # the tokeniser, and building a tensor from its lists (Python objects, one by one)
+            tokens = torch.tensor(tokenize(texts, vocab), dtype=torch.float32)
+        ids = tokens / 1000.0
+    opt.zero_grad()
+    loss = model(ids).pow(2).mean()
+    loss.backward()
+    opt.step()
+
+
+def at_rest(seconds: float) -> None:
+    """A loop that sleeps 0.66 s a step (polling for work, rate-limited): nothing limits it, it is idle."""
+    model = small()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x, y = torch.randn(8, 32), torch.randint(0, 4, (8,))
+    end = time.monotonic() + seconds
+    with Timed("loop"):
+        while time.monotonic() < end:
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+            with Timed("sleep"):
+                time.sleep(0.66)
+
+
+def starved(seconds: float) -> None:
+    """DDP over gloo; rank 1 reads its samples from slow storage (10 ms each, one worker), the others have theirs in
+    memory and wait for it in the gradient all_reduce."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    torch.manual_seed(rank)
+    if rank == 1:
+        loader = torch.utils.data.DataLoader(SlowDataset(io_s=0.01), batch_size=8, num_workers=1)
+    else:
+        data = torch.utils.data.TensorDataset(torch.randn(4096, 32), torch.randint(0, 4, (4096,)))
+        loader = torch.utils.data.DataLoader(data, batch_size=8, shuffle=True)
+    ddp = torch.nn.parallel.DistributedDataParallel(small())
+    train(ddp, loader, seconds, loss_fn="mse", distributed=True)
+    dist.barrier()
+    dist.destroy_process_group()
 
 
 def distributed(seconds: float, straggler: bool) -> None:
@@ -145,5 +268,10 @@ if __name__ == "__main__":
     what, secs = sys.argv[1], float(sys.argv[2])
     if what in ("comm", "straggler"):
         distributed(secs, what == "straggler")
+    elif what == "starved":
+        starved(secs)
     else:
-        {"input": input_bound, "input_io": input_io, "compute": compute, "host": host}[what](secs)
+        {"input": input_bound, "input_io": input_io, "compute": compute, "host": host, "python": python_bound,
+         "idle": at_rest}[what](secs)
+    if "--truth" in sys.argv:
+        print(json.dumps(TRUTH))

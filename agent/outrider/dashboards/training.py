@@ -50,9 +50,10 @@ def build() -> Dashboard:
                           th=thresholds(GREEN, (300, "orange"), (1800, "red")),
                           links=[runbook("degradation.md", "trainingstalled", "stalled")]))
     d = d.with_panel(stat("Bottleneck", "The agent's verdict on why the job is slow (outrider_bottleneck): "
-                          "input_bound, host_bound, compute_bound, memory_pressure, memory_bandwidth_bound, "
-                          "throttled, idle or balanced; outrider top and outrider report show the evidence and "
-                          "the advice.", "short",
+                          "input_bound, host_bound, python_bound, compute_bound, communication_bound, "
+                          "memory_pressure, memory_bandwidth_bound, throttled, idle or balanced (none while a window "
+                          "is not judged); outrider top and outrider report show the evidence and the advice.",
+                          "short",
                           query(f"max by (class) (outrider_bottleneck{{{SEL}}}) == 1", "{{class}}", instant=True),
                           width=24, height=3))
     d = d.with_row(Row("Step time"))
@@ -109,6 +110,17 @@ def build() -> Dashboard:
                         query(f'sum by (rank) (rate(outrider_thread_cpu_seconds_total{{{R}, role="main"}}'
                               f"[$__rate_interval])) / sum by (rank) (rate(outrider_train_autograd_ops_total{{{R}}}"
                               "[$__rate_interval]))", "rank {{rank}}")))
+    d = d.with_panel(ts("Where the loop thread is (stack samples)", "Share of the loop thread's stack samples "
+                        "(hook/profiler.py) by where it was: python (the user's code), native (torch, C calls), "
+                        "waiting (sleep, locks, I/O), data, collective, checkpoint, optimizer.", "percentunit",
+                        query(f"sum by (rank, where) (rate(outrider_train_loop_samples_total{{{R}}}"
+                              f"[$__rate_interval])) / ignoring (where) group_left sum by (rank) "
+                              f"(rate(outrider_train_loop_samples_total{{{R}}}[$__rate_interval]))",
+                              "{{where}} rank {{rank}}")))
+    d = d.with_panel(ts("The loop's hottest lines", "Stack samples a second of the loop thread by its top frame "
+                        "(the innermost line of the user's code): the lines the loop spends its time on.", "short",
+                        query(f"topk(10, sum by (frame, where) (rate(outrider_train_loop_frame_samples_total{{{R}}}"
+                              "[$__rate_interval])))", "{{frame}} ({{where}})")))
     d = d.with_row(Row("Throughput"))
     d = d.with_panel(ts("Samples/s and tokens/s", "Throughput per rank.", "short",
                         query(f"sum by (rank) (rate(outrider_samples_total{{{R}}}[$__rate_interval]))",

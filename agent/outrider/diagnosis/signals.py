@@ -15,6 +15,10 @@ from dataclasses import dataclass, field
 from outrider.metrics.family import Family, HistogramValue
 
 ROLE_SIGNALS = ("main", "intra_op", "data_workers", "other")  # the outrider role is the monitor, not the job
+# Where the loop thread's stack samples were (hook/profiler.py WHERE)
+WHERE = ("python", "native", "waiting", "data", "collective", "checkpoint", "optimizer")
+PROFILE_MIN_SAMPLES = 20  # fewer samples in a window: their shares say nothing
+TOP_FRAMES = 10
 SEP = "\t"  # joins (training_job, rank, field) in a snapshot's per-rank keys
 
 
@@ -55,6 +59,11 @@ def snapshot(families: list[Family]) -> dict[str, float]:
                 add("requests", v)
             elif name == "outrider_watched_cpu_seconds_total":
                 add("process_cpu", v)
+            elif name == "outrider_watched_io_bytes_total":
+                add(f"tree_io_{lab.get('direction', '')}", v)
+            elif name == "outrider_host_pressure_stalled_seconds_total" and lab.get("resource") == "io" \
+                    and lab.get("kind") == "some":
+                out["io_pressure"] = v
             elif name == "outrider_train_loop_seconds_total":
                 add(f"loop_{lab.get('part', '')}", v)
                 add("loop_wall", v)
@@ -71,6 +80,14 @@ def snapshot(families: list[Family]) -> dict[str, float]:
                 add("gpu_observed", v)
             elif name == "outrider_train_autograd_ops_total":
                 add("autograd_ops", v)
+            elif name == "outrider_train_loop_samples_total":
+                where = lab.get("where", "")
+                add(f"prof_{where}", v)
+                add("prof_total", v)
+                by_rank(lab, f"prof_{where}", v)
+                by_rank(lab, "prof_total", v)
+            elif name == "outrider_train_loop_frame_samples_total":
+                add(SEP.join(("frame", lab.get("where", ""), lab.get("frame", ""))), v)
             elif name == "outrider_thread_cpu_seconds_total":
                 add(f"cpu_{lab.get('role', '')}", v)
             elif name == "outrider_thread_run_delay_seconds_total":
@@ -78,6 +95,8 @@ def snapshot(families: list[Family]) -> dict[str, float]:
                 out["has_run_delay"] = 1.0
             elif name == "outrider_threads" and lab.get("role") == "main":
                 add("main_threads", v)
+            elif name == "outrider_threads" and lab.get("role") == "data_workers":
+                add("worker_threads", v)
             elif name == "outrider_torch_intra_op_threads":
                 intra_op.append(v)
             elif name == "outrider_host_cpu_utilization_ratio":
@@ -132,6 +151,7 @@ class RankSignals:
     wait_s: float  # per step: collective wait
     wall_s: float  # per step: the loop's wall time
     wait_fraction: float  # collective wait over the loop's wall time
+    data_wait_fraction: float = 0.0  # data wait over the loop's wall time
 
 
 @dataclass
@@ -140,6 +160,9 @@ class Signals:
     steps_per_s: float = 0.0
     step_time_s: float | None = None
     data_wait_fraction: float | None = None
+    # data wait over the loop's time less the time its thread waited for a CPU (run delay): the share the loop
+    # would wait for data with the CPUs to itself. Neighbours stretch the step, never the wait for storage.
+    data_wait_alone_fraction: float | None = None
     step_fraction: float | None = None
     other_fraction: float | None = None
     collective_wait_fraction: float | None = None
@@ -160,6 +183,11 @@ class Signals:
     ops_per_step: float | None = None
     main_cpu_us_per_op: float | None = None
     data_workers_cpu_cores: float | None = None
+    # the DataLoader workers' demand (CPU + run delay) per worker thread: near 1 they decode, near 0 they wait (for
+    # storage, the network, a lock)
+    data_worker_busy: float | None = None
+    storage_read_bytes_per_s: float | None = None  # what the watched process tree read from storage
+    io_pressure_fraction: float | None = None  # PSI io "some": the share of time a task of the host waited on I/O
     run_delay_fraction: float | None = None
     gpus: int = 0
     gpu_util: float | None = None
@@ -174,18 +202,39 @@ class Signals:
     straggler_rank: float | None = None
     straggler_compute_ratio: float | None = None
     others_wait_fraction: float | None = None
+    starved_rank: float | None = None
     ranks: list[RankSignals] = field(default_factory=list)
     straggler: RankSignals | None = None
+    starved: RankSignals | None = None  # the rank whose DataLoader starves it while the others wait for it
+    # the loop thread's stack samples in the window (hook/profiler.py): how many, the share of each place, and the
+    # top frames (where, `file:line function`, share of all samples), most sampled first
+    loop_samples: float | None = None
+    profile: dict[str, float] = field(default_factory=dict)
+    top_frames: list[tuple[str, str, float]] = field(default_factory=list)
     extra: dict[str, float] = field(default_factory=dict)
 
     def evidence(self) -> dict[str, float]:
         """The signals that have a value, rounded, for reports and the diagnosis metrics."""
         out = {}
         for key, value in vars(self).items():
-            if key in ("extra", "window_s", "ranks", "straggler") or value is None:
+            if key in ("extra", "window_s", "ranks", "straggler", "starved", "profile", "top_frames") \
+                    or value is None:
                 continue
             out[key] = round(float(value), 4)
+        for where, share in self.profile.items():
+            out[f"in_{where}_fraction"] = round(share, 4)
         return out
+
+    def share(self, where: str) -> float | None:
+        """The share of the loop thread's samples in `where`; None without enough samples in the window."""
+        return self.profile.get(where, 0.0) if self.profile else None
+
+    def top_frame(self, *where: str) -> tuple[str, float] | None:
+        """The most sampled frame in one of `where` (any when none given), and its share of all samples."""
+        for w, frame, share in self.top_frames:
+            if not where or w in where:
+                return frame, share
+        return None
 
 
 def signals(old: dict[str, float], new: dict[str, float], dt: float) -> Signals:
@@ -212,6 +261,10 @@ def signals(old: dict[str, float], new: dict[str, float], dt: float) -> Signals:
     s.samples_per_s = delta("samples") / dt
     s.requests_per_s = delta("requests") / dt
     s.process_cpu_cores = delta("process_cpu") / dt
+    if "tree_io_read" in old and "tree_io_read" in new:
+        s.storage_read_bytes_per_s = delta("tree_io_read") / dt
+    if "io_pressure" in old and "io_pressure" in new:
+        s.io_pressure_fraction = min(1.0, delta("io_pressure") / dt)
     s.cpus = new.get("cpus", 1.0) or 1.0
     s.host_cpu_util = new.get("host_cpu_util")
     if new.get("host_mem_total"):
@@ -230,8 +283,29 @@ def signals(old: dict[str, float], new: dict[str, float], dt: float) -> Signals:
     s.alloc_retries = delta("alloc_retries")
     s.throttle_thermal = bool(new.get("throttle_thermal"))
     s.throttle_power = bool(new.get("throttle_power"))
+    _profile(s, old, new, delta)
     _ranks(s, old, new)
     return s
+
+
+def _profile(s: Signals, old: dict[str, float], new: dict[str, float], d: Callable[[str], float]) -> None:
+    """Shares of the loop thread's stack samples, and its top frames, over the window; only where the window's
+    first sweep already had samples (a counter that appears mid-window holds samples from before it)."""
+    if "prof_total" not in old or "prof_total" not in new:
+        return
+    total = d("prof_total")
+    s.loop_samples = total
+    if total < PROFILE_MIN_SAMPLES:
+        return
+    s.profile = {w: d(f"prof_{w}") / total for w in WHERE if d(f"prof_{w}") > 0}
+    frames = []
+    for key in new:
+        if key.startswith("frame" + SEP):
+            n = d(key)
+            if n > 0:
+                _, where, frame = key.split(SEP, 2)
+                frames.append((where, frame, min(1.0, n / total)))
+    s.top_frames = sorted(frames, key=lambda f: -f[2])[:TOP_FRAMES]
 
 
 def _threads(s: Signals, old: dict[str, float], new: dict[str, float], dt: float, d: Callable[[str], float]) \
@@ -242,6 +316,8 @@ def _threads(s: Signals, old: dict[str, float], new: dict[str, float], dt: float
     s.main_thread_busy = (d("cpu_main") + d("delay_main")) / dt / processes
     s.intra_op_busy = (d("cpu_intra_op") + d("delay_intra_op")) / dt / processes
     s.data_workers_cpu_cores = d("cpu_data_workers") / dt
+    if new.get("worker_threads"):
+        s.data_worker_busy = (d("cpu_data_workers") + d("delay_data_workers")) / dt / new["worker_threads"]
     s.intra_op_threads = new.get("intra_op_threads")
     s.ops_counted = "autograd_ops" in new
     ops, steps = d("autograd_ops"), d("step_count")
@@ -249,6 +325,14 @@ def _threads(s: Signals, old: dict[str, float], new: dict[str, float], dt: float
         s.main_cpu_us_per_op = d("cpu_main") / ops * 1e6
         if steps:
             s.ops_per_step = ops / steps
+    wall, waited = d("loop_wall"), d("loop_data_wait")
+    if new.get("has_run_delay") and wall > 0:
+        # the main thread's run delay falls mostly in the step and other parts (it is not runnable while it waits
+        # for data, but for the wake-up): without it, the loop's own time; never less than the CPU the thread
+        # spent, so a wake-up delay counted in the wait cannot make the rest vanish
+        own = waited + max(wall - waited - d("delay_main"), d("cpu_main"))
+        if own > 0:
+            s.data_wait_alone_fraction = waited / own
     if new.get("has_run_delay"):
         cpu = sum(d(f"cpu_{r}") for r in ROLE_SIGNALS)
         delay = sum(d(f"delay_{r}") for r in ROLE_SIGNALS)
@@ -275,12 +359,20 @@ def _ranks(s: Signals, old: dict[str, float], new: dict[str, float]) -> None:
             continue
         compute = max(0.0, f.get("step", 0.0) - f["collective_wait"]) / steps
         ranks.append(RankSignals(job, rank, steps, compute, f["collective_wait"] / steps, wall / steps,
-                                 min(1.0, f["collective_wait"] / wall)))
+                                 min(1.0, f["collective_wait"] / wall), min(1.0, f.get("data_wait", 0.0) / wall)))
     s.ranks = ranks
     for job in {r.training_job for r in ranks}:
         group = [r for r in ranks if r.training_job == job]
         if len(group) < 2:
             continue
+        hungry = max(group, key=lambda r: r.data_wait_fraction)
+        fed = [r for r in group if r is not hungry]
+        if hungry.data_wait_fraction >= STARVED_WAIT \
+                and statistics.median(r.data_wait_fraction for r in fed) < STARVED_FED * hungry.data_wait_fraction \
+                and statistics.median(r.wait_fraction for r in fed) >= STARVED_WAITED * hungry.data_wait_fraction:
+            s.starved = hungry
+            s.starved_rank = _number(hungry.rank)
+            s.others_wait_fraction = statistics.median(r.wait_fraction for r in fed)
         slow = max(group, key=lambda r: r.compute_s)
         others = [r for r in group if r is not slow]
         typical = statistics.median(r.compute_s for r in others)
@@ -305,6 +397,12 @@ def _ranks(s: Signals, old: dict[str, float], new: dict[str, float]) -> None:
 STRAGGLER_RATIO = 1.5
 STRAGGLER_SHARE = 0.1
 STRAGGLER_WAITED = 0.5
+# The starved rank: the one whose loop waits for data at least STARVED_WAIT of its time while the others' median
+# is under STARVED_FED of its share, and the others spend, in collectives, at least STARVED_WAITED of its share:
+# they wait for it.
+STARVED_WAIT = 0.3
+STARVED_FED = 0.5
+STARVED_WAITED = 0.5
 
 
 def _number(text: str) -> float | None:

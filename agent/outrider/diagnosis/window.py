@@ -3,7 +3,12 @@ records, each with a window of its own.
 
 Until the first window with steps or requests, a busy process is starting (the interpreter, imports, loading a
 model or a dataset): there is nothing to diagnose yet, so no verdict is given (idle excepted). Once the job has
-been active, every window gets one."""
+been active, every window gets one, `not_judged` where the evidence its rule needs is missing.
+
+A window is judged from the oldest of its sweeps that already had every measurement the newest one has (per-thread
+CPU, operations counted, the loop's stack samples): the hook publishes those from its first step on, and a counter
+that appears mid-window holds time from before the window. So the first windows of a run are shorter, not blind:
+a 40 s job is judged from its first seconds, not called "balanced" for its first 30."""
 
 from __future__ import annotations
 
@@ -14,6 +19,9 @@ from outrider.diagnosis.bottleneck import Verdict, classify
 from outrider.diagnosis.signals import signals, snapshot
 from outrider.metrics.family import Family
 
+# Cumulative measurements a window must have at both ends to use them (diagnosis/signals.py keys)
+NEEDED = ("cpu_main", "autograd_ops", "prof_total")
+
 
 class VerdictWindow:
     def __init__(self, window_s: float) -> None:
@@ -23,16 +31,25 @@ class VerdictWindow:
         self.active_seen = False
 
     def add(self, families: list[Family], now: float | None = None) -> Verdict | None:
-        """Take a sweep; the verdict between the oldest sweep still in the window and this one."""
+        """Take a sweep; the verdict between the oldest usable sweep still in the window and this one."""
         now = time.monotonic() if now is None else now
         self._snaps.append((now, snapshot(families)))
         while len(self._snaps) > 2 and now - self._snaps[1][0] >= self.window_s:
             self._snaps.popleft()
         if len(self._snaps) >= 2:
-            (t0, old), (t1, new) = self._snaps[0], self._snaps[-1]
+            (t0, old), (t1, new) = self.start(), self._snaps[-1]
             s = signals(old, new, t1 - t0)
             verdict = classify(s)
             self.active_seen = self.active_seen or s.steps_per_s > 0 or s.requests_per_s > 0
             if self.active_seen or verdict.cls == "idle":
                 self.verdict = verdict
         return self.verdict
+
+    def start(self) -> tuple[float, dict[str, float]]:
+        """The oldest sweep but the newest that has every NEEDED key the newest has; the oldest when none has."""
+        new = self._snaps[-1][1]
+        needed = [k for k in NEEDED if k in new]
+        for t, snap in list(self._snaps)[:-1]:
+            if all(k in snap for k in needed):
+                return t, snap
+        return self._snaps[0]

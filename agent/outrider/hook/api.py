@@ -167,6 +167,9 @@ def _instrument(spool_dir: str | None, standalone: bool | None) -> bool:
 
         threads = ThreadSampler(hook, lambda: S.loop_tid)
         hook.samplers.append(threads.sample)
+        from outrider.hook.profiler import LoopProfiler
+
+        hook.samplers.append(LoopProfiler(hook, lambda: S.loop_tid, config.profile_hz).sample)
         if "torch" in sys.modules:
             _attach_torch()
         else:  # torch imported later: attach once its import has run, on the importing thread

@@ -35,6 +35,7 @@ BOUNDS: dict[str, Bounds] = {
     "stall_floor_s": Bounds(1.0, 30 * 86400.0),
     "first_step_timeout_s": Bounds(1.0, 30 * 86400.0),
     "phase_timeout_s": Bounds(1.0, 30 * 86400.0),
+    "profile_hz": Bounds(0.0, 1000.0),
 }
 
 
@@ -52,6 +53,7 @@ class HookSettings:
     training_job: str = ""  # groups the ranks of one training job; else derived (derive_training_job)
     role: str = ""  # training, inference, or empty: judged from what the process does
     spool_trusted_uids: tuple[int, ...] = ()  # owners of a configured spool besides this user and root
+    profile_hz: float = 50.0  # samples a second of the loop thread's stack (hook/profiler.py); 0: off
 
 
 KEYS: dict[str, Any] = {f.name: f.default for f in fields(HookSettings)}

@@ -418,6 +418,17 @@ _DEFS: tuple[MetricDef, ...] = (
               "Differentiable operations the training thread ran with grad enabled (its autograd sequence number at "
               "the last step's end). Main-thread CPU per operation tells many small operations (framework "
               "overhead) from few large ones (the math).", BY_RANK, "hook"),
+    MetricDef("outrider_train_loop_samples_total", "outrider.train.loop.samples", "{sample}", "counter",
+              "Samples of the training loop thread's Python stack (hook/profiler.py, profile_hz a second) by where it "
+              "was: python (the user's code in the interpreter), native (inside torch or a C call, on a CPU), "
+              "waiting (a C call off CPU: sleep, a lock, I/O), data (a DataLoader's __next__), collective "
+              "(torch.distributed), checkpoint (torch.save/load), optimizer (torch.optim). Shares of the loop's time.",
+              (*BY_RANK, Label("where", "outrider.train.loop.where")), "hook"),
+    MetricDef("outrider_train_loop_frame_samples_total", "outrider.train.loop.frame_samples", "{sample}", "counter",
+              "Samples of the training loop thread by its top frame (the innermost frame of the user's code, "
+              "`file:line function`) and where it was: the loop's hottest lines, at most 20 published per flush and "
+              "60 frames per process.",
+              (*BY_RANK, Label("where", "outrider.train.loop.where"), Label("frame", "code.frame")), "hook"),
     MetricDef("outrider_thread_cpu_seconds_total", "outrider.thread.cpu.time", "s", "counter",
               "CPU time of an instrumented process by thread role: main (the training loop's thread), intra_op "
               "(unnamed native threads: torch's intra-op pool), data_workers (child processes: DataLoader workers), "
@@ -509,7 +520,8 @@ _DEFS: tuple[MetricDef, ...] = (
     # --- diagnosis ----------------------------------------------------------------------------------------------
     MetricDef("outrider_bottleneck", "outrider.bottleneck", "1", "gauge",
               "1 for the bottleneck class of the last window (idle, throttled, memory_pressure, input_bound, "
-              "memory_bandwidth_bound, compute_bound, host_bound, communication_bound, balanced), 0 for the others.",
+              "memory_bandwidth_bound, compute_bound, host_bound, python_bound, communication_bound, balanced), 0 "
+              "for the others; all 0 for a window not judged (without the evidence its rule needs).",
               (Label("class", "outrider.bottleneck.class"),), "diagnosis"),
     MetricDef("outrider_diagnosis_signal", "outrider.diagnosis.signal", "1", "gauge",
               "The evidence behind the verdict: data-wait fraction, GPU utilisation, process CPU cores, step time, "

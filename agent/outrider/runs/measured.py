@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import MISSING, asdict, dataclass, fields, replace
 from typing import Any
 
+from outrider.diagnosis.profile import LoopProfile, loop_profile
 from outrider.metrics import units
 from outrider.metrics.family import Family, HistogramValue, merged_histogram
 from outrider.metrics.quantile import histogram_quantile
@@ -96,6 +97,7 @@ class Measured:
     inference: Inference | None = None
     waiting: Waiting | None = None  # set when no step completed and some rank waited for its first
     hooked: bool = False  # some process of the command called outrider.instrument()
+    profile: LoopProfile | None = None  # the loop thread's stack samples (hook/profiler.py)
 
     def rows(self) -> list[tuple[str, str]]:
         """(topic, what was measured) lines, in human units; the same for the summary and the report."""
@@ -110,8 +112,14 @@ class Measured:
         return [("hook", "nothing: no process of the command called outrider.instrument() (the process "
                          "tree's CPU, memory and I/O above are measured without it)")]
 
+    def profile_rows(self) -> list[tuple[str, str]]:
+        """Where the training loop's thread was, and its hottest lines (the report shows the whole table)."""
+        return self.profile.rows() if self.profile else []
+
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        out["profile"] = self.profile.to_json() if self.profile else None
+        return out
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Measured:
@@ -123,7 +131,8 @@ class Measured:
             return kind(**{k: v for k, v in value.items() if k in names}) if required <= set(value) else None
 
         return cls(part(Training, data.get("training")), part(Inference, data.get("inference")),
-                   part(Waiting, data.get("waiting")), bool(data.get("hooked", False)))
+                   part(Waiting, data.get("waiting")), bool(data.get("hooked", False)),
+                   LoopProfile.from_json(data.get("profile")))
 
 
 def _sum(families: list[Family], name: str, label: str = "", value: str = "") -> float:
@@ -176,4 +185,5 @@ def measure(families: list[Family], waiting: Waiting | None = None, hooked: bool
             latency_p99_s=histogram_quantile(0.99, req) or 0.0,
             client_errors=_sum(families, "outrider_requests_total", "status_class", "4xx"),
             server_errors=_sum(families, "outrider_requests_total", "status_class", "5xx"))
-    return Measured(training, inference, waiting if training is None else None, hooked)
+    return Measured(training, inference, waiting if training is None else None, hooked,
+                    loop_profile(families) if training is not None else None)

@@ -16,7 +16,10 @@ from outrider.runs.store import RunRecord
 
 COLORS = {"idle": "#9e9e9e", "throttled": "#e65100", "memory_pressure": "#c62828", "input_bound": "#6a1b9a",
           "memory_bandwidth_bound": "#283593", "compute_bound": "#2e7d32", "host_bound": "#f9a825",
-          "communication_bound": "#00838f", "balanced": "#607d8b", "hung_before_first_step": "#b71c1c"}
+          "communication_bound": "#00838f", "balanced": "#607d8b", "hung_before_first_step": "#b71c1c",
+          "python_bound": "#ad1457", "not_judged": "#cfd8dc"}
+WHERE_COLORS = {"python": "#ad1457", "native": "#2e7d32", "waiting": "#9e9e9e", "data": "#6a1b9a",
+                "collective": "#00838f", "checkpoint": "#e65100", "optimizer": "#f9a825"}
 ALERT_COLORS = {"critical": "#b71c1c", "warning": "#ef6c00"}
 
 
@@ -131,6 +134,24 @@ def _measured_section(rec: RunRecord) -> str:
                                               for topic, text in rows) + "</table>"
 
 
+def _profile_section(rec: RunRecord) -> str:
+    """The loop's hottest lines (a flame-style table: each line's share of the loop thread's samples, as a bar)."""
+    e = html.escape
+    data = rec.summary.get("measured")
+    profile = Measured.from_json(data).profile if isinstance(data, dict) else None
+    if profile is None or not profile.samples:
+        return ('<p id="profile" class="note">No stack samples of the loop thread (profile_hz 0, no training loop, '
+                'or recorded by an older Outrider).</p>')
+    shares = ", ".join(f"{w} {units.percent(v)}" for w, v in profile.shares())
+    rows = "".join(
+        f'<tr><td><code>{e(frame)}</code></td><td>{e(where)}</td><td>{e(units.percent(n / profile.samples))}</td>'
+        f'<td><span style="display:inline-block;height:10px;width:{max(1, round(300 * n / profile.samples))}px;'
+        f'background:{WHERE_COLORS.get(where, "#999")}"></span></td></tr>' for where, frame, n in profile.frames)
+    return (f'<p id="profile-shares">{e(units.count(profile.samples))} samples: {e(shares)}</p>'
+            f'<table id="profile"><tr><th>line (innermost frame of your code)</th><th>where</th><th>samples</th>'
+            f'<th></th></tr>{rows}</table>')
+
+
 def _cost_section(rec: RunRecord) -> str:
     s = rec.summary
     rows: list[tuple[str, str]] = []
@@ -175,6 +196,8 @@ def render(rec: RunRecord) -> str:
 {_charts_section(rec)}
 <h2>What the run cost</h2>
 {_cost_section(rec)}
+<h2>Where the training loop's time goes</h2>
+{_profile_section(rec)}
 </body></html>
 """
 

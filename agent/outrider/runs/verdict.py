@@ -3,21 +3,23 @@ averaged over the time it held, and the timeline of classes beside it.
 
 Each sweep's verdict (diagnosis/window.VerdictWindow: the last window_s of sweeps) speaks for the time since the
 sweep before it, so every second of the run is counted once. Idle windows do not vote: a job that loads for a
-minute and then trains for ten is judged on the ten. A run that was idle throughout is `idle`; a run shorter than
-two sweeps has no verdict ("").
+minute and then trains for ten is judged on the ten. Windows not judged (without the evidence their rule needs,
+diagnosis/bottleneck.NOT_JUDGED) do not vote either; their time is shown beside the verdict. A run that was idle
+throughout is `idle`; a run shorter than two sweeps, or none of whose windows was judged, has no verdict ("").
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from outrider.diagnosis.bottleneck import CLASSES, RECOMMENDATIONS
+from outrider.diagnosis.bottleneck import CLASSES, NOT_JUDGED, RECOMMENDATIONS
 from outrider.metrics import units
 from outrider.runs.kpis import describe, evidence_order, is_count
 
 IDLE = "idle"
+NO_VOTE = (IDLE, NOT_JUDGED)  # windows that never decide a run's verdict
 HUNG = "hung_before_first_step"  # set by the recorder, not by a window: no step ever, and a rank stalled waiting
 
 
@@ -37,7 +39,7 @@ class RunVerdict:
 
     @property
     def active_s(self) -> float:
-        return sum(s for c, s in self.seconds.items() if c != IDLE)
+        return sum(s for c, s in self.seconds.items() if c not in NO_VOTE)
 
     @property
     def share(self) -> float:
@@ -56,22 +58,35 @@ class RunVerdict:
     def headline(self) -> str:
         """`input_bound, 82% of the 24.1 s the job was active (balanced 18%; idle 3.2 s)`."""
         if not self.cls:
+            unjudged = self.seconds.get(NOT_JUDGED, 0.0)
+            if unjudged:
+                return (f"none: not judged ({units.seconds(unjudged)} without the measurements the rules need: "
+                        "per-thread CPU, operations or steps)")
             return "none: the run ended before the agent had two sweeps to compare"
         if self.cls == IDLE:
-            return f"idle: no steps, requests or CPU use in {units.seconds(self.seconds.get(IDLE, 0.0))}"
+            return (f"idle: no steps, requests or CPU use in {units.seconds(self.seconds.get(IDLE, 0.0))} (or a "
+                    "loop whose threads rest between steps)")
         if self.cls == HUNG:
             return f"hung before its first step: {self.reason}"
         others = [f"{c} {units.percent(s / self.active_s)}" for c, s in
-                  sorted(self.seconds.items(), key=lambda kv: -kv[1]) if c not in (self.cls, IDLE) and s > 0]
-        idle = self.seconds.get(IDLE, 0.0)
-        aside = "; ".join(x for x in (", ".join(others), f"idle {units.seconds(idle)}" if idle else "") if x)
+                  sorted(self.seconds.items(), key=lambda kv: -kv[1]) if c not in (self.cls, *NO_VOTE) and s > 0]
+        idle, unjudged = self.seconds.get(IDLE, 0.0), self.seconds.get(NOT_JUDGED, 0.0)
+        aside = "; ".join(x for x in (", ".join(others), f"idle {units.seconds(idle)}" if idle else "",
+                                      f"not judged {units.seconds(unjudged)}" if unjudged else "") if x)
         return (f"{self.cls}, {units.percent(self.share)} of the {units.seconds(self.active_s)} the job was active"
                 + (f" ({aside})" if aside else ""))
 
     def evidence_rows(self) -> list[tuple[str, str]]:
-        """(label, value) in human units; counts and flags that are zero (no GPUs, no retries) left out."""
-        keys = [k for k in evidence_order(list(self.evidence)) if self.evidence[k] or not is_count(k)]
-        return [describe(k, self.evidence[k]) for k in keys]
+        """(label, value) in human units; counts and flags that are zero (no GPUs, no retries) left out, internal
+        flags never shown."""
+        where = {k: v for k, v in self.evidence.items() if k.startswith("in_") and k.endswith("_fraction")}
+        keys = [k for k in evidence_order(list(self.evidence)) if k not in where and k not in HIDDEN
+                and (self.evidence[k] or not is_count(k))]
+        rows = [_describe(k, self.evidence[k]) for k in keys]
+        if where:  # the loop thread's stack samples (hook/profiler.py), one row: the largest share first
+            rows.append(("where the loop thread is (samples)", ", ".join(
+                f"{k[3:-9]} {units.percent(v)}" for k, v in sorted(where.items(), key=lambda kv: -kv[1]) if v)))
+        return rows
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -81,6 +96,41 @@ class RunVerdict:
         return cls(str(data.get("cls", "")), str(data.get("reason", "")),
                    {str(k): float(v) for k, v in dict(data.get("evidence", {})).items()},
                    {str(k): float(v) for k, v in dict(data.get("seconds", {})).items()})
+
+
+# Diagnosis evidence (diagnosis/signals.Signals) that is bookkeeping, not a number to read
+HIDDEN = ("ops_counted", "torch_cpu_only", "loop_samples")
+# Human names and units for the diagnosis's own signals (runs/kpis.py names the KPIs)
+LABELS: dict[str, tuple[str, Callable[[float], str]]] = {
+    "main_thread_busy": ("main thread busy (CPU + waiting for one)", units.percent),
+    "main_thread_cpu": ("main thread CPU", units.cores),
+    "intra_op_busy": ("intra-op pool busy", lambda v: f"{units.number(v)} threads' worth"),
+    "intra_op_threads": ("intra-op threads", units.count),
+    "main_cpu_us_per_op": ("main-thread CPU per operation", lambda v: units.seconds(v / 1e6)),
+    "ops_per_step": ("operations per step", units.count),
+    "data_workers_cpu_cores": ("DataLoader workers' CPU", units.cores),
+    "data_worker_busy": ("each DataLoader worker busy", units.percent),
+    "data_wait_alone_fraction": ("data wait, on the loop's own time", units.percent),
+    "storage_read_bytes_per_s": ("read from storage", lambda v: units.bytes_iec(v) + "/s"),
+    "io_pressure_fraction": ("host I/O pressure", units.percent),
+    "run_delay_fraction": ("waiting for a CPU (run delay)", units.percent),
+    "step_fraction": ("step work", units.percent),
+    "other_fraction": ("outside data and step", units.percent),
+    "collective_fraction": ("in collectives", units.percent),
+    "collective_wait_fraction": ("blocked in collectives", units.percent),
+    "straggler_rank": ("straggler rank", lambda v: f"{v:g}"),
+    "starved_rank": ("starved rank", lambda v: f"{v:g}"),
+    "straggler_compute_ratio": ("slowest rank's compute", lambda v: f"{v:.1f}x the others'"),
+    "others_wait_fraction": ("other ranks waiting in collectives", units.percent),
+    "gpu_busy_ratio": ("GPU busy per step", units.percent),
+}
+
+
+def _describe(key: str, value: float) -> tuple[str, str]:
+    if key in LABELS:
+        label, fmt = LABELS[key]
+        return label, fmt(value)
+    return describe(key, value)
 
 
 class VerdictTally:
@@ -108,13 +158,13 @@ class VerdictTally:
             self.segments.append(Segment(start, end, cls))
 
     def result(self) -> RunVerdict:
-        active = {c: s for c, s in self._seconds.items() if c != IDLE and s > 0}
+        active = {c: s for c, s in self._seconds.items() if c not in NO_VOTE and s > 0}
         if active:
             cls = max(active, key=lambda c: (active[c], -_rank(c)))
-        elif self._seconds:
+        elif self._seconds.get(IDLE):
             cls = IDLE
         else:
-            return RunVerdict("", "", {}, {})
+            return RunVerdict("", "", {}, dict(self._seconds))
         sums, weights = self._weighted.get(cls, {}), self._weight.get(cls, {})
         evidence = {k: round(sums[k] / weights[k], 4) if weights[k] else sums[k] for k in sums}
         return RunVerdict(cls, self._reason.get(cls, ""), evidence, dict(self._seconds))

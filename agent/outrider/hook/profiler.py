@@ -1,0 +1,274 @@
+"""Where the training loop's thread spends its time, measured rather than inferred: a low-rate sampler of its
+Python stack.
+
+A thread of the hook's own (`outrider-profiler`) wakes `profile_hz` times a second (default 50; 0: off), once the
+loop thread is known (the thread of the first step; before it nothing is sampled), takes the
+loop thread's innermost frame from `sys._current_frames()` and walks it outwards (at most MAX_DEPTH frames). Each
+sample is one of WHERE:
+
+- **data**: inside a DataLoader iterator's `__next__` (any frame in torch/utils/data, or the hook's own timed
+  `__next__`): the loop waits for its next batch, or fetches it itself (num_workers=0);
+- **collective**: inside torch.distributed (all_reduce, barrier, ...);
+- **checkpoint**: inside torch.save / torch.load (torch/serialization.py) or torch.distributed.checkpoint;
+- **optimizer**: inside an optimizer's step (torch/optim);
+- **native**: inside torch (an operator, or torch's own Python layers: nn modules, autograd) or a C call from the
+  user's code that released the GIL while the thread was on a CPU (a tensor operation written in the user's file:
+  `a @ b`);
+- **waiting**: a C call from the user's code that released the GIL while the thread was off CPU (time.sleep, a
+  lock, a socket, a file read outside the DataLoader);
+- **python**: the user's own Python code running in the interpreter (a tokeniser in the loop, building tensors
+  from lists, logging).
+
+The first four are decided by the outermost such frame (a dataset's `__getitem__` called by the DataLoader is
+data). For the rest: a sampler in Python needs the GIL, so it can only look at the loop thread when that thread
+lets go of it: inside a call that released it (every torch operator does; so do sleep and I/O), or, running
+Python, at the switch interval (5 ms) or sooner wherever it next calls into such code. What the thread was doing
+*when the sampler woke* is told by how long the sampler then waited for the GIL: its wake-up lag, less its own
+run delay (/proc schedstat: on a crowded machine it also waits for a CPU). A wait (over GIL_WAIT_S) means the loop
+thread held the GIL: running Python (python; native where the frame is torch's own Python layers); none means it
+was in a GIL-free call, and its CPU clock since the previous sample tells native (on a CPU) from waiting (off it).
+The frame shown is the one seen once the sampler has the GIL: for a Python sample, the line where the loop let
+go of it (the call of the torch function after the Python work), within the user's function that did the work.
+
+The hot path is untouched: the sampler reads frames, it never sets a trace or profile function. Each sample holds
+the GIL for as long as it takes to walk the stack (measured in benchmarks/profiler_overhead.py). Counts per class
+go out as `outrider_train_loop_samples_total{where}`; the top frames of the loop (the innermost frame of the
+user's code, `file:line function`, else the innermost frame) as `outrider_train_loop_frame_samples_total{where,
+frame}`, at most TOP_PUBLISHED of them, from a table of at most MAX_FRAMES kept with space-saving eviction (a new
+frame replaces the least-counted one and inherits its count, so a frame that becomes hot late still rises).
+Standard library only; never raises into the workload.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable
+from types import FrameType
+from typing import Any
+
+WHERE = ("python", "native", "waiting", "data", "collective", "checkpoint", "optimizer")
+SPECIAL = ("data", "collective", "checkpoint", "optimizer")
+MAX_DEPTH = 256
+MAX_FRAMES = 512  # the bounded table of frames
+TOP_PUBLISHED = 20  # frames published per flush
+MAX_FRAME_SERIES = 60  # distinct frame series ever registered (each one a series in the shard)
+MAX_FILE_KINDS = 8192
+MAX_LABEL = 120
+ON_CPU = 0.2
+# A wake-up later than this, less the sampler's own run delay, is a wait for the GIL: the loop thread held it when
+# the sampler woke. Timer slack (50 us) and the wake-up itself come first: measured on a 2-core machine at load 60,
+# 79-107 us (p10-p90) with the loop in a tensor operation, 190 us at p10 and 640 us at p50 with it in a
+# pure-Python tokeniser.
+GIL_WAIT_S = 0.00015
+_OUTRIDER_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+# the standard library's directory: where os.py lives (sysconfig would import its generated data module)
+_STDLIB = os.path.dirname(os.__file__) + os.sep
+
+
+def file_kind(path: str) -> str:
+    """What a code object's file is: one of SPECIAL, torch, lib (other packages, the standard library),
+    outrider, or user."""
+    p = path.replace("\\", "/")
+    if p.startswith(_OUTRIDER_DIR):
+        if p.startswith(_OUTRIDER_DIR + "demo/"):
+            return "user"  # the demo's workload is a user's training script
+        return "data" if p.endswith("hook/torch_data.py") else "outrider"
+    if "/torch/" in p:
+        if "/torch/utils/data/" in p:
+            return "data"
+        if "/torch/serialization.py" in p or "/torch/distributed/checkpoint/" in p:
+            return "checkpoint"
+        if "/torch/distributed/" in p:
+            return "collective"
+        if "/torch/optim/" in p:
+            return "optimizer"
+        return "torch"
+    if "/site-packages/" in p or "/dist-packages/" in p or p.startswith("<") or p.startswith(_STDLIB):
+        return "lib"
+    return "user"
+
+
+def frame_label(path: str, line: int, function: str) -> str:
+    """`pkg/file.py:42 function`: the last two parts of the path, bounded for a label."""
+    parts = path.replace("\\", "/").rsplit("/", 2)
+    short = "/".join(parts[-2:])
+    text = f"{short}:{line} {function}"
+    return text if len(text) <= MAX_LABEL else "..." + text[-(MAX_LABEL - 3):]
+
+
+class LoopProfiler:
+    def __init__(self, hook: Any, loop_tid: Callable[[], int], hz: float) -> None:
+        """hook: where the series go, whether it is closed, and whether the process has a loop yet; loop_tid: the
+        native id of the thread that completes steps (0: none yet, nothing is sampled)."""
+        self.hook = hook
+        self.loop_tid = loop_tid
+        self.period = 1.0 / hz if hz > 0 else 0.0
+        self.counts = dict.fromkeys(WHERE, 0)
+        self.frames: dict[tuple[str, str], int] = {}
+        self.kinds: dict[str, str] = {}
+        self.registered: set[tuple[str, str]] = set()
+        self.thread: threading.Thread | None = None
+        self.pid = 0
+        self._native = -1  # the loop thread's native id the ident below is for
+        self._ident = 0
+        self._clock: int | None = None  # the loop thread's CPU clock
+        self._cpu = 0.0
+        self._at = 0.0  # when _cpu was read
+        self._delay_fd = -1
+        self._delay = 0
+        self.errors = 0
+
+    # --- publisher thread ----------------------------------------------------------------------------------
+    def sample(self) -> None:
+        """Start the sampling thread once the process has a loop (again in a forked child); publish the counts."""
+        if not self.period:
+            return
+        p = self.hook.progress
+        if not (p.steps or p.training):
+            return
+        pid = os.getpid()
+        if pid != self.pid or self.thread is None or not self.thread.is_alive():
+            if pid != self.pid:  # a forked child: the parent's samples are the parent's
+                self.pid = pid
+                self.counts = dict.fromkeys(WHERE, 0)
+                self.frames = {}
+                self.registered = set()
+                self._native = -1
+            self.thread = threading.Thread(target=self._run, name="outrider-profiler", daemon=True)
+            self.thread.start()
+        self.publish()
+
+    def publish(self) -> None:
+        series = self.hook.series
+        for where, n in list(self.counts.items()):
+            if n:
+                series("counter", "outrider_train_loop_samples_total", {"where": where},
+                       builtin=True).set_total(n)
+        top = sorted(list(self.frames.items()), key=lambda kv: -kv[1])[:TOP_PUBLISHED]
+        for key, n in top:
+            if key not in self.registered:
+                if len(self.registered) >= MAX_FRAME_SERIES:
+                    continue
+                self.registered.add(key)
+            series("counter", "outrider_train_loop_frame_samples_total", {"where": key[0], "frame": key[1]},
+                   builtin=True).set_total(n)
+
+    # --- the sampling thread -------------------------------------------------------------------------------
+    def _run(self) -> None:
+        me = os.getpid()
+        try:
+            self._delay_fd = os.open(f"/proc/self/task/{threading.get_native_id()}/schedstat", os.O_RDONLY)
+        except OSError:
+            self._delay_fd = -1
+        try:
+            self._delay = self._own_delay_ns()
+            while not self.hook.closed and os.getpid() == me:
+                t0 = time.perf_counter()
+                time.sleep(self.period)
+                lag = time.perf_counter() - t0 - self.period
+                try:
+                    self.tick(lag)
+                except Exception:
+                    self.errors += 1
+                    self.hook.drop("profiler_error")
+        finally:
+            if self._delay_fd >= 0:
+                os.close(self._delay_fd)
+                self._delay_fd = -1
+
+    def _own_delay_ns(self) -> int:
+        """Nanoseconds this thread has waited for a CPU (schedstat's second field); 0 when unknown."""
+        if self._delay_fd < 0:
+            return 0
+        try:
+            return int(os.pread(self._delay_fd, 64, 0).split()[1])
+        except (OSError, ValueError, IndexError):
+            return 0
+
+    def _loop_ident(self) -> int:
+        native = self.loop_tid()
+        if native != self._native:
+            self._native = native
+            ident = threading.main_thread().ident or 0
+            if native:
+                for t in threading.enumerate():
+                    if t.native_id == native and t.ident is not None:
+                        ident = t.ident
+                        break
+            self._ident = ident
+            try:
+                self._clock = time.pthread_getcpuclockid(ident)
+                self._cpu, self._at = time.clock_gettime(self._clock), time.perf_counter()
+            except (OSError, AttributeError, OverflowError):
+                self._clock = None
+        return self._ident
+
+    def tick(self, lag: float) -> None:
+        """One sample of the loop thread; lag: how late this thread woke (seconds)."""
+        delay = self._own_delay_ns()
+        waited = lag - max(0, delay - self._delay) / 1e9  # the wake-up lag not spent waiting for a CPU: the GIL
+        self._delay = delay
+        if not self.loop_tid():
+            return  # no step yet: which thread runs the loop is not known (the main thread may only wait for it)
+        ident = self._loop_ident()
+        on_cpu: bool | None = None
+        if self._clock is not None:
+            try:
+                cpu, at = time.clock_gettime(self._clock), time.perf_counter()
+                # on a CPU a fifth of the time since the last sample or more: running (a neighbour may take the
+                # rest); a thread blocked in sleep, a lock or I/O gathers next to nothing
+                on_cpu = (cpu - self._cpu) >= ON_CPU * (at - self._at)
+                self._cpu, self._at = cpu, at
+            except OSError:
+                self._clock = None
+        frame = sys._current_frames().get(ident)
+        if frame is None:
+            return
+        where, label = self.classify(frame, gil_free=waited < GIL_WAIT_S, on_cpu=on_cpu)
+        self.count(where, label)
+
+    def count(self, where: str, label: str) -> None:
+        """One sample into the counts and the bounded frame table."""
+        self.counts[where] += 1
+        key = (where, label)
+        frames = self.frames
+        if key in frames:
+            frames[key] += 1
+        elif len(frames) < MAX_FRAMES:
+            frames[key] = 1
+        else:  # space-saving: the newcomer takes the least-counted entry's place and count
+            low = min(frames, key=frames.__getitem__)
+            frames[key] = frames.pop(low) + 1
+
+    def _kind(self, path: str) -> str:
+        kind = self.kinds.get(path)
+        if kind is None:
+            kind = file_kind(path)
+            if len(self.kinds) < MAX_FILE_KINDS:
+                self.kinds[path] = kind
+        return kind
+
+    def classify(self, frame: FrameType, gil_free: bool, on_cpu: bool | None) -> tuple[str, str]:
+        """(where, the frame to show) of one stack, given its innermost frame."""
+        chain: list[tuple[FrameType, str]] = []
+        f: FrameType | None = frame
+        while f is not None and len(chain) < MAX_DEPTH:
+            chain.append((f, self._kind(f.f_code.co_filename)))
+            f = f.f_back
+        user = next((fr for fr, kind in chain if kind == "user"), None)
+        shown = user if user is not None else chain[0][0]
+        label = frame_label(shown.f_code.co_filename, shown.f_lineno or 0, shown.f_code.co_name)
+        for _, kind in reversed(chain):  # outermost first: the DataLoader calling a dataset is data
+            if kind in SPECIAL:
+                return kind, label
+        top_kind = chain[0][1]
+        if top_kind == "torch":
+            return "native", label
+        if top_kind == "outrider":
+            return "python", label
+        if not gil_free:
+            return "python", label
+        return ("waiting" if on_cpu is False else "native"), label

@@ -1,0 +1,183 @@
+"""The loop profiler (hook/profiler.py) on real loops run by this thread while the profiler's own thread samples
+it: pure Python, tensor operations written in the loop, torch modules, sleeping, a DataLoader, an optimizer,
+torch.save. Each loop is one kind of work, so the share of its class must dominate; shares, never timings."""
+
+from __future__ import annotations
+
+import io
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from outrider.hook.profiler import MAX_FRAMES, WHERE, LoopProfiler, file_kind, frame_label
+from outrider.hook.runtime import Hook
+from outrider.hook.settings import HookSettings, read
+
+torch = pytest.importorskip("torch")
+SECONDS = 1.5
+
+
+@pytest.fixture
+def hook(tmp_path: Path) -> Iterator[Hook]:
+    h = Hook(HookSettings(spool_dir=str(tmp_path), standalone=False))
+    h.progress.record_steps(1, time.perf_counter(), [0.1])  # a process with a loop: the profiler starts
+    yield h
+    h.closed = True
+
+
+def profile(hook: Hook, work: Callable[[], None], hz: float = 100.0) -> LoopProfiler:
+    """Sample this thread while it runs `work` repeatedly for SECONDS; the profiler's thread is stopped after."""
+    tid = threading.get_native_id()
+    p = LoopProfiler(hook, lambda: tid, hz)
+    p.sample()
+    assert p.thread is not None and p.thread.name.startswith("outrider")
+    end = time.monotonic() + SECONDS
+    while time.monotonic() < end:
+        work()
+    hook.closed = True
+    p.thread.join(timeout=10)
+    hook.closed = False
+    return p
+
+
+def shares(p: LoopProfiler) -> dict[str, float]:
+    total = sum(p.counts.values())
+    assert total >= 20, f"too few samples to judge: {p.counts}"
+    return {w: n / total for w, n in p.counts.items()}
+
+
+def top(p: LoopProfiler) -> tuple[str, str]:
+    return max(p.frames, key=p.frames.__getitem__)
+
+
+def pure_python() -> None:
+    acc = 0
+    for i in range(20_000):
+        acc = (acc * 31 + i) % 1_000_003
+
+
+def test_pure_python_is_python_at_its_own_line(hook: Hook) -> None:
+    p = profile(hook, pure_python)
+    s = shares(p)
+    assert s["python"] > 0.6, s
+    where, frame = top(p)
+    assert where == "python" and "test_profiler.py" in frame and frame.endswith("pure_python"), frame
+
+
+def test_tensor_operations_in_the_users_file_are_native(hook: Hook) -> None:
+    torch.set_num_threads(1)
+    a = torch.randn(384, 384)
+
+    def matmuls() -> None:
+        b = a
+        for _ in range(4):
+            b = torch.tanh(b @ a) * 0.01
+
+    s = shares(profile(hook, matmuls))
+    assert s["native"] + s["waiting"] > 0.7 and s["python"] < 0.3, s
+
+
+def test_torch_modules_are_native(hook: Hook) -> None:
+    model = torch.nn.Sequential(*[torch.nn.Linear(16, 16) for _ in range(20)])
+    x = torch.randn(8, 16)
+    s = shares(profile(hook, lambda: model(x).sum().backward()))
+    assert s["native"] > 0.6, s
+
+
+def test_sleeping_is_waiting(hook: Hook) -> None:
+    s = shares(profile(hook, lambda: time.sleep(0.02)))
+    assert s["waiting"] > 0.7, s
+
+
+class Slow(torch.utils.data.Dataset):  # type: ignore[misc]
+    def __len__(self) -> int:
+        return 1_000_000
+
+    def __getitem__(self, i: int) -> object:
+        pure_python()  # decoding in the loop's own process (num_workers=0): still the loop waiting for data
+        return torch.zeros(4)
+
+
+def test_the_dataloader_is_data_even_when_it_runs_the_users_code(hook: Hook) -> None:
+    it = iter(torch.utils.data.DataLoader(Slow(), batch_size=2))
+    p = profile(hook, lambda: next(it))
+    s = shares(p)
+    assert s["data"] > 0.8, s
+    assert top(p)[1].startswith("diagnosis/test_profiler.py:"), "the frame shown is the user's, not torch's"
+
+
+def test_optimizer_and_checkpoint(hook: Hook) -> None:
+    params = [torch.nn.Parameter(torch.randn(2_000_000))]
+    for q in params:
+        q.grad = torch.ones_like(q)
+    opt = torch.optim.Adam(params, foreach=False)
+    s = shares(profile(hook, opt.step))
+    assert s["optimizer"] > 0.8, s
+    state = {"w": torch.randn(1_000_000)}
+    s = shares(profile(hook, lambda: torch.save(state, io.BytesIO())))
+    assert s["checkpoint"] > 0.8, s
+
+
+def test_published_as_counters_and_bounded(hook: Hook) -> None:
+    p = profile(hook, pure_python)
+    p.publish()
+    counters = {(name, labels): s.total()[0] for (name, labels), s in hook.registry._series.items()}
+    by_where = {dict(labels)["where"]: v for (name, labels), v in counters.items()
+                if name == "outrider_train_loop_samples_total"}
+    assert by_where == {w: n for w, n in p.counts.items() if n}
+    frames = [dict(labels) for (name, labels) in counters if name == "outrider_train_loop_frame_samples_total"]
+    assert any(f["frame"].endswith("pure_python") and f["where"] == "python" for f in frames), frames
+    # the frame table stays bounded however many distinct lines are sampled; a late hot line still rises
+    p.frames = {}
+    for i in range(3 * MAX_FRAMES):
+        p.count("python", f"x.py:{i} f")
+    for _ in range(50):
+        p.count("python", "late.py:1 hot")
+    assert len(p.frames) <= MAX_FRAMES and top(p) == ("python", "late.py:1 hot")
+
+
+def test_off_with_one_setting_and_bounded(hook: Hook) -> None:
+    settings, problems = read({"OUTRIDER_PROFILE_HZ": "0"})
+    assert settings.profile_hz == 0 and not problems
+    p = LoopProfiler(hook, lambda: 0, settings.profile_hz)
+    p.sample()
+    assert p.thread is None and not any(name.startswith("outrider_train_loop") for name, _ in hook.registry._series)
+    for bad in ("-1", "5000", "nan", "fast"):
+        settings, problems = read({"OUTRIDER_PROFILE_HZ": bad})
+        assert settings.profile_hz == 50.0 and problems, bad
+
+
+def test_files_and_labels() -> None:
+    site = "/usr/lib/python3/site-packages/torch"
+    assert file_kind(f"{site}/utils/data/dataloader.py") == "data"
+    assert file_kind(f"{site}/distributed/distributed_c10d.py") == "collective"
+    assert file_kind(f"{site}/distributed/checkpoint/state_dict_saver.py") == "checkpoint"
+    assert file_kind(f"{site}/serialization.py") == "checkpoint"
+    assert file_kind(f"{site}/optim/adam.py") == "optimizer"
+    assert file_kind(f"{site}/nn/modules/linear.py") == "torch"
+    assert file_kind("/usr/lib/python3/site-packages/numpy/core/numeric.py") == "lib"
+    assert file_kind("/home/me/train.py") == "user"
+    assert frame_label("/home/me/proj/train.py", 42, "step") == "proj/train.py:42 step"
+    assert len(frame_label("/x/" + "a" * 500 + ".py", 1, "f")) <= 120
+    assert set(WHERE) >= {"python", "native", "waiting", "data", "collective", "checkpoint", "optimizer"}
+
+
+def test_nothing_is_sampled_before_the_loop_thread_is_known(hook: Hook) -> None:
+    """Before the first step the thread that will run the loop is unknown: the main thread may only be waiting
+    for it (the demo's main thread joins its training thread), so no sample is taken."""
+    known = [0]
+    p = LoopProfiler(hook, lambda: known[0], 200.0)
+    p.sample()
+    time.sleep(0.3)
+    assert sum(p.counts.values()) == 0
+    known[0] = threading.get_native_id()
+    deadline = time.monotonic() + 10
+    while sum(p.counts.values()) < 5 and time.monotonic() < deadline:
+        pure_python()
+    hook.closed = True
+    assert p.thread is not None
+    p.thread.join(timeout=10)
+    assert sum(p.counts.values()) >= 5, "sampled once the loop thread is known"

@@ -1,0 +1,200 @@
+"""The verdict's rules at their edges: every threshold the README states, just below and just above; windows
+without the evidence their rule needs are not judged (never a class, never a vote); the loop profile's classes."""
+
+from __future__ import annotations
+
+import pytest
+
+from outrider.diagnosis import bottleneck as b
+from outrider.diagnosis.bottleneck import NOT_JUDGED, classify
+from outrider.diagnosis.signals import STARVED_WAIT, Signals, signals, snapshot
+from outrider.diagnosis.window import VerdictWindow
+from outrider.metrics.family import Family
+from outrider.runs.verdict import VerdictTally
+from tests.diagnosis.test_bottleneck import ZERO, loop, threads
+
+EPS = 0.01
+
+
+def cpu(**kw: object) -> Signals:
+    """An active CPU job (10 steps/s) with the given signals; per-thread CPU measured unless set to None."""
+    base: dict[str, object] = {"window_s": 10.0, "steps_per_s": 10.0, "process_cpu_cores": 1.0,
+                               "main_thread_busy": 0.9, "intra_op_busy": 0.05, "data_wait_fraction": 0.0}
+    base.update(kw)
+    return Signals(**base)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("field", "line", "below", "above"), [
+    ("data_wait_fraction", b.INPUT_WAIT, "balanced", "input_bound"),
+    ("collective_wait_fraction", b.COMM_WAIT, "host_bound", "communication_bound"),
+])
+def test_wait_thresholds(field: str, line: float, below: str, above: str) -> None:
+    kw = {"main_cpu_us_per_op": 50.0, "data_wait_fraction": 0.05}
+    assert classify(cpu(**{**kw, field: line - EPS})).cls == below
+    assert classify(cpu(**{**kw, field: line + EPS})).cls == above
+
+
+def test_cpu_per_operation_thresholds() -> None:
+    assert classify(cpu(main_cpu_us_per_op=b.HOST_OP_US - 1)).cls == "host_bound"
+    assert classify(cpu(main_cpu_us_per_op=b.HOST_OP_US + 1)).cls == "balanced"
+    assert classify(cpu(main_cpu_us_per_op=b.COMPUTE_OP_US - 1)).cls == "balanced"
+    assert classify(cpu(main_cpu_us_per_op=b.COMPUTE_OP_US + 1)).cls == "compute_bound"
+    # host-bound needs the main thread saturated
+    assert classify(cpu(main_cpu_us_per_op=50.0, main_thread_busy=b.MAIN_SATURATED - EPS)).cls == "balanced"
+    assert classify(cpu(main_cpu_us_per_op=50.0, main_thread_busy=b.MAIN_SATURATED + EPS)).cls == "host_bound"
+
+
+def test_gpu_busy_thresholds() -> None:
+    def gpu(busy: float) -> str:
+        return classify(cpu(gpus=1, gpu_util=0.5, gpu_busy_ratio=busy)).cls
+
+    assert gpu(b.GPU_BUSY - EPS) == "balanced" and gpu(b.GPU_BUSY + EPS) == "compute_bound"
+    assert gpu(b.GPU_IDLE - EPS) == "host_bound" and gpu(b.GPU_IDLE + EPS) == "balanced"
+
+
+def test_python_share_threshold_and_the_hottest_line_named() -> None:
+    def with_python(share: float) -> b.Verdict:
+        return classify(cpu(main_cpu_us_per_op=900.0, loop_samples=1000.0,
+                            profile={"python": share, "native": 1 - share},
+                            top_frames=[("native", "torch/nn/modules/linear.py:125 forward", 1 - share),
+                                        ("python", "train.py:12 tokenize", share)]))
+
+    assert with_python(b.PYTHON_SHARE - EPS).cls == "compute_bound"
+    v = with_python(b.PYTHON_SHARE + EPS)
+    assert v.cls == "python_bound" and "train.py:12 tokenize" in v.reason, v.reason
+    assert v.evidence["in_python_fraction"] == pytest.approx(b.PYTHON_SHARE + EPS)
+    # a GPU pacing the steps is compute-bound however much Python the host runs beside it
+    assert classify(cpu(gpus=1, gpu_util=0.9, gpu_busy_ratio=0.9, loop_samples=1000.0,
+                        profile={"python": 0.9})).cls == "compute_bound"
+
+
+def test_an_almost_idle_loop_is_idle_never_compute_bound() -> None:
+    """0.036 cores, a loop sleeping 0.66 s a step: the pool's spin after each op once made it compute_bound."""
+    at_rest = cpu(steps_per_s=1.5, process_cpu_cores=0.036, main_thread_busy=0.03, intra_op_busy=0.02,
+                  loop_samples=500.0, profile={"waiting": 0.97, "native": 0.03},
+                  top_frames=[("waiting", "train.py:30 main", 0.97)])
+    v = classify(at_rest)
+    assert v.cls == "idle" and "train.py:30 main" in v.reason, v.reason
+    assert classify(cpu(steps_per_s=1.5, main_thread_busy=b.IDLE_MAIN - EPS, intra_op_busy=0.02)).cls == "idle"
+    assert classify(cpu(steps_per_s=1.5, main_thread_busy=b.IDLE_MAIN + EPS, intra_op_busy=0.02)).cls != "idle"
+    assert classify(cpu(steps_per_s=1.5, main_thread_busy=0.03, intra_op_busy=b.IDLE_MAIN + EPS)).cls != "idle"
+    # the pool spinning on a crowded machine, the loop thread's samples mostly waiting: at rest all the same
+    assert classify(cpu(steps_per_s=1.5, main_thread_busy=0.17, intra_op_busy=b.IDLE_MAIN + EPS, loop_samples=500.0,
+                        profile={"waiting": 0.83, "native": 0.17})).cls == "idle"
+    # without operations counted the pool decides, but only beside a busy main thread
+    assert classify(cpu(main_thread_busy=0.25, intra_op_busy=0.3)).cls != "compute_bound"
+    assert classify(cpu(main_thread_busy=0.9, intra_op_busy=0.9)).cls == "compute_bound"
+
+
+def test_straggler_criterion_edges_and_a_slow_rank_nobody_waits_for() -> None:
+    def judged(slow_compute: float, others_wait: float, slow_wait: float = 0.5) -> Signals:
+        """Four ranks, 100 steps of 0.1 s in 10 s; rank 2 computes slow_compute s of it, the others 1 s and
+        wait others_wait s in collectives."""
+        old = [f for r in "0123" for f in loop(0, 0, rank=r, collective_wait=0.0, steps=10)] + ZERO
+        new = []
+        for r in "0123":
+            if r == "2":
+                new += loop(0, slow_compute + slow_wait, rank=r, collective_wait=slow_wait, steps=110)
+            else:
+                new += loop(0, 1.0 + others_wait, rank=r, collective_wait=others_wait, steps=110)
+        return signals(snapshot(old), snapshot(new + threads((20.0, 0.0), (2.0, 0.0), processes=4)), 10.0)
+
+    assert judged(3.0, 2.5).straggler is not None, "3x the compute, the others wait for it"
+    assert judged(1.4, 2.5).straggler is None, "1.4x: under the ratio"
+    assert judged(1.6, 2.5).straggler is not None, "1.6x: over it"
+    # 2x the compute, but the others do not wait for it (no more than it does): not a straggler
+    s = judged(2.0, 0.5)
+    assert s.straggler is None and classify(s).cls != "communication_bound"
+
+
+def test_a_window_without_per_thread_cpu_is_not_judged_and_never_votes() -> None:
+    v = classify(cpu(main_thread_busy=None, intra_op_busy=None))
+    assert v.cls == NOT_JUDGED and v.cls not in b.CLASSES and not v.judged and "per-thread" in v.reason
+    assert classify(cpu(ops_counted=True, main_cpu_us_per_op=None)).cls == NOT_JUDGED
+    tally = VerdictTally()
+    tally.add(NOT_JUDGED, "no per-thread CPU", {}, 0.0, 30.0)
+    tally.add("input_bound", "waits", {"data_wait_fraction": 0.6}, 30.0, 35.0)
+    r = tally.result()
+    assert r.cls == "input_bound" and r.share == 1.0 and "not judged 30" in r.headline(), r.headline()
+    only = VerdictTally()
+    only.add(NOT_JUDGED, "no per-thread CPU", {}, 0.0, 30.0)
+    assert only.result().cls == "" and "not judged" in only.result().headline()
+
+
+def test_the_first_window_is_judged_from_the_first_sweep_with_per_thread_cpu() -> None:
+    """Per-thread CPU appears after the first step; a 30 s window is judged from the sweep that first has it,
+    not called 'balanced' for 30 s."""
+    def sweep(t: float, with_threads: bool) -> list[Family]:
+        fams = [*loop(0, t, steps=int(100 * t) + 1), Family("outrider_watched_cpu_seconds_total").add(t, "user")]
+        if with_threads:  # a host-bound loop: main thread saturated by tiny operations (50 us each)
+            fams += [*threads((t, 0.0), (0.01 * t, 0.0)),
+                     Family("outrider_train_autograd_ops_total").add(t / 50e-6, "", "")]
+        return fams
+
+    w = VerdictWindow(30.0)
+    w.add(sweep(1.0, False), now=1.0)
+    v = w.add(sweep(2.0, True), now=2.0)
+    assert v is not None and v.cls == NOT_JUDGED, "the counters appeared in this sweep: nothing to compare yet"
+    v = w.add(sweep(3.0, True), now=3.0)
+    assert v is not None and v.cls == "host_bound", v
+
+
+def test_input_bound_on_the_loops_own_time_under_contention() -> None:
+    """A loop waiting on storage 2 s of 10, whose step is stretched by neighbours (its thread waited 7 s for a
+    CPU, ran 1 s): 20% measured, two thirds of its own time. Alone (8 s of CPU in the step) it is not input-bound."""
+    old = loop(0, 0, steps=10) + ZERO
+    crowded = classify(signals(snapshot(old), snapshot(loop(2.0, 8.0, steps=110) + threads((1.0, 7.0), (0.1, 0.0))),
+                               10.0))
+    assert crowded.cls == "input_bound", crowded.reason
+    assert crowded.evidence["data_wait_fraction"] == pytest.approx(0.2)
+    assert crowded.evidence["data_wait_alone_fraction"] == pytest.approx(2.0 / 3.0, abs=1e-3)
+    assert "of its own time" in crowded.reason
+    alone = classify(signals(snapshot(old), snapshot(loop(2.0, 8.0, steps=110) + threads((8.0, 0.0), (0.1, 0.0))),
+                             10.0))
+    assert alone.cls != "input_bound" and alone.evidence["data_wait_alone_fraction"] == pytest.approx(0.2)
+
+
+def test_input_bound_says_whether_the_workers_decode_or_wait_for_storage() -> None:
+    def io(read: float, stalled: float) -> list[Family]:
+        return [Family("outrider_watched_io_bytes_total").add(read, "read").add(0.0, "write"),
+                Family("outrider_host_pressure_stalled_seconds_total").add(stalled, "io", "some")]
+
+    old = loop(0, 0, steps=10) + ZERO + io(0.0, 0.0)
+    storage = classify(signals(snapshot(old), snapshot(loop(7.0, 3.0, steps=110) + io(250e6, 4.0) + threads(
+        (3.0, 0.0), (0.1, 0.0), workers=b.WORKERS_WAITING * 10 - 1)), 10.0))
+    assert storage.cls == "input_bound"
+    assert "wait for storage at 25.0 MB/s, I/O pressure on the host 40%" in storage.reason, storage.reason
+    assert storage.evidence["storage_read_bytes_per_s"] == 25e6
+    decode = classify(signals(snapshot(old), snapshot(loop(7.0, 3.0, steps=110) + io(0.0, 0.0) + threads(
+        (3.0, 0.0), (0.1, 0.0), workers=b.WORKERS_WAITING * 10 + 1)), 10.0))
+    assert decode.cls == "input_bound" and "the DataLoader workers decode" in decode.reason, decode.reason
+
+
+def test_the_starved_rank_is_named_and_a_rank_that_merely_waits_is_not() -> None:
+    """Rank 1 waits 6 s of 10 for data; ranks 0, 2 and 3 wait 5 s in collectives for it: rank 1 is named, not an
+    average of 15% data wait and 'collectives evenly across ranks'."""
+    def judged(hungry_wait: float, others_coll: float) -> b.Verdict:
+        old = [f for r in "0123" for f in loop(0, 0, rank=r, collective_wait=0.0, steps=10)] + ZERO
+        new = []
+        for r in "0123":
+            if r == "1":
+                new += loop(hungry_wait, 10.0 - hungry_wait, rank=r, collective_wait=0.2, steps=110)
+            else:
+                new += loop(0.0, 10.0, rank=r, collective_wait=others_coll, steps=110)
+        return classify(signals(snapshot(old), snapshot(new + threads((8.0, 0.0), (1.0, 0.0), processes=4)), 10.0))
+
+    v = judged(6.0, 5.0)
+    assert v.cls == "input_bound" and "rank 1 is starved by its DataLoader: 60%" in v.reason, v.reason
+    assert v.evidence["starved_rank"] == 1
+    assert "starved_rank" not in judged(6.0, 1.0).evidence, "the others do not wait for it: not starving them"
+    assert "starved_rank" not in judged(STARVED_WAIT * 10 - 0.5, 5.0).evidence, "under the line"
+
+
+def test_milliseconds_per_operation_beside_an_idle_pool_are_not_math() -> None:
+    """On a crowded machine the main thread spins at libgomp's barriers after each parallel region: its CPU per
+    operation grows while the pool, which would share any real math, idles. Not judged, not compute_bound."""
+    spinning = classify(cpu(main_cpu_us_per_op=2000.0, intra_op_threads=2.0, intra_op_busy=b.POOL_IDLE * 0.9 - EPS))
+    assert spinning.cls == NOT_JUDGED and "pool" in spinning.reason
+    math = classify(cpu(main_cpu_us_per_op=2000.0, intra_op_threads=2.0, intra_op_busy=b.POOL_IDLE * 0.9 + EPS))
+    assert math.cls == "compute_bound"
+    assert classify(cpu(main_cpu_us_per_op=2000.0, intra_op_threads=1.0, intra_op_busy=0.0)).cls == "compute_bound"
