@@ -14,7 +14,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -186,6 +186,17 @@ def after_more(agent: AgentProcess, counter: str, n: int, timeout_s: float = 30.
         text = agent.metrics()
         return text if read(text) >= start + n else None
     return wait_until(advanced, timeout_s=timeout_s, what=f"{n} more of {counter}")
+
+
+def release(proc: subprocess.Popen[bytes], hold: Path, *closing: Any) -> None:
+    """The end of a test's hooked workload, whatever failed first: its hold file released, the process stopped by
+    pid if it is still running, and what the test opened beside it (collectors) closed."""
+    hold.touch()
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait()
+    for c in closing:
+        c.close()
 
 
 def reap(procs: Sequence[subprocess.Popen[bytes] | subprocess.Popen[str]], timeout_s: float = 60.0) -> None:

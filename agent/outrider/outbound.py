@@ -116,7 +116,7 @@ def connection_classes() -> tuple[type[Any], type[Any]]:
     def create(address: Any, *args: Any, **kwargs: Any) -> socket.socket:
         return register_socket(socket.create_connection(address, *args, **kwargs))  # type: ignore[no-any-return]
 
-    class BoundedHTTPConnection(http.client.HTTPConnection):
+    class Registering(http.client.HTTPConnection):
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             self._create_connection = create
@@ -125,16 +125,10 @@ def connection_classes() -> tuple[type[Any], type[Any]]:
             register_socket(self.sock)
             super().request(*args, **kwargs)
 
-    class BoundedHTTPSConnection(http.client.HTTPSConnection):
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            super().__init__(*args, **kwargs)
-            self._create_connection = create
+    class BoundedHTTPSConnection(Registering, http.client.HTTPSConnection):
+        pass
 
-        def request(self, *args: Any, **kwargs: Any) -> None:
-            register_socket(self.sock)
-            super().request(*args, **kwargs)
-
-    return BoundedHTTPConnection, BoundedHTTPSConnection
+    return Registering, BoundedHTTPSConnection
 
 
 # --- requests / urllib3 (the OTLP/HTTP exporter) ----------------------------------------------------------------
@@ -151,9 +145,8 @@ def bounded_session(total_s: float, max_response_bytes: int = DEFAULT_MAX_RESPON
         def _new_conn(self) -> socket.socket:
             return register_socket(super()._new_conn())  # type: ignore[no-any-return]
 
-    class BoundedHTTPSConnection(urllib3.connection.HTTPSConnection):
-        def _new_conn(self) -> socket.socket:
-            return register_socket(super()._new_conn())  # type: ignore[no-any-return]
+    class BoundedHTTPSConnection(BoundedConnection, urllib3.connection.HTTPSConnection):
+        pass
 
     class BoundedPool(urllib3.HTTPConnectionPool):
         ConnectionCls = BoundedConnection
@@ -162,12 +155,8 @@ def bounded_session(total_s: float, max_response_bytes: int = DEFAULT_MAX_RESPON
             register_socket(getattr(conn, "sock", None))  # a kept-alive connection's socket, under this call
             return super()._make_request(conn, *args, **kwargs)
 
-    class BoundedHTTPSPool(urllib3.HTTPSConnectionPool):
+    class BoundedHTTPSPool(BoundedPool, urllib3.HTTPSConnectionPool):
         ConnectionCls = BoundedHTTPSConnection
-
-        def _make_request(self, conn: Any, *args: Any, **kwargs: Any) -> Any:
-            register_socket(getattr(conn, "sock", None))
-            return super()._make_request(conn, *args, **kwargs)
 
     class TooLarge(requests.exceptions.ConnectionError, ResponseTooLarge):
         pass

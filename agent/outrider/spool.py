@@ -197,10 +197,10 @@ def check_dir(path: str, *, private: bool, trusted_uids: frozenset[int] = frozen
                                       "(add it to spool_trusted_uids if it should be)")
 
 
-def try_lock(spool_dir: str) -> int | None:
-    """Take the spool's agent lock without blocking; the fd holds it. None: another agent holds it, or the lock
-    file is not ours to use (a symlink, someone else's file in a shared spool)."""
-    path = os.path.join(spool_dir, LOCK_NAME)
+def try_lock(spool_dir: str, name: str = LOCK_NAME) -> int | None:
+    """Take one of the spool's locks (the agent's, by default) without blocking; the fd holds it. None: another
+    process holds it, or the lock file is not ours to use (a symlink, someone else's file in a shared spool)."""
+    path = os.path.join(spool_dir, name)
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     except OSError as e:

@@ -23,6 +23,7 @@ from tests.helpers import (
     AgentProcess,
     free_port,
     http_get,
+    release,
     samples,
     standalone_agent,
     stop_standalone_agent,
@@ -240,11 +241,7 @@ def test_a_shard_that_cannot_grow_on_a_full_volume_keeps_publishing_its_steps_th
             hold.touch()
             assert p.wait(timeout=30) == 0
         finally:
-            hold.touch()
-            if p.poll() is None:
-                p.kill()
-            p.wait()
-            c.close()
+            release(p, hold, c)
         err = p.stderr.read().decode() if p.stderr else ""
         assert "Traceback" not in err and "cannot grow the shard" in err, "said once"
         assert err.count("cannot grow the shard") == 1

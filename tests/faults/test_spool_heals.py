@@ -27,7 +27,7 @@ from outrider.collectors.hook import HookCollector
 from outrider.config import Config
 from outrider.hook.runtime import start_ticks
 from outrider.metrics.exposition import render
-from tests.helpers import AgentProcess, samples, value, wait_until
+from tests.helpers import AgentProcess, release, samples, value, wait_until
 
 FLUSH_S = 0.1
 
@@ -282,11 +282,7 @@ def test_spawned_dataloader_workers_are_not_ranks_and_never_page(tmp_path: Path)
         hold.touch()
         assert p.wait(timeout=60) == 0
     finally:
-        hold.touch()
-        if p.poll() is None:
-            p.kill()
-        p.wait()
-        c.close()
+        release(p, hold, c)
 
 
 def test_nothing_lost_every_step_counted_once_across_a_deletion_a_remount_and_an_agent_restart(

@@ -25,7 +25,7 @@ from outrider.config import Config
 from outrider.hook.publisher import ShardPublisher
 from outrider.hook.series import Dropped
 from outrider.metrics.exposition import render
-from tests.helpers import samples, value, wait_until
+from tests.helpers import release, samples, value, wait_until
 
 # Steps, with series registered between them (the shard grows while the agent reads it), then the totals the
 # process says it has, then it waits for `hold`.
@@ -132,11 +132,7 @@ def test_a_process_that_outgrows_its_shard_publishes_every_step_and_every_series
         hold.touch()
         assert p.wait(timeout=60) == 0
     finally:
-        hold.touch()
-        if p.poll() is None:
-            p.kill()
-        p.wait()
-        c.close()
+        release(p, hold, c)
     err = p.stderr.read().decode() if p.stderr else ""
     assert "Traceback" not in err
 

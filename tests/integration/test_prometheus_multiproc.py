@@ -78,6 +78,8 @@ def shop(tmp_path: Path) -> tuple[Path, str]:
     try:
         url = f"http://127.0.0.1:{port}"
         wait_until(lambda: http_get(url + "/fast")[0] == 200, timeout_s=60, what="gunicorn to serve")
+        # each worker writes its files when it imports the app: all three booted, not only the one that answered
+        wait_until(lambda: len(list(directory.glob("gauge_all_*.db"))) == 3, timeout_s=120, what="3 booted workers")
         yield directory, url
     finally:
         proc.send_signal(signal.SIGTERM)

@@ -25,8 +25,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from outrider.collectors.base import Collector, CollectorContext
-from outrider.metrics.catalog import CATALOG, Label, MetricDef
+from outrider.metrics.catalog import CATALOG
 from outrider.metrics.family import Family, HistogramValue
+from outrider.metrics.foreign import ForeignDefinitions
 
 if TYPE_CHECKING:  # http.server loads http.client, email and ssl: only when the receiver is turned on
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -85,7 +86,7 @@ class OtlpReceiverCollector(Collector):
         self._per_metric = ctx.config.hook_max_series_per_metric
         self._lock = threading.Lock()
         self._metrics: dict[str, _Metric] = {}
-        self._defs: dict[tuple[str, str, tuple[str, ...]], MetricDef] = {}
+        self._defs = ForeignDefinitions(self.name, "A metric of the application's own OpenTelemetry instrumentation.")
         self._server: ThreadingHTTPServer | None = None
         self.requests: dict[str, int] = {}  # by result: accepted, bad_request, too_large
         listen = ctx.config.otlp_receiver_listen
@@ -250,7 +251,7 @@ class OtlpReceiverCollector(Collector):
                     del m.series[key]
                 if not m.series:
                     continue
-                fam = Family(self._defn(name, m))
+                fam = Family(self._defs.get(name, m.kind, m.labels, m.help))
                 for key, s in sorted(m.series.items()):
                     if m.kind == "histogram":
                         if s.counts is not None:
@@ -259,16 +260,6 @@ class OtlpReceiverCollector(Collector):
                         fam.add(s.value, *key)
                 out.append(fam)
             return out
-
-    def _defn(self, name: str, m: _Metric) -> MetricDef:
-        key = (name, m.kind, m.labels)
-        defn = self._defs.get(key)
-        if defn is None:
-            defn = self._defs[key] = MetricDef(
-                name, name, "s" if name.endswith("_seconds") else "1", m.kind,  # type: ignore[arg-type]
-                m.help or "A metric of the application's own OpenTelemetry instrumentation.",
-                tuple(Label(n, n) for n in m.labels), self.name)
-        return defn
 
     def close(self) -> None:
         if self._server is not None:

@@ -30,8 +30,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from outrider.collectors.base import Collector, CollectorContext
-from outrider.metrics.catalog import CATALOG, Label, MetricDef
+from outrider.metrics.catalog import CATALOG, MetricDef
 from outrider.metrics.family import Family, HistogramValue
+from outrider.metrics.foreign import ForeignDefinitions
 
 MAX_FILE_BYTES = 64 << 20  # a prometheus_client file starts at 64 KiB and doubles as it fills
 MAX_FILES = 10_000  # per sweep: a directory of dead workers' files is read no further than this
@@ -111,7 +112,7 @@ class PrometheusMultiprocCollector(Collector):
         self._dir = ctx.config.prometheus_multiproc_dir
         self._proc = ctx.config.proc_root
         self._per_metric = ctx.config.hook_max_series_per_metric
-        self._defs: dict[tuple[str, str, tuple[str, ...]], MetricDef] = {}
+        self._defs = ForeignDefinitions(self.name, "A metric of the service's own prometheus_client instrumentation.")
 
     def _alive(self, pid: int) -> bool:
         return os.path.exists(f"{self._proc}/{pid}")
@@ -215,14 +216,7 @@ class PrometheusMultiprocCollector(Collector):
         if name.startswith("outrider_") or name in CATALOG or family in CATALOG:
             self.drop(f"reserved:{family}", f"{family}: a name the agent owns; left out")
             return None
-        key = (name, m.kind, m.label_names)
-        defn = self._defs.get(key)
-        if defn is None:
-            defn = self._defs[key] = MetricDef(
-                name, family, "s" if family.endswith("_seconds") else "1", m.kind,  # type: ignore[arg-type]
-                m.help or "A metric of the service's own prometheus_client instrumentation.",
-                tuple(Label(n, n) for n in m.label_names), self.name)
-        return defn
+        return self._defs.get(name, m.kind, m.label_names, m.help, otel_name=family)
 
     def _families(self, metrics: dict[str, _Metric]) -> list[Family]:
         out: list[Family] = []

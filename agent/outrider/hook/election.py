@@ -16,12 +16,9 @@ up to MAX_RETRY_S. Nothing here raises into the workload, and this module import
 from __future__ import annotations
 
 import contextlib
-import errno
-import fcntl
 import logging
 import os
 import random
-import stat
 import subprocess
 import sys
 import time
@@ -52,24 +49,8 @@ def agent_serving(spool_dir: str) -> bool:
 
 def try_spawn_lock(spool_dir: str) -> int | None:
     """The job-wide right to start an agent now (flock on spawn.lock, released with the descriptor); None when
-    another process has it. Opened as spool.try_lock opens the agent lock: no symlink, a regular file of ours."""
-    path = os.path.join(spool_dir, SPAWN_LOCK_NAME)
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    except OSError as e:
-        if e.errno in (errno.ELOOP, errno.EACCES, errno.EPERM):
-            return None
-        raise
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_uid not in (os.geteuid(), 0):
-            os.close(fd)
-            return None
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        os.close(fd)
-        return None
-    return fd
+    another process has it. Opened as the agent lock is: no symlink, a regular file of ours."""
+    return spool.try_lock(spool_dir, SPAWN_LOCK_NAME)
 
 
 def agent_command(spool_dir: str, explicit: bool, listen: str, workload_pid: int) -> list[str]:

@@ -142,19 +142,19 @@ class LoopProfiler:
         self.publish()
 
     def publish(self) -> None:
-        series = self.hook.series
+        # Outside the user's series caps: bounded here (the classes, MAX_FRAME_SERIES frames), and a process at its
+        # cap must not lose its profile (nor count its own series as refused, flush after flush).
+        counter = self.hook.registry.builtin_counter
         for where, n in list(self.counts.items()):
             if n:
-                series("counter", "outrider_train_loop_samples_total", {"where": where},
-                       builtin=True).set_total(n)
+                counter("outrider_train_loop_samples_total", {"where": where}).set_total(n)
         top = sorted(list(self.frames.items()), key=lambda kv: -kv[1])[:TOP_PUBLISHED]
         for key, n in top:
             if key not in self.registered:
                 if len(self.registered) >= MAX_FRAME_SERIES:
                     continue
                 self.registered.add(key)
-            series("counter", "outrider_train_loop_frame_samples_total", {"where": key[0], "frame": key[1]},
-                   builtin=True).set_total(n)
+            counter("outrider_train_loop_frame_samples_total", {"where": key[0], "frame": key[1]}).set_total(n)
 
     # --- the sampling thread -------------------------------------------------------------------------------
     def _run(self) -> None:
