@@ -14,6 +14,7 @@ How:
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import dataclasses
 import json
@@ -30,6 +31,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 
 from outrider.agent import Agent
+from outrider.collectors import cgroupfs, procfs
 from outrider.config import Config
 from outrider.metrics import units
 from outrider.metrics.family import Family
@@ -64,9 +66,20 @@ class RunSummary:
     run_id: str = ""
     started: float = 0.0  # unix seconds
     measured: Measured = field(default_factory=Measured)  # what the hook measured, over the whole run
+    oom_kills: int = 0  # processes the kernel's OOM killer ended during the run (this cgroup's, else the host's)
+    oom_scope: str = ""  # where that count comes from: "cgroup" (memory.events oom_kill) or "host" (/proc/vmstat)
     alerts: list[AlertRecord] = field(default_factory=list)  # fired (and resolved) during the run
     verdict: RunVerdict = field(default_factory=lambda: RunVerdict("", "", {}))
     timeline: list[Segment] = field(default_factory=list)
+
+    @property
+    def oom_killed(self) -> bool:
+        """CMD itself died of SIGKILL while the kernel's OOM killer struck (exit 137, memory.events oom_kill)."""
+        return self.signal == "SIGKILL" and self.oom_kills > 0
+
+    def _oom_evidence(self) -> str:
+        where = "this cgroup's memory.events" if self.oom_scope == "cgroup" else "the host's /proc/vmstat"
+        return f"oom_kill +{self.oom_kills} in {where}"
 
     def text(self) -> str:
         """The end-of-run summary: what the run cost, what the agent measured, and last the verdict with its
@@ -74,6 +87,8 @@ class RunSummary:
         cores = (self.cpu_user_s + self.cpu_system_s) / self.wall_s if self.wall_s > 0 else 0.0
         how = (f"exited with code {self.exit_code}" if self.signal is None
                else f"ended by signal {self.signal} (exit code {self.exit_code})")
+        if self.oom_killed:
+            how += f": OOM-killed ({self._oom_evidence()})"
         lines = [
             f"outrider: {' '.join(self.command)} {how} after {units.seconds(self.wall_s)}",
             f"  cpu        user {units.seconds(self.cpu_user_s)}, system {units.seconds(self.cpu_system_s)} "
@@ -83,6 +98,8 @@ class RunSummary:
             f"  storage    read {units.bytes_iec(self.read_bytes)}, written {units.bytes_iec(self.written_bytes)}",
             f"  processes  up to {self.max_processes} at once",
         ]
+        if self.oom_kills and not self.oom_killed:
+            lines.append(f"  oom        {self._oom_evidence()}: a process of the run (a worker?) was OOM-killed")
         if self.run_id:
             lines.append(f"  record     {self.run_id}: outrider report {self.run_id}")
         lines += ["", "what the agent measured:"]
@@ -93,6 +110,9 @@ class RunSummary:
             lines += _wrapped("" if i else "alerts", [alert], "")
         v = self.verdict
         lines += ["", f"verdict: {v.headline()}"]
+        if self.oom_killed:
+            lines.append(f"  {'ended':<10} OOM-killed by the kernel ({self._oom_evidence()}): see the memory alerts "
+                         f"and the peak RSS above; the container's limit or a leak")
         if v.cls:
             if v.reason:
                 lines.append(f"  {'why':<10} {v.reason}")
@@ -107,6 +127,26 @@ def _wrapped(topic: str, items: list[str], sep: str, width: int = 118) -> list[s
     """`  topic      item, item, ...` wrapped under itself."""
     return textwrap.wrap(sep.join(items), width, initial_indent=f"  {topic:<10} ", subsequent_indent=" " * 13,
                          break_on_hyphens=False)
+
+
+def _oom_kill_counts(config: Config) -> tuple[int | None, int | None]:
+    """The kernel's OOM-kill counters now: (this process's memory cgroup, the host); None where unreadable."""
+    cgroup = host = None
+    with contextlib.suppress(OSError, ValueError):
+        cg = cgroupfs.find_memory_cgroup(config.proc_root, config.sys_root)
+        cgroup = cgroupfs.read_memory(cg).oom_kills if cg is not None else None
+    with contextlib.suppress(OSError, ValueError):
+        host = procfs.read_vmstat(config.proc_root, keys=("oom_kill",)).get("oom_kill")
+    return cgroup, host
+
+
+def _oom_kills_during(before: tuple[int | None, int | None], after: tuple[int | None, int | None]
+                      ) -> tuple[int, str]:
+    """How many processes were OOM-killed during the run, by the narrowest counter that says so."""
+    for (b, a), scope in zip(zip(before, after, strict=True), ("cgroup", "host"), strict=True):
+        if a is not None and b is not None and a > b:
+            return a - b, scope
+    return 0, ""
 
 
 def _signal_name(num: int) -> str:
@@ -149,6 +189,7 @@ def run(cmd: Sequence[str], config: Config, on_exit: Callable[[list[Family]], No
     try:
         agent = Agent(config, roots=(me,), exclude_pids=frozenset({me}), listen_fallback=True)
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        oom_before = _oom_kill_counts(config)
         started = time.monotonic()
         try:
             child = _spawn(cmd, env)
@@ -199,6 +240,7 @@ def run(cmd: Sequence[str], config: Config, on_exit: Callable[[list[Family]], No
         if own_spool:
             shutil.rmtree(own_spool, ignore_errors=True)
     code = os.waitstatus_to_exitcode(status)
+    oom_kills, oom_scope = _oom_kills_during(oom_before, _oom_kill_counts(config))
     ended_by = _signal_name(-code) if code < 0 else None
     if code < 0:  # killed by a signal: report it as a shell would
         code = 128 - code
@@ -211,7 +253,7 @@ def run(cmd: Sequence[str], config: Config, on_exit: Callable[[list[Family]], No
         written_bytes=max((after.ru_oublock - before.ru_oublock) * 512, tree.io.get("write", 0)),
         max_processes=max(tree.max_processes, 1), signals_forwarded=forwarded,
         metrics_url=agent.server.url + "/metrics", started=started_unix,
-        measured=measure(final, recorder.waiting(), recorder.hooked),
+        measured=measure(final, recorder.waiting(), recorder.hooked), oom_kills=oom_kills, oom_scope=oom_scope,
         alerts=sorted(recorder.alerts, key=lambda a: a.fired), verdict=recorder.verdict(),
         timeline=recorder.timeline(),
     )

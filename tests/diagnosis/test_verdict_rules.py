@@ -198,3 +198,22 @@ def test_milliseconds_per_operation_beside_an_idle_pool_are_not_math() -> None:
     math = classify(cpu(main_cpu_us_per_op=2000.0, intra_op_threads=2.0, intra_op_busy=b.POOL_IDLE * 0.9 + EPS))
     assert math.cls == "compute_bound"
     assert classify(cpu(main_cpu_us_per_op=2000.0, intra_op_threads=1.0, intra_op_busy=0.0)).cls == "compute_bound"
+
+
+def test_the_containers_memory_limit_is_memory_pressure_at_its_threshold() -> None:
+    kw = {"main_cpu_us_per_op": 50.0, "data_wait_fraction": 0.05, "host_mem_available_ratio": 0.6}
+    assert classify(cpu(**kw, container_mem_ratio=b.CONTAINER_MEMORY - EPS)).cls != "memory_pressure"
+    v = classify(cpu(**kw, container_mem_ratio=b.CONTAINER_MEMORY + EPS))
+    assert v.cls == "memory_pressure" and "memory limit" in v.reason, "the host has memory to spare: the limit rules"
+    assert b.CONTAINER_MEMORY == 0.95
+
+
+def test_the_container_ratio_comes_from_the_cgroup_families() -> None:
+    def sweep(ws: float) -> list[Family]:
+        return [Family("outrider_cgroup_memory_working_set_bytes").add(ws),
+                Family("outrider_cgroup_memory_limit_bytes").add(1000.0)]
+    s = signals(snapshot(sweep(900.0)), snapshot(sweep(970.0)), 10.0)
+    assert s.container_mem_ratio == pytest.approx(0.97)
+    no_limit = signals(snapshot([Family("outrider_cgroup_memory_working_set_bytes").add(1.0)]),
+                       snapshot([Family("outrider_cgroup_memory_working_set_bytes").add(2.0)]), 10.0)
+    assert no_limit.container_mem_ratio is None, "no limit set: no ratio, never a ratio over zero"

@@ -82,6 +82,7 @@ class Verdict:
 INPUT_WAIT = 0.3  # share of the loop waiting for data
 COMM_WAIT = 0.3  # share of the loop blocked in collectives
 GPU_BUSY = 0.6  # share of the steps the GPU paced (CUDA events) for compute_bound
+CONTAINER_MEMORY = 0.95  # working set over the memory cgroup's limit for memory_pressure
 GPU_IDLE = 0.3  # below it, the GPU waits for the host
 # The main thread's demand (CPU + run delay) per second. Not 1.0: on a crowded machine the main thread also sleeps
 # at the intra-op pool's barriers, waiting for workers that wait for a CPU.
@@ -134,6 +135,10 @@ def _classify(s: Signals) -> Verdict:
         return Verdict("throttled", ev, f"{why} clock event reasons active on a busy GPU")
     if (s.gpu_mem_ratio or 0) > 0.95 or s.alloc_retries > 0 or (s.host_mem_available_ratio or 1) < 0.05:
         return Verdict("memory_pressure", ev, "GPU memory above 95%, allocator retries, or host memory below 5%")
+    if (s.container_mem_ratio or 0) > CONTAINER_MEMORY:
+        return Verdict("memory_pressure", ev, f"the container's working set at {s.container_mem_ratio:.0%} of its "
+                                              "memory limit: the kernel reclaims and will OOM-kill before the host "
+                                              "runs out")
     if active and s.starved is not None and (gpu_busy is None or gpu_busy < GPU_BUSY):
         r = s.starved
         return Verdict("input_bound", ev, f"rank {r.rank or '-'} is starved by its DataLoader: "

@@ -107,6 +107,10 @@ def snapshot(families: list[Family]) -> dict[str, float]:
                 out["host_mem_avail"] = v
             elif name == "outrider_host_memory_limit_bytes":
                 out["host_mem_total"] = v
+            elif name == "outrider_cgroup_memory_working_set_bytes":
+                out["cgroup_mem_working_set"] = v
+            elif name == "outrider_cgroup_memory_limit_bytes":
+                out["cgroup_mem_limit"] = v
             elif name == "outrider_gpu_utilization_ratio" and lab.get("task") == "general":
                 gpu_util.append(v)
             elif name in ("outrider_gpu_sm_activity_ratio", "outrider_gpu_tensor_activity_ratio",
@@ -173,6 +177,7 @@ class Signals:
     cpus: float = 1.0
     host_cpu_util: float | None = None
     host_mem_available_ratio: float | None = None
+    container_mem_ratio: float | None = None  # the memory cgroup's working set over its limit (None: no limit)
     # per-thread demand (CPU + run delay, per second), per instrumented process
     main_thread_busy: float | None = None
     main_thread_cpu: float | None = None
@@ -269,6 +274,8 @@ def signals(old: dict[str, float], new: dict[str, float], dt: float) -> Signals:
     s.host_cpu_util = new.get("host_cpu_util")
     if new.get("host_mem_total"):
         s.host_mem_available_ratio = new.get("host_mem_avail", 0.0) / new["host_mem_total"]
+    if new.get("cgroup_mem_limit"):  # the container's limit, which the kernel enforces long before the host runs out
+        s.container_mem_ratio = new.get("cgroup_mem_working_set", 0.0) / new["cgroup_mem_limit"]
     if "cpu_main" in old and "cpu_main" in new:  # a counter that appears mid-window holds time from before it
         _threads(s, old, new, dt, delta)
     s.torch_cpu_only = "intra_op_threads" in new and not new.get("cuda_used") and "gpu_busy" not in new
