@@ -159,3 +159,33 @@ def test_ended_threads_leave_nothing_behind_in_the_sampler(tmp_path: Path) -> No
     assert all(n <= alive + 1 for n, alive in kept), kept  # (+1: a thread of pytest's that ended meanwhile)
     assert len(s.last) <= len(os.listdir(f"/proc/{os.getpid()}/task")) + 1
     assert len(s.last) < 30, "the 600 ended threads are gone from the sampler"
+
+
+def test_a_large_tree_of_workers_is_read_every_few_flushes_and_counted_exactly_once(tmp_path: Path) -> None:
+    """100 forked workers: the flush reads them every 100 // 32 + 1 = 4 flushes, carrying their last readings
+    between, so the workload's own cost per flush stays about that of 32 workers, and no delay counts twice."""
+    from outrider.hook import threads
+
+    root, n = tmp_path / "proc", 100
+    kids = " ".join(str(1000 + i) for i in range(n))
+    write_task(root, PID, PID, "python", 5.0, 1.0, children=kids)
+    for i in range(n):
+        write_task(root, 1000 + i, 1000 + i, "pt_data_worker", 1.0, 0.5)
+    s, hook = sampler(root, tmp_path)
+    reads: list[int] = []
+    real = s._tasks
+    s._tasks = lambda pid: (reads.append(pid), real(pid))[1]  # type: ignore[method-assign]
+    s.sample()
+    first = sum(1 for pid in reads if pid != PID)
+    assert first == n and threads.DESCENDANTS_PER_FLUSH == 32
+    for i in range(n):  # every worker uses another second of CPU and waits another 0.5 s
+        write_task(root, 1000 + i, 1000 + i, "pt_data_worker", 2.0, 1.0)
+    reads.clear()
+    for _ in range(3):
+        s.sample()
+    assert [pid for pid in reads if pid != PID] == [], "three flushes carry the last readings"
+    assert published(hook, "outrider_threads")["data_workers"] == n
+    assert published(hook, "outrider_thread_run_delay_seconds_total")["data_workers"] == pytest.approx(0.5 * n)
+    s.sample()  # the fourth reads them again: each worker's growth once
+    assert published(hook, "outrider_thread_cpu_seconds_total")["data_workers"] == pytest.approx(2.0 * n)
+    assert published(hook, "outrider_thread_run_delay_seconds_total")["data_workers"] == pytest.approx(1.0 * n)

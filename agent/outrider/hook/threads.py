@@ -32,6 +32,10 @@ from typing import Any
 
 ROLES = ("main", "intra_op", "data_workers", "other", "outrider")
 MAX_DESCENDANTS = 256
+# A flush reads about this many descendant processes on average: a tree of n is read every n // 32 + 1 flushes
+# (its counters carried meanwhile), so a workload with a thousand forked workers does not pay a thousand /proc
+# reads a second for its own monitoring.
+DESCENDANTS_PER_FLUSH = 32
 MAX_DEPTH = 4
 CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 Key = tuple[int, int, int]  # (pid, tid, start ticks): a reused tid is a new thread
@@ -95,6 +99,8 @@ class ThreadSampler:
         self.delay = dict.fromkeys(ROLES, 0.0)
         self.count = dict.fromkeys(ROLES, 0)
         self.has_delay = False
+        self._skip = 0  # flushes left before the descendants are read again
+        self._workers = 0  # descendants' threads at their last read
 
     def sample(self) -> None:
         p = self.hook.progress
@@ -115,6 +121,7 @@ class ThreadSampler:
         pid = self.getpid()
         if pid != self.pid:  # first read, or a forked child: its parent's totals are the parent's
             self.pid = pid
+            self._skip = 0
             self.last.clear()
             self.cpu = dict.fromkeys(ROLES, 0.0)
             self.delay = dict.fromkeys(ROLES, 0.0)
@@ -132,14 +139,22 @@ class ThreadSampler:
             else:
                 role = "intra_op" if name == main_name else "other"
             self._add(seen, count, role, (pid, tid, start), cpu, delay)
-        workers_cpu = reaped_children_cpu(f"{self.root}/{pid}")
-        for child in self._descendants(pid, list(own)):
-            for tid, (_, start, cpu, delay) in self._tasks(child).items():
-                workers_cpu += cpu
-                self._add(seen, count, "data_workers", (child, tid, start), 0.0, delay)
-        # Workers' CPU as a whole, not thread by thread: a reaped worker's CPU moves into cutime, so the sum only
-        # grows (the max() absorbs the difference between schedstat's nanoseconds and cutime's ticks)
-        self.cpu["data_workers"] = max(self.cpu["data_workers"], workers_cpu)
+        if self._skip > 0:  # not this flush: the descendants' last readings stand, to be compared with next time
+            self._skip -= 1
+            seen.update((key, v) for key, v in self.last.items() if key[0] != pid)
+            count["data_workers"] = self._workers
+        else:
+            workers_cpu = reaped_children_cpu(f"{self.root}/{pid}")
+            children = self._descendants(pid, list(own))
+            for child in children:
+                for tid, (_, start, cpu, delay) in self._tasks(child).items():
+                    workers_cpu += cpu
+                    self._add(seen, count, "data_workers", (child, tid, start), 0.0, delay)
+            # Workers' CPU as a whole, not thread by thread: a reaped worker's CPU moves into cutime, so the sum
+            # only grows (the max() absorbs the difference between schedstat's nanoseconds and cutime's ticks)
+            self.cpu["data_workers"] = max(self.cpu["data_workers"], workers_cpu)
+            self._skip = len(children) // DESCENDANTS_PER_FLUSH
+            self._workers = count["data_workers"]
         self.last = seen
         self.count = count
 
