@@ -24,7 +24,7 @@ from outrider.config import Config
 from outrider.hook import api, progress
 from outrider.hook.runtime import Hook
 from outrider.metrics.exposition import render
-from tests.helpers import samples, value
+from tests.helpers import samples, value, wait_until
 
 torch = pytest.importorskip("torch")
 CHUNK = 256 * 1024
@@ -102,8 +102,15 @@ def read(tmp_path: Path, hook: Hook) -> dict:  # type: ignore[type-arg]
     return samples(render(c.collect()).decode())
 
 
-def stall_messages(tmp_path: Path) -> str:
-    return "".join(p.read_text() for p in (tmp_path / "spool").glob("*.stacks.txt"))
+def stall_messages(tmp_path: Path, expect: str = "") -> str:
+    """The stack dumps beside the shard; with `expect`, once one holds it (the publisher counts a stall a moment
+    before it has written its dump: polled, with a generous bound)."""
+    def read() -> str:
+        return "".join(p.read_text() for p in (tmp_path / "spool").glob("*.stacks.txt"))
+    if expect:
+        return wait_until(lambda: (lambda text: text if expect in text else None)(read()), timeout_s=30,
+                          what=f"a stack dump saying {expect!r}")
+    return read()
 
 
 def test_a_long_undeclared_torch_save_that_writes_is_no_stall_and_is_its_own_part_of_the_loop(
@@ -147,8 +154,7 @@ def test_a_checkpoint_far_past_its_learned_duration_is_a_stall_though_it_writes(
         torch.save({"weights": blob}, fh)  # writes on until the hook calls it stalled
     took = time.perf_counter() - t0
     assert hooked.progress.stalls == 1, f"no stall in a {took:.1f} s checkpoint against a limit of {limit:.1f} s"
-    text = stall_messages(tmp_path)
-    assert "checkpoint still running (3 x the longest of 1 earlier" in text
+    text = stall_messages(tmp_path, "checkpoint still running (3 x the longest of 1 earlier")
     assert "in write" in text, "the stacks show where the save is"
     train(3)
     hooked.flush()
@@ -167,7 +173,8 @@ def test_a_first_checkpoint_that_writes_nothing_is_a_stall_before_the_phase_time
     with SlowFile(tmp_path / "hung.pt", pause_s=0.02, go_on=until_stalled, write_data=False) as fh:
         torch.save({"weights": torch.zeros(64 << 20, dtype=torch.uint8)}, fh)  # hung: nothing reaches storage
     assert hooked.progress.stalls == 1
-    assert "checkpoint running but writing nothing to storage" in stall_messages(tmp_path)
+    assert "checkpoint running but writing nothing to storage" in stall_messages(
+        tmp_path, "checkpoint running but writing nothing to storage")
 
 
 def test_heavy_writes_between_steps_hold_the_stall_and_a_silent_pause_does_not(tmp_path: Path,
@@ -193,7 +200,7 @@ def test_heavy_writes_between_steps_hold_the_stall_and_a_silent_pause_does_not(t
     while not stalled() and time.monotonic() < deadline:
         time.sleep(0.05)  # a pause that writes nothing
     assert stalled()
-    assert "no step completed after 23 steps" in stall_messages(tmp_path)
+    assert "no step completed after 23 steps" in stall_messages(tmp_path, "no step completed after 23 steps")
 
 
 def test_a_save_on_another_thread_is_not_the_loops_checkpoint(tmp_path: Path, hooked: Hook) -> None:

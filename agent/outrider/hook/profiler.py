@@ -63,6 +63,9 @@ ON_CPU = 0.2
 # 79-107 us (p10-p90) with the loop in a tensor operation, 190 us at p10 and 640 us at p50 with it in a
 # pure-Python tokeniser.
 GIL_WAIT_S = 0.00015
+# A wake-up later than GIL_WAIT_S is only a hint where timers wake late (a VM's): the sample then hands the GIL over
+# and back, and a loop running Python keeps it from the sampler for the switch interval (5 ms), far above this.
+GIL_PROBE_S = 0.001
 _OUTRIDER_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 # the standard library's directory: where os.py lives (sysconfig would import its generated data module)
 _STDLIB = os.path.dirname(os.__file__) + os.sep
@@ -227,8 +230,21 @@ class LoopProfiler:
         frame = sys._current_frames().get(ident)
         if frame is None:
             return
-        where, label = self.classify(frame, gil_free=waited < GIL_WAIT_S, on_cpu=on_cpu)
+        where, label = self.classify(frame, gil_free=waited < GIL_WAIT_S and self._gil_free(), on_cpu=on_cpu)
         self.count(where, label)
+
+    def _gil_free(self) -> bool:
+        """Whether the loop thread leaves the GIL alone: hand it over (sleep(0) releases it) and time its return,
+        less this thread's own wait for a CPU meanwhile. A loop running Python takes it and keeps it until the
+        switch interval (5 ms) forces it back; one inside a GIL-free call (a torch operator, I/O) leaves it free, so
+        it comes back at once. Unlike the wake-up lag, no timer is involved, so a machine whose timers wake late
+        (a VM's) cannot pass for a loop holding the GIL."""
+        before = self._own_delay_ns()
+        t0 = time.perf_counter()
+        time.sleep(0)
+        taken = time.perf_counter() - t0 - max(0, self._own_delay_ns() - before) / 1e9
+        self._delay = self._own_delay_ns()
+        return taken < GIL_PROBE_S
 
     def count(self, where: str, label: str) -> None:
         """One sample into the counts and the bounded frame table."""
@@ -269,6 +285,8 @@ class LoopProfiler:
             return "native", label
         if top_kind == "outrider":
             return "python", label
+        if on_cpu is False:  # off the CPU since the last sample (sleep, a lock, I/O): waiting, however late we woke
+            return "waiting", label
         if not gil_free:
             return "python", label
-        return ("waiting" if on_cpu is False else "native"), label
+        return "native", label

@@ -428,7 +428,7 @@ _DEFS: tuple[MetricDef, ...] = (
               "Samples of the training loop thread by its top frame (the innermost frame of the user's code, "
               "`file:line function`) and where it was: the loop's hottest lines, at most 20 published per flush and "
               "60 frames per process.",
-              (*BY_RANK, Label("where", "outrider.train.loop.where"), Label("frame", "code.frame")), "hook"),
+              (*BY_RANK, Label("where", "outrider.train.loop.where"), Label("frame", "outrider.code.frame")), "hook"),
     MetricDef("outrider_thread_cpu_seconds_total", "outrider.thread.cpu.time", "s", "counter",
               "CPU time of an instrumented process by thread role: main (the training loop's thread), intra_op "
               "(unnamed native threads: torch's intra-op pool), data_workers (child processes: DataLoader workers), "
