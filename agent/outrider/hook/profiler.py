@@ -25,8 +25,8 @@ lets go of it: inside a call that released it (every torch operator does; so do 
 Python, at the switch interval (5 ms) or sooner wherever it next calls into such code. What the thread was doing
 *when the sampler woke* is told by how long the sampler then waited for the GIL: its wake-up lag, less its own
 run delay (/proc schedstat: on a crowded machine it also waits for a CPU), confirmed by handing the GIL over and
-timing its return (LoopProfiler._gil_free: a timer that wakes late cannot pass for a held GIL). A wait means the loop
-thread held the GIL: running Python (python; native where the frame is torch's own Python layers); none means it
+looking whether the loop moved (LoopProfiler._gil_free: a timer that wakes late cannot pass for a held GIL). A wait
+means the loop thread held the GIL: running Python (python; native where the frame is torch's own Python layers); none means it
 was in a GIL-free call, and its CPU clock since the previous sample tells native (on a CPU) from waiting (off it).
 The frame shown is the one seen once the sampler has the GIL: for a Python sample, the line where the loop let
 go of it (the call of the torch function after the Python work), within the user's function that did the work.
@@ -65,8 +65,7 @@ ON_CPU = 0.2
 # pure-Python tokeniser.
 GIL_WAIT_S = 0.00015
 # A wake-up later than GIL_WAIT_S is only a hint where timers wake late (a VM's): the sample then hands the GIL over
-# and back, and a loop running Python keeps it from the sampler for the switch interval (5 ms), far above this.
-GIL_PROBE_S = 0.001
+# and looks whether the loop thread moved meanwhile (LoopProfiler._gil_free).
 _OUTRIDER_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 # the standard library's directory: where os.py lives (sysconfig would import its generated data module)
 _STDLIB = os.path.dirname(os.__file__) + os.sep
@@ -231,21 +230,20 @@ class LoopProfiler:
         frame = sys._current_frames().get(ident)
         if frame is None:
             return
-        where, label = self.classify(frame, gil_free=waited < GIL_WAIT_S and self._gil_free(), on_cpu=on_cpu)
+        where, label = self.classify(frame, gil_free=waited < GIL_WAIT_S or self._gil_free(ident, frame),
+                                     on_cpu=on_cpu)
         self.count(where, label)
 
-    def _gil_free(self) -> bool:
-        """Whether the loop thread leaves the GIL alone: hand it over (sleep(0) releases it) and time its return,
-        less this thread's own wait for a CPU meanwhile. A loop running Python takes it and keeps it until the
-        switch interval (5 ms) forces it back; one inside a GIL-free call (a torch operator, I/O) leaves it free, so
-        it comes back at once. Unlike the wake-up lag, no timer is involved, so a machine whose timers wake late
-        (a VM's) cannot pass for a loop holding the GIL."""
-        before = self._own_delay_ns()
-        t0 = time.perf_counter()
+    def _gil_free(self, ident: int, frame: FrameType) -> bool:
+        """Whether the loop thread leaves the GIL alone: hand the GIL over (sleep(0) releases it) and look again. A
+        loop running Python takes it and moves on (another frame, or another instruction of this one); one inside
+        a GIL-free call (a torch operator, I/O) is where it was. Unlike the wake-up lag, neither a timer that
+        wakes late (a VM's) nor another thread that takes the GIL meanwhile can pass for the loop holding it."""
+        lasti = frame.f_lasti
         time.sleep(0)
-        taken = time.perf_counter() - t0 - max(0, self._own_delay_ns() - before) / 1e9
+        after = sys._current_frames().get(ident)
         self._delay = self._own_delay_ns()
-        return taken < GIL_PROBE_S
+        return after is frame and after.f_lasti == lasti
 
     def count(self, where: str, label: str) -> None:
         """One sample into the counts and the bounded frame table."""
