@@ -26,8 +26,9 @@ Python, at the switch interval (5 ms) or sooner wherever it next calls into such
 *when the sampler woke* is told by how long the sampler then waited for the GIL: its wake-up lag, less its own
 run delay (/proc schedstat: on a crowded machine it also waits for a CPU), confirmed by handing the GIL over and
 looking whether the loop moved (LoopProfiler._gil_free: a timer that wakes late cannot pass for a held GIL). A wait
-means the loop thread held the GIL: running Python (python; native where the frame is torch's own Python layers); none means it
-was in a GIL-free call, and its CPU clock since the previous sample tells native (on a CPU) from waiting (off it).
+means the loop thread held the GIL: running Python (python; native where the frame is torch's own Python layers);
+none means it was in a GIL-free call, and its CPU clock since the previous sample tells native (on a CPU) from
+waiting (off it).
 The frame shown is the one seen once the sampler has the GIL: for a Python sample, the line where the loop let
 go of it (the call of the torch function after the Python work), within the user's function that did the work.
 
