@@ -67,7 +67,22 @@ def test_pure_python_is_python_at_its_own_line(hook: Hook) -> None:
     assert where == "python" and "test_profiler.py" in frame and frame.endswith("pure_python"), frame
 
 
+def timer_lateness_s() -> float:
+    """The median lateness of a 20 ms sleep on this machine: what a GIL-free sample's wake-up lag is made of."""
+    lags = []
+    for _ in range(25):
+        t0 = time.perf_counter()
+        time.sleep(0.02)
+        lags.append(time.perf_counter() - t0 - 0.02)
+    return sorted(lags)[len(lags) // 2]
+
+
 def test_tensor_operations_in_the_users_file_are_native(hook: Hook) -> None:
+    from outrider.hook.profiler import GIL_WAIT_S
+
+    late = timer_lateness_s()
+    if late > GIL_WAIT_S / 2:  # a VM's clock: late wake-ups pass for a held GIL (README, the profiler's limits)
+        pytest.skip(f"this machine's timers wake {late * 1e6:.0f} us late: the GIL-wait signal cannot tell here")
     torch.set_num_threads(1)
     a = torch.randn(384, 384)
 
