@@ -17,20 +17,12 @@ from opentelemetry.sdk.metrics.export import (
     PeriodicExportingMetricReader,
 )
 from opentelemetry.sdk.resources import Resource
-from prometheus_client.parser import text_string_to_metric_families
 
 from outrider.collectors.otlp_receiver import label_name, prometheus_name
 from tests.helpers import AgentProcess, free_port, wait_until
+from tests.integration.test_prometheus_multiproc import ours as scraped
 
 pytestmark = pytest.mark.integration
-
-
-def scraped(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    out = {}
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
-    return out
 
 
 @pytest.fixture
