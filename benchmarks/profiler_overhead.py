@@ -68,7 +68,7 @@ def cost_per_sample(ticks: int, running: bool) -> float:
         for _ in range(ticks):
             time.sleep(0.001)  # let the loop thread run (and take the GIL back) between samples
             c0 = time.thread_time()
-            p.tick(0.0)
+            p.tick(held=running)
             cpu += time.thread_time() - c0
         stop.set()
         loop.join()

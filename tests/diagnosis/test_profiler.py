@@ -67,22 +67,9 @@ def test_pure_python_is_python_at_its_own_line(hook: Hook) -> None:
     assert where == "python" and "test_profiler.py" in frame and frame.endswith("pure_python"), frame
 
 
-def timer_lateness_s() -> float:
-    """The median lateness of a 20 ms sleep on this machine: what a GIL-free sample's wake-up lag is made of."""
-    lags = []
-    for _ in range(25):
-        t0 = time.perf_counter()
-        time.sleep(0.02)
-        lags.append(time.perf_counter() - t0 - 0.02)
-    return sorted(lags)[len(lags) // 2]
-
-
 def test_tensor_operations_in_the_users_file_are_native(hook: Hook) -> None:
-    from outrider.hook.profiler import GIL_WAIT_S
-
-    late = timer_lateness_s()
-    if late > GIL_WAIT_S / 2:  # a VM's clock: late wake-ups pass for a held GIL (README, the profiler's limits)
-        pytest.skip(f"this machine's timers wake {late * 1e6:.0f} us late: the GIL-wait signal cannot tell here")
+    """GIL-free operations written in the user's own file: native, on any machine (the GIL's wait is told by the
+    sampler's voluntary context switches, not by a wake-up lag that a VM's late timers stretch)."""
     torch.set_num_threads(1)
     a = torch.randn(384, 384)
 
@@ -120,7 +107,11 @@ def test_the_dataloader_is_data_even_when_it_runs_the_users_code(hook: Hook) -> 
     it = iter(torch.utils.data.DataLoader(Slow(), batch_size=2))
     p = profile(hook, lambda: next(it))
     s = shares(p)
-    assert s["data"] > 0.8, s
+    # every sample in the dataset's own code is data; the rest is this test's loop around next() (a sampler that
+    # waits for the GIL is let in at the loop's back edge more often than its share of the time)
+    inside = {k: n for k, n in p.frames.items() if k[1].endswith(("pure_python", "__getitem__"))}
+    assert inside and all(where == "data" for where, _ in inside), p.frames
+    assert s["data"] > 0.6, (s, p.frames)
     assert top(p)[1].startswith("diagnosis/test_profiler.py:"), "the frame shown is the user's, not torch's"
 
 

@@ -23,14 +23,25 @@ The first four are decided by the outermost such frame (a dataset's `__getitem__
 data). For the rest: a sampler in Python needs the GIL, so it can only look at the loop thread when that thread
 lets go of it: inside a call that released it (every torch operator does; so do sleep and I/O), or, running
 Python, at the switch interval (5 ms) or sooner wherever it next calls into such code. What the thread was doing
-*when the sampler woke* is told by how long the sampler then waited for the GIL: its wake-up lag, less its own
-run delay (/proc schedstat: on a crowded machine it also waits for a CPU). A sample off the CPU since the last one
-is waiting whatever the lag. A wait means the loop thread held the GIL: running Python (python; native where the
-frame is torch's own Python layers);
-none means it was in a GIL-free call, and its CPU clock since the previous sample tells native (on a CPU) from
-waiting (off it).
+*when the sampler woke* is told by whether the sampler then had to wait for the GIL: a wait blocks the sampler's
+thread once more after its sleep, which the kernel counts as a voluntary context switch of that thread
+(getrusage(RUSAGE_THREAD)). The count is exact and does not depend on how late the timer woke the sampler (a VM's
+timers wake 0.1-1 ms late, which a wake-up-lag threshold took for a held GIL), nor on a neighbour keeping the
+CPUs busy (waiting for a CPU is an involuntary switch). Then:
+
+- off the CPU since the previous sample (its CPU clock): **waiting**, however the GIL was;
+- the GIL held at the wake-up: the loop was running Python, **python**, wherever it then let go of the GIL.
+  Measured on the tokeniser loop: 92% of the samples waited, half of them seen inside torch's `nn` layers, the
+  first place that released the GIL after the Python work; on 60 tiny layers 13% waited, on large matrix
+  products 5% (in the DataLoader's Python);
+- the GIL free: the loop was in a GIL-free call on a CPU, **native** (an operator, or a C call of the user's:
+  `a @ b`).
+
+Where the count is unavailable (not Linux), the wake-up lag decides as before (GIL_WAIT_S).
 The frame shown is the one seen once the sampler has the GIL: for a Python sample, the line where the loop let
 go of it (the call of the torch function after the Python work), within the user's function that did the work.
+Another Python thread of the workload that holds the GIL when the sampler wakes (a busy logging or prefetch
+thread) makes that sample python too: the loop shares the interpreter with it.
 
 The hot path is untouched: the sampler reads frames, it never sets a trace or profile function. Each sample holds
 the GIL for as long as it takes to walk the stack (measured in benchmarks/profiler_overhead.py). Counts per class
@@ -51,6 +62,13 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
+try:
+    import resource
+
+    _RUSAGE_THREAD: int | None = getattr(resource, "RUSAGE_THREAD", None)  # Linux
+except ImportError:  # not Unix
+    _RUSAGE_THREAD = None
+
 WHERE = ("python", "native", "waiting", "data", "collective", "checkpoint", "optimizer")
 SPECIAL = ("data", "collective", "checkpoint", "optimizer")
 MAX_DEPTH = 256
@@ -60,13 +78,11 @@ MAX_FRAME_SERIES = 60  # distinct frame series ever registered (each one a serie
 MAX_FILE_KINDS = 8192
 MAX_LABEL = 120
 ON_CPU = 0.2
-# A wake-up later than this, less the sampler's own run delay, is a wait for the GIL: the loop thread held it when
-# the sampler woke. Timer slack (50 us) and the wake-up itself come first: measured on a 2-core machine at load 60,
-# 79-107 us (p10-p90) with the loop in a tensor operation, 190 us at p10 and 640 us at p50 with it in a
-# pure-Python tokeniser.
+# Where voluntary switches are not counted per thread (not Linux): a wake-up later than this, less the sampler's
+# own run delay, is a wait for the GIL. Timer slack (50 us) and the wake-up itself come first: measured on a
+# 2-core machine at load 60, 79-107 us (p10-p90) with the loop in a tensor operation, 190 us at p10 and 640 us at
+# p50 with it in a pure-Python tokeniser; a VM's late timers (137 us at p50, 0.8 ms at p90) blur it.
 GIL_WAIT_S = 0.00015
-# Where timers wake late (a VM's clock: 137 us at p50, 0.8 ms at p90 measured here), a late wake-up can pass for a
-# held GIL: such a machine reads some GIL-free samples as python (README says so).
 _OUTRIDER_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 # the standard library's directory: where os.py lives (sysconfig would import its generated data module)
 _STDLIB = os.path.dirname(os.__file__) + os.sep
@@ -93,6 +109,16 @@ def file_kind(path: str) -> str:
     if "/site-packages/" in p or "/dist-packages/" in p or p.startswith("<") or p.startswith(_STDLIB):
         return "lib"
     return "user"
+
+
+def _thread_switches() -> int | None:
+    """Voluntary context switches of the calling thread so far; None where the platform does not count them."""
+    if _RUSAGE_THREAD is None:
+        return None
+    try:
+        return int(resource.getrusage(_RUSAGE_THREAD).ru_nvcsw)
+    except (OSError, ValueError):
+        return None
 
 
 def frame_label(path: str, line: int, function: str) -> str:
@@ -163,18 +189,24 @@ class LoopProfiler:
     # --- the sampling thread -------------------------------------------------------------------------------
     def _run(self) -> None:
         me = os.getpid()
-        try:
-            self._delay_fd = os.open(f"/proc/self/task/{threading.get_native_id()}/schedstat", os.O_RDONLY)
-        except OSError:
-            self._delay_fd = -1
+        counted = _thread_switches() is not None
+        if not counted:  # the lag decides: less this thread's own wait for a CPU
+            try:
+                self._delay_fd = os.open(f"/proc/self/task/{threading.get_native_id()}/schedstat", os.O_RDONLY)
+            except OSError:
+                self._delay_fd = -1
         try:
             self._delay = self._own_delay_ns()
             while not self.hook.closed and os.getpid() == me:
+                s0 = _thread_switches() if counted else None
                 t0 = time.perf_counter()
                 time.sleep(self.period)
                 lag = time.perf_counter() - t0 - self.period
                 try:
-                    self.tick(lag)
+                    # the sleep blocks this thread once; blocking again before it could run is the GIL's wait
+                    s1 = _thread_switches() if counted else None
+                    held = (s1 - s0 >= 2) if s0 is not None and s1 is not None else self._lag_held(lag)
+                    self.tick(held)
                 except Exception:
                     self.errors += 1
                     self.hook.drop("profiler_error")
@@ -210,11 +242,15 @@ class LoopProfiler:
                 self._clock = None
         return self._ident
 
-    def tick(self, lag: float) -> None:
-        """One sample of the loop thread; lag: how late this thread woke (seconds)."""
+    def _lag_held(self, lag: float) -> bool:
+        """Without a count of switches: the wake-up lag not spent waiting for a CPU is the GIL's wait."""
         delay = self._own_delay_ns()
-        waited = lag - max(0, delay - self._delay) / 1e9  # the wake-up lag not spent waiting for a CPU: the GIL
+        waited = lag - max(0, delay - self._delay) / 1e9
         self._delay = delay
+        return waited >= GIL_WAIT_S
+
+    def tick(self, held: bool) -> None:
+        """One sample of the loop thread; held: whether the GIL was held when this thread woke (it had to wait)."""
         if not self.loop_tid():
             return  # no step yet: which thread runs the loop is not known (the main thread may only wait for it)
         ident = self._loop_ident()
@@ -231,7 +267,7 @@ class LoopProfiler:
         frame = sys._current_frames().get(ident)
         if frame is None:
             return
-        where, label = self.classify(frame, gil_free=waited < GIL_WAIT_S, on_cpu=on_cpu)
+        where, label = self.classify(frame, held=held, on_cpu=on_cpu)
         self.count(where, label)
 
     def count(self, where: str, label: str) -> None:
@@ -255,8 +291,9 @@ class LoopProfiler:
                 self.kinds[path] = kind
         return kind
 
-    def classify(self, frame: FrameType, gil_free: bool, on_cpu: bool | None) -> tuple[str, str]:
-        """(where, the frame to show) of one stack, given its innermost frame."""
+    def classify(self, frame: FrameType, held: bool, on_cpu: bool | None) -> tuple[str, str]:
+        """(where, the frame to show) of one stack, given its innermost frame; held: the GIL was held when the
+        sampler woke; on_cpu: the loop thread ran since the previous sample (None: unknown)."""
         chain: list[tuple[FrameType, str]] = []
         f: FrameType | None = frame
         while f is not None and len(chain) < MAX_DEPTH:
@@ -268,13 +305,8 @@ class LoopProfiler:
         for _, kind in reversed(chain):  # outermost first: the DataLoader calling a dataset is data
             if kind in SPECIAL:
                 return kind, label
-        top_kind = chain[0][1]
-        if top_kind == "torch":
-            return "native", label
-        if top_kind == "outrider":
-            return "python", label
-        if on_cpu is False:  # off the CPU since the last sample (sleep, a lock, I/O): waiting, however late we woke
+        if on_cpu is False:  # off the CPU since the last sample (sleep, a lock, I/O): waiting, whatever the GIL
             return "waiting", label
-        if not gil_free:
+        if held:  # the loop ran Python when the sampler woke: where it let go of the GIL is only where it stopped
             return "python", label
         return "native", label
