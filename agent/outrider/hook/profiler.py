@@ -29,7 +29,8 @@ thread once more after its sleep, which the kernel counts as a voluntary context
 timers wake 0.1-1 ms late, which a wake-up-lag threshold took for a held GIL), nor on a neighbour keeping the
 CPUs busy (waiting for a CPU is an involuntary switch). Then:
 
-- off the CPU since the previous sample (its CPU clock): **waiting**, however the GIL was;
+- off the CPU since the previous sample (its schedstat: CPU time plus time runnable but waiting for a CPU, so a
+  loop starved of CPUs by neighbours is not mistaken for one that blocks): **waiting**, however the GIL was;
 - the GIL held at the wake-up: the loop was running Python, **python**, wherever it then let go of the GIL.
   Measured on the tokeniser loop: 92% of the samples waited, half of them seen inside torch's `nn` layers, the
   first place that released the GIL after the Python work; on 60 tiny layers 13% waited, on large matrix
@@ -54,6 +55,7 @@ Standard library only; never raises into the workload.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import threading
@@ -144,9 +146,10 @@ class LoopProfiler:
         self.pid = 0
         self._native = -1  # the loop thread's native id the ident below is for
         self._ident = 0
-        self._clock: int | None = None  # the loop thread's CPU clock
-        self._cpu = 0.0
-        self._at = 0.0  # when _cpu was read
+        self._clock: int | None = None  # the loop thread's CPU clock, where its schedstat cannot be read
+        self._sched_fd = -1  # the loop thread's /proc schedstat: CPU time and time waiting for a CPU
+        self._demand = 0.0  # the loop thread's CPU time (+ its wait for a CPU), seconds
+        self._at = 0.0  # when _demand was read
         self._delay_fd = -1
         self._delay = 0
         self.errors = 0
@@ -163,6 +166,7 @@ class LoopProfiler:
         if pid != self.pid or self.thread is None or not self.thread.is_alive():
             if pid != self.pid:  # a forked child: the parent's samples are the parent's
                 self.pid = pid
+                self._close_sched()  # the parent's loop thread's, inherited
                 self.counts = dict.fromkeys(WHERE, 0)
                 self.frames = {}
                 self.registered = set()
@@ -214,6 +218,8 @@ class LoopProfiler:
             if self._delay_fd >= 0:
                 os.close(self._delay_fd)
                 self._delay_fd = -1
+            self._close_sched()
+            self._native = -1
 
     def _own_delay_ns(self) -> int:
         """Nanoseconds this thread has waited for a CPU (schedstat's second field); 0 when unknown."""
@@ -235,12 +241,41 @@ class LoopProfiler:
                         ident = t.ident
                         break
             self._ident = ident
+            self._close_sched()
+            self._clock = None
             try:
-                self._clock = time.pthread_getcpuclockid(ident)
-                self._cpu, self._at = time.clock_gettime(self._clock), time.perf_counter()
-            except (OSError, AttributeError, OverflowError):
-                self._clock = None
+                self._sched_fd = os.open(f"/proc/self/task/{native}/schedstat", os.O_RDONLY) if native else -1
+            except OSError:
+                self._sched_fd = -1
+            if self._sched_fd < 0:
+                try:
+                    self._clock = time.pthread_getcpuclockid(ident)
+                except (OSError, AttributeError, OverflowError):
+                    self._clock = None
+            self._demand, self._at = self._loop_demand(), time.perf_counter()
         return self._ident
+
+    def _close_sched(self) -> None:
+        if self._sched_fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self._sched_fd)
+            self._sched_fd = -1
+
+    def _loop_demand(self) -> float:
+        """The loop thread's CPU time plus its time runnable but waiting for a CPU (schedstat), in seconds; its CPU
+        clock alone where schedstat cannot be read; -1.0 when neither can."""
+        if self._sched_fd >= 0:
+            try:
+                fields = os.pread(self._sched_fd, 64, 0).split()
+                return (int(fields[0]) + int(fields[1])) / 1e9
+            except (OSError, ValueError, IndexError):
+                self._close_sched()
+        if self._clock is not None:
+            try:
+                return time.clock_gettime(self._clock)
+            except OSError:
+                self._clock = None
+        return -1.0
 
     def _lag_held(self, lag: float) -> bool:
         """Without a count of switches: the wake-up lag not spent waiting for a CPU is the GIL's wait."""
@@ -255,15 +290,13 @@ class LoopProfiler:
             return  # no step yet: which thread runs the loop is not known (the main thread may only wait for it)
         ident = self._loop_ident()
         on_cpu: bool | None = None
-        if self._clock is not None:
-            try:
-                cpu, at = time.clock_gettime(self._clock), time.perf_counter()
-                # on a CPU a fifth of the time since the last sample or more: running (a neighbour may take the
-                # rest); a thread blocked in sleep, a lock or I/O gathers next to nothing
-                on_cpu = (cpu - self._cpu) >= ON_CPU * (at - self._at)
-                self._cpu, self._at = cpu, at
-            except OSError:
-                self._clock = None
+        demand, at = self._loop_demand(), time.perf_counter()
+        if demand >= 0 and self._demand >= 0:
+            # running or runnable a fifth of the time since the last sample or more: on a CPU, or wanting one on a
+            # crowded machine (its wait for a CPU counts: a neighbour's load is not the loop waiting); a thread
+            # blocked in sleep, a lock or I/O gathers next to nothing
+            on_cpu = (demand - self._demand) >= ON_CPU * (at - self._at)
+        self._demand, self._at = demand, at
         frame = sys._current_frames().get(ident)
         if frame is None:
             return
