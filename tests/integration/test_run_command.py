@@ -89,6 +89,8 @@ def test_follows_forked_and_orphaned_descendants_while_serving_metrics(tmp_path:
                     buf[i] = 1
                 pathlib.Path({str(pids_file)!r}).write_text(str(os.getpid()))
                 while not pathlib.Path({str(go)!r}).exists():
+                    for i in range(0, len(buf), 4096):  # kept in use: the kernel's proactive reclaim (DAMON)
+                        buf[i] = 1                      # pages out memory left idle, and RSS with it
                     time.sleep(0.05)
                 os._exit(0)
             os._exit(0)

@@ -89,7 +89,7 @@ def test_a_workload_spawning_thousands_of_processes_stays_bounded(tmp_path: Path
         "import subprocess, sys\n"
         "procs = []\n"
         "for i in range(2000):\n"
-        "    procs.append(subprocess.Popen(['sleep', '0.05']))\n"
+        "    procs.append(subprocess.Popen(['sleep', '0.5']))  # bursts that outlast sweeps on a slow machine\n"
         "    if len(procs) >= 200:\n"
         "        [p.wait() for p in procs]; procs = []\n"
         "[p.wait() for p in procs]\n")

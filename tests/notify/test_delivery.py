@@ -297,7 +297,7 @@ def test_an_alert_storm_reaches_slack_as_a_few_grouped_messages(tmp_path: Path,
         storm = [alert("GPUThermalThrottling", "firing", severity="warning", gpu=str(i)) for i in range(30)]
         for n in storm:
             d.notify(n)
-        wait_until(lambda: sum(len(b["blocks"]) - 1 for b in slack.accepted()) == 30, timeout_s=15,
+        wait_until(lambda: sum(len(b["blocks"]) - 1 for b in slack.accepted()) == 30, timeout_s=60,
                    what="all 30 alerts posted")
         d.stop()
     assert slack.schema_errors == []
