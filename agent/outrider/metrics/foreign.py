@@ -7,7 +7,7 @@ the cache is cleared and rebuilt from what is still sent, so label churn cannot 
 
 from __future__ import annotations
 
-from outrider.metrics.catalog import Label, MetricDef
+from outrider.metrics.catalog import MetricDef, custom_definition
 
 MAX_DEFINITIONS = 10_000
 
@@ -25,8 +25,6 @@ class ForeignDefinitions:
         if defn is None:
             if len(self._defs) >= MAX_DEFINITIONS:
                 self._defs.clear()
-            base = otel_name or name
-            defn = self._defs[key] = MetricDef(
-                name, base, "s" if base.endswith("_seconds") else "1", kind,  # type: ignore[arg-type]
-                help_text or self.default_help, tuple(Label(n, n) for n in label_names), self.collector)
+            defn = self._defs[key] = custom_definition(name, kind, label_names, self.collector,
+                                                       help_text or self.default_help, otel_name)
         return defn
