@@ -22,7 +22,7 @@ from outrider.config import Config, ConfigError, load
 from outrider.exporters.otlp import to_metrics_data
 from outrider.metrics.exposition import render
 from tests.helpers import AgentProcess, free_port, http_get, reap, samples, value, wait_until
-from tests.integration.test_outbound_bounds import HostilePeer
+from tests.integration.servers import TRICKLE_BYTES, HostilePeer
 
 pytestmark = pytest.mark.integration
 
@@ -186,15 +186,6 @@ def test_the_setting_from_the_environment() -> None:
             load(env=bad)
 
 
-@pytest.fixture
-def peer(request: pytest.FixtureRequest) -> Iterator[HostilePeer]:
-    p = HostilePeer(request.param)
-    try:
-        yield p
-    finally:
-        p.close()
-
-
 @pytest.mark.parametrize("peer", ["trickle"], indirect=True)
 def test_an_endpoint_answering_a_byte_at_a_time_is_cut_at_the_deadline(peer: HostilePeer) -> None:
     port = int(peer.start().rsplit(":", 1)[1])
@@ -212,7 +203,7 @@ def test_an_endpoint_answering_a_byte_at_a_time_is_cut_at_the_deadline(peer: Hos
     t.join(60)  # a bound on the test, not the assertion: without a deadline the scrape would last 11.5 s
     assert not t.is_alive() and outcome and isinstance(outcome[0], ScrapeError)
     assert "within collector_timeout_s" in str(outcome[0])
-    assert peer.sent_bytes < 46, "cut off before the peer had sent its answer"
+    assert peer.sent_bytes < TRICKLE_BYTES, "cut off before the peer had sent its answer"
 
 
 @pytest.mark.parametrize("peer", ["flood"], indirect=True)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import string
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, Summary, generate_latest
@@ -57,24 +58,17 @@ def _ours(text: str) -> tuple[dict[tuple[str, tuple[tuple[str, str], ...]], floa
     return _flat(text_format.families(page))
 
 
-@settings(max_examples=60, deadline=None)
-@given(st.lists(METRIC, min_size=1, max_size=5))
-def test_a_prometheus_client_page_reads_as_prometheus_clients_parser_reads_it(metrics: list) -> None:  # type: ignore[type-arg]
-    text = generate_latest(_registry(metrics)).decode()
-    values, types = _ours(text)
-    want_values, want_types = _flat(text_string_to_metric_families(text))
-    assert values == want_values
-    assert types == want_types
+FORMATS = {"0.0.4": (generate_latest, text_string_to_metric_families),
+           "openmetrics": (generate_openmetrics, parse_openmetrics)}
 
 
-@settings(max_examples=40, deadline=None)
-@given(st.lists(METRIC, min_size=1, max_size=5))
-def test_an_openmetrics_page_reads_as_prometheus_clients_openmetrics_parser_reads_it(metrics: list) -> None:  # type: ignore[type-arg]
-    text = generate_openmetrics(_registry(metrics)).decode()
-    values, types = _ours(text)
-    want_values, want_types = _flat(parse_openmetrics(text))
-    assert values == want_values
-    assert types == want_types
+@pytest.mark.parametrize("fmt", sorted(FORMATS))
+@settings(max_examples=50, deadline=None)
+@given(metrics=st.lists(METRIC, min_size=1, max_size=5))
+def test_a_prometheus_client_page_reads_as_prometheus_clients_own_parser_reads_it(fmt: str, metrics: list) -> None:  # type: ignore[type-arg]
+    write, read = FORMATS[fmt]
+    text = write(_registry(metrics)).decode()
+    assert _ours(text) == _flat(read(text)), "the same samples, values and types"
 
 
 def test_a_malformed_line_costs_that_line_only() -> None:
