@@ -72,7 +72,8 @@ class Config:
         "help": "Kubernetes identity labels exported (from the Downward API variables POD_NAME, POD_NAMESPACE, "
                 "NODE_NAME, CONTAINER_NAME) on outrider_k8s_info and as OTLP resource attributes; an allow-list"})
     collector_timeout_s: float = field(default=3.0, metadata={
-        "help": "how long a sweep waits for a collector that may block (NVML) before going on without it"})
+        "help": "how long a sweep waits for a collector that may block (NVML) before going on without it; the "
+                "deadline of the whole scrape of the workload's own /metrics (workload_metrics_port)"})
     diagnosis_window_s: float = field(default=30.0, metadata={
         "help": "seconds of sweeps the bottleneck diagnosis looks at"})
     runs_dir: str = field(default="", metadata={
@@ -151,6 +152,15 @@ class Config:
     prometheus_multiproc_dir: str = field(default="", metadata={
         "help": "a service's prometheus_client multiprocess directory, whose metrics the agent merges and exports "
                 "(PROMETHEUS_MULTIPROC_DIR sets the default); empty: none"})
+    workload_metrics_port: int = field(default=0, metadata={
+        "help": "port of the workload's own Prometheus endpoint on 127.0.0.1, scraped every sweep (within "
+                "collector_timeout_s, at most 8 MiB) and exported beside the agent's; 0: the pod annotation "
+                "outrider.dev/metrics-port names it, if pod_annotations_file is set, else none"})
+    workload_metrics_path: str = field(default="/metrics", metadata={
+        "help": "path of that endpoint (with the annotation: outrider.dev/metrics-path, else /metrics)"})
+    pod_annotations_file: str = field(default="", metadata={
+        "help": "the pod's annotations as a Downward API volume file (metadata.annotations; the chart mounts one "
+                "for the sidecar), read every sweep for outrider.dev/metrics-port and outrider.dev/metrics-path"})
     otlp_receiver_listen: str = field(default="", metadata={
         "help": "host:port of a local OTLP/HTTP receiver (POST /v1/metrics) for the application's own OpenTelemetry "
                 "metrics, exported beside the agent's; empty: none (e.g. 127.0.0.1:4318)"})
@@ -192,6 +202,7 @@ BOUNDS: dict[str, hook_settings.Bounds] = {
     "otlp_timeout_s": hook_settings.Bounds(0.1, 600.0),
     "shutdown_timeout_s": hook_settings.Bounds(0.1, 600.0),
     "collector_timeout_s": hook_settings.Bounds(0.1, 600.0),
+    "workload_metrics_port": hook_settings.Bounds(0, 65535),
     "diagnosis_window_s": hook_settings.Bounds(0.1, 86400.0),
     "rule_interval_s": hook_settings.Bounds(0.1, 86400.0),
     "resend_interval_s": hook_settings.Bounds(0.1, 86400.0),
@@ -267,6 +278,14 @@ def _label_name(raw: Any) -> str:
 def _listen(raw: Any) -> str:
     text = _str(raw)
     parse_listen(text)
+    return text
+
+
+def _http_path(raw: Any) -> str:
+    """The path part of a URL: from /, printable ASCII without spaces (nothing that could end a request line)."""
+    text = _str(raw).strip()
+    if not text.startswith("/") or not all("!" <= c <= "~" for c in text):
+        raise ValueError("a URL path starting with / (printable ASCII, no spaces)")
     return text
 
 
@@ -364,6 +383,9 @@ CONVERTERS: dict[str, Callable[[Any], Any]] = {
     "exit_when_workload_exits": _bool,
     "startup_grace_s": _number("startup_grace_s"),
     "prometheus_multiproc_dir": _str,
+    "workload_metrics_port": _number("workload_metrics_port", integer=True),
+    "workload_metrics_path": lambda raw: _http_path(raw) if _str(raw).strip() else "/metrics",
+    "pod_annotations_file": _str,
     "otlp_receiver_listen": lambda raw: _listen(raw) if _str(raw) else "",
     "host_root": _str,
 }

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import io
 import math
-import re
 import shutil
 import sys
 import time
@@ -23,29 +22,15 @@ from rich.table import Table
 from rich.text import Text
 
 from outrider.diagnosis.bottleneck import RECOMMENDATIONS
-from outrider.metrics import units
+from outrider.metrics import text_format, units
 from outrider.metrics.family import HistogramValue
 from outrider.metrics.quantile import histogram_quantile
-
-LINE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)')
-LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 
 Sample = tuple[str, tuple[tuple[str, str], ...]]
 
 
 def parse(text: str) -> dict[Sample, float]:
-    out = {}
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        m = LINE.match(line)
-        if m:
-            labels = tuple(sorted(LABEL.findall(m.group(2) or "")))
-            try:
-                out[(m.group(1), labels)] = float(m.group(3))
-            except ValueError:
-                continue
-    return out
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value for s in text_format.parse(text).samples}
 
 
 def fetch(url: str) -> dict[Sample, float]:

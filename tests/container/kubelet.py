@@ -4,7 +4,8 @@ network and PID namespaces), not a hand-written approximation of it.
 
 What it covers is what the chart uses: emptyDir volumes (a directory of the test's, 0777 as the kubelet makes them,
 group fsGroup and setgid when the pod has one), configMap volumes (from the rendered ConfigMaps, subPath
-included), hostPath volumes (bind mounts, HostToContainer as rslave), env values and Downward API fields;
+included), hostPath volumes (bind mounts, HostToContainer as rslave), downwardAPI volumes (the pod's name,
+namespace and annotations as the kubelet writes them: `key="value"` lines), env values and Downward API fields;
 shareProcessNamespace (a podman pod sharing its PID namespace), hostNetwork, hostPID, native sidecars (init
 containers with restartPolicy Always: started first, their startup probe awaited, stopped with SIGTERM once the
 main containers have exited, as the kubelet does). Anything else in a spec is an error, not silently dropped.
@@ -44,10 +45,12 @@ class Override:
 
 
 class Kubelet:
-    def __init__(self, podman: Podman, workdir: Path, configmaps: dict[str, dict[str, str]]) -> None:
+    def __init__(self, podman: Podman, workdir: Path, configmaps: dict[str, dict[str, str]],
+                 annotations: dict[str, str] | None = None) -> None:
         self.podman = podman
         self.workdir = workdir
         self.configmaps = configmaps
+        self.annotations = annotations or {}  # the pod's (its template's metadata.annotations)
         self.volume_dirs: dict[str, Path] = {}
 
     # --- volumes ---------------------------------------------------------------------------------------------
@@ -71,6 +74,20 @@ class Kubelet:
             if m.get("subPath"):
                 source = source / m["subPath"]
             options = ["ro"]  # the kubelet mounts configMaps read-only
+        elif "downwardAPI" in volume:
+            source = self.workdir / "downward" / m["name"]
+            source.mkdir(parents=True, exist_ok=True)
+            for item in volume["downwardAPI"]["items"]:
+                ref = item.get("fieldRef", {}).get("fieldPath")
+                if ref == "metadata.annotations":  # one key="Go-quoted value" line each, as the kubelet writes
+                    text = "".join(f"{k}={json.dumps(v)}\n" for k, v in sorted(self.annotations.items()))
+                else:
+                    assert ref in FIELDS, f"volume {m['name']}: {item} is not something this stand-in gives"
+                    text = FIELDS[ref]
+                (source / item["path"]).write_text(text)
+                (source / item["path"]).chmod(0o644)
+            source.chmod(0o755)
+            options = ["ro"]  # the kubelet mounts Downward API volumes read-only
         elif "hostPath" in volume:
             source = Path(volume["hostPath"]["path"])
             if m.get("mountPropagation") == "HostToContainer":

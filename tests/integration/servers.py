@@ -3,16 +3,21 @@
 - PrometheusServer: Debian's `prometheus` binary.
 - OtlpHttpReceiver / OtlpGrpcReceiver: OTLP receivers built from `opentelemetry-proto` (the protocol's own
   message and service definitions), standing in for an OpenTelemetry Collector.
+- HostilePeer: a raw socket that answers every request a byte at a time, or with an endless body (the `peer`
+  fixture of conftest.py, parametrized with the mode).
 """
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
+import socket
 import subprocess
 import threading
 import urllib.parse
 from concurrent import futures
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -255,3 +260,69 @@ def attributes(kv_list: Any) -> dict[str, Any]:
         v = kv.value
         out[kv.key] = getattr(v, v.WhichOneof("value"))
     return out
+
+
+TRICKLE_BODY = 8
+TRICKLE_BYTES = 46  # the whole answer a trickling peer sends, one byte every TRICKLE_EVERY_S: 11.5 s in all
+TRICKLE_EVERY_S = 0.25  # well inside any per-read timeout used below, so only a total deadline can end the call
+
+
+@dataclass
+class HostilePeer:
+    """Answers every request on its port with `mode`: 'trickle' (a 200, a byte at a time) or 'flood' (200 with an
+    endless body)."""
+
+    mode: str
+    sock: socket.socket = field(default_factory=lambda: socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+    stop: threading.Event = field(default_factory=threading.Event)
+    sent_bytes: int = 0
+    threads: list[threading.Thread] = field(default_factory=list)
+
+    def start(self) -> str:
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.sock.settimeout(0.2)
+        t = threading.Thread(target=self._accept, daemon=True)
+        t.start()
+        self.threads.append(t)
+        return f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+
+    def _accept(self) -> None:
+        while not self.stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                continue
+            t = threading.Thread(target=self._serve, args=(conn,), daemon=True)
+            t.start()
+            self.threads.append(t)
+
+    def _serve(self, conn: socket.socket) -> None:
+        with conn, contextlib.suppress(OSError):
+            conn.settimeout(5)
+            head = b""
+            while b"\r\n\r\n" not in head:
+                chunk = conn.recv(65536)
+                if not chunk:
+                    return
+                head += chunk
+            if self.mode == "trickle":  # the status line, the headers and the body, each byte on its own
+                answer = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % TRICKLE_BODY + b"\0" * TRICKLE_BODY
+                for byte in answer:
+                    if self.stop.wait(TRICKLE_EVERY_S):
+                        return
+                    conn.sendall(bytes([byte]))
+                    self.sent_bytes += 1
+            else:
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/x-protobuf\r\n"
+                             b"Content-Length: %d\r\n\r\n" % (1 << 30))
+                block = b"\0" * 65536
+                while not self.stop.is_set() and self.sent_bytes < 1 << 30:
+                    conn.sendall(block)
+                    self.sent_bytes += len(block)
+
+    def close(self) -> None:
+        self.stop.set()
+        self.sock.close()
+        for t in self.threads:
+            t.join(10)

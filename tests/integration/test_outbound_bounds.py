@@ -7,11 +7,7 @@ OTLP exporter and the notifiers are the agent's own, with the real OTel SDK expo
 
 from __future__ import annotations
 
-import contextlib
 import socket
-import threading
-from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -22,81 +18,8 @@ from outrider.metrics.family import Family
 from outrider.notify.webhook import WebhookNotifier
 from outrider.outbound import Deadline, ResponseTooLarge, read_capped, register_socket
 from tests.helpers import wait_until
+from tests.integration.servers import TRICKLE_BYTES, HostilePeer
 from tests.notify.test_delivery import alert, dispatcher
-
-TRICKLE_BODY = 8
-TRICKLE_BYTES = 46  # the whole answer a trickling peer sends, one byte every TRICKLE_EVERY_S: 11.5 s in all
-TRICKLE_EVERY_S = 0.25  # well inside any per-read timeout used below, so only a total deadline can end the call
-
-
-@dataclass
-class HostilePeer:
-    """Answers every request on its port with `mode`: 'trickle' (a 200, a byte at a time) or 'flood' (200 with an
-    endless body)."""
-
-    mode: str
-    sock: socket.socket = field(default_factory=lambda: socket.socket(socket.AF_INET, socket.SOCK_STREAM))
-    stop: threading.Event = field(default_factory=threading.Event)
-    sent_bytes: int = 0
-    threads: list[threading.Thread] = field(default_factory=list)
-
-    def start(self) -> str:
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(16)
-        self.sock.settimeout(0.2)
-        t = threading.Thread(target=self._accept, daemon=True)
-        t.start()
-        self.threads.append(t)
-        return f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-
-    def _accept(self) -> None:
-        while not self.stop.is_set():
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                continue
-            t = threading.Thread(target=self._serve, args=(conn,), daemon=True)
-            t.start()
-            self.threads.append(t)
-
-    def _serve(self, conn: socket.socket) -> None:
-        with conn, contextlib.suppress(OSError):
-            conn.settimeout(5)
-            head = b""
-            while b"\r\n\r\n" not in head:
-                chunk = conn.recv(65536)
-                if not chunk:
-                    return
-                head += chunk
-            if self.mode == "trickle":  # the status line, the headers and the body, each byte on its own
-                answer = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % TRICKLE_BODY + b"\0" * TRICKLE_BODY
-                for byte in answer:
-                    if self.stop.wait(TRICKLE_EVERY_S):
-                        return
-                    conn.sendall(bytes([byte]))
-                    self.sent_bytes += 1
-            else:
-                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/x-protobuf\r\n"
-                             b"Content-Length: %d\r\n\r\n" % (1 << 30))
-                block = b"\0" * 65536
-                while not self.stop.is_set() and self.sent_bytes < 1 << 30:
-                    conn.sendall(block)
-                    self.sent_bytes += len(block)
-
-    def close(self) -> None:
-        self.stop.set()
-        self.sock.close()
-        for t in self.threads:
-            t.join(10)
-
-
-@pytest.fixture
-def peer(request: pytest.FixtureRequest) -> Iterator[HostilePeer]:
-    p = HostilePeer(request.param)
-    try:
-        yield p
-    finally:
-        p.close()
 
 
 def _exporter(endpoint: str, timeout_s: float) -> OtlpExporter:

@@ -20,12 +20,13 @@ from outrider.collectors.host import HostCollector
 from outrider.collectors.otlp_receiver import OtlpReceiverCollector
 from outrider.collectors.process import ProcessCollector
 from outrider.collectors.prometheus_multiproc import PrometheusMultiprocCollector
+from outrider.collectors.workload_metrics import WorkloadMetricsCollector
 from outrider.config import ConfigError, LoadedConfig
 
 REGISTRY: dict[str, type[Collector]] = {
     cls.name: cls
     for cls in (HostCollector, ProcessCollector, GpuCollector, HookCollector, PrometheusMultiprocCollector,
-                OtlpReceiverCollector, DiagnosisCollector, AlertsCollector, SelfCollector)
+                WorkloadMetricsCollector, OtlpReceiverCollector, DiagnosisCollector, AlertsCollector, SelfCollector)
 }
 
 

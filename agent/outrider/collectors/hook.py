@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from outrider import spool
 from outrider.collectors.base import Collector, CollectorContext, StackDump
-from outrider.metrics.catalog import CATALOG, Label, MetricDef
+from outrider.metrics.catalog import CATALOG, CUSTOM_HELP, MetricDef, custom_definition
 from outrider.metrics.family import Family, HistogramValue
 
 # name, kind, labels (+training_job, rank), bounds
@@ -473,9 +473,7 @@ class HookCollector(Collector):
             # New, or its shape changed (the process that owned the old one is gone): the definition follows
             if hit is None and len(self._dynamic) >= 10_000:
                 self._dynamic.clear()  # names seen long ago; the live ones are made again
-            hit = MetricDef(name, name, "s" if name.endswith("_seconds") else "1", kind,  # type: ignore[arg-type]
-                            "Custom metric published by the workload through the Outrider hook.",
-                            tuple(Label(n, n) for n in label_names), "hook")
+            hit = custom_definition(name, kind, label_names, "hook", CUSTOM_HELP)
             self._dynamic[name] = hit
         return hit
 

@@ -16,7 +16,7 @@ Merging: counters and histograms are summed over every file (a dead worker's cou
 the mode in the file name: `all` and `liveall` one series per pid (live pids only for liveall), `sum`/`livesum`,
 `min`/`max` and `mostrecent`/`livemostrecent` one series (the `live` ones over live pids only). Summaries carry no
 quantiles in multiprocess mode and are left out. Names the agent owns (`outrider_*`, the catalog's) are refused,
-and the hook's caps apply: at most hook_max_series_per_metric series per metric and MAX_SERIES in all.
+and the hook's caps apply (metrics/foreign.py): hook_max_series_per_metric series per metric, MAX_SERIES in all.
 """
 
 from __future__ import annotations
@@ -27,31 +27,16 @@ import os
 import stat
 import struct
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 
 from outrider.collectors.base import Collector, CollectorContext
-from outrider.metrics.catalog import CATALOG, MetricDef
-from outrider.metrics.family import Family, HistogramValue
-from outrider.metrics.foreign import ForeignDefinitions
+from outrider.metrics.family import Family
+from outrider.metrics.foreign import ForeignDefinitions, ForeignMetric
 
 MAX_FILE_BYTES = 64 << 20  # a prometheus_client file starts at 64 KiB and doubles as it fills
 MAX_FILES = 10_000  # per sweep: a directory of dead workers' files is read no further than this
-MAX_SERIES = 2_000  # all metrics together, as the hook's per-process cap
 GAUGE_MODES = ("all", "liveall", "min", "max", "sum", "livesum", "mostrecent", "livemostrecent")
 _INT = struct.Struct("<i")
 _TWO_DOUBLES = struct.Struct("<dd")
-
-
-@dataclass
-class _Metric:
-    kind: str  # counter, gauge, histogram
-    help: str
-    label_names: tuple[str, ...]
-    # counter/gauge: labels -> value (gauges: one per pid until merged); histogram: labels -> {le: count}, sums
-    values: dict[tuple[str, ...], float] = field(default_factory=dict)
-    stamps: dict[tuple[str, ...], float] = field(default_factory=dict)
-    buckets: dict[tuple[str, ...], dict[float, float]] = field(default_factory=dict)
-    sums: dict[tuple[str, ...], float] = field(default_factory=dict)
 
 
 def read_entries(data: bytes) -> Iterator[tuple[str, float, float]]:
@@ -125,7 +110,7 @@ class PrometheusMultiprocCollector(Collector):
         except OSError as e:
             self.drop("directory", f"{self._dir}: {e.strerror or e}")
             return []
-        metrics: dict[str, _Metric] = {}
+        metrics: dict[str, ForeignMetric] = {}
         alive: dict[int, bool] = {}
         files = 0
         for filename in names:
@@ -148,9 +133,9 @@ class PrometheusMultiprocCollector(Collector):
                     self._take(metrics, typ, mode, pid, key, value, stamp)
             except (OSError, ValueError, UnicodeDecodeError) as e:
                 self.drop(f"file:{filename}", f"{filename}: {e}")
-        return self._families(metrics)
+        return self._defs.families(metrics, self._per_metric, self.drop)
 
-    def _take(self, metrics: dict[str, _Metric], typ: str, mode: str, pid: int, key: str, value: float,
+    def _take(self, metrics: dict[str, ForeignMetric], typ: str, mode: str, pid: int, key: str, value: float,
               stamp: float) -> None:
         try:
             parsed = json.loads(key)
@@ -175,7 +160,7 @@ class PrometheusMultiprocCollector(Collector):
             names = label_names + (("pid",) if typ == "gauge" and mode in ("all", "liveall") else ())
         m = metrics.get(family)
         if m is None:
-            m = metrics[family] = _Metric(typ, str(help_text), names)
+            m = metrics[family] = ForeignMetric(typ, str(help_text), names)
         if m.kind != typ or m.label_names != names:
             self.drop("shape", f"{family}: published with two types or label sets; the first is kept")
             return
@@ -199,7 +184,7 @@ class PrometheusMultiprocCollector(Collector):
             self._gauge(m, mode, pid, label_values, value, stamp)
 
     @staticmethod
-    def _gauge(m: _Metric, mode: str, pid: int, labels: tuple[str, ...], value: float, stamp: float) -> None:
+    def _gauge(m: ForeignMetric, mode: str, pid: int, labels: tuple[str, ...], value: float, stamp: float) -> None:
         if mode in ("all", "liveall"):
             m.values[(*labels, str(pid))] = value
         elif mode in ("sum", "livesum"):
@@ -210,40 +195,3 @@ class PrometheusMultiprocCollector(Collector):
             m.values[labels] = max(m.values.get(labels, value), value)
         elif stamp >= m.stamps.get(labels, -math.inf):  # mostrecent, livemostrecent
             m.values[labels], m.stamps[labels] = value, stamp
-
-    def _defn(self, family: str, m: _Metric) -> MetricDef | None:
-        name = f"{family}_total" if m.kind == "counter" else family
-        if name.startswith("outrider_") or name in CATALOG or family in CATALOG:
-            self.drop(f"reserved:{family}", f"{family}: a name the agent owns; left out")
-            return None
-        return self._defs.get(name, m.kind, m.label_names, m.help, otel_name=family)
-
-    def _families(self, metrics: dict[str, _Metric]) -> list[Family]:
-        out: list[Family] = []
-        total = 0
-        for family in sorted(metrics):
-            m = metrics[family]
-            defn = self._defn(family, m)
-            if defn is None:
-                continue
-            fam = Family(defn)
-            series = sorted(m.buckets) if m.kind == "histogram" else sorted(m.values)
-            for labels in series:
-                if len(fam.samples) >= self._per_metric or total >= MAX_SERIES:
-                    self.drop(f"cap:{family}", f"{family}: past the series cap ({self._per_metric} per metric, "
-                                               f"{MAX_SERIES} in all); the rest are left out")
-                    break
-                if m.kind == "histogram":
-                    fam.add(_histogram(m.buckets[labels], m.sums.get(labels, 0.0)), *labels)
-                else:
-                    fam.add(m.values[labels], *labels)
-                total += 1
-            out.append(fam)
-        return out
-
-
-def _histogram(buckets: dict[float, float], total: float) -> HistogramValue:
-    """prometheus_client keeps each bucket's own count (not cumulative), the last bucket +Inf."""
-    bounds = sorted(b for b in buckets if math.isfinite(b))
-    counts = [int(buckets[b]) for b in bounds] + [int(buckets.get(math.inf, 0.0))]
-    return HistogramValue(tuple(bounds), tuple(counts), total)

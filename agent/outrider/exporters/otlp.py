@@ -22,7 +22,7 @@ import random
 import socket
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 from opentelemetry.sdk.metrics.export import (
@@ -42,7 +42,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from outrider.config import Config, ConfigError, k8s_identity
-from outrider.metrics.catalog import MetricDef
+from outrider.metrics.catalog import MetricDef, otlp_attributes
 from outrider.metrics.family import Family, HistogramValue
 from outrider.version import __version__
 
@@ -54,25 +54,6 @@ CUMULATIVE = AggregationTemporality.CUMULATIVE
 def _http_endpoint(base: str) -> str:
     base = base.rstrip("/")
     return base if base.endswith("/v1/metrics") else base + "/v1/metrics"
-
-
-def _attributes(defn: MetricDef, values: tuple[str, ...], extra: Mapping[str, str]) -> dict[str, str | int]:
-    """A sample's OTLP attributes: the definition's constants, the family's (hw.driver_version), then its labels
-    under their semantic-convention names and enum values. Never an empty one (an unknown owner, a process without
-    a rank) and never a Prometheus-only label."""
-    out: dict[str, str | int] = dict(defn.otel_attributes)
-    out.update(extra)
-    for label, value in zip(defn.labels, values):
-        if not value or not label.otel:
-            continue
-        if label.otel_int:
-            if value.isdigit():
-                out[label.otel] = int(value)
-            elif label.otel_other:
-                out[label.otel_other] = value  # "other": the processes not shown one by one, never a pid
-            continue
-        out[label.otel] = dict(label.otel_values).get(value, value) if label.otel_values else value
-    return out
 
 
 # Only what the chart sets from the Downward API (POD_NAME, POD_NAMESPACE, NODE_NAME): the container's name has no
@@ -107,7 +88,7 @@ def to_metrics_data(families: list[Family], resource: Resource, start_ns: int, n
             continue
         points = by_name.setdefault(fam.defn.name, (fam.defn, {}))[1]
         for labels, value in fam.samples:
-            attrs = _attributes(fam.defn, labels, fam.attributes)
+            attrs = otlp_attributes(fam.defn, labels, fam.attributes)
             key = frozenset(attrs.items())
             have = points.get(key)
             if have is None:

@@ -1,2 +1,3 @@
-"""Kubernetes sources the agent asks about its node: which workload owns each GPU (gpu_owners, through the kubelet's
-PodResources API, whose generated gRPC client lives in podresources/). Nothing here imports grpc until it is asked."""
+"""Kubernetes sources the agent asks about its node and pod: which workload owns each GPU (gpu_owners, through the
+kubelet's PodResources API, whose generated gRPC client lives in podresources/), and the pod's own annotations
+(downward, from a Downward API volume). Nothing here imports grpc until it is asked."""

@@ -619,6 +619,40 @@ def definitions(collector: str | None = None) -> list[MetricDef]:
     return [d for d in _DEFS if collector is None or d.collector == collector]
 
 
+CUSTOM_HELP = "Custom metric published by the workload through the Outrider hook."
+
+
+def custom_definition(name: str, kind: str, label_names: tuple[str, ...], collector: str, help_text: str,
+                      otel_name: str = "") -> MetricDef:
+    """The definition of a metric the catalog has no entry for (a workload's own, through the hook or its own
+    instrumentation): its OTLP name is `otel_name`, else its Prometheus name; its unit seconds where that name says
+    so, else 1; each label its own attribute."""
+    base = otel_name or name
+    return MetricDef(name, base, "s" if base.endswith("_seconds") else "1", kind,  # type: ignore[arg-type]
+                     help_text, tuple(Label(n, n) for n in label_names), collector)
+
+
+def otlp_attributes(defn: MetricDef, values: tuple[str, ...],
+                    extra: Mapping[str, str] | None = None) -> dict[str, str | int]:
+    """A sample's OTLP attributes: the definition's constants, `extra` (a family's own, hw.driver_version), then its
+    label values under their semantic-convention names and enum values. Never an empty one (an unknown owner, a
+    process without a rank) and never a Prometheus-only label."""
+    out: dict[str, str | int] = dict(defn.otel_attributes)
+    if extra:
+        out.update(extra)
+    for label, value in zip(defn.labels, values):
+        if not value or not label.otel:
+            continue
+        if label.otel_int:
+            if value.isdigit():
+                out[label.otel] = int(value)
+            elif label.otel_other:
+                out[label.otel_other] = value  # "other": the processes not shown one by one, never a pid
+            continue
+        out[label.otel] = dict(label.otel_values).get(value, value) if label.otel_values else value
+    return out
+
+
 def with_enrichment(defn: MetricDef, names: Mapping[str, str] | None = None) -> MetricDef:
     """The definition as a collector with its enrichment on emits it: the enrichment labels appended after its own,
     with the Prometheus names that `names` maps them to (default name -> configured name)."""

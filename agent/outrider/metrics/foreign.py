@@ -1,15 +1,36 @@
-"""Definitions of metrics the agent learns at run time from someone else's instrumentation (a service's
-prometheus_client files, its OpenTelemetry metrics), for which the catalog has no entry.
+"""Metrics the agent learns at run time from someone else's instrumentation (a service's prometheus_client files,
+its own /metrics endpoint, its OpenTelemetry metrics), for which the catalog has no entry.
 
-One definition per (name, type, label names), cached so each sweep reuses it, and bounded: past MAX_DEFINITIONS
-the cache is cleared and rebuilt from what is still sent, so label churn cannot grow it for ever.
+ForeignDefinitions: one definition per (name, type, label names), cached so each sweep reuses it, and bounded: past
+MAX_DEFINITIONS the cache is cleared and rebuilt from what is still sent, so label churn cannot grow it for ever.
+`families()` turns a sweep's ForeignMetrics into families: names the agent owns (`outrider_*`, the catalog's)
+refused, and the hook's caps applied (at most `per_metric` series per metric, MAX_SERIES in all).
 """
 
 from __future__ import annotations
 
-from outrider.metrics.catalog import Label, MetricDef
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from outrider.metrics.catalog import CATALOG, MetricDef, custom_definition
+from outrider.metrics.family import Family, HistogramValue
 
 MAX_DEFINITIONS = 10_000
+MAX_SERIES = 2_000  # all metrics of one source together, as the hook's per-process cap
+Drop = Callable[[str, str], None]  # a collector's drop(key, why): logged once per key, counted
+
+
+@dataclass
+class ForeignMetric:
+    kind: str  # counter, gauge, histogram
+    help: str
+    label_names: tuple[str, ...]
+    # counter/gauge: labels -> value; histogram: labels -> {upper bound: that bucket's own count} and their sums
+    values: dict[tuple[str, ...], float] = field(default_factory=dict)
+    stamps: dict[tuple[str, ...], float] = field(default_factory=dict)
+    buckets: dict[tuple[str, ...], dict[float, float]] = field(default_factory=dict)
+    sums: dict[tuple[str, ...], float] = field(default_factory=dict)
 
 
 class ForeignDefinitions:
@@ -25,8 +46,43 @@ class ForeignDefinitions:
         if defn is None:
             if len(self._defs) >= MAX_DEFINITIONS:
                 self._defs.clear()
-            base = otel_name or name
-            defn = self._defs[key] = MetricDef(
-                name, base, "s" if base.endswith("_seconds") else "1", kind,  # type: ignore[arg-type]
-                help_text or self.default_help, tuple(Label(n, n) for n in label_names), self.collector)
+            defn = self._defs[key] = custom_definition(name, kind, label_names, self.collector,
+                                                       help_text or self.default_help, otel_name)
         return defn
+
+    def families(self, metrics: dict[str, ForeignMetric], per_metric: int, drop: Drop) -> list[Family]:
+        """The metrics (by family name, as their source names them) as families, counters under `<family>_total`
+        and on OTLP under the family name."""
+        out: list[Family] = []
+        total = 0
+        for family in sorted(metrics):
+            m = metrics[family]
+            name = f"{family}_total" if m.kind == "counter" else family
+            if name.startswith("outrider_") or name in CATALOG or family in CATALOG:
+                drop(f"reserved:{family}", f"{family}: a name the agent owns; left out")
+                continue
+            fam = Family(self.get(name, m.kind, m.label_names, m.help, otel_name=family))
+            series = sorted(m.buckets) if m.kind == "histogram" else sorted(m.values)
+            for labels in series:
+                if total >= MAX_SERIES:
+                    drop("cap", f"past {MAX_SERIES} series in all: from {family} on, the rest are left out")
+                    out.append(fam)
+                    return out
+                if len(fam.samples) >= per_metric:
+                    drop(f"cap:{family}", f"{family}: past the cap of {per_metric} series per metric; the rest are "
+                                          "left out")
+                    break
+                if m.kind == "histogram":
+                    fam.add(_histogram(m.buckets[labels], m.sums.get(labels, 0.0)), *labels)
+                else:
+                    fam.add(m.values[labels], *labels)
+                total += 1
+            out.append(fam)
+        return out
+
+
+def _histogram(buckets: dict[float, float], total: float) -> HistogramValue:
+    """Each bucket's own count (not cumulative), the last bucket +Inf."""
+    bounds = sorted(b for b in buckets if math.isfinite(b))
+    counts = [int(buckets[b]) for b in bounds] + [int(buckets.get(math.inf, 0.0))]
+    return HistogramValue(tuple(bounds), tuple(counts), total)

@@ -233,6 +233,7 @@ outrider.resolveScope for what `.` may be):
       outrider.dev/job: my-training          # the `job` label of the scraped series (podMonitor.jobLabel)
     annotations:
       {{- include "outrider.sidecarPodAnnotations" . | nindent 6 }}
+      outrider.dev/metrics-port: "8000"      # optional: the workload's own /metrics, scraped by the sidecar
   spec:
     shareProcessNamespace: true
     initContainers:                          # sidecar.native (Kubernetes >= 1.29); else under containers:
@@ -270,6 +271,9 @@ outrider.resolveScope for what `.` may be):
     {{- include "outrider.env" . | nindent 4 }}
     - name: OUTRIDER_SPOOL_DIR
       value: {{ .Values.sidecar.spoolDir | quote }}
+    {{- /* The pod's annotations: outrider.dev/metrics-port (and -path) name the workload's own /metrics. */}}
+    - name: OUTRIDER_POD_ANNOTATIONS_FILE
+      value: /etc/outrider/podinfo/annotations
     {{- if not .Values.sidecar.native }}
     {{- /* An ordinary container would keep a Job's pod Running after the workload: the agent leaves with it. */}}
     - name: OUTRIDER_EXIT_WHEN_WORKLOAD_EXITS
@@ -289,6 +293,9 @@ outrider.resolveScope for what `.` may be):
     {{- include "outrider.volumeMounts" . | nindent 4 }}
     - name: outrider-spool
       mountPath: {{ .Values.sidecar.spoolDir }}
+    - name: outrider-podinfo
+      mountPath: /etc/outrider/podinfo
+      readOnly: true
     {{- with .Values.sidecar.extraVolumeMounts }}
     {{- toYaml . | nindent 4 }}
     {{- end }}
@@ -301,6 +308,9 @@ outrider.resolveScope for what `.` may be):
 {{ include "outrider.volumes" . }}
 - name: outrider-spool
   emptyDir: {sizeLimit: 64Mi}
+- name: outrider-podinfo
+  downwardAPI:
+    items: [{path: annotations, fieldRef: {fieldPath: metadata.annotations}}]
 {{- with .Values.sidecar.extraVolumes }}
 {{ toYaml . }}
 {{- end }}
