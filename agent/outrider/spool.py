@@ -327,10 +327,11 @@ class ReaderMark:
         self._fd = -1
 
 
-def live_readers(spool_dir: str, trusted_uids: frozenset[int] = frozenset()) -> list[int]:
-    """When the last completed sweep of each other agent reading the spool started (unix ns; 0: none yet). Only
-    regular files of this user, root or a trusted uid count; a mark nobody holds (its agent is gone) is removed."""
-    trusted = trusted_uids | {os.geteuid(), 0}
+def live_readers(spool_dir: str) -> list[int]:
+    """When the last completed sweep of each other agent reading the spool started (unix ns; 0: none yet); a mark
+    nobody holds (its agent is gone) is removed. A mark of any user counts (a sidecar may run as any uid): one
+    planted and held by a stranger can only hold deletion back, for READER_GRACE_S at most. Only regular files
+    count, never followed, at most MAX_READERS."""
     try:
         with os.scandir(spool_dir) as it:
             names = [e.name for e in it if READER_NAME_RE.fullmatch(e.name)][:MAX_READERS]
@@ -341,7 +342,7 @@ def live_readers(spool_dir: str, trusted_uids: frozenset[int] = frozenset()) -> 
         path = os.path.join(spool_dir, name)
         try:
             st = os.lstat(path)
-            if not stat.S_ISREG(st.st_mode) or st.st_uid not in trusted:
+            if not stat.S_ISREG(st.st_mode):
                 continue
             fd = os.open(path, _OPEN_READ)
         except OSError:

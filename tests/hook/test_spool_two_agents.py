@@ -122,7 +122,7 @@ def test_two_agents_on_one_spool_both_report_every_finished_process_and_only_the
                 agent.proc.send_signal(signal.SIGCONT)
 
 
-def test_reader_marks_of_agents_gone_or_of_strangers_do_not_hold_cleanup_back(tmp_path: Path) -> None:
+def test_reader_marks_of_agents_gone_and_planted_links_do_not_hold_cleanup_back(tmp_path: Path) -> None:
     sp = tmp_path / "spool"
     sp.mkdir(mode=0o700)
     # A reader killed without closing leaves its mark, unlocked; a file merely named like one is no reader.

@@ -527,7 +527,7 @@ class HookCollector(Collector):
         waiting = [(path, f) for path, f in self._finished.items() if not f.kept]
         if not waiting:
             return
-        readers = spool.live_readers(self.spool, self._trusted_uids)
+        readers = spool.live_readers(self.spool)
         now = time.monotonic()
         for path, f in waiting:
             if all(swept > f.seen_ns for swept in readers) or now - f.seen_s > spool.READER_GRACE_S:
