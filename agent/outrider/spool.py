@@ -44,9 +44,10 @@ Why it is safe for both sides:
 - The reader's descriptors are bounded whatever the spool holds: what the name and lstat already rule out (not a
   regular file, writable by others, an untrusted owner, too small or too large) is never opened; a file found
   invalid is closed at once and, while it stays the same file (inode, size, times, owner, mode), not opened again
-  (looked at again once a minute); the descriptors of good shards are kept in an LRU of at most open_budget()
-  (a quarter of the soft descriptor limit, at most MAX_OPEN_SHARDS); on EMFILE or ENFILE it closes half of them
-  and retries once, then opens nothing more until the next listing (the next sweep).
+  (looked at again once a minute); the descriptors of good shards are kept up to open_budget() (a quarter of the
+  soft descriptor limit, at most MAX_OPEN_SHARDS), the rest opened for each read; on EMFILE or ENFILE it closes
+  the older half of those it keeps and retries once, then opens nothing more until the next listing (the next
+  sweep).
 - Every file is opened with O_NOFOLLOW (new ones also O_EXCL); the reader accepts only regular files owned by a
   uid it trusts, and stack dumps only from the shard's owner, so planted symlinks or files are never followed,
   read or sent anywhere.
@@ -116,7 +117,7 @@ RESERVED_LABELS = frozenset({"rank", "training_job", "le", "quantile"})
 KINDS = ("counter", "gauge", "histogram")
 MAX_LABEL_VALUE = 128
 
-MAX_OPEN_SHARDS = 256  # shard descriptors a reader keeps open at most (fewer under a low descriptor limit)
+MAX_OPEN_SHARDS = 1024  # shard descriptors a reader keeps open at most (fewer under a low descriptor limit)
 RECHECK_S = 60.0  # a file rejected unchanged is looked at again after this long (its owner's process may appear)
 MAX_REJECTED = 65_536  # rejected files remembered (beyond, they are examined again at every read)
 
@@ -596,16 +597,16 @@ class ShardReader:
 
     Bounded in descriptors whatever the spool holds (planted junk included): see the module's docstring. A file
     rejected once raises ShardRejected (never opened) while it stays the same file, so a caller counts each bad
-    file once. `max_open` is the LRU's size (open_budget() by default)."""
+    file once. `max_open` is how many descriptors are kept (open_budget() by default)."""
 
     def __init__(self, spool_dir: str, trusted: Callable[[int, int], bool], max_open: int | None = None) -> None:
         self.spool_dir = spool_dir
         self.trusted = trusted
         self.max_open = max_open or open_budget()
-        self._fds: OrderedDict[str, tuple[int, int, int]] = OrderedDict()  # path -> (dev, ino, fd), LRU first
+        self._fds: OrderedDict[str, tuple[int, int, int]] = OrderedDict()  # path -> (dev, ino, fd), oldest first
         self._directories: dict[str, tuple[bytes, tuple[dict[str, Any], list[Any]]]] = {}
         self._rejected: dict[str, tuple[Identity, ShardFormatError, float]] = {}  # path -> (file, why, when)
-        self._starved = False  # out of descriptors even after closing half the LRU: no new opens this listing
+        self._starved = False  # out of descriptors even after closing half of ours: no new opens this listing
 
     @property
     def open_count(self) -> int:
@@ -690,9 +691,10 @@ class ShardReader:
         if not stat.S_ISREG(fst.st_mode) or (fst.st_dev, fst.st_ino) != (st.st_dev, st.st_ino):
             os.close(fd)
             raise ShardNotRegular("replaced while being opened")
-        self._fds[path] = (fst.st_dev, fst.st_ino, fd)
-        while len(self._fds) > self.max_open:
-            self._close_oldest()
+        if len(self._fds) < self.max_open:
+            self._fds[path] = (fst.st_dev, fst.st_ino, fd)
+        # Else it is closed after this read: the agent reads every shard each sweep, in the same order, and an
+        # LRU evicting the oldest would evict exactly the next one needed (no hit at all past max_open).
         return fd, fst
 
     def _open_fd(self, path: str) -> int:
@@ -758,6 +760,13 @@ class ShardReader:
         if got is None:
             return None
         fd, st = got
+        try:
+            return self._copy(path, fd, st)
+        finally:
+            if self._fds.get(path, (0, 0, -1))[2] != fd:
+                os.close(fd)  # not kept (the table is full)
+
+    def _copy(self, path: str, fd: int, st: os.stat_result) -> ShardSnapshot:
         if st.st_size > MAX_SHARD_BYTES:
             raise ShardTooLarge(f"{st.st_size} bytes: larger than the format allows")
         for _ in range(50):

@@ -2,7 +2,7 @@
 
 Once 1,500 files named like shards, planted by another user in an explicitly shared 1777 spool, took the agent to
 its 1,024 descriptors: /metrics unreachable, the HTTP accept loop spinning and logging about 40,000 lines a second.
-Now what is not a valid shard is closed (most of it never opened), good shards' descriptors are an LRU bounded by
+Now what is not a valid shard is closed (most of it never opened), good shards' descriptors kept are bounded by
 the limit, and every refused file is counted once by reason."""
 
 from __future__ import annotations

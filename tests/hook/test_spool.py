@@ -435,10 +435,25 @@ def test_what_lstat_rules_out_is_never_opened(tmp_path: Path, plant: object, rea
 def test_the_reader_keeps_at_most_max_open_descriptors_and_reads_every_shard(tmp_path: Path) -> None:
     writers = [write_one(tmp_path, pid=100 + i) for i in range(12)]
     r = spool.ShardReader(str(tmp_path), lambda uid, pid: True, max_open=4)
-    for _ in range(3):
-        snaps = [r.read(p) for p in r.paths()]
+    opened: list[str] = []
+    real_open = os.open
+
+    def watching(p: str, *a: object, **kw: object) -> int:
+        opened.append(p)
+        return real_open(p, *a, **kw)  # type: ignore[arg-type]
+
+    for sweep in range(3):
+        opened.clear()
+        os.open = watching  # type: ignore[assignment]
+        try:
+            snaps = [r.read(p) for p in r.paths()]
+        finally:
+            os.open = real_open
         assert [s.header.pid for s in snaps if s] == [100 + i for i in range(12)]
         assert r.open_count == 4
+        # The 4 kept stay kept: a sweep in the same order never evicts the next shard it needs (an LRU would,
+        # and open all 12 every sweep).
+        assert len(opened) == (12 if sweep == 0 else 8), sweep
     r.close()
     assert r.open_count == 0
     for w in writers:

@@ -54,6 +54,15 @@ def _reports(agent: AgentProcess, steps: float) -> bool:
             and value(parsed, "outrider_hook_processes", state="running") == 0)
 
 
+def _one_more_finishes(spool_dir: Path, agent: AgentProcess, total: float) -> int:
+    """One more process runs to its end; once `agent` reports `total` steps and has swept 5 more times, how many
+    shards are left in the spool."""
+    _finish(spool_dir)
+    wait_until(lambda: _reports(agent, total), timeout_s=30, what=f"{total} steps")
+    after_more(agent, "outrider_agent_sweeps_total", 5)
+    return len(_shards(spool_dir))
+
+
 def test_two_agents_on_one_spool_both_report_every_finished_process_and_only_the_owner_deletes(
         tmp_path: Path) -> None:
     sp = tmp_path / "spool"
@@ -91,19 +100,13 @@ def test_two_agents_on_one_spool_both_report_every_finished_process_and_only_the
 
             # The reader never deletes: with the owner stopped, a finished shard stays (the reader reports it).
             pause(owner)
-            _finish(sp)
-            wait_until(lambda: _reports(reader, 5 * STEPS), timeout_s=30, what="the reader's 500")
-            after_more(reader, "outrider_agent_sweeps_total", 5)
-            assert len(_shards(sp)) == 1, "the reader left the finished shard for the owner"
+            assert _one_more_finishes(sp, reader, 5 * STEPS) == 1, "the reader left the finished shard for the owner"
 
             # The owner waits for every reader: with the reader stopped, the owner (back) reports a process that
             # finishes now, and keeps its shard until the reader has swept.
             pause(reader)
             resume(owner)
-            _finish(sp)
-            wait_until(lambda: _reports(owner, 6 * STEPS), timeout_s=30, what="the owner's 600")
-            after_more(owner, "outrider_agent_sweeps_total", 5)
-            assert len(_shards(sp)) == 2, "kept while a reader has not seen it"
+            assert _one_more_finishes(sp, owner, 6 * STEPS) == 2, "kept while a reader has not seen it"
             resume(reader)
             wait_until(lambda: _reports(reader, 6 * STEPS), timeout_s=30, what="the reader's 600")
             wait_until(lambda: not _shards(sp), timeout_s=30, what="both deleted once the reader swept")

@@ -254,7 +254,6 @@ class HookCollector(Collector):
         present: set[str] = set()
         finished: dict[str, Finished] = {}
         for path in self.reader.paths() if self._usable() else ():
-            name = os.path.basename(path)
             done = self._finished.get(path)
             if done is not None and done.identity is not None and self.reader.identity(path) == done.identity:
                 finished[path] = done  # final, retired already: not read (nor retired) again
@@ -264,14 +263,15 @@ class HookCollector(Collector):
             except spool.ShardRejected:
                 continue  # counted when it was first refused
             except spool.ShardFormatError as e:
-                self._count(e.reason, f"shard {name}", e)
+                self._count(e.reason, f"shard {os.path.basename(path)}", e)
                 continue
             except OSError as e:
                 self._count("no_descriptors" if e.errno in (errno.EMFILE, errno.ENFILE) else "unreadable",
-                            f"shard {name}", e)
+                            f"shard {os.path.basename(path)}", e)
                 continue
             if snap is None:
                 continue
+            name = os.path.basename(path)
             present.add(path)
             # Back after it was retired (its cumulative values include what was retired, taken back out), or a
             # heartbeat older than the last one seen (a stale copy, such as the spool's old directory seen again
