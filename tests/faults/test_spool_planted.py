@@ -96,6 +96,11 @@ def plant(shared: Path, outside: Path) -> dict[str, int]:
     return counts
 
 
+def _processes(parsed: dict) -> float:  # type: ignore[type-arg]
+    """Processes the agent reads, in any state (on a loaded machine one may read as unresponsive a while)."""
+    return sum(value(parsed, "outrider_hook_processes", state=s) or 0 for s in ("running", "stalled", "unresponsive"))
+
+
 def _fds(pid: int, spool_dir: Path) -> tuple[int, int]:
     """The agent's open descriptors, and how many of them are shards (or files named so) in the spool."""
     total = shards = 0
@@ -131,7 +136,7 @@ def test_thousands_of_planted_files_leave_the_agent_bounded_and_every_real_shard
                 status, _, body = http_get(agent.url + "/metrics", timeout_s=10)
                 assert status == 200, "/metrics stays reachable"
                 parsed = samples(body.decode())
-                done = (value(parsed, "outrider_hook_processes", state="running") == 2 * (1 + FORKS)
+                done = (_processes(parsed) == 2 * (1 + FORKS)
                         and value(parsed, "outrider_samples_total", rank="") == 2 * (STEPS * 4 + FORKS * 7))
                 return parsed if done else None
             parsed = wait_until(all_read, timeout_s=120, interval_s=0.2,
@@ -153,8 +158,7 @@ def test_thousands_of_planted_files_leave_the_agent_bounded_and_every_real_shard
             hold.touch()
             for p in workloads:
                 assert p.wait(timeout=60) == 0
-            wait_until(lambda: value(samples(agent.metrics()), "outrider_hook_processes", state="running") == 0,
-                       timeout_s=60, what="the workloads retired")
+            wait_until(lambda: _processes(samples(agent.metrics())) == 0, timeout_s=60, what="the workloads retired")
             parsed = samples(agent.metrics())
             assert value(parsed, "outrider_samples_total", rank="") == 2 * (STEPS * 4 + FORKS * 7), "totals kept"
             left = [p.name for p in shared.iterdir() if spool.SHARD_NAME_RE.fullmatch(p.name)]
