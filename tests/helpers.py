@@ -121,7 +121,10 @@ def outrider_cmd(*args: str) -> list[str]:
 class AgentProcess:
     """The real `outrider agent` in a subprocess on a free 127.0.0.1 port, ready when /readyz says so."""
 
-    def __init__(self, *args: str, env: dict[str, str] | None = None, interval_s: float = 0.5) -> None:
+    def __init__(self, *args: str, env: dict[str, str] | None = None, interval_s: float = 0.5,
+                 fd_limit: int | None = None) -> None:
+        """fd_limit: the agent's descriptor limit (soft and hard, as `ulimit -n` sets it), through util-linux's
+        prlimit, which execs the agent (the same pid)."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         full_env = {k: v for k, v in os.environ.items() if not k.startswith(("OUTRIDER_", "OTEL_"))}
@@ -132,8 +135,10 @@ class AgentProcess:
         full_env.update(env or {})
         # Output goes to a file, not a pipe: a chatty agent must never block on a full pipe.
         self._log = tempfile.TemporaryFile()  # noqa: SIM115 - lives as long as the agent
+        limit = ["prlimit", f"--nofile={fd_limit}:{fd_limit}", "--"] if fd_limit else []
         self.proc = subprocess.Popen(
-            outrider_cmd("agent", "--listen", f"127.0.0.1:{self.port}", "--interval", str(interval_s), *args),
+            [*limit, *outrider_cmd("agent", "--listen", f"127.0.0.1:{self.port}", "--interval", str(interval_s),
+                                   *args)],
             env=full_env, stdout=self._log, stderr=subprocess.STDOUT)
         try:
             wait_until(lambda: self.proc.poll() is None and http_get(self.url + "/readyz", timeout_s=1)[0] == 200,

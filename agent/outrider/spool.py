@@ -41,6 +41,13 @@ Why it is safe for both sides:
   so a full volume is an OSError the hook counts, never a SIGBUS in the workload.
 - The reader never maps a file either: it copies with pread under the seqlock and validates every field, so a
   shard truncated, grown or rewritten under it is a format error for that shard only.
+- The reader's descriptors are bounded whatever the spool holds: what the name and lstat already rule out (not a
+  regular file, writable by others, an untrusted owner, too small or too large) is never opened; a file found
+  invalid is closed at once and, while it stays the same file (inode, size, times, owner, mode), not opened again
+  (looked at again once a minute); the descriptors of good shards are kept up to open_budget() (a quarter of the
+  soft descriptor limit, at most MAX_OPEN_SHARDS), the rest opened for each read; on EMFILE or ENFILE it closes
+  the older half of those it keeps and retries once, then opens nothing more until the next listing (the next
+  sweep).
 - Every file is opened with O_NOFOLLOW (new ones also O_EXCL); the reader accepts only regular files owned by a
   uid it trusts, and stack dumps only from the shard's owner, so planted symlinks or files are never followed,
   read or sent anywhere.
@@ -65,6 +72,7 @@ import stat
 import struct
 import sys
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TextIO
@@ -89,6 +97,7 @@ FLAG_CLOSED = 1
 FLAG_STALLED = 2
 
 LOCK_NAME = "agent.lock"
+READER_NAME_RE = re.compile(r"reader-[0-9a-f]{16}\.lock")  # an agent reading a spool another agent owns
 SHARD_SUFFIX = ".shard"
 STACKS_SUFFIX = ".stacks.txt"
 SHARD_NAME_RE = re.compile(r"outrider-(\d+)-(\d+)\.shard")
@@ -107,6 +116,10 @@ LABEL_NAME_RE = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 RESERVED_LABELS = frozenset({"rank", "training_job", "le", "quantile"})
 KINDS = ("counter", "gauge", "histogram")
 MAX_LABEL_VALUE = 128
+
+MAX_OPEN_SHARDS = 1024  # shard descriptors a reader keeps open at most (fewer under a low descriptor limit)
+RECHECK_S = 60.0  # a file rejected unchanged is looked at again after this long (its owner's process may appear)
+MAX_REJECTED = 65_536  # rejected files remembered (beyond, they are examined again at every read)
 
 _OPEN_NEW = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 _OPEN_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
@@ -138,6 +151,26 @@ class ShardBusy(ShardFormatError):
 
 class ShardUntrusted(ShardFormatError):
     reason = "untrusted"
+
+
+class ShardNotRegular(ShardFormatError):
+    reason = "not_regular"  # a symbolic link, a FIFO, a directory, a socket or a device named like a shard
+
+
+class ShardBadMode(ShardFormatError):
+    reason = "bad_mode"  # writable by others than its owner: a writer never makes one
+
+
+class ShardTooLarge(ShardFormatError):
+    reason = "too_large"
+
+
+class ShardRejected(ShardFormatError):
+    """A file the reader rejected before, unchanged since: not opened again. `reason` is the first rejection's."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 # --- the directory ------------------------------------------------------------------------------------------------
@@ -240,6 +273,93 @@ def stacks_path(path_of_shard: str) -> str:
     return path_of_shard[: -len(SHARD_SUFFIX)] + STACKS_SUFFIX
 
 
+# --- several agents on one spool ----------------------------------------------------------------------------------
+# The agent holding agent.lock owns the spool's cleanup; every other agent reading it (a sidecar beside a node agent,
+# `outrider run` beside an agent) holds a mark, reader-<random>.lock, flocked while it lives, whose mtime says when
+# its last completed sweep started. The owner deletes a finished process's shard only once every live mark says a
+# sweep started after the owner saw it finished (so each agent has read its final values), or after
+# READER_GRACE_S (a reader that no longer sweeps).
+
+READER_GRACE_S = 600.0
+MAX_READERS = 64  # marks looked at; more (planted ones, say) are ignored
+
+
+class ReaderMark:
+    """This agent's mark as a reader of a spool another agent owns. OSError when it cannot be made."""
+
+    def __init__(self, spool_dir: str, mode: int = PRIVATE_FILE_MODE) -> None:
+        self.path = os.path.join(spool_dir, f"reader-{os.urandom(8).hex()}.lock")
+        # Made whole (locked, "no sweep yet") under another name, then renamed: an owner never finds it unlocked.
+        made = self.path + ".new"
+        self._fd = os.open(made, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+        try:
+            os.fchmod(self._fd, mode)
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            os.utime(self._fd, ns=(0, 0))  # no sweep yet: the owner waits for this reader's first
+            os.rename(made, self.path)
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.unlink(made)
+            os.close(self._fd)
+            self._fd = -1
+            raise
+
+    def swept(self, started_ns: int) -> None:
+        """A sweep that started at started_ns (unix ns) is complete."""
+        with contextlib.suppress(OSError):
+            os.utime(self._fd, ns=(started_ns, started_ns))
+
+    def intact(self) -> bool:
+        """Whether the mark is still where the owner looks (the spool was not deleted or remounted)."""
+        try:
+            st, fst = os.lstat(self.path), os.fstat(self._fd)
+        except OSError:
+            return False
+        return (st.st_dev, st.st_ino) == (fst.st_dev, fst.st_ino)
+
+    def close(self) -> None:
+        if self._fd < 0:
+            return
+        if self.intact():
+            with contextlib.suppress(OSError):
+                os.unlink(self.path)
+        with contextlib.suppress(OSError):
+            os.close(self._fd)
+        self._fd = -1
+
+
+def live_readers(spool_dir: str) -> list[int]:
+    """When the last completed sweep of each other agent reading the spool started (unix ns; 0: none yet); a mark
+    nobody holds (its agent is gone) is removed. A mark of any user counts (a sidecar may run as any uid): one
+    planted and held by a stranger can only hold deletion back, for READER_GRACE_S at most. Only regular files
+    count, never followed, at most MAX_READERS."""
+    try:
+        with os.scandir(spool_dir) as it:
+            names = [e.name for e in it if READER_NAME_RE.fullmatch(e.name)][:MAX_READERS]
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    out: list[int] = []
+    for name in names:
+        path = os.path.join(spool_dir, name)
+        try:
+            st = os.lstat(path)
+            if not stat.S_ISREG(st.st_mode):
+                continue
+            fd = os.open(path, _OPEN_READ)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError:  # held: its agent lives
+            out.append(os.fstat(fd).st_mtime_ns)
+        else:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+        finally:
+            os.close(fd)
+    return out
+
+
 # --- the header ---------------------------------------------------------------------------------------------------
 
 @dataclass
@@ -272,6 +392,7 @@ class ShardSnapshot:
     series: list[SeriesEntry] = field(default_factory=list)
     rejected: list[str] = field(default_factory=list)  # why entries were left out (one reason per entry)
     uid: int = -1
+    identity: Identity | None = None  # the file it was read from, as lstat saw it before reading
 
 
 def pack_header(*, flags: int, seq: int, pid: int, stalls: int, start_ns: int, heartbeat_ns: int,
@@ -446,24 +567,74 @@ class ShardWriter:
 
 # --- the reader (the agent) ---------------------------------------------------------------------------------------
 
+def open_budget() -> int:
+    """How many shard descriptors a reader keeps open: a quarter of the soft descriptor limit (the rest is the
+    agent's: its sockets, /proc, connections), at least 8, at most MAX_OPEN_SHARDS."""
+    import resource  # only the reader needs it, never the hook's writer
+
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if soft == resource.RLIM_INFINITY:
+        return MAX_OPEN_SHARDS
+    return max(8, min(MAX_OPEN_SHARDS, soft // 4))
+
+
+Identity = tuple[int, int, int, int, int, int, int]  # dev, inode, size, mtime, ctime (ns), mode, uid
+
+
+def identity(st: os.stat_result) -> Identity:
+    """What changes when a file in the spool is rewritten, replaced, chowned or chmodded."""
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_mode, st.st_uid
+
+
+def _name_pid(path: str) -> int:
+    m = SHARD_NAME_RE.fullmatch(os.path.basename(path))
+    return int(m.group(1)) if m else -1
+
+
 class ShardReader:
     """Reads shards without trusting them. `trusted(uid, pid)` says whether a shard owned by uid that claims pid
-    may be read; copies are taken with pread under the seqlock and every field is validated."""
+    may be read; copies are taken with pread under the seqlock and every field is validated.
 
-    def __init__(self, spool_dir: str, trusted: Callable[[int, int], bool]) -> None:
+    Bounded in descriptors whatever the spool holds (planted junk included): see the module's docstring. A file
+    rejected once raises ShardRejected (never opened) while it stays the same file, so a caller counts each bad
+    file once. `max_open` is how many descriptors are kept (open_budget() by default)."""
+
+    def __init__(self, spool_dir: str, trusted: Callable[[int, int], bool], max_open: int | None = None) -> None:
         self.spool_dir = spool_dir
         self.trusted = trusted
-        self._fds: dict[str, tuple[int, int, int]] = {}  # path -> (dev, ino, fd)
+        self.max_open = max_open or open_budget()
+        self._fds: OrderedDict[str, tuple[int, int, int]] = OrderedDict()  # path -> (dev, ino, fd), oldest first
         self._directories: dict[str, tuple[bytes, tuple[dict[str, Any], list[Any]]]] = {}
+        self._rejected: dict[str, tuple[Identity, ShardFormatError, float]] = {}  # path -> (file, why, when)
+        self._starved = False  # out of descriptors even after closing half of ours: no new opens this listing
+
+    @property
+    def open_count(self) -> int:
+        """Shard descriptors held now (at most max_open)."""
+        return len(self._fds)
+
+    def rejected(self) -> dict[str, int]:
+        """Files in the spool the reader rejects now, by reason (as of the last listing)."""
+        out: dict[str, int] = {}
+        for _, error, _ in self._rejected.values():
+            out[error.reason] = out.get(error.reason, 0) + 1
+        return out
 
     def paths(self) -> list[str]:
-        """Shard files in the spool, by name (a missing spool directory has none)."""
+        """Shard files in the spool, by name (a missing spool directory has none). What the reader holds for a
+        name no longer listed (a descriptor, a cached directory, a rejection) is let go."""
         try:
             with os.scandir(self.spool_dir) as it:
                 names = [e.name for e in it if SHARD_NAME_RE.fullmatch(e.name)]
         except (FileNotFoundError, NotADirectoryError):
-            return []
-        return [os.path.join(self.spool_dir, n) for n in sorted(names)]
+            names = []
+        paths = [os.path.join(self.spool_dir, n) for n in sorted(names)]
+        listed = set(paths)
+        for path in [p for p in (*self._fds, *self._directories, *self._rejected) if p not in listed]:
+            self.forget(path)
+            self._rejected.pop(path, None)
+        self._starved = False
+        return paths
 
     def pending(self) -> list[tuple[str, int, int]]:
         """Shards being written under their temporary name, as (path, pid, start_ns): a process killed between
@@ -475,42 +646,129 @@ class ShardReader:
             return []
         return [(path, int(m.group(1)), int(m.group(2))) for path, m in found if m]
 
-    def _fd(self, path: str) -> tuple[int, os.stat_result] | None:
+    def identity(self, path: str) -> Identity | None:
+        """The file now at path (lstat, never opened); None when there is none."""
         try:
-            st = os.lstat(path)
-        except FileNotFoundError:
-            self.forget(path)
+            return identity(os.lstat(path))
+        except OSError:
             return None
+
+    def _vet(self, path: str, st: os.stat_result) -> None:
+        """What lstat tells without opening the file: ShardFormatError when it cannot be a shard to read."""
+        if not stat.S_ISREG(st.st_mode):
+            raise ShardNotRegular(f"not a regular file (mode {st.st_mode:o})")
+        if st.st_mode & 0o022:
+            raise ShardBadMode(f"writable by others than its owner (mode {stat.S_IMODE(st.st_mode):o})")
+        if st.st_size > MAX_SHARD_BYTES:
+            raise ShardTooLarge(f"{st.st_size} bytes: larger than the format allows")
+        if st.st_size < _HEAD.size:
+            raise ShardTruncated(f"truncated: {st.st_size} bytes, the header needs {_HEAD.size}")
+        pid = _name_pid(path)
+        if pid >= 0 and not self.trusted(st.st_uid, pid):
+            raise ShardUntrusted(f"owned by uid {st.st_uid}, which this agent does not trust")
+
+    def _open(self, path: str, st: os.stat_result) -> tuple[int, os.stat_result] | None:
         hit = self._fds.get(path)
         if hit is not None and (hit[0], hit[1]) == (st.st_dev, st.st_ino):
+            self._fds.move_to_end(path)
             return hit[2], st
-        self.forget(path)
-        if not stat.S_ISREG(st.st_mode):
-            raise ShardFormatError(f"not a regular file (mode {st.st_mode:o})")
+        self._close_fd(path)  # another file at the name now (a regrown generation): its directory is compared
+        if self._starved:
+            raise OSError(errno.EMFILE, "out of descriptors: not opened until the next sweep")
         try:
-            fd = os.open(path, _OPEN_READ)
+            fd = self._open_fd(path)
         except FileNotFoundError:
             return None
         except OSError as e:
             if e.errno == errno.ELOOP:
-                raise ShardFormatError("a symbolic link") from None
+                raise ShardNotRegular("a symbolic link") from None
             raise
-        fst = os.fstat(fd)
+        try:
+            fst = os.fstat(fd)
+        except OSError:
+            os.close(fd)
+            raise
         if not stat.S_ISREG(fst.st_mode) or (fst.st_dev, fst.st_ino) != (st.st_dev, st.st_ino):
             os.close(fd)
-            raise ShardFormatError("replaced while being opened")
-        self._fds[path] = (fst.st_dev, fst.st_ino, fd)
+            raise ShardNotRegular("replaced while being opened")
+        if len(self._fds) < self.max_open:
+            self._fds[path] = (fst.st_dev, fst.st_ino, fd)
+        # Else it is closed after this read: the agent reads every shard each sweep, in the same order, and an
+        # LRU evicting the oldest would evict exactly the next one needed (no hit at all past max_open).
         return fd, fst
+
+    def _open_fd(self, path: str) -> int:
+        try:
+            return os.open(path, _OPEN_READ)
+        except OSError as e:
+            if e.errno not in (errno.EMFILE, errno.ENFILE):
+                raise
+        # Out of descriptors (the process's or the system's): give back half of ours and try once more; if that
+        # fails too, open nothing more until the next listing, never a retry per shard.
+        for _ in range(max(1, len(self._fds) // 2)):
+            self._close_oldest()
+        try:
+            return os.open(path, _OPEN_READ)
+        except OSError as e:
+            if e.errno in (errno.EMFILE, errno.ENFILE):
+                self._starved = True
+            raise
+
+    def _close_oldest(self) -> None:
+        if self._fds:
+            _, (_, _, fd) = self._fds.popitem(last=False)
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
     def read(self, path: str) -> ShardSnapshot | None:
         """A consistent, validated copy of the shard; None when it is gone. ShardFormatError (with its reason)
-        when it cannot be used; OSError when it cannot be read."""
-        got = self._fd(path)
+        when it cannot be used, ShardRejected when it was found so before and is unchanged; OSError when it cannot
+        be read. A file found unusable is closed at once."""
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            self.forget(path)
+            self._rejected.pop(path, None)
+            return None
+        key = identity(st)
+        before = self._rejected.get(path)
+        now = time.monotonic()
+        if before is not None and before[0] == key and now - before[2] < RECHECK_S:
+            raise ShardRejected(before[1].reason, f"unchanged since it was refused: {before[1]}")
+        try:
+            snap = self._read(path, st)
+        except ShardBusy:
+            raise  # a writer mid-update: transient, looked at again next time
+        except ShardFormatError as e:
+            self.forget(path)
+            if len(self._rejected) < MAX_REJECTED or path in self._rejected:
+                self._rejected[path] = (key, e, now)
+            if before is not None and before[0] == key and before[1].reason == e.reason:
+                raise ShardRejected(e.reason, f"still refused: {e}") from None
+            raise
+        except OSError:
+            self.forget(path)
+            raise
+        self._rejected.pop(path, None)
+        if snap is not None:
+            snap.identity = key
+        return snap
+
+    def _read(self, path: str, st: os.stat_result) -> ShardSnapshot | None:
+        self._vet(path, st)
+        got = self._open(path, st)
         if got is None:
             return None
         fd, st = got
+        try:
+            return self._copy(path, fd, st)
+        finally:
+            if self._fds.get(path, (0, 0, -1))[2] != fd:
+                os.close(fd)  # not kept (the table is full)
+
+    def _copy(self, path: str, fd: int, st: os.stat_result) -> ShardSnapshot:
         if st.st_size > MAX_SHARD_BYTES:
-            raise ShardFormatError(f"{st.st_size} bytes: larger than the format allows")
+            raise ShardTooLarge(f"{st.st_size} bytes: larger than the format allows")
         for _ in range(50):
             head = os.pread(fd, HEAD_BYTES, 0)
             header = read_header(head)
@@ -569,8 +827,12 @@ class ShardReader:
                 os.unlink(p)
 
     def forget(self, path: str) -> None:
-        hit = self._fds.pop(path, None)
+        """Let go of what is held for a shard: its descriptor and its parsed directory."""
+        self._close_fd(path)
         self._directories.pop(path, None)
+
+    def _close_fd(self, path: str) -> None:
+        hit = self._fds.pop(path, None)
         if hit is not None:
             with contextlib.suppress(OSError):
                 os.close(hit[2])

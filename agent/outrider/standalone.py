@@ -92,8 +92,9 @@ def lower_priority() -> None:
 
 
 def raise_descriptor_limit(cap: int = MAX_DESCRIPTORS) -> None:
-    """The soft descriptor limit up to the hard one (capped): the agent keeps one descriptor per shard, and it
-    inherits the workload's soft limit (often 1024) while a job may have more publishing processes than that."""
+    """The soft descriptor limit up to the hard one (capped): the agent keeps shard descriptors and connections up
+    to a quarter of it each, and it inherits the workload's soft limit (often 1024) while a job may have more
+    publishing processes than that."""
     with contextlib.suppress(OSError, ValueError):
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         target = cap if hard == resource.RLIM_INFINITY else min(hard, cap)

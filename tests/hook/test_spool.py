@@ -3,6 +3,8 @@ safety rules: private directories, no links followed, no file read that an untru
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
 import stat
@@ -379,3 +381,124 @@ def test_a_pending_shard_left_by_a_killed_process_is_removed_and_a_live_ones_kep
         assert growing.exists(), "a live process's shard being written is left alone"
     finally:
         c.close()
+
+
+def test_a_refused_file_is_closed_at_once_and_not_opened_again_until_it_changes(tmp_path: Path) -> None:
+    junk = tmp_path / "outrider-1-1.shard"
+    junk.write_bytes(b"garbage" * 1000)
+    r = reader(tmp_path)
+    with pytest.raises(spool.ShardFormatError) as first:
+        r.read(str(junk))
+    assert first.value.reason == "corrupt" and not isinstance(first.value, spool.ShardRejected)
+    assert r.open_count == 0, "closed at once"
+    for _ in range(3):
+        with pytest.raises(spool.ShardRejected) as again:
+            r.read(str(junk))  # the same file: refused without being opened, and said to be a repeat
+        assert again.value.reason == "corrupt"
+    assert r.rejected() == {"corrupt": 1}
+    os.unlink(junk)
+    good = write_one(tmp_path, pid=1)  # the name now holds a real shard (as after a writer fixed it)
+    os.rename(good.path, junk)
+    assert r.read(str(junk)) is not None and r.rejected() == {}
+    os.unlink(junk)
+    assert r.paths() == [] and r.open_count == 0
+
+
+@pytest.mark.parametrize(("plant", "reason"), [
+    (lambda p: p.symlink_to("/etc/passwd"), "not_regular"),
+    (lambda p: os.mkfifo(p), "not_regular"),
+    (lambda p: p.mkdir(), "not_regular"),
+    (lambda p: (p.write_bytes(b"x" * 200), p.chmod(0o666)), "bad_mode"),
+    (lambda p: (p.write_bytes(b""), os.truncate(p, spool.MAX_SHARD_BYTES + 1)), "too_large"),
+    (lambda p: p.write_bytes(spool.MAGIC), "truncated"),
+])
+def test_what_lstat_rules_out_is_never_opened(tmp_path: Path, plant: object, reason: str) -> None:
+    path = tmp_path / "outrider-1-1.shard"
+    plant(path)  # type: ignore[operator]
+    r = reader(tmp_path)
+    opened: list[str] = []
+    real_open = os.open
+
+    def watching(p: str, *a: object, **kw: object) -> int:
+        opened.append(p)
+        return real_open(p, *a, **kw)  # type: ignore[arg-type]
+
+    os.open = watching  # type: ignore[assignment]
+    try:
+        with pytest.raises(spool.ShardFormatError) as e:
+            r.read(str(path))
+    finally:
+        os.open = real_open
+    assert e.value.reason == reason and opened == []
+
+
+def test_the_reader_keeps_at_most_max_open_descriptors_and_reads_every_shard(tmp_path: Path) -> None:
+    writers = [write_one(tmp_path, pid=100 + i) for i in range(12)]
+    r = spool.ShardReader(str(tmp_path), lambda uid, pid: True, max_open=4)
+    opened: list[str] = []
+    real_open = os.open
+
+    def watching(p: str, *a: object, **kw: object) -> int:
+        opened.append(p)
+        return real_open(p, *a, **kw)  # type: ignore[arg-type]
+
+    for sweep in range(3):
+        opened.clear()
+        os.open = watching  # type: ignore[assignment]
+        try:
+            snaps = [r.read(p) for p in r.paths()]
+        finally:
+            os.open = real_open
+        assert [s.header.pid for s in snaps if s] == [100 + i for i in range(12)]
+        assert r.open_count == 4
+        # The 4 kept stay kept: a sweep in the same order never evicts the next shard it needs (an LRU would,
+        # and open all 12 every sweep).
+        assert len(opened) == (12 if sweep == 0 else 8), sweep
+    r.close()
+    assert r.open_count == 0
+    for w in writers:
+        w.close()
+    assert spool.open_budget() <= spool.MAX_OPEN_SHARDS
+
+
+def test_out_of_descriptors_the_reader_gives_half_back_then_opens_nothing_until_the_next_sweep(
+        tmp_path: Path) -> None:
+    import resource
+
+    writers = [write_one(tmp_path, pid=100 + i) for i in range(12)]
+    for w in writers:
+        w.close()
+    r = spool.ShardReader(str(tmp_path), lambda uid, pid: True, max_open=100)
+    paths = r.paths()
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 64, hard))
+    filler: list[int] = []
+
+    def fill() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                filler.append(os.open(os.devnull, os.O_RDONLY))
+
+    try:
+        for path in paths[:10]:
+            assert r.read(path) is not None
+        fill()  # someone else took every descriptor left
+        assert r.read(paths[10]) is not None, "half of the reader's own given back made room"
+        assert r.open_count == 10 - 5 + 1
+        r.close()
+        fill()  # now the reader has nothing to give back
+        with pytest.raises(OSError) as e:
+            r.read(paths[10])
+        assert e.value.errno == errno.EMFILE
+        for fd in filler[-10:]:
+            os.close(fd)
+        del filler[-10:]
+        with pytest.raises(OSError):
+            r.read(paths[11])  # descriptors are back, but nothing is opened again until the next sweep
+        r.paths()
+        assert r.read(paths[11]) is not None
+    finally:
+        for fd in filler:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        r.close()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import gzip
 import http.client
+import json
 import os
 import socket
 import ssl
@@ -26,7 +27,7 @@ import pytest
 
 from outrider.exporters.http_server import Limits
 from outrider.exporters.prometheus import Endpoints, MetricsServer, alerts_api_json
-from tests.helpers import self_signed
+from tests.helpers import http_get, self_signed, wait_until
 
 pytestmark = pytest.mark.integration
 BODY = b"# HELP up_test A test gauge.\n# TYPE up_test gauge\nup_test 1\n"
@@ -181,6 +182,81 @@ def test_connections_beyond_the_table_never_hold_more_sockets_and_a_scrape_still
         for sock in socks:
             sock.close()
         s.stop()
+
+
+# The server in a process of its own, whose descriptors the test can use up: `fill` opens /dev/null until EMFILE,
+# `free` closes them again, `stats` prints its accept errors and what it logged.
+OUT_OF_DESCRIPTORS = """
+import json, logging, os, resource, sys, time
+from outrider.exporters.http_server import HttpServer, Response
+resource.setrlimit(resource.RLIMIT_NOFILE, (128, 128))
+logged = []
+class Keep(logging.Handler):
+    def emit(self, record):
+        logged.append(record.getMessage())
+logging.getLogger("outrider").addHandler(Keep())
+logging.getLogger("outrider").setLevel(logging.INFO)
+server = HttpServer("127.0.0.1", 0, lambda request: Response(200, b"ok\\n"))
+server.start()
+print(server.address[1], flush=True)
+held = []
+for line in sys.stdin:
+    if line.strip() == "fill":
+        try:
+            while True:
+                held.append(os.open("/dev/null", os.O_RDONLY))
+        except OSError:
+            pass
+    elif line.strip() == "free":
+        for fd in held:
+            os.close(fd)
+        held = []
+    errors = dict(getattr(server, "accept_errors", {}))
+    print(json.dumps({"errors": errors, "logged": logged, "at": time.monotonic()}), flush=True)
+"""
+
+
+def test_out_of_descriptors_the_server_pauses_accepting_without_spinning_then_serves_the_waiting_client(
+        tmp_path: Path) -> None:
+    """The agent's accept loop once spun on EMFILE (the listener stays readable) and logged about 40,000 lines a
+    second, with /metrics unreachable."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    p = subprocess.Popen([sys.executable, "-c", OUT_OF_DESCRIPTORS], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         text=True, env=env)
+    assert p.stdin is not None and p.stdout is not None
+    answers: list[int] = []
+    try:
+        port = int(p.stdout.readline())
+
+        def say(command: str) -> dict:  # type: ignore[type-arg]
+            assert p.stdin is not None and p.stdout is not None
+            p.stdin.write(command + "\n")
+            p.stdin.flush()
+            return json.loads(p.stdout.readline())
+
+        first = say("fill")
+        assert first["errors"] == {}
+        client = threading.Thread(target=lambda: answers.append(http_get(f"http://127.0.0.1:{port}/metrics",
+                                                                          timeout_s=60)[0]), daemon=True)
+        client.start()  # waits in the listen backlog while the server has no descriptor to accept it with
+        def failing() -> dict | None:  # type: ignore[type-arg]
+            stats = say("stats")
+            tried = stats["errors"].get("emfile", 0) >= 5 or len(stats["logged"]) >= 5
+            return stats if tried else None
+        stats = wait_until(failing, timeout_s=30, interval_s=0.05, what="five failed accepts")
+        failures = stats["errors"].get("emfile", 0)
+        # Pauses of 50 ms doubling up to 1 s: at most 20 tries a second (a spinning loop makes thousands; a loaded
+        # machine only makes fewer).
+        assert failures <= 20 * (stats["at"] - first["at"]) + 1, failures
+        said = [m for m in stats["logged"] if "cannot accept" in m]
+        assert len(said) == 1 and "Too many open files" in said[0], stats["logged"]
+        assert say("free")["errors"]["emfile"] >= failures
+        client.join(timeout=60)
+        assert answers == [200], "the waiting client is served once descriptors are back"
+        assert any("accepts connections again" in m for m in say("stats")["logged"])
+    finally:
+        p.kill()
+        p.wait()
 
 
 def test_the_listen_backlog_is_at_least_128(server: MetricsServer) -> None:

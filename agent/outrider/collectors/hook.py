@@ -16,13 +16,22 @@ longest-running live process publishing it; the other shape's series are left ou
 (`shape_conflict`) until no live process publishes the first shape.
 
 Shards are read through outrider.spool, which trusts nothing in them: a shard that is unreadable (truncated,
-corrupt, newer format, owned by a uid this agent does not trust) is skipped and counted; a bad series in a good
-shard is dropped alone and counted. Neither ever fails the collector.
+corrupt, newer format, owned by a uid this agent does not trust, not a regular file, writable by others, too large)
+is skipped and counted once while it stays the same file; a bad series in a good shard is dropped alone and
+counted. Neither ever fails the collector.
+
+Several agents on one spool (a node agent and a sidecar, `outrider run` beside an agent) each report every process
+they read, live or finished: both endpoints carry full totals. The agent holding agent.lock (or started holding it:
+the standalone agent) owns the cleanup: it deletes a finished process's shard only once every other live agent on
+the spool has swept since it finished (spool.live_readers), or after spool.READER_GRACE_S; the others never delete
+and take the lock over when its holder leaves. A finished shard seen again unchanged is not read again, so a reader
+that may not delete it never counts it twice.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import time
 from dataclasses import dataclass
@@ -67,6 +76,16 @@ class ProcessState:
 
 
 @dataclass
+class Finished:
+    """A finished process's shard still in the spool: retired here, waiting for every reader before deletion."""
+
+    identity: spool.Identity | None
+    seen_ns: int  # unix ns when this agent first saw it finished (compared with the readers' sweep starts)
+    seen_s: float  # the same on the monotonic clock (for the grace period)
+    kept: bool = False  # deletion refused (a sticky shared spool where it is not ours): not tried again
+
+
+@dataclass
 class Retired:
     values: list[float]
     at: float  # monotonic time it was last retired into
@@ -97,13 +116,23 @@ class HookCollector(Collector):
         self.processes: list[ProcessState] = []
         self._heartbeats: dict[str, tuple[int, float]] = {}  # path -> (heartbeat, monotonic time it changed)
         self._trust: dict[tuple[int, int], tuple[bool, float]] = {}  # (uid, pid) -> (verdict, when checked)
+        self._finished: dict[str, Finished] = {}
         self._lock_fd: int | None = None
+        self._mark: spool.ReaderMark | None = None  # while another agent owns the spool
         if ctx.hold_spool_lock:
             try:
                 spool.prepare_dir(self.spool, private=not self._explicit, trusted_uids=self._trusted_uids)
                 self._lock_fd = spool.try_lock(self.spool)
             except OSError as e:
                 self.drop("spool", e)
+            if self._lock_fd is None:
+                self._mark_reader()
+
+    @property
+    def owner(self) -> bool:
+        """Whether this agent owns the spool's cleanup: it holds agent.lock, or was started holding it (the
+        standalone agent, hold_spool_lock False)."""
+        return not self.ctx.hold_spool_lock or self._lock_fd is not None
 
     # --- trust -----------------------------------------------------------------------------------------------
     def _trusted(self, uid: int, pid: int) -> bool:
@@ -164,10 +193,40 @@ class HookCollector(Collector):
             return False
         return True
 
+    def _mark_reader(self) -> None:
+        """Another agent owns the spool: say that this one reads it too, so the owner waits for it before deleting
+        a finished process's shard."""
+        if self._mark is not None and self._mark.intact():
+            return
+        if self._mark is not None:
+            self._mark.close()
+            self._mark = None
+        try:
+            mode = spool.shared_file_mode(self.spool) if self._explicit else spool.PRIVATE_FILE_MODE
+            self._mark = spool.ReaderMark(self.spool, mode)
+        except OSError as e:
+            self.drop("spool reader mark", e)
+
+    def _take_over(self) -> None:
+        """A reader takes agent.lock once its holder has left, and becomes the owner."""
+        try:
+            self._lock_fd = spool.try_lock(self.spool)
+        except OSError:
+            self._lock_fd = None
+        if self._lock_fd is not None:
+            if self._mark is not None:
+                self._mark.close()
+                self._mark = None
+            self.log.info("hook: took over the spool %s (the agent that owned it is gone)", self.spool)
+        elif os.path.isdir(self.spool):
+            self._mark_reader()
+
     def _keep_lock(self) -> None:
         """A spool re-created under the agent (deleted, remounted) lost the lock with its old directory, and a
         workload would take it for a spool no agent serves: take it again in the new directory."""
         if self._lock_fd is None:
+            if self.ctx.hold_spool_lock:
+                self._take_over()
             return
         try:
             st, fst = os.lstat(os.path.join(self.spool, spool.LOCK_NAME)), os.fstat(self._lock_fd)
@@ -187,23 +246,32 @@ class HookCollector(Collector):
             self._lock_fd = fd
 
     def collect(self) -> list[Family]:
+        started_ns = time.time_ns()  # before the listing: what a reader's mark promises the owner it has seen
         self._keep_lock()
         merged: dict[SeriesKey, list[float]] = {}
         processes: list[ProcessState] = []
         live: list[tuple[ProcessState, dict[SeriesKey, list[float]]]] = []
         present: set[str] = set()
+        finished: dict[str, Finished] = {}
         for path in self.reader.paths() if self._usable() else ():
-            name = os.path.basename(path)
+            done = self._finished.get(path)
+            if done is not None and done.identity is not None and self.reader.identity(path) == done.identity:
+                finished[path] = done  # final, retired already: not read (nor retired) again
+                continue
             try:
                 snap = self.reader.read(path)
+            except spool.ShardRejected:
+                continue  # counted when it was first refused
             except spool.ShardFormatError as e:
-                self._count(e.reason, f"shard {name}", e)
+                self._count(e.reason, f"shard {os.path.basename(path)}", e)
                 continue
             except OSError as e:
-                self._count("unreadable", f"shard {name}", e)
+                self._count("no_descriptors" if e.errno in (errno.EMFILE, errno.ENFILE) else "unreadable",
+                            f"shard {os.path.basename(path)}", e)
                 continue
             if snap is None:
                 continue
+            name = os.path.basename(path)
             present.add(path)
             # Back after it was retired (its cumulative values include what was retired, taken back out), or a
             # heartbeat older than the last one seen (a stale copy, such as the spool's old directory seen again
@@ -221,7 +289,9 @@ class HookCollector(Collector):
                 _not_backwards(entries, floor)
             if proc.state == "exited":
                 self._retire(entries, path)
-                self._remove(path)
+                self._heartbeats.pop(path, None)
+                self.reader.forget(path)  # final: no descriptor kept for it
+                finished[path] = Finished(snap.identity, time.time_ns(), time.monotonic())
                 continue
             processes.append(proc)
             live.append((proc, entries))
@@ -230,9 +300,14 @@ class HookCollector(Collector):
                 self._retire(entries, path)
                 self._heartbeats.pop(path, None)
         self._last = {proc.path: entries for proc, entries in live}
+        self._finished = finished
         self._sweeps += 1
-        if self._sweeps % STRAY_EVERY == 1:
-            self._remove_strays()
+        if self.owner:
+            self._clean_finished()
+            if self._sweeps % STRAY_EVERY == 1:
+                self._remove_strays()
+        elif self._mark is not None:
+            self._mark.swept(started_ns)
         self._quiet_helpers(live)
         left_out = self._elect_shapes(live)
         for proc, entries in live:
@@ -446,12 +521,23 @@ class HookCollector(Collector):
         for key in expired:
             del self._retired[key]
 
-    def _remove(self, path: str) -> None:
-        self._heartbeats.pop(path, None)
-        try:
-            self.reader.remove(path)
-        except OSError as e:  # e.g. a sticky shared spool where the shard is not ours to delete
-            self.drop("cleanup", e)
+    def _clean_finished(self) -> None:
+        """The owner deletes finished processes' shards once every other live agent on the spool has started a
+        sweep since it saw them finished (each has their final values then), or after READER_GRACE_S."""
+        waiting = [(path, f) for path, f in self._finished.items() if not f.kept]
+        if not waiting:
+            return
+        readers = spool.live_readers(self.spool)
+        now = time.monotonic()
+        for path, f in waiting:
+            if all(swept > f.seen_ns for swept in readers) or now - f.seen_s > spool.READER_GRACE_S:
+                try:
+                    self.reader.remove(path)
+                except OSError as e:  # e.g. a sticky shared spool where the shard is not ours to delete
+                    f.kept = True
+                    self.drop("cleanup", e)
+                else:
+                    del self._finished[path]
 
     def _stalled_stacks(self, processes: list[ProcessState]) -> list[StackDump]:
         out: list[StackDump] = []
@@ -521,11 +607,18 @@ class HookCollector(Collector):
         for reason, n in sorted(self.shard_errors.items()):
             errors.add(n, reason)
         retired = Family("outrider_hook_retired_series").add(len(self._retired))
-        out.extend([last_step, started, stalled, heartbeat, errors, retired])
+        rejected = Family("outrider_hook_spool_rejected_files")
+        for reason, n in sorted(self.reader.rejected().items()):
+            rejected.add(n, reason)
+        owner = Family("outrider_hook_spool_owner").add(1 if self.owner else 0)
+        out.extend([last_step, started, stalled, heartbeat, errors, retired, rejected, owner])
         return out
 
     def close(self) -> None:
         self.reader.close()
+        if self._mark is not None:
+            self._mark.close()
+            self._mark = None
         if self._lock_fd is not None:
             with contextlib.suppress(OSError):
                 os.close(self._lock_fd)

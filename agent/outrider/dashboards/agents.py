@@ -37,10 +37,14 @@ def build() -> Dashboard:
                         query(f"outrider_agent_memory_rss_bytes{{{SEL}}}", "{{instance}}"),
                         th=thresholds(GREEN, (256 << 20, "orange"), (1 << 30, "red"))))
     d = d.with_row(Row("Sweeps and collectors"))
-    d = d.with_panel(ts("Sweeps and scrapes", "Sweeps completed and /metrics requests served per second.", "short",
+    d = d.with_panel(ts("Sweeps and scrapes", "Sweeps completed and /metrics requests served per second, and "
+                        "connections the HTTP server could not accept (out of descriptors: it pauses, never spins).",
+                        "short",
                         query(f"rate(outrider_agent_sweeps_total{{{SEL}}}[$__rate_interval])", "sweeps {{instance}}"),
                         query(f"rate(outrider_agent_scrapes_total{{{SEL}}}[$__rate_interval])",
-                              "scrapes {{instance}}")))
+                              "scrapes {{instance}}"),
+                        query(f"sum by (instance, reason) (rate(outrider_agent_accept_errors_total{{{SEL}}}"
+                              "[$__rate_interval])) or vector(0)", "accept errors {{instance}} {{reason}}")))
     d = d.with_panel(ts("Sweep duration", "Wall time of the last sweep over all collectors, and of each collector's "
                         "last sweep.", "s",
                         query(f"outrider_agent_sweep_duration_seconds{{{SEL}}}", "all {{instance}}"),
@@ -71,6 +75,16 @@ def build() -> Dashboard:
                         "go backwards (expire after 15 minutes, at most 10,000).", "short",
                         query(f"outrider_hook_retired_series{{{SEL}}}", "{{instance}}"),
                         th=thresholds(GREEN, (5000, "orange"), (9000, "red"))))
+    d = d.with_panel(ts("Files refused in the spool", "Files named like shards that each agent refuses now "
+                        "(planted or broken: not a regular file, another user's, writable by others, too large, "
+                        "truncated, corrupt), by reason; never opened again while unchanged.", "short",
+                        query(f"sum by (instance, reason) (outrider_hook_spool_rejected_files{{{SEL}}}) "
+                              "or vector(0)", "{{instance}} {{reason}}"),
+                        th=thresholds(GREEN, (1, "orange"))))
+    d = d.with_panel(ts("Spool owner", "1 for the agent that owns its spool (holds agent.lock, cleans up finished "
+                        "processes' shards), 0 for another agent reading the same spool: both report every process, "
+                        "so count one of them.", "short",
+                        query(f"outrider_hook_spool_owner{{{SEL}}}", "{{instance}}"), min_val=0, max_val=1))
     d = d.with_row(Row("Alert evaluation and notifications"))
     d = d.with_panel(ts("Rule evaluations", "Evaluations per second of the agents' own rule groups, and failed ones "
                         "by rule (the agent's log says why; the rule's alerts keep their state).", "short",

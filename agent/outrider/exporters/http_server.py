@@ -10,8 +10,12 @@ with a deadline. What a hostile or broken peer can hold is therefore one table s
   `header_timeout_s` from its first byte. A half-sent request or an idle TCP connection is closed at its deadline.
 - Between requests on a kept-alive connection: `idle_timeout_s`.
 - A response the peer does not read: `write_timeout_s`.
-- `max_connections` open at once: a new connection evicts the least recently active waiting one; with none to
-  evict the loop stops accepting, and new connections wait in the listen backlog (`backlog`).
+- `max_connections` open at once (at most a quarter of the soft descriptor limit): a new connection evicts the
+  least recently active waiting one; with none to evict the loop stops accepting, and new connections wait in the
+  listen backlog (`backlog`).
+- Out of descriptors (EMFILE, ENFILE) or kernel memory: the loop stops accepting for a pause that doubles from
+  50 ms up to 1 s while it lasts, counts each failure by reason (`accept_errors`) and says so once a minute at most;
+  it never spins on a listener that stays readable. Waiting connections stay in the backlog until it can accept.
 - Memory: a connection buffers at most one request head (`max_header_bytes`), so the server's worst case is
   max_connections x max_header_bytes (8 MiB on the defaults) plus the responses being written.
 
@@ -23,8 +27,10 @@ Only GET and HEAD are served; a request with a body is answered and the connecti
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import queue
+import resource
 import selectors
 import socket
 import threading
@@ -125,6 +131,20 @@ class _Errors:
         self.again_write = again + self.want_write
 FIRST_WRITE = 65536
 LINGER_S = 2.0
+ACCEPT_PAUSE_MIN_S = 0.05
+ACCEPT_PAUSE_MAX_S = 1.0
+WARN_EVERY_S = 60.0
+# accept() errors that belong to one connection (it went before we took it): the next one is tried at once
+_CONNECTION_ERRORS = (errno.ECONNABORTED, errno.EPROTO, errno.EPERM)
+
+
+def connection_budget(limit: int) -> int:
+    """At most a quarter of the soft descriptor limit for connections: the rest is the agent's own (spool shards,
+    /proc, exporters)."""
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if soft == resource.RLIM_INFINITY:
+        return limit
+    return max(8, min(limit, soft // 4))
 
 
 class HttpServer:
@@ -164,6 +184,14 @@ class HttpServer:
         self._threads: list[threading.Thread] = []
         self.evicted = 0  # connections closed to make room for a new one
         self.timed_out = 0  # connections closed at a deadline
+        self.accept_errors: dict[str, int] = {}  # accept() failures by reason (errno name, lower case)
+        self._max_connections = connection_budget(self.limits.max_connections)
+        self._paused_until = 0.0  # monotonic time accepting resumes after a failure (0: not paused)
+        self._pause_s = 0.0
+        self._failures = 0  # accept failures since the last success
+        self._warned_at = -WARN_EVERY_S
+        self._said_failing = False  # the current run of accept failures was logged (so is its end)
+        self._loop_errors = 0
 
     @property
     def address(self) -> tuple[str, int]:
@@ -198,7 +226,8 @@ class HttpServer:
     def _loop(self) -> None:
         while not self._stop.is_set():
             try:
-                timeout = max(0.0, min(self._next_expiry - time.monotonic(), 1.0))
+                wake_at = min(self._next_expiry, self._paused_until or self._next_expiry)
+                timeout = max(0.0, min(wake_at - time.monotonic(), 1.0))
                 for key, _ in self._selector.select(timeout):
                     if key.fileobj is self._listener:
                         self._accept()
@@ -212,24 +241,42 @@ class HttpServer:
                 now = time.monotonic()
                 if now >= self._next_expiry:
                     self._expire(now)
-            except Exception:  # the loop must outlive anything one connection does
-                LOG.exception("HTTP server loop")
-                time.sleep(0.01)
+                if self._paused_until and now >= self._paused_until:
+                    self._paused_until = 0.0
+                    self._resume_accepting()
+                self._loop_errors = 0
+            except Exception:  # the loop must outlive anything one connection does, without spinning or flooding
+                self._loop_errors += 1
+                if self._should_warn():
+                    LOG.exception("HTTP server loop (failing %d times in a row)", self._loop_errors)
+                time.sleep(min(ACCEPT_PAUSE_MAX_S, 0.01 * 2 ** min(self._loop_errors, 7)))
         self._shut()
+
+    def _should_warn(self) -> bool:
+        now = time.monotonic()
+        if now - self._warned_at < WARN_EVERY_S:
+            return False
+        self._warned_at = now
+        return True
 
     def _accept(self) -> None:
         while self._accepting:
-            if len(self._live) >= self.limits.max_connections and not self._evict():
-                self._selector.unregister(self._listener)  # the backlog holds the rest until a slot frees
-                self._accepting = False
+            if len(self._live) >= self._max_connections and not self._evict():
+                self._stop_accepting()  # the backlog holds the rest until a slot frees
                 return
             try:
                 sock, addr = self._listener.accept()
             except (BlockingIOError, InterruptedError):
                 return
-            except OSError as e:  # EMFILE and friends: keep serving the connections we have
-                LOG.warning("HTTP server cannot accept: %s", e)
+            except OSError as e:
+                if e.errno in _CONNECTION_ERRORS:
+                    continue
+                self._accept_failed(e)  # EMFILE and friends: pause, keep serving the connections we have
                 return
+            if self._failures:
+                if self._said_failing:
+                    LOG.warning("HTTP server accepts connections again (after %d failures)", self._failures)
+                self._failures, self._pause_s, self._said_failing = 0, 0.0, False
             try:
                 sock.setblocking(False)
                 if sock.family in (socket.AF_INET, socket.AF_INET6):
@@ -243,6 +290,24 @@ class HttpServer:
             conn = _Conn(sock, str(addr[0]), time.monotonic(), self.limits.header_timeout_s, self.tls is not None)
             self._live.add(conn)
             self._work.put(conn)
+
+    def _accept_failed(self, e: OSError) -> None:
+        reason = errno.errorcode.get(e.errno or 0, "error").lower()
+        self.accept_errors[reason] = self.accept_errors.get(reason, 0) + 1
+        self._failures += 1
+        self._pause_s = min(ACCEPT_PAUSE_MAX_S, 2 * self._pause_s) if self._pause_s else ACCEPT_PAUSE_MIN_S
+        self._paused_until = time.monotonic() + self._pause_s
+        self._stop_accepting()
+        if self._should_warn():
+            self._said_failing = True
+            LOG.warning("HTTP server cannot accept connections: %s; pausing (up to %g s at a time) while it lasts "
+                        "(counted in outrider_agent_accept_errors_total; said at most once a minute)", e,
+                        ACCEPT_PAUSE_MAX_S)
+
+    def _stop_accepting(self) -> None:
+        if self._accepting:
+            self._selector.unregister(self._listener)
+            self._accepting = False
 
     def _evict(self) -> bool:
         """Close the least recently active waiting connection; False if every connection is being served."""
@@ -270,7 +335,7 @@ class HttpServer:
             self._parked[conn] = None
             self._selector.register(conn.sock, conn.want, conn)
             self._next_expiry = min(self._next_expiry, conn.deadline)
-        if not self._accepting and self._parked and not self._stop.is_set():
+        if self._parked:
             self._resume_accepting()  # there is a connection to evict now, for whoever waits in the backlog
 
     def _expire(self, now: float) -> None:
@@ -286,10 +351,14 @@ class HttpServer:
         self._live.discard(conn)
         with contextlib.suppress(OSError):
             conn.sock.close()
-        if not self._accepting and not self._stop.is_set() and len(self._live) < self.limits.max_connections:
-            self._resume_accepting()
+        self._resume_accepting()
 
     def _resume_accepting(self) -> None:
+        """Accept again, unless paused after a failure, stopping, or full with no waiting connection to evict."""
+        if self._accepting or self._stop.is_set() or self._paused_until:
+            return
+        if len(self._live) >= self._max_connections and not self._parked:
+            return
         self._selector.register(self._listener, selectors.EVENT_READ)
         self._accepting = True
 

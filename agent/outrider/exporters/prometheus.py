@@ -101,8 +101,11 @@ class MetricsServer:
         return self._scrapes
 
     def families(self) -> list[Family]:
-        """The scrapes so far, for the self collector (agent.py wires it as a reporter)."""
-        return [Family("outrider_agent_scrapes_total").add(self._scrapes)]
+        """The scrapes and failed accepts so far, for the self collector (agent.py wires it as a reporter)."""
+        errors = Family("outrider_agent_accept_errors_total")
+        for reason, n in sorted(dict(self._http.accept_errors).items()):  # a copy: the loop thread adds to it
+            errors.add(n, reason)
+        return [Family("outrider_agent_scrapes_total").add(self._scrapes), errors]
 
     @property
     def address(self) -> tuple[str, int]:

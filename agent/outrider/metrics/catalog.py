@@ -499,9 +499,17 @@ _DEFS: tuple[MetricDef, ...] = (
               "Measurements and metric registrations the hook refused (bad value, invalid name or label, series "
               "limit), by reason.", (Label("reason", "outrider.reason"), *BY_RANK), "hook"),
     MetricDef("outrider_hook_shard_errors_total", "outrider.hook.shard_errors", "{shard}", "counter",
-              "Shards the agent could not read (corrupt, truncated, newer format, busy, untrusted owner) and "
-              "series it refused in readable shards (invalid_series), by reason.",
-              (Label("reason", "outrider.reason"),), "hook"),
+              "Shards the agent could not read (corrupt, truncated, newer_version, busy, untrusted owner, "
+              "not_regular, bad_mode, too_large, unreadable, no_descriptors), each file counted once while it "
+              "stays the same, and series it refused in readable shards (invalid_series, shape_conflict), by "
+              "reason.", (Label("reason", "outrider.reason"),), "hook"),
+    MetricDef("outrider_hook_spool_rejected_files", "outrider.hook.spool.rejected_files", "{file}", "gauge",
+              "Files named like shards in the spool that the agent refuses now (never opened again while "
+              "unchanged), by reason: planted or broken files.", (Label("reason", "outrider.reason"),), "hook"),
+    MetricDef("outrider_hook_spool_owner", "outrider.hook.spool.owner", "1", "gauge",
+              "1 when this agent owns the spool (holds agent.lock: it deletes finished processes' shards), 0 when "
+              "it reads a spool another agent owns. Every agent on a spool reports every process it reads, so "
+              "select one of them (== 1) where several serve one spool.", (), "hook"),
     MetricDef("outrider_hook_retired_series", "outrider.hook.retired_series", "{series}", "gauge",
               "Series of exited processes the agent still holds (so merged counters never go backwards); those "
               "with no live process expire after 15 minutes, and at most 10,000 are held.", (), "hook"),
@@ -546,6 +554,10 @@ _DEFS: tuple[MetricDef, ...] = (
               "Wall time of the previous sweep over all collectors.", (), "self"),
     MetricDef("outrider_agent_scrapes_total", "outrider.agent.scrapes", "{scrape}", "counter",
               "Requests served on /metrics.", (), "self"),
+    MetricDef("outrider_agent_accept_errors_total", "outrider.agent.accept_errors", "{error}", "counter",
+              "Connections the agent's HTTP server could not accept, by reason (emfile, enfile: out of "
+              "descriptors; the server pauses accepting, backing off up to 1 s, and never spins).",
+              (Label("reason", "outrider.reason"),), "self"),
     MetricDef("outrider_agent_otlp_exports_total", "outrider.agent.otlp.exports", "{export}", "counter",
               "OTLP export attempts by result: success, failure, deadline (no complete answer within "
               "otlp_timeout_s, which bounds the whole export), too_large (a response body over 1 MiB), or skipped "
