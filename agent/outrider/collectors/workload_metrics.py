@@ -25,7 +25,6 @@ absent label). Names the agent owns (`outrider_*`, the catalog's) are refused, a
 
 from __future__ import annotations
 
-import http.client
 import math
 
 from outrider import outbound
@@ -101,6 +100,8 @@ class WorkloadMetricsCollector(Collector):
 
     def scrape(self) -> str:
         """The page, whole, within the deadline and the size cap; ScrapeError (an OSError) otherwise."""
+        import http.client  # only once a scrape is configured: an agent on its defaults loads no HTTP client
+
         if self._connection is None:
             self._connection = outbound.connection_classes()[0]
         with outbound.Deadline(self._timeout_s) as deadline:
