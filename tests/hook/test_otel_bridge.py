@@ -119,7 +119,7 @@ def _points(metric: dict[str, Any]) -> dict[frozenset[tuple[str, Any]], float]:
 # the bridge in one process has none of these to give.
 AGENT_DERIVED = {"outrider.hook.processes", "outrider.hook.stalled", "outrider.hook.heartbeat.time",
                  "outrider.hook.shard_errors", "outrider.hook.retired_series", "outrider.train.last_step.time",
-                 "outrider.train.start.time"}
+                 "outrider.train.start.time", "outrider.hook.spool.owner", "outrider.hook.spool.rejected_files"}
 
 
 def test_the_providers_pipeline_carries_the_hooks_series_as_the_agents_otlp_export_names_them(tmp_path: Path) -> None:
