@@ -6,7 +6,7 @@
 #   podman build --network none --timestamp EPOCH --omit-history \
 #     --build-arg BASE=localhost/outrider-base:KEY --build-arg RUNTIME=localhost/outrider-runtime:KEY .
 # NVML comes from the node's driver through the NVIDIA container runtime (NVIDIA_DRIVER_CAPABILITIES=utility); the
-# k8s extra (grpcio) lets the node agent ask the kubelet which pod owns each GPU.
+# k8s extra (gRPC on h2, protobuf) lets the node agent ask the kubelet which pod owns each GPU.
 ARG BASE=docker.io/library/python:3.11-slim
 # The final stage's root: BASE itself unless a slimmer root with the same Python is given. Nothing runs in it.
 ARG RUNTIME=${BASE}
@@ -20,8 +20,8 @@ COPY pyproject.toml README.md ./
 COPY agent ./agent
 # agent/outrider/alerts links here: the wheel carries the rule catalog the embedded evaluator loads by default.
 COPY alerts ./alerts
-# k8s: the PodResources client (grpcio); grpc: the OTLP gRPC exporter on the same grpcio (a few MB more), so that
-# `otlp.protocol: grpc` (the chart's inference example) runs on this image.
+# k8s: the PodResources client; grpc: the OTLP gRPC exporter (both gRPC on h2, outrider/grpc_client.py: no grpcio),
+# so that `otlp.protocol: grpc` (the chart's inference example) runs on this image.
 # An optional wheelhouse/ in the context (the project's wheel and every dependency, scripts/image/requirements.txt)
 # lets the build run offline; without one pip fetches the dependencies. README.md keeps the COPY valid when there is
 # no wheelhouse.

@@ -53,7 +53,7 @@ if ! podman image exists "$BASE_IMAGE" || ! podman image exists "$RUNTIME_IMAGE"
   if [ ! -s "$tarball" ] || [ ! -s "$runtime" ]; then
     log "making the base root filesystem (mmdebstrap bookworm + python3, from $MIRROR)"
     # essential + python3 (with venv, for the build stage's environment) + CA certificates (OTLP over https) +
-    # libstdc++ (grpcio's C++ core: the PodResources client and OTLP over gRPC fail to import without it);
+    # libstdc++ (the C++ cores of protobuf and google-re2: the agent fails to import them without it);
     # merged /usr without the usrmerge package (which would pull in perl); no docs (but the licences), man pages or
     # locales; with the security updates. SOURCE_DATE_EPOCH makes the tarball reproducible for the same packages
     # (the regular mirrors serve only the latest versions: OUTRIDER_DEBIAN_MIRROR can name a snapshot); the host's
@@ -77,7 +77,7 @@ if ! podman image exists "$BASE_IMAGE" || ! podman image exists "$RUNTIME_IMAGE"
       log "mmdebstrap failed (try $try); retrying"
       sleep 10
     done
-    python3 "$REPO/scripts/image/runtime-root.py" --with libstdc++6 "$tarball.tmp" "$runtime"
+    python3 "$REPO/scripts/image/runtime-root.py" "$tarball.tmp" "$runtime"
     mv "$tarball.tmp" "$tarball"
     tar -xOf "$tarball" ./var/lib/dpkg/status | awk '/^Package:/ {p = $2} /^Version:/ {print p, $2}' \
       >"$CACHE/packages-$base_key.txt"

@@ -40,6 +40,7 @@ PACKAGES = {
     "libbz2-1.0": "bz2",
     "liblzma5": "lzma",
     "libuuid1": "_uuid",
+    "libstdc++6": "the C++ runtime of the protobuf and google-re2 wheels' extension modules",
     "media-types": "/etc/mime.types for mimetypes",
 }
 # A hard dependency of a carried package that the image leaves out -> why.
@@ -319,7 +320,7 @@ def main() -> int:
     parser.add_argument("out")
     parser.add_argument("--epoch", type=int, default=int(os.environ.get("SOURCE_DATE_EPOCH", "0")))
     parser.add_argument("--with", dest="extra_packages", action="append", default=[],
-                        help="carry this package too (libstdc++6 for grpcio's C++ core)")
+                        help="carry this package too")
     args = parser.parse_args()
     with tarfile.open(args.base) as tar:
         base = Base(tar)

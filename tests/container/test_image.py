@@ -10,7 +10,8 @@ import pytest
 
 from tests.conftest import need_binary
 from tests.container.podman import Podman
-from tests.helpers import samples, value, wait_until
+from tests.helpers import free_port, samples, value, wait_until
+from tests.integration.servers import OtlpGrpcReceiver, otlp_points
 
 pytestmark = pytest.mark.container
 
@@ -66,21 +67,31 @@ def test_the_listen_address_is_taken_from_the_environment(podman: Podman, built:
 
 def test_otlp_over_grpc_runs_on_the_image(podman: Podman, built: dict[str, str]) -> None:
     """The chart's inference example sets otlp.protocol grpc: the image carries the gRPC exporter, so the agent
-    serves (it exited 2, and a native sidecar with a startup probe never let the server start)."""
-    cid = podman.create("image-otlp-grpc", ["--network", "none", "--read-only", "--cap-drop", "all",
-                                            "-e", "OUTRIDER_OTLP_PROTOCOL=grpc",
-                                            "-e", "OUTRIDER_OTLP_ENDPOINT=http://127.0.0.1:4317", built["IMAGE"]])
-    podman("start", cid)
+    serves (it exited 2, and a native sidecar with a startup probe never let the server start), and its exports
+    reach a gRPC receiver (grpcio's, on the host's loopback)."""
+    port = free_port()
+    receiver = OtlpGrpcReceiver()
+    try:
+        cid = podman.create("image-otlp-grpc", ["--network", "host", "--read-only", "--cap-drop", "all",
+                                                "-e", f"OUTRIDER_LISTEN=127.0.0.1:{port}",
+                                                "-e", "OUTRIDER_OTLP_PROTOCOL=grpc",
+                                                "-e", f"OUTRIDER_OTLP_ENDPOINT={receiver.endpoint}",
+                                                "-e", "OTEL_METRIC_EXPORT_INTERVAL=500", built["IMAGE"]])
+        podman("start", cid)
 
-    def healthy() -> bool:
-        assert podman.exit_code(cid) is None, f"the agent exited:\n{podman.logs(cid)}"
-        return fetch(podman, cid, "/healthz")[0] == 200
+        def exported() -> bool:
+            assert podman.exit_code(cid) is None, f"the agent exited:\n{podman.logs(cid)}"
+            return "system.cpu.time" in otlp_points(receiver.requests)
 
-    wait_until(healthy, timeout_s=90, interval_s=0.5, what="the agent with OTLP over gRPC")
-    assert "needs the gRPC exporter" not in podman.logs(cid)
-    # grpcio's C++ core loads (it needs libstdc++, which the base once lacked): the node agent's PodResources client
+        wait_until(exported, timeout_s=90, interval_s=0.5, what="an OTLP/gRPC export from the image's agent")
+        assert "needs the gRPC exporter" not in podman.logs(cid)
+    finally:
+        receiver.stop()
+    # The node agent's PodResources client loads too (gRPC on h2, protobuf's C++ core on the libstdc++ the base once
+    # lacked); grpcio is not in the image at all.
     podman("exec", cid, "/opt/outrider/bin/python", "-c",
-           "import grpc, outrider.k8s.podresources.api_pb2_grpc, opentelemetry.exporter.otlp.proto.grpc")
+           "import importlib.util as u, outrider.grpc_client, outrider.k8s.podresources.api_pb2; "
+           "assert u.find_spec('grpc') is None")
 
 
 # Run inside the image by its own Python: every shared object (the standard library's extension modules, the
@@ -112,7 +123,8 @@ def _run_python(podman: Podman, image: str, name: str, code: str) -> str:
 
 def test_every_shared_object_in_the_image_finds_its_libraries(podman: Podman, built: dict[str, str]) -> None:
     """The runtime root carries only some Debian packages: a library that one of its files or a wheel's extension
-    needs and that was left out (grpcio's libstdc++ once) fails here, not in a node agent's first GPU lookup."""
+    needs and that was left out (libstdc++, which protobuf's and RE2's C++ cores need, once) fails here, not when
+    the agent first matches a regex or asks the kubelet."""
     loaded, _, failed = _run_python(podman, built["IMAGE"], "image-libraries", LOAD_ALL).partition("\n")
     assert not failed.strip(), failed
     assert int(loaded) > 50, "the walk found the extension modules"

@@ -87,9 +87,9 @@ HIDE_GRPC_EXPORTER = """
 import importlib.abc, sys
 
 class HideGrpcExporter(importlib.abc.MetaPathFinder):
-    \"\"\"An environment without the 'grpc' extra: its exporter package cannot be imported.\"\"\"
+    \"\"\"An environment without the 'grpc' extra: h2, the gRPC client's HTTP/2, cannot be imported.\"\"\"
     def find_spec(self, name, path=None, target=None):
-        if (name + ".").startswith("opentelemetry.exporter.otlp.proto.grpc."):
+        if (name + ".").startswith("h2."):
             raise ModuleNotFoundError(f"No module named {name!r}", name=name)
         return None
 
@@ -98,12 +98,12 @@ sys.meta_path.insert(0, HideGrpcExporter())
 
 
 def test_grpc_without_its_extra_is_one_clear_configuration_error(tmp_path: Path) -> None:
-    """The real thing: the gRPC exporter absent from the environment (hidden by an import hook that sitecustomize
-    installs before the agent starts), OTLP over gRPC asked for."""
+    """The real thing: the gRPC exporter's HTTP/2 absent from the environment (hidden by an import hook that
+    sitecustomize installs before the agent starts), OTLP over gRPC asked for."""
     (tmp_path / "sitecustomize.py").write_text(HIDE_GRPC_EXPORTER)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OUTRIDER_", "OTEL_"))}
     env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), *filter(None, [os.environ.get("PYTHONPATH")])])
-    hidden = subprocess.run([sys.executable, "-c", "import opentelemetry.exporter.otlp.proto.grpc"], env=env,
+    hidden = subprocess.run([sys.executable, "-c", "import h2"], env=env,
                             capture_output=True, text=True, timeout=60)
     assert hidden.returncode == 1 and "ModuleNotFoundError" in hidden.stderr, "the hook hides the exporter"
     r = subprocess.run(outrider_cmd("agent", "--listen", f"127.0.0.1:{free_port()}", "--otlp-protocol", "grpc",
