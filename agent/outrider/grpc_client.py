@@ -44,12 +44,14 @@ CODES = ("OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", 
 
 
 class GrpcError(Exception):
-    """A failed call: `code` is the gRPC status name, `details` what the server or the transport said."""
+    """A failed call: `code` is the gRPC status name, `details` what the server or the transport said. `cut` names
+    a call this client ended itself: "deadline" (it passed) or "too_large" (the answer passed the cap)."""
 
-    def __init__(self, code: str, details: str) -> None:
+    def __init__(self, code: str, details: str, cut: str = "") -> None:
         super().__init__(f"{code}: {details}")
         self.code = code
         self.details = details
+        self.cut = cut
 
 
 @dataclass(frozen=True)
@@ -102,7 +104,7 @@ def call(target: Target, method: str, request: bytes, timeout_s: float,
 def _remaining(deadline: float) -> float:
     left = deadline - time.monotonic()
     if left <= 0:
-        raise GrpcError("DEADLINE_EXCEEDED", "the call's deadline passed")
+        raise GrpcError("DEADLINE_EXCEEDED", "the call's deadline passed", cut="deadline")
     return left
 
 
@@ -132,7 +134,8 @@ def _connect(target: Target, deadline: float) -> socket.socket:
             raise GrpcError("UNAVAILABLE", f"{where} did not agree to HTTP/2 (ALPN h2)")
         return tls
     except TimeoutError:
-        raise GrpcError("DEADLINE_EXCEEDED", f"connecting to {where} took longer than the deadline") from None
+        raise GrpcError("DEADLINE_EXCEEDED", f"connecting to {where} took longer than the deadline",
+                        cut="deadline") from None
     except ssl.SSLError as e:
         raise GrpcError("UNAVAILABLE", f"TLS with {where} failed: {e}") from None
     except OSError as e:
@@ -194,7 +197,7 @@ def _exchange(sock: socket.socket, target: Target, method: str, request: bytes, 
                     data += event.data
                     if len(data) > max_response_bytes + 5:
                         raise GrpcError("RESOURCE_EXHAUSTED", f"the response is larger than {max_response_bytes} "
-                                                              "bytes: not read")
+                                                              "bytes: not read", cut="too_large")
                     conn.acknowledge_received_data(event.flow_controlled_length, stream)
                 elif isinstance(event, h2.events.StreamReset) and event.stream_id == stream:
                     code = "UNAVAILABLE" if event.error_code == 7 else "INTERNAL"  # 7: REFUSED_STREAM
@@ -208,7 +211,7 @@ def _exchange(sock: socket.socket, target: Target, method: str, request: bytes, 
     except h2.exceptions.ProtocolError as e:
         raise GrpcError("UNAVAILABLE", f"the server does not speak HTTP/2: {e}") from None
     except TimeoutError:
-        raise GrpcError("DEADLINE_EXCEEDED", "no complete answer within the deadline") from None
+        raise GrpcError("DEADLINE_EXCEEDED", "no complete answer within the deadline", cut="deadline") from None
     except (ssl.SSLError, OSError) as e:
         raise GrpcError("UNAVAILABLE", f"the connection failed: {e}") from None
 
@@ -261,7 +264,8 @@ def _gunzip(data: bytes, limit: int) -> bytes:
     d = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
     out = d.decompress(data, limit + 1)
     if len(out) > limit:
-        raise GrpcError("RESOURCE_EXHAUSTED", f"the decompressed response is larger than {limit} bytes")
+        raise GrpcError("RESOURCE_EXHAUSTED", f"the decompressed response is larger than {limit} bytes",
+                        cut="too_large")
     if not d.eof:
         raise OSError("truncated gzip data")
     return out

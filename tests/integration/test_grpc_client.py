@@ -16,10 +16,11 @@ from typing import Any
 
 import grpc
 import pytest
+from opentelemetry.sdk.metrics.export import MetricExportResult, MetricsData
 
 from outrider import grpc_client
 from outrider.config import ConfigError
-from outrider.exporters.otlp_grpc import GrpcMetricExporter, target_from
+from outrider.exporters.otlp_grpc import EXPORT, GrpcMetricExporter, target_from
 from tests.helpers import free_port, self_signed
 
 pytestmark = pytest.mark.integration
@@ -30,14 +31,15 @@ class Echo:
     """A grpcio server with one raw-bytes method: `handler(request, context) -> bytes` (an echo by default)."""
 
     def __init__(self, handler: Callable[[bytes, Any], bytes] | None = None, tls: tuple[Path, Path] | None = None,
-                 compression: grpc.Compression | None = None) -> None:
+                 compression: grpc.Compression | None = None, method: str = METHOD) -> None:
         self.calls: list[tuple[bytes, dict[str, str]]] = []
         self.handler = handler or (lambda request, context: request)
         self.port = free_port()
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=4), compression=compression,
                                   options=[("grpc.max_receive_message_length", 64 << 20)])
-        method = grpc.unary_unary_rpc_method_handler(self._call)
-        self.server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("test.Echo", {"Call": method}),))
+        service, name = method.strip("/").split("/")
+        rpc = grpc.unary_unary_rpc_method_handler(self._call)
+        self.server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, {name: rpc}),))
         if tls is None:
             self.server.add_insecure_port(f"127.0.0.1:{self.port}")
         else:
@@ -186,3 +188,15 @@ def test_the_exporter_takes_headers_and_compression_from_the_environment() -> No
         GrpcMetricExporter("http://127.0.0.1:4317", 5, env={"OTEL_EXPORTER_OTLP_COMPRESSION": "brotli"})
     with pytest.raises(ConfigError, match="certificates"):
         GrpcMetricExporter("https://127.0.0.1:4317", 5, env={"OTEL_EXPORTER_OTLP_CERTIFICATE": "/nonexistent"})
+
+
+def test_an_export_cut_short_is_told_by_reason_as_over_http() -> None:
+    reasons: list[str] = []
+    with trickling_peer() as port:
+        exporter = GrpcMetricExporter(f"http://127.0.0.1:{port}", 1.0, env={}, on_failure=reasons.append)
+        assert exporter.export(MetricsData(resource_metrics=[])) == MetricExportResult.FAILURE
+    with Echo(lambda request, context: b"\0" * (2 << 20), method=EXPORT) as server:
+        exporter = GrpcMetricExporter(f"http://127.0.0.1:{server.port}", 5.0, env={}, on_failure=reasons.append)
+        assert exporter.export(MetricsData(resource_metrics=[])) == MetricExportResult.FAILURE
+    assert reasons == ["deadline", "too_large"]
+    assert exporter.last_error.startswith("RESOURCE_EXHAUSTED")

@@ -171,7 +171,7 @@ class OtlpExporter:
             except ImportError as e:
                 raise ConfigError(f"otlp_protocol 'grpc' needs the gRPC exporter: pip install 'outrider[grpc]' "
                                   f"({e})") from None
-            return GrpcMetricExporter(self.config.otlp_endpoint, timeout)
+            return GrpcMetricExporter(self.config.otlp_endpoint, timeout, on_failure=self._cut_short)
         from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
 
         from outrider.outbound import bounded_session

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import urllib.parse
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
@@ -73,8 +73,11 @@ class GrpcMetricExporter:
     """export(MetricsData) -> MetricExportResult, shutdown(): the part of the SDK's exporter interface the agent
     uses."""
 
-    def __init__(self, endpoint: str, timeout_s: float, env: Mapping[str, str] | None = None) -> None:
+    def __init__(self, endpoint: str, timeout_s: float, env: Mapping[str, str] | None = None,
+                 on_failure: Callable[[str], None] = lambda reason: None) -> None:
+        """on_failure: told "deadline" or "too_large" when an export was cut short (the HTTP exporter's reasons)."""
         env = os.environ if env is None else env
+        self.on_failure = on_failure
         self.endpoint = endpoint or _env(env, "ENDPOINT") or DEFAULT_ENDPOINT
         self.target = target_from(self.endpoint, env)
         self.timeout_s = timeout_s
@@ -93,6 +96,8 @@ class GrpcMetricExporter:
                                       max_response_bytes=MAX_RESPONSE_BYTES)
         except grpc_client.GrpcError as e:
             self.last_error = f"{e.code}: {e.details}"
+            if e.cut:
+                self.on_failure(e.cut)
             LOG.debug("OTLP/gRPC export to %s failed: %s", self.endpoint, self.last_error)
             return MetricExportResult.FAILURE
         try:
