@@ -117,6 +117,21 @@ def test_grpc_without_its_extra_is_one_clear_configuration_error(tmp_path: Path)
                                "pip install 'outrider[grpc]'"), lines[0]
 
 
+HIDE_RICH = HIDE_GRPC_EXPORTER.replace('startswith("h2.")', 'startswith("rich.")').replace("h2, the gRPC client's "
+                                                                                           "HTTP/2", "rich")
+
+
+def test_top_without_its_extra_names_the_extra(tmp_path: Path) -> None:
+    """rich is the 'top' extra (the agent's image leaves it out): `outrider top` without it says what to install."""
+    (tmp_path / "sitecustomize.py").write_text(HIDE_RICH)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OUTRIDER_", "OTEL_"))}
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), *filter(None, [os.environ.get("PYTHONPATH")])])
+    r = subprocess.run(outrider_cmd("top", "--once", "--url", f"http://127.0.0.1:{free_port()}"), env=env,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert "pip install 'outrider[top]'" in r.stderr
+
+
 def test_metrics_once_prints_one_sweep() -> None:
     r = subprocess.run(outrider_cmd("metrics", "--once", "--pid", str(1)), capture_output=True, text=True,
                        timeout=60)
