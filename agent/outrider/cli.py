@@ -227,8 +227,14 @@ def cmd_dashboards_push(args: argparse.Namespace) -> int:
 # --- looking at a running agent --------------------------------------------------------------------------------
 
 def cmd_top(args: argparse.Namespace) -> int:
-    from outrider.top import run_top
-
+    try:
+        from outrider.top import run_top
+    except ModuleNotFoundError as e:
+        if e.name != "rich" and not (e.name or "").startswith("rich."):
+            raise
+        print("outrider top draws with rich, which is not installed: pip install 'outrider[top]' (the agent's "
+              "image leaves it out: run top where you are, with --url pointing at the agent)", file=sys.stderr)
+        return 2
     return run_top(args.url, args.interval, args.once)
 
 

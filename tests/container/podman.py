@@ -16,8 +16,9 @@ CONF = REPO / "scripts" / "podman"
 
 
 def podman_env() -> dict[str, str]:
+    """scripts/build-image.sh's settings: the project's storage, or OUTRIDER_PODMAN_STORAGE_CONF's."""
     return {**os.environ, "CONTAINERS_CONF": str(CONF / "containers.conf"),
-            "CONTAINERS_STORAGE_CONF": str(CONF / "storage.conf")}
+            "CONTAINERS_STORAGE_CONF": os.environ.get("OUTRIDER_PODMAN_STORAGE_CONF", str(CONF / "storage.conf"))}
 
 
 class Podman:

@@ -87,9 +87,9 @@ HIDE_GRPC_EXPORTER = """
 import importlib.abc, sys
 
 class HideGrpcExporter(importlib.abc.MetaPathFinder):
-    \"\"\"An environment without the 'grpc' extra: its exporter package cannot be imported.\"\"\"
+    \"\"\"An environment without the 'grpc' extra: h2, the gRPC client's HTTP/2, cannot be imported.\"\"\"
     def find_spec(self, name, path=None, target=None):
-        if (name + ".").startswith("opentelemetry.exporter.otlp.proto.grpc."):
+        if (name + ".").startswith("h2."):
             raise ModuleNotFoundError(f"No module named {name!r}", name=name)
         return None
 
@@ -98,12 +98,12 @@ sys.meta_path.insert(0, HideGrpcExporter())
 
 
 def test_grpc_without_its_extra_is_one_clear_configuration_error(tmp_path: Path) -> None:
-    """The real thing: the gRPC exporter absent from the environment (hidden by an import hook that sitecustomize
-    installs before the agent starts), OTLP over gRPC asked for."""
+    """The real thing: the gRPC exporter's HTTP/2 absent from the environment (hidden by an import hook that
+    sitecustomize installs before the agent starts), OTLP over gRPC asked for."""
     (tmp_path / "sitecustomize.py").write_text(HIDE_GRPC_EXPORTER)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OUTRIDER_", "OTEL_"))}
     env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), *filter(None, [os.environ.get("PYTHONPATH")])])
-    hidden = subprocess.run([sys.executable, "-c", "import opentelemetry.exporter.otlp.proto.grpc"], env=env,
+    hidden = subprocess.run([sys.executable, "-c", "import h2"], env=env,
                             capture_output=True, text=True, timeout=60)
     assert hidden.returncode == 1 and "ModuleNotFoundError" in hidden.stderr, "the hook hides the exporter"
     r = subprocess.run(outrider_cmd("agent", "--listen", f"127.0.0.1:{free_port()}", "--otlp-protocol", "grpc",
@@ -115,6 +115,21 @@ def test_grpc_without_its_extra_is_one_clear_configuration_error(tmp_path: Path)
     assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
     assert lines[0].startswith("outrider: configuration error: otlp_protocol 'grpc' needs the gRPC exporter: "
                                "pip install 'outrider[grpc]'"), lines[0]
+
+
+HIDE_RICH = HIDE_GRPC_EXPORTER.replace('startswith("h2.")', 'startswith("rich.")').replace("h2, the gRPC client's "
+                                                                                           "HTTP/2", "rich")
+
+
+def test_top_without_its_extra_names_the_extra(tmp_path: Path) -> None:
+    """rich is the 'top' extra (the agent's image leaves it out): `outrider top` without it says what to install."""
+    (tmp_path / "sitecustomize.py").write_text(HIDE_RICH)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OUTRIDER_", "OTEL_"))}
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), *filter(None, [os.environ.get("PYTHONPATH")])])
+    r = subprocess.run(outrider_cmd("top", "--once", "--url", f"http://127.0.0.1:{free_port()}"), env=env,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert "pip install 'outrider[top]'" in r.stderr
 
 
 def test_metrics_once_prints_one_sweep() -> None:

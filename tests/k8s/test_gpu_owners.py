@@ -146,14 +146,15 @@ import outrider
 outrider.instrument()
 c = GpuCollector(CollectorContext(load().config, SweepStats()))
 c.collect(); c.collect(); c.close()
-print("grpc" in sys.modules, "outrider.k8s.podresources.api_pb2_grpc" in sys.modules)
+print("h2" in sys.modules, "outrider.grpc_client" in sys.modules, "grpc" in sys.modules)
 """
 
 
-@pytest.mark.parametrize(("socket_set", "expected"), [(False, "False False"), (True, "True True")])
-def test_grpc_is_imported_only_when_attribution_is_on(sock: str, tmp_path: Path, socket_set: bool,
-                                                       expected: str) -> None:
-    """The hook and an agent without the feature never load grpc; with the feature on, the first ask does."""
+@pytest.mark.parametrize(("socket_set", "expected"), [(False, "False False False"), (True, "True True False")])
+def test_the_grpc_client_is_imported_only_when_attribution_is_on(sock: str, tmp_path: Path, socket_set: bool,
+                                                                 expected: str) -> None:
+    """The hook and an agent without the feature never load the gRPC client (h2); with the feature on, the first
+    ask does. grpcio never: the client is outrider.grpc_client."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OUTRIDER_", "OTEL_"))}
     env.update(PYTHONPATH=str(REPO / "agent") + os.pathsep + str(REPO), OUTRIDER_SPOOL_DIR=str(tmp_path / "spool"),
                OUTRIDER_NVML_LIBRARY=str(tmp_path / "no-nvml.so"), OUTRIDER_STANDALONE="false")

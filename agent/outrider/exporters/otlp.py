@@ -1,12 +1,14 @@
-"""OTLP push (http/protobuf; gRPC with the 'grpc' extra), built on the OpenTelemetry SDK's exporters.
+"""OTLP push (http/protobuf; gRPC with the 'grpc' extra), on the OpenTelemetry SDK's HTTP exporter and encoding.
 
 Each sweep's families are converted at export time into the SDK's MetricsData, under the catalog's
 OpenTelemetry names, units and attribute names: counters as cumulative monotonic sums, gauges as gauges,
 histograms as cumulative explicit-bucket histograms (the SDK's instruments offer no asynchronous histogram, so the
-agent builds the data points itself and hands them to the SDK's OTLP exporter).
+agent builds the data points itself and hands them to the SDK's OTLP/HTTP exporter, or over gRPC to
+outrider.exporters.otlp_grpc, which encodes them as the SDK does and sends them without grpcio).
 
 The standard variables are honoured: OTEL_EXPORTER_OTLP_ENDPOINT / _METRICS_ENDPOINT, _HEADERS, _TIMEOUT,
-_COMPRESSION, _CERTIFICATE (read by the SDK's exporter), OTEL_EXPORTER_OTLP_PROTOCOL and
+_COMPRESSION, _CERTIFICATE (read by the SDK's HTTP exporter, or as it reads them by the gRPC one),
+OTEL_EXPORTER_OTLP_PROTOCOL and
 OTEL_METRIC_EXPORT_INTERVAL (read into the config), OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES (read by the
 SDK's Resource); OTEL_METRICS_EXPORTER=none turns export off (config.otlp_enabled).
 
@@ -146,13 +148,11 @@ class OtlpExporter:
         timeout = self.config.otlp_timeout_s
         if self.config.otlp_protocol == "grpc":
             try:
-                from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import (
-                    OTLPMetricExporter as GrpcExporter,
-                )
+                from outrider.exporters.otlp_grpc import GrpcMetricExporter
             except ImportError as e:
                 raise ConfigError(f"otlp_protocol 'grpc' needs the gRPC exporter: pip install 'outrider[grpc]' "
                                   f"({e})") from None
-            return GrpcExporter(endpoint=self.config.otlp_endpoint or None, timeout=timeout)
+            return GrpcMetricExporter(self.config.otlp_endpoint, timeout, on_failure=self._cut_short)
         from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
 
         from outrider.outbound import bounded_session
@@ -213,6 +213,8 @@ class OtlpExporter:
         self._failures += 1
         pause = min(MAX_BACKOFF_S, 2.0 ** min(self._failures, 16)) * random.uniform(0.5, 1.0)
         self._retry_at = time.monotonic() + pause
+        if getattr(self._inner, "last_error", ""):  # the gRPC exporter says why
+            err = self._inner.last_error
         if self._cut_reason == "deadline":
             err = f"no complete answer within otlp_timeout_s ({self.config.otlp_timeout_s:g} s)"
         elif self._cut_reason == "too_large":

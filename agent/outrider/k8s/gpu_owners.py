@@ -9,8 +9,9 @@ The answer is cached for ttl_s. A failed ask (no socket, kubelet unreachable, pa
 does not decode) is counted by reason and answers {} (no owners) until the next ask, ttl_s later: a missing or
 slow kubelet costs at most one deadline per ttl_s, and the GPU series go on without owner labels meanwhile.
 
-grpc and the generated client (outrider.k8s.podresources) are imported on the first ask: an agent without the
-feature never loads them.
+The call is gRPC over HTTP/2 on the unix socket (outrider.grpc_client, on h2: no grpcio), its messages the ones
+protoc generates from the published proto (outrider.k8s.podresources.api_pb2, on protobuf). Both are imported on
+the first ask: an agent without the feature never loads them.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import Any
 GPU_RESOURCE = "nvidia.com/gpu"
 MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
 MAX_RESPONSE_BYTES = 16 << 20  # a node with hundreds of pods stays well under this; gRPC's default is 4 MiB
+LIST_METHOD = "/v1.PodResourcesLister/List"
 DEFAULT_TTL_S = 10.0
 
 
@@ -76,8 +78,6 @@ class GpuOwners:
         self._clock = clock
         self._owners: dict[str, Owner] = {}
         self._next_ask = float("-inf")
-        self._channel: Any = None
-        self._stub: Any = None
 
     def owners(self) -> Mapping[str, Owner]:
         """Device id -> owner, asked anew when the last answer is older than ttl_s; {} after a failed ask."""
@@ -93,25 +93,19 @@ class GpuOwners:
             return self._fail("missing", f"{self.socket_path} does not exist (is the kubelet's pod-resources "
                                          "directory mounted into the agent?)")
         try:
-            import grpc
-
-            from outrider.k8s.podresources import api_pb2, api_pb2_grpc
-        except Exception as e:  # not installed, or older than the generated client needs
+            from outrider import grpc_client
+            from outrider.k8s.podresources import api_pb2
+        except Exception as e:  # not installed, or older than the generated messages need
             return self._fail("no_grpc", f"the PodResources client cannot load: {e} (pip install 'outrider[k8s]')")
-        if self._stub is None:
-            self._channel = grpc.insecure_channel(f"unix://{self.socket_path}", options=[
-                ("grpc.max_receive_message_length", MAX_RESPONSE_BYTES)])
-            self._stub = api_pb2_grpc.PodResourcesListerStub(self._channel)
         try:
-            response = self._stub.List(api_pb2.ListPodResourcesRequest(), timeout=self.timeout_s)
-            return owners_from_response(response)
-        except grpc.RpcError as e:
-            self._drop_channel()  # a fresh connection next time, not the old one's reconnect backoff
-            code = e.code()
-            reason = _REASONS.get(getattr(code, "name", ""), "error")
-            return self._fail(reason, f"PodResources List failed: {getattr(code, 'name', code)}: {e.details()}")
-        except Exception as e:  # a response whose fields are not what the proto says
-            self._drop_channel()
+            answer = grpc_client.call(grpc_client.unix_target(self.socket_path), LIST_METHOD,
+                                      api_pb2.ListPodResourcesRequest().SerializeToString(), self.timeout_s,
+                                      max_response_bytes=MAX_RESPONSE_BYTES)
+        except grpc_client.GrpcError as e:
+            return self._fail(_REASONS.get(e.code, "error"), f"PodResources List failed: {e.code}: {e.details}")
+        try:
+            return owners_from_response(api_pb2.ListPodResourcesResponse.FromString(answer))
+        except Exception as e:  # bytes that are not a ListPodResourcesResponse, fields not what the proto says
             return self._fail("invalid_response", f"PodResources List answered something unusable: {e!r}")
 
     def _fail(self, reason: str, text: str) -> dict[str, Owner]:
@@ -119,15 +113,10 @@ class GpuOwners:
         self.last_error, self.last_error_text = reason, text
         return {}
 
-    def _drop_channel(self) -> None:
-        channel, self._channel, self._stub = self._channel, None, None
-        if channel is not None:
-            channel.close()
-
     def close(self) -> None:
-        self._drop_channel()
+        """Nothing to release: each ask is one connection, closed when it is answered."""
 
 
-# gRPC status -> reason label. INTERNAL is what the client reports when a response does not decode.
+# gRPC status -> reason label. INTERNAL is what the client reports when a response is not one gRPC message.
 _REASONS = {"DEADLINE_EXCEEDED": "timeout", "UNAVAILABLE": "unavailable", "INTERNAL": "invalid_response",
             "UNIMPLEMENTED": "unimplemented"}

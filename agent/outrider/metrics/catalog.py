@@ -371,8 +371,8 @@ _DEFS: tuple[MetricDef, ...] = (
               (*GPU, PID, PNAME), "gpu"),
     MetricDef("outrider_k8s_podresources_errors_total", "outrider.k8s.podresources.errors", "{error}", "counter",
               "Failed asks of the kubelet's PodResources API for the owners of the GPUs, by reason: missing (no "
-              "socket), unavailable, timeout, invalid_response, unimplemented, error, no_grpc (grpcio not "
-              "installed). GPU series go on without the owner labels meanwhile.",
+              "socket), unavailable, timeout, invalid_response, unimplemented, error, no_grpc (the 'k8s' extra "
+              "not installed). GPU series go on without the owner labels meanwhile.",
               (Label("reason", "error.type"),), "gpu"),
     # --- hook (published by instrumented processes through the spool) ------------------------------------------
     MetricDef("outrider_train_step_duration_seconds", "outrider.train.step.duration", "s", "histogram",
