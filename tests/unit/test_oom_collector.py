@@ -383,3 +383,12 @@ def test_a_systemd_service_recreated_under_the_same_path_counts_from_zero(tmp_pa
     assert victims(fams)[service]["kills"] == 2
     assert "/system.slice" not in victims(fams)
     assert value(fams, "outrider_oom_unattributed_kills_total", "unnamed") == 0
+
+
+def test_a_kernel_without_oom_kill_counters_is_said_once_and_fails_nothing(tmp_path: Path,
+                                                                           caplog: pytest.LogCaptureFixture) -> None:
+    node = Node(tmp_path, 2)
+    (node.proc / "vmstat").write_text("nr_free_pages 3022136\npgfault 912733245\n")
+    c = collector(node)
+    assert c.collect() == [] and c.collect() == []
+    assert sum("has no oom_kill" in r.message for r in caplog.records) == 1

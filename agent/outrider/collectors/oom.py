@@ -219,8 +219,10 @@ class OomCollector(Collector):
     def collect(self) -> list[Family]:
         vm = procfs.read_vmstat(self.ctx.config.proc_root, self._reader.read, ("oom_kill",))
         host = vm.get("oom_kill")
-        if host is None:
-            raise FileNotFoundError(f"{self.ctx.config.proc_root}/vmstat has no oom_kill (a kernel before 4.13)")
+        if host is None:  # no kernel's count to watch, nor the cgroups' (both came in Linux 4.13): nothing to say
+            self._once.warning("vmstat", "oom: %s/vmstat has no oom_kill (a kernel before 4.13): OOM kills are not "
+                               "counted", self.ctx.config.proc_root)
+            return []
         if self._last_host is None:
             self._start()
         elif host != self._last_host:
