@@ -9,6 +9,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import yaml
 
 from outrider.collectors import oom as oom_module
 from outrider.collectors.base import CollectorContext
@@ -17,8 +18,11 @@ from outrider.collectors.oom import OomCollector
 from outrider.k8s.cgroup_owners import CgroupIdentity, PodDirectory, identity
 from outrider.metrics.exposition import render
 from outrider.metrics.family import Family
+from outrider.rules.promtest import parse_series
 from outrider.sampler import SweepStats
+from tests.alerts.test_input_series import TARGET_LABELS
 from tests.fakes.cgroup_node import V2_EVENTS, VMSTAT, Node
+from tests.helpers import REPO
 
 UID = "3f0c2a8e-5b1d-4c7e-9a61-0d2f4b8c7e15"
 CID = "4b2f9c1d7e8a6b5c3d2e1f0a9b8c7d6e5f4a3b2c1d0e9f8a7b6c5d4e3f2a1b0c"
@@ -392,3 +396,26 @@ def test_a_kernel_without_oom_kill_counters_is_said_once_and_fails_nothing(tmp_p
     c = collector(node)
     assert c.collect() == [] and c.collect() == []
     assert sum("has no oom_kill" in r.message for r in caplog.records) == 1
+
+
+def test_the_rule_tests_victim_series_are_the_ones_this_collector_writes(tmp_path: Path) -> None:
+    """Every victim series alerts/tests/memory.test.yaml feeds HostOOMKills, rebuilt from its own labels as a kill on
+    a fixture node (its cgroup, the kubelet's logs of its pod, the kernel log's process), comes out of the collector
+    with exactly those labels and values, the scrape's target labels aside."""
+    doc = yaml.safe_load((REPO / "alerts" / "tests" / "memory.test.yaml").read_text())
+    fed = [dict(parse_series(s["series"])[1]) for case in doc["tests"] for s in case.get("input_series") or []
+           if s["series"].startswith("outrider_oom_victim_kills_total{")]
+    assert len(fed) >= 4
+    node = Node(tmp_path, 2)
+    for labels in fed:
+        node.cgroup(labels["cgroup"])
+        if labels.get("exported_pod"):
+            node.pod_logs(labels["exported_namespace"], labels["exported_pod"], labels["pod_uid"],
+                          {labels["exported_container"]: labels["container_id"]})
+    c = collector(node)
+    c.collect()
+    for pid, labels in enumerate(fed, 100):
+        node.kill(labels["cgroup"], task=labels["process"], pid=pid)
+    written = {k: {name: v for name, v in row.items() if name != "kills" and v != ""}
+               for k, row in victims(c.collect()).items()}
+    assert written == {lb["cgroup"]: {k: v for k, v in lb.items() if k not in TARGET_LABELS} for lb in fed}
