@@ -145,7 +145,7 @@ class OomWatch:
     The cgroup's count is its subtree's (v2 memory.events counts the cgroups below; on v1 the counters of the live
     cgroups below are added, so a command that moves itself into a child cgroup is counted). The log names the
     killed processes of the run: CMD's pid, or any process charged to the run's cgroup or one below it (only where
-    the hierarchy is the host's, whose paths the kernel writes).
+    the hierarchy is the host's, whose paths and pids the kernel writes: not inside a container's namespaces).
     """
 
     def __init__(self, config: Config) -> None:
@@ -184,7 +184,7 @@ class OomWatch:
         elif scope == "host":
             counter = "/proc/vmstat"
         victims: list[str] = []
-        if self._log is not None:
+        if self._log is not None and self._scope is not None:  # the log's paths and pids are the host's
             summaries, killed = self._log.oom_kills()
             self._log.close()
             memcg = {r.pid: r.memcg for r in summaries}
