@@ -208,9 +208,9 @@ class OomCollector(Collector):
         self._counters: CgroupCounters | None = None
         self._host_view = False  # the hierarchy from the kernel's root: the host's count is ours to explain
         self._last_host: int | None = None
-        # kills the host counted minus those found in cgroups; below 0 where a cgroup's count was read before the
-        # host's count caught up (the next rise of the host's count is that kill)
-        self._balance = 0
+        # kills a look found in cgroups beyond the host's count, read just before (the kernel counts a kill in
+        # /proc/vmstat, then in the cgroup): the next rise of the host's count, which triggers the next look, is theirs
+        self._ahead = 0
         self._victims: dict[str, Victim] = {}
         self._pending: list[OomKillRecord] = []  # logged kills whose count was not there yet: one more look
         self._unattributed = {"unnamed": 0, "cap": 0}
@@ -280,17 +280,15 @@ class OomCollector(Collector):
             if kills > 0:
                 self._count(path, "", kills)
         if self._host_view:
-            self._balance += host_kills - own_kills - sum(new.values())
+            surplus = host_kills - own_kills - sum(new.values()) - self._ahead
+            self._ahead = max(-surplus, 0)
             # A kill the host counted but no cgroup did is the oldest logged kill no counter showed (its cgroup
             # went before the walk); logged kills beyond that came after the host's count was read.
-            found = unmatched[:max(self._balance, 0)]
+            found = unmatched[:max(surplus, 0)]
             for rec in found:
                 self._count(rec.memcg or "/", rec.task, 1)
             unmatched = unmatched[len(found):]
-            self._balance -= len(found)
-            if self._balance > 0:
-                self._unattributed["unnamed"] += self._balance
-                self._balance = 0
+            self._unattributed["unnamed"] += max(surplus - len(found), 0)
         waited = set(self._pending)
         self._pending = [r for r in unmatched if r not in waited][-MAX_VICTIMS:]
 
