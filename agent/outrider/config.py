@@ -139,11 +139,12 @@ class Config:
     k8s_pod_resources_timeout_s: float = field(default=1.0, metadata={
         "help": "deadline of one PodResources List call; past it the GPU series go on without owner labels"})
     k8s_owner_namespace_label: str = field(default="exported_namespace", metadata={
-        "help": "label name of the owning pod's namespace on GPU series (not 'namespace': the scrape's own)"})
+        "help": "label name of the owning pod's namespace on GPU and OOM-victim series (not 'namespace': the "
+                "scrape's own)"})
     k8s_owner_pod_label: str = field(default="exported_pod", metadata={
-        "help": "label name of the owning pod on GPU series"})
+        "help": "label name of the owning pod on GPU and OOM-victim series"})
     k8s_owner_container_label: str = field(default="exported_container", metadata={
-        "help": "label name of the owning container on GPU series"})
+        "help": "label name of the owning container on GPU and OOM-victim series"})
     exit_when_workload_exits: bool = field(default=False, metadata={
         "help": "stop (final sweep and flush) and exit 0 once the workload is gone: every process that published "
                 "to the spool, and the trees of `pids`, seen at least once and none alive for a grace period "
@@ -167,6 +168,10 @@ class Config:
     startup_grace_s: float = field(default=900.0, metadata={
         "help": "with exit_when_workload_exits: stop all the same if no workload has appeared this long after the "
                 "agent started (it failed before instrument(), or never calls it); 0: wait for one forever"})
+    kmsg_path: str = field(default="/dev/kmsg", metadata={
+        "help": "the kernel log the oom collector reads for the name and cgroup of each process the OOM killer "
+                "kills (readable by root, or with CAP_SYSLOG; a container sees it only where it is mounted); "
+                "unreadable or empty: OOM victims are named by their cgroup's counters alone"})
     host_root: str = field(default="", metadata={
         "help": "where the host's root filesystem is mounted in a node agent's container (e.g. /host/root): "
                 "`filesystems` are then host paths, read through it, labelled and judged read-only as the host "
@@ -387,6 +392,7 @@ CONVERTERS: dict[str, Callable[[Any], Any]] = {
     "workload_metrics_path": lambda raw: _http_path(raw) if _str(raw).strip() else "/metrics",
     "pod_annotations_file": _str,
     "otlp_receiver_listen": lambda raw: _listen(raw) if _str(raw) else "",
+    "kmsg_path": _str,
     "host_root": _str,
 }
 assert set(CONVERTERS) == set(FIELDS), "every config field needs a converter"

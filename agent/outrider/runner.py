@@ -32,6 +32,8 @@ from dataclasses import asdict, dataclass, field
 
 from outrider.agent import Agent
 from outrider.collectors import cgroupfs, procfs
+from outrider.collectors.kmsg import KernelLog
+from outrider.collectors.oom import within
 from outrider.config import Config
 from outrider.metrics import units
 from outrider.metrics.family import Family
@@ -67,19 +69,26 @@ class RunSummary:
     started: float = 0.0  # unix seconds
     measured: Measured = field(default_factory=Measured)  # what the hook measured, over the whole run
     oom_kills: int = 0  # processes the kernel's OOM killer ended during the run (this cgroup's, else the host's)
-    oom_scope: str = ""  # where that count comes from: "cgroup" (memory.events oom_kill) or "host" (/proc/vmstat)
+    oom_scope: str = ""  # where that count comes from: "cgroup" (the run's memory cgroup) or "host" (/proc/vmstat)
+    oom_counter: str = ""  # the file that counted: memory.events (v2), memory.oom_control (v1), /proc/vmstat
+    # the kernel log's names of the run's OOM-killed processes, where it is readable: "python3 (pid 18855) in memory
+    # cgroup /a/b"
+    oom_victims: list[str] = field(default_factory=list)
     alerts: list[AlertRecord] = field(default_factory=list)  # fired (and resolved) during the run
     verdict: RunVerdict = field(default_factory=lambda: RunVerdict("", "", {}))
     timeline: list[Segment] = field(default_factory=list)
 
     @property
     def oom_killed(self) -> bool:
-        """CMD itself died of SIGKILL while the kernel's OOM killer struck (exit 137, memory.events oom_kill)."""
+        """CMD itself died of SIGKILL while the kernel's OOM killer struck (exit 137, and the run's cgroup's or the
+        host's oom_kill rose)."""
         return self.signal == "SIGKILL" and self.oom_kills > 0
 
     def _oom_evidence(self) -> str:
-        where = "this cgroup's memory.events" if self.oom_scope == "cgroup" else "the host's /proc/vmstat"
-        return f"oom_kill +{self.oom_kills} in {where}"
+        where = (f"this cgroup's {self.oom_counter or 'memory.events'}" if self.oom_scope == "cgroup"
+                 else "the host's /proc/vmstat")
+        named = f"; the kernel log: {', '.join(self.oom_victims[:3])}" if self.oom_victims else ""
+        return f"oom_kill +{self.oom_kills} in {where}{named}"
 
     def text(self) -> str:
         """The end-of-run summary: what the run cost, what the agent measured, and last the verdict with its
@@ -129,15 +138,68 @@ def _wrapped(topic: str, items: list[str], sep: str, width: int = 118) -> list[s
                          break_on_hyphens=False)
 
 
-def _oom_kill_counts(config: Config) -> tuple[int | None, int | None]:
-    """The kernel's OOM-kill counters now: (this process's memory cgroup, the host); None where unreadable."""
-    cgroup = host = None
-    with contextlib.suppress(OSError, ValueError):
-        cg = cgroupfs.find_memory_cgroup(config.proc_root, config.sys_root)
-        cgroup = cgroupfs.read_memory(cg).oom_kills if cg is not None else None
-    with contextlib.suppress(OSError, ValueError):
-        host = procfs.read_vmstat(config.proc_root, keys=("oom_kill",)).get("oom_kill")
-    return cgroup, host
+class OomWatch:
+    """The kernel's OOM kills during the run: the run's memory cgroup's counter and the host's, read before CMD
+    starts and after it ends, and the kernel log's lines in between (kmsg_path, where readable).
+
+    The cgroup's count is its subtree's (v2 memory.events counts the cgroups below; on v1 the counters of the live
+    cgroups below are added, so a command that moves itself into a child cgroup is counted). The log names the
+    killed processes of the run: CMD's pid, or any process charged to the run's cgroup or one below it (only where
+    the hierarchy is the host's, whose paths and pids the kernel writes: not inside a container's namespaces).
+    """
+
+    def __init__(self, config: Config) -> None:
+        self._config = config
+        self._cgroup: cgroupfs.MemoryCgroup | None = None
+        self._scope: str | None = None  # the run's cgroup, relative to the hierarchy's root (a host view only)
+        with contextlib.suppress(OSError, ValueError):
+            self._cgroup = cgroupfs.find_memory_cgroup(config.proc_root, config.sys_root)
+            hierarchy = cgroupfs.memory_hierarchy(config.sys_root)
+            if self._cgroup is not None and hierarchy is not None and cgroupfs.is_kernel_root(hierarchy) \
+                    and hierarchy.version == self._cgroup.version:
+                rel = os.path.relpath(self._cgroup.path, hierarchy.path)
+                self._scope = "/" if rel == "." else "/" + rel
+        self.before = self.counts()
+        self._log = KernelLog(config.kmsg_path) if config.kmsg_path else None
+        if self._log is not None and not self._log.open():
+            LOG.debug("the kernel log %s is not readable (%s): OOM kills are counted, not named", self._log.path,
+                      self._log.error)
+
+    def counts(self) -> tuple[int | None, int | None]:
+        """The kernel's OOM-kill counters now: (the run's memory cgroup and those below it, the host); None where
+        unreadable."""
+        cgroup = host = None
+        with contextlib.suppress(OSError, ValueError):
+            cgroup = cgroupfs.subtree_oom_kills(self._cgroup) if self._cgroup is not None else None
+        with contextlib.suppress(OSError, ValueError):
+            host = procfs.read_vmstat(self._config.proc_root, keys=("oom_kill",)).get("oom_kill")
+        return cgroup, host
+
+    def finish(self, child: int) -> tuple[int, str, str, list[str]]:
+        """(kills during the run, scope, the file that counted them, the log's names of the run's victims)."""
+        kills, scope = _oom_kills_during(self.before, self.counts())
+        counter = ""
+        if scope == "cgroup" and self._cgroup is not None:
+            counter = cgroupfs.OOM_KILL_FILE[self._cgroup.version]
+        elif scope == "host":
+            counter = "/proc/vmstat"
+        victims: list[str] = []
+        if self._log is not None and self._scope is not None:  # the log's paths and pids are the host's
+            summaries, killed = self._log.oom_kills()
+            self._log.close()
+            memcg = {r.pid: r.memcg for r in summaries}
+            for rec in killed or summaries:
+                where = rec.memcg or memcg.get(rec.pid)
+                if rec.pid == child or self._within_run(where):
+                    victims.append(f"{rec.task} (pid {rec.pid})" + (f" in memory cgroup {where}" if where else ""))
+        return kills, scope, counter, victims
+
+    def _within_run(self, memcg: str | None) -> bool:
+        return self._scope is not None and memcg is not None and within(memcg, self._scope)
+
+    def close(self) -> None:
+        if self._log is not None:
+            self._log.close()
 
 
 def _oom_kills_during(before: tuple[int | None, int | None], after: tuple[int | None, int | None]
@@ -189,17 +251,19 @@ def run(cmd: Sequence[str], config: Config, on_exit: Callable[[list[Family]], No
     try:
         agent = Agent(config, roots=(me,), exclude_pids=frozenset({me}), listen_fallback=True)
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
-        oom_before = _oom_kill_counts(config)
+        oom = OomWatch(config)
         started = time.monotonic()
         try:
             child = _spawn(cmd, env)
         except FileNotFoundError:
             print(f"outrider run: command not found: {cmd[0]}", file=sys.stderr)
             agent.server.stop()
+            oom.close()
             return 127, None
         except PermissionError:
             print(f"outrider run: permission denied: {cmd[0]}", file=sys.stderr)
             agent.server.stop()
+            oom.close()
             return 126, None
         agent.sampler.listeners.extend(listeners)
         store, run_id = _open_run_record(config, cmd)
@@ -240,7 +304,7 @@ def run(cmd: Sequence[str], config: Config, on_exit: Callable[[list[Family]], No
         if own_spool:
             shutil.rmtree(own_spool, ignore_errors=True)
     code = os.waitstatus_to_exitcode(status)
-    oom_kills, oom_scope = _oom_kills_during(oom_before, _oom_kill_counts(config))
+    oom_kills, oom_scope, oom_counter, oom_victims = oom.finish(child)
     ended_by = _signal_name(-code) if code < 0 else None
     if code < 0:  # killed by a signal: report it as a shell would
         code = 128 - code
@@ -254,6 +318,7 @@ def run(cmd: Sequence[str], config: Config, on_exit: Callable[[list[Family]], No
         max_processes=max(tree.max_processes, 1), signals_forwarded=forwarded,
         metrics_url=agent.server.url + "/metrics", started=started_unix,
         measured=measure(final, recorder.waiting(), recorder.hooked), oom_kills=oom_kills, oom_scope=oom_scope,
+        oom_counter=oom_counter, oom_victims=oom_victims,
         alerts=sorted(recorder.alerts, key=lambda a: a.fired), verdict=recorder.verdict(),
         timeline=recorder.timeline(),
     )

@@ -160,7 +160,7 @@ def test_show_lists_every_key_with_its_source(tmp_path: Path) -> None:
     text = to_yaml(resolve(load(file=f, env={"OUTRIDER_LOG_LEVEL": "debug"})))
     assert f"interval_s: 2.0  # file {f}" in text
     assert "log_level: debug  # environment OUTRIDER_LOG_LEVEL" in text
-    assert ("collectors: [host, process, gpu, hook, prometheus_multiproc, workload_metrics, otlp_receiver, "
+    assert ("collectors: [host, oom, process, gpu, hook, prometheus_multiproc, workload_metrics, otlp_receiver, "
             "diagnosis, alerts, self]  # default") in text
 
 
@@ -181,8 +181,8 @@ def test_cli_flag_errors_name_the_flag() -> None:
     r = subprocess.run(outrider_cmd("config", "show", "--no-collector.process", "--collector.host"),
                        capture_output=True, text=True)
     assert r.returncode == 0
-    assert ("collectors: [host, gpu, hook, prometheus_multiproc, workload_metrics, otlp_receiver, diagnosis, alerts, "
-            "self]") in r.stdout
+    assert ("collectors: [host, oom, gpu, hook, prometheus_multiproc, workload_metrics, otlp_receiver, diagnosis, "
+            "alerts, self]") in r.stdout
 
 
 def test_cli_config_check_loads_the_rules_and_receivers_it_names(tmp_path: Path) -> None:

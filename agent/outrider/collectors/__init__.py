@@ -17,6 +17,7 @@ from outrider.collectors.diagnosis import DiagnosisCollector
 from outrider.collectors.gpu import GpuCollector
 from outrider.collectors.hook import HookCollector
 from outrider.collectors.host import HostCollector
+from outrider.collectors.oom import OomCollector
 from outrider.collectors.otlp_receiver import OtlpReceiverCollector
 from outrider.collectors.process import ProcessCollector
 from outrider.collectors.prometheus_multiproc import PrometheusMultiprocCollector
@@ -25,8 +26,9 @@ from outrider.config import ConfigError, LoadedConfig
 
 REGISTRY: dict[str, type[Collector]] = {
     cls.name: cls
-    for cls in (HostCollector, ProcessCollector, GpuCollector, HookCollector, PrometheusMultiprocCollector,
-                WorkloadMetricsCollector, OtlpReceiverCollector, DiagnosisCollector, AlertsCollector, SelfCollector)
+    for cls in (HostCollector, OomCollector, ProcessCollector, GpuCollector, HookCollector,
+                PrometheusMultiprocCollector, WorkloadMetricsCollector, OtlpReceiverCollector, DiagnosisCollector,
+                AlertsCollector, SelfCollector)
 }
 
 

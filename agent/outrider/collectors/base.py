@@ -7,8 +7,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from outrider.config import Config
+from outrider.config import Config, ConfigError
 from outrider.logs import LogOnce
+from outrider.metrics.catalog import CATALOG, K8S_OWNER, MetricDef, with_enrichment
 from outrider.metrics.family import Family
 
 Reporter = Callable[[], list[Family]]
@@ -95,3 +96,27 @@ class Collector:
 
     def close(self) -> None:
         """Release resources (threads, handles). Idempotent."""
+
+
+OWNER_LABEL_KEYS = ("k8s_owner_namespace_label", "k8s_owner_pod_label", "k8s_owner_container_label")
+
+
+def owner_definitions(config: Config, collector: str) -> dict[str, MetricDef]:
+    """The collector's metrics that name a Kubernetes owner (GPU series, OOM victims), with the owner labels under
+    their configured names; a name that is not distinct or that such a metric already uses is a configuration error
+    naming its key."""
+    names = {default.prom: getattr(config, key) for default, key in zip(K8S_OWNER, OWNER_LABEL_KEYS)}
+    chosen = list(names.values())
+    for name in chosen:
+        keys = [key for key, other in zip(OWNER_LABEL_KEYS, chosen) if other == name]
+        if len(keys) > 1:
+            raise ConfigError(f"{' and '.join(keys)} are both '{name}': give each owner label its own name")
+    defs: dict[str, MetricDef] = {}
+    for defn in CATALOG.values():
+        if defn.collector != collector or not defn.enrichment:
+            continue
+        for key, name in zip(OWNER_LABEL_KEYS, chosen):
+            if name in defn.label_names:
+                raise ConfigError(f"{key}: '{name}' is already a label of {defn.name}; choose another name")
+        defs[defn.name] = with_enrichment(defn, names)
+    return defs

@@ -9,6 +9,7 @@ memory.oom_control). Both roots are parameters, so tests point them at fixture t
 
 from __future__ import annotations
 
+import errno
 import os
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -97,3 +98,60 @@ def read_memory(cg: MemoryCgroup, read: Reader = None) -> CgroupMemory:
     # total_inactive_file counts the cgroup's children too, as usage_in_bytes does
     inactive = stat.get("total_inactive_file", stat.get("inactive_file", 0))
     return CgroupMemory(None if raw_limit >= V1_UNLIMITED else raw_limit, usage, inactive, oom.get("oom_kill"))
+
+
+# --- OOM kills per cgroup, for the oom collector and `outrider run` -------------------------------------------
+
+# The file and key of a cgroup's OOM-kill counter by version. v2's memory.events counts the cgroup and everything
+# below it (unless the hierarchy is mounted with memory_localevents); v1's memory.oom_control counts the cgroup's own
+# processes only.
+OOM_KILL_FILE = {2: "memory.events", 1: "memory.oom_control"}
+
+
+def memory_hierarchy(sys_root: str) -> MemoryCgroup | None:
+    """The root of the memory hierarchy as mounted here: the unified (v2) mount with the memory controller, or v1's
+    memory controller (a hybrid host mounts both, memory under v1); None where neither is mounted."""
+    base = f"{sys_root}/fs/cgroup"
+    try:
+        if "memory" in read_text(f"{base}/cgroup.controllers").split():
+            return MemoryCgroup(base, 2)
+    except FileNotFoundError:
+        pass
+    if os.path.exists(f"{base}/memory/memory.usage_in_bytes"):
+        return MemoryCgroup(f"{base}/memory", 1)
+    return None
+
+
+def is_kernel_root(cg: MemoryCgroup) -> bool:
+    """Whether the mount shows the kernel's root cgroup (the whole host), not a cgroup namespace's (a container's
+    own cgroup): v2 leaves cgroup.events off the root, v1 has release_agent on the root only."""
+    if cg.version == 2:
+        return not os.path.exists(f"{cg.path}/cgroup.events")
+    return os.path.exists(f"{cg.path}/release_agent")
+
+
+def read_oom_kills(path: str, version: int) -> int | None:
+    """The oom_kill counter of the cgroup at `path`; None where it has none (no memory controller there, a kernel
+    before 4.13, or the cgroup is being removed)."""
+    try:
+        text = read_text(f"{path}/{OOM_KILL_FILE[version]}")
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as e:
+        if e.errno == errno.ENODEV:  # the cgroup went away between listing and reading
+            return None
+        raise
+    return pick(text, ("oom_kill",)).get("oom_kill")
+
+
+def subtree_oom_kills(cg: MemoryCgroup) -> int | None:
+    """OOM kills in the cgroup and the cgroups below it, as v2's memory.events counts them; on v1, whose counters are
+    each cgroup's own, the sum over the live subtree (a child removed with its kills takes them along)."""
+    own = read_oom_kills(cg.path, cg.version)
+    if cg.version == 2 or own is None:
+        return own
+    total = own
+    for dirpath, dirnames, _ in os.walk(cg.path):
+        for name in dirnames:
+            total += read_oom_kills(f"{dirpath}/{name}", 1) or 0
+    return total

@@ -17,11 +17,10 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from outrider.collectors.base import Collector, CollectorContext
+from outrider.collectors.base import Collector, CollectorContext, owner_definitions
 from outrider.collectors.procfs import read_proc_stat, read_text
-from outrider.config import ConfigError
 from outrider.k8s.gpu_owners import GpuOwners, Owner
-from outrider.metrics.catalog import CATALOG, K8S_OWNER, MetricDef, with_enrichment
+from outrider.metrics.catalog import CATALOG, MetricDef
 from outrider.metrics.family import Family
 from outrider.nvml import NA, GpuLost, Nvml, percent
 
@@ -53,9 +52,6 @@ def xid_class(code: int) -> str:
     return "other"
 
 
-OWNER_LABEL_KEYS = ("k8s_owner_namespace_label", "k8s_owner_pod_label", "k8s_owner_container_label")
-
-
 class _Families:
     """One sweep's families, by name: with attribution on, GPU metrics take the definitions that carry the owner
     labels after their own (their values come last in every add; empty ones are left out of the exposition)."""
@@ -85,7 +81,7 @@ class GpuCollector(Collector):
             self.owners = GpuOwners(config.k8s_pod_resources_socket, config.k8s_pod_resources_timeout_s)
         self._defs: dict[str, MetricDef] = {}
         if self.owners is not None:
-            self._defs = _owner_definitions(config)
+            self._defs = owner_definitions(config, self.name)
         self._owner_errors_seen = 0
         self._lost: set[int] = set()
         self._lost_counts: dict[int, int] = {}
@@ -375,26 +371,6 @@ class GpuCollector(Collector):
         self.nvml.shutdown()
         if self.owners is not None:
             self.owners.close()
-
-
-def _owner_definitions(config: Any) -> dict[str, MetricDef]:
-    """The GPU metrics with the owner labels under their configured names; a name that is not distinct or that
-    a GPU metric already uses is a configuration error naming its key."""
-    names = {default.prom: getattr(config, key) for default, key in zip(K8S_OWNER, OWNER_LABEL_KEYS)}
-    chosen = list(names.values())
-    for name in chosen:
-        keys = [key for key, other in zip(OWNER_LABEL_KEYS, chosen) if other == name]
-        if len(keys) > 1:
-            raise ConfigError(f"{' and '.join(keys)} are both '{name}': give each owner label its own name")
-    defs: dict[str, MetricDef] = {}
-    for defn in CATALOG.values():
-        if defn.collector != "gpu" or not defn.enrichment:
-            continue
-        for key, name in zip(OWNER_LABEL_KEYS, chosen):
-            if name in defn.label_names:
-                raise ConfigError(f"{key}: '{name}' is already a label of {defn.name}; choose another name")
-        defs[defn.name] = with_enrichment(defn, names)
-    return defs
 
 
 def _nspid(root: str, pid: str) -> list[int]:

@@ -66,6 +66,20 @@ def build() -> Dashboard:
                         "interval.", "short",
                         query(f"increase(outrider_cgroup_memory_oom_kills_total{{{SEL}}}[$__rate_interval])",
                               "{{instance}}"), th=thresholds(GREEN, (1, "red"))))
+    d = d.with_panel(ts("OOM kills by victim", "Processes the kernel OOM-killed per interval, by victim: the pod and "
+                        "container, or the memory cgroup, and the process where the kernel log names it (the oom "
+                        "collector, from a node agent's view of every cgroup); kills the host counted that no cgroup "
+                        "named are unattributed.", "short",
+                        query(f"increase(outrider_oom_victim_kills_total{{{SEL}}}[$__rate_interval])",
+                              "{{victim}} on {{instance}}"),
+                        query(f"increase(outrider_oom_unattributed_kills_total{{{SEL}}}[$__rate_interval])",
+                              "unattributed ({{reason}}) on {{instance}}"),
+                        query(f"outrider_oom_kernel_log_readable{{{SEL}}} == 0",
+                              "kernel log unreadable (no process names) on {{instance}}"),
+                        query(f"increase(outrider_oom_scans_total{{{SEL}}}[$__rate_interval])",
+                              "looks at the cgroups on {{instance}}"),
+                        th=thresholds(GREEN, (1, "red")),
+                        links=[runbook("exhaustion.md", "hostoomkills", "OOM kills")]))
     d = d.with_row(Row("Disks and network"))
     d = d.with_panel(ts("Disk throughput", "Bytes read and written per device.", "Bps",
                         query(f"rate(outrider_host_disk_io_bytes_total{{{SEL}}}[$__rate_interval])",

@@ -227,7 +227,33 @@ _DEFS: tuple[MetricDef, ...] = (
               "Memory of the agent's cgroup the kernel cannot simply drop: usage minus inactive page cache (the "
               "number the kubelet evicts on and the one to compare with the limit).", (), "host"),
     MetricDef("outrider_cgroup_memory_oom_kills_total", "outrider.cgroup.memory.oom_kills", "{kill}", "counter",
-              "Processes the kernel OOM-killed in the agent's cgroup (memory.events oom_kill).", (), "host"),
+              "Processes the kernel OOM-killed in the agent's cgroup (cgroup v2 memory.events oom_kill: the cgroup "
+              "and the ones below it; v1 memory.oom_control oom_kill: its own processes).", (), "host"),
+    # --- oom (who the OOM killer killed) --------------------------------------------------------------------
+    MetricDef("outrider_oom_victim_kills_total", "outrider.oom.victim.kills", "{kill}", "counter",
+              "Processes the kernel OOM-killed, by victim: the memory cgroup it charged the kill to (a container's, "
+              "or its pod's where the container's cgroup was gone before the agent looked), with the pod's UID "
+              "and the container's ID where the kubelet's and runtimes' cgroup names say, the killed process's "
+              "name where the kernel log is readable (the first one named, for later kills in the same cgroup), "
+              "and victim, those in words. Counted since the agent saw the victim's first kill: the series appears "
+              "with it (kills before the agent started are not counted), and goes an hour after the last. Kills "
+              "in the agent's own cgroup are outrider_cgroup_memory_oom_kills_total's.",
+              (Label("cgroup", "outrider.oom.cgroup"), Label("pod_uid", "k8s.pod.uid", optional=True),
+               Label("container_id", "container.id", optional=True),
+               Label("process", "process.executable.name", optional=True), Label("victim", "outrider.oom.victim")),
+              "oom", enrichment=K8S_OWNER),
+    MetricDef("outrider_oom_unattributed_kills_total", "outrider.oom.unattributed_kills", "{kill}", "counter",
+              "OOM kills the host counted (/proc/vmstat oom_kill) but no victim series holds, by reason: unnamed "
+              "(no cgroup counter nor kernel log line named a cgroup: a process of the root cgroup, a v1 cgroup "
+              "removed before the agent looked; counted only where the agent sees the host's whole cgroup "
+              "hierarchy) or cap (a victim beyond the bound of 100 at once).",
+              (Label("reason", "error.type"),), "oom"),
+    MetricDef("outrider_oom_scans_total", "outrider.oom.scans", "{scan}", "counter",
+              "Times the oom collector looked at the memory cgroups and the kernel log, which it does only when "
+              "the host's OOM-kill count (/proc/vmstat oom_kill) moved.", (), "oom"),
+    MetricDef("outrider_oom_kernel_log_readable", "outrider.oom.kernel_log.readable", "1", "gauge",
+              "1 where the kernel log (kmsg_path, /dev/kmsg) is readable, so OOM victims carry the killed process's "
+              "name; 0 where it is not (no such device in the container, no CAP_SYSLOG).", (), "oom"),
     # --- process (the watched tree) -------------------------------------------------------------------------
     MetricDef("outrider_process_cpu_seconds_total", "process.cpu.time", "s", "counter",
               "CPU time of each watched process (top N; pid=\"other\" accumulates the rest while they are not "
