@@ -63,7 +63,7 @@ def test_every_screen_fits_the_terminal_width_and_keeps_what_matters(agent: Agen
     assert re.search(r"training +[\d.,]+ steps/s +[\d.,]+ samples/s", wide), wide
     assert re.search(r"step time p50 [\d.]+ ms +p99 [\d.]+ ms", wide), wide
     assert re.search(r"inference +[\d.,]+ req/s +latency p50 [\d.]+ ms +p90 [\d.]+ ms +p99 [\d.]+ ms", wide), wide
-    assert re.search(r"host +cpu \d+(\.\d)?% +job rss [\d.]+ [KMG]iB +memory available", wide), wide
+    assert re.search(r"host +cpu \d+(\.\d)?% +job rss [\d.,]+ [KMG]iB +memory available", wide), wide
     assert re.search(r"verdict +\w+", wide) and re.search(r"alerts +.*GPUsPresent", wide), wide
     for columns in (40, 60, 100, 160):
         screen = top_once(agent.url, columns)
