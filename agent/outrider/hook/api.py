@@ -1,7 +1,9 @@
 """The public hook API (re-exported by `outrider`): instrument(), step timing, data-loader wait, latency, counters.
 
-Every function is safe to call before instrument() (it does nothing) and never raises into user code. With
-OUTRIDER_DISABLED=1 every call is a no-op. The hot-path functions touch one or two series and no lock.
+Before instrument() the step, loop, latency and request functions do nothing; counter(), gauge() and histogram()
+call instrument() themselves (a custom series is asked for to be published), so the first of them sets the hook up
+as instrument() would. No function raises into user code. With OUTRIDER_DISABLED=1 every call is a no-op. The
+hot-path functions touch one or two series and no lock.
 """
 
 from __future__ import annotations
