@@ -101,8 +101,11 @@ class MetricsServer:
         return self._scrapes
 
     def families(self) -> list[Family]:
-        """The scrapes so far, for the self collector (agent.py wires it as a reporter)."""
-        return [Family("outrider_agent_scrapes_total").add(self._scrapes)]
+        """The scrapes so far and the connections the server closed, for the self collector (agent.py wires it
+        as a reporter)."""
+        closed = Family("outrider_agent_connections_closed_total")
+        closed.add(self._http.evicted, "evicted").add(self._http.timed_out, "timed_out")
+        return [Family("outrider_agent_scrapes_total").add(self._scrapes), closed]
 
     @property
     def address(self) -> tuple[str, int]:

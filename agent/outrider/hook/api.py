@@ -26,7 +26,7 @@ from outrider.hook.torch_data import TIMED_MARK
 LOG = logging.getLogger("outrider.hook")
 F = TypeVar("F", bound=Callable[..., Any])
 T = TypeVar("T")
-NOOP = NoopSeries("noop", {}, 1, lambda reason: None)
+NOOP = NoopSeries("noop")
 
 
 def _active() -> bool:
@@ -321,6 +321,7 @@ def _drain() -> None:
     n, done = S.n, S.drained
     nw, start_w = S.nw, S.drained_w
     loop = S.loop
+    lost = loop.lost
     if nw - start_w > RING:
         hook.drop("wait_ring_overflow")
         start_w = nw - RING
@@ -336,6 +337,8 @@ def _drain() -> None:
             loop.add_checkpoint(*S.checkpoints.popleft())
         except IndexError:
             break
+    if loop.lost > lost:  # intervals that waited for a step past MAX_PENDING (a loader iterated outside training)
+        hook.drop("loop_backlog", loop.lost - lost)
     if n > done:
         start = done
         if n - done > RING:
