@@ -370,7 +370,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("metrics", help="one sweep printed as exposition text")
     _add_config_flags(p, with_pid=True)
-    p.add_argument("--once", action="store_true", help="one sweep, then exit (the only mode for now)")
+    p.add_argument("--once", action="store_true", help="one sweep, then exit (what `outrider metrics` always does)")
     p.add_argument("--openmetrics", action="store_true", help="OpenMetrics instead of Prometheus text")
     p.set_defaults(func=cmd_metrics)
 

@@ -321,8 +321,8 @@ def k8s_identity(config: Config, env: Mapping[str, str] | None = None) -> dict[s
 
 
 def _collectors(raw: Any) -> tuple[str, ...]:
-    """Collector names; whether each exists is checked against the registry where the agent is wired
-    (outrider.collectors.check_names), so this ground floor never imports a collector."""
+    """Collector names; whether each exists is checked against the registry where a command loads its
+    configuration (outrider.collectors.resolve, called by cli.py), so this ground floor never imports a collector."""
     names = _str_list(raw)
     for name in names:
         if not re.fullmatch(r"[a-z][a-z0-9_]*", name):

@@ -63,9 +63,6 @@ class Deadline:
         with self._lock:
             self._sockets.clear()
 
-    def remaining_s(self) -> float:
-        return max(0.0, self._ends - time.monotonic())
-
     def register(self, sock: Any) -> None:
         with self._lock:
             if self.expired:

@@ -98,6 +98,9 @@ FLAG_STALLED = 2
 
 LOCK_NAME = "agent.lock"
 READER_NAME_RE = re.compile(r"reader-[0-9a-f]{16}\.lock")  # an agent reading a spool another agent owns
+# The exit status of an agent started for the spool (outrider/standalone.py, by hook/election.py) that found
+# LOCK_NAME held: another agent serves the spool, not a failure.
+EXIT_ANOTHER_AGENT = 3
 SHARD_SUFFIX = ".shard"
 STACKS_SUFFIX = ".stacks.txt"
 SHARD_NAME_RE = re.compile(r"outrider-(\d+)-(\d+)\.shard")

@@ -7,14 +7,14 @@ process of its own (decision 9): the workload holds none of its sockets, threads
 In order: it lowers its priority (nice 19, then SCHED_IDLE where the platform has it), raises its own soft
 descriptor limit to the hard one (one descriptor per shard: 1,100 workers need more than a usual 1024), takes the
 spool's lock (retrying briefly, since a hook's probe may hold it for microseconds; a second agent exits
-EXIT_ANOTHER_AGENT, at once and quietly), builds the agent (a configuration error or a listen address that is not
+spool.EXIT_ANOTHER_AGENT, at once and quietly), builds the agent (a configuration error or a listen address that is not
 ours exits non-zero, which the starting hook logs once and backs off on), then detaches: it forks once and the
 first process exits 0, so the agent is never a child of the workload. It serves until neither a publishing process
 nor the starting process (known by pid and start time) has been alive for lifecycle.grace_s, then does a final
 sweep and flush and exits.
 
 Collectors: host, process (the starting workload's process tree, not the agent), hook, alerts, and self, which
-now measures the agent's own process. Alert rules are evaluated only if OUTRIDER_RULE_FILES (or a config file)
+measures this process (the agent's own, never the workload's). Alert rules are evaluated only if OUTRIDER_RULE_FILES (or a config file)
 asks: by default alerting is left to a sidecar, `outrider run` or Prometheus. Once the workload is gone the agent
 lets go of the stderr it inherited, so a pipe reading the workload's output (`| tee`) ends with the workload.
 """
@@ -35,7 +35,6 @@ from outrider import lifecycle, spool
 from outrider.agent import Agent
 from outrider.collectors import procfs
 from outrider.config import Config, LoadedConfig, load
-from outrider.hook.election import EXIT_ANOTHER_AGENT
 from outrider.logs import setup_logging
 from outrider.metrics.family import Family
 
@@ -146,7 +145,7 @@ def run(workload_pid: int, spool_dir: str | None, listen: str | None, detach_fir
         print(f"outrider: cannot use the spool {path}: {e}", file=sys.stderr)
         return 1
     if lock_fd is None:
-        return EXIT_ANOTHER_AGENT
+        return spool.EXIT_ANOTHER_AGENT
     try:
         try:
             agent = Agent(config, roots=(workload_pid,) if workload_pid > 0 else (), listen_fallback=True,

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -251,28 +253,51 @@ def test_a_service_that_never_steps_is_never_stalled(tmp_path: Path) -> None:
     assert value(parsed, "outrider_train_first_step_pending") is None
 
 
-def test_the_step_ring_counts_every_step_even_when_it_laps(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def flushed_by_hand(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """The public API instrumented afresh on tmp_path, with a flush interval so long that only the test flushes;
+    yields the hook API's module (api.S.hook.flush())."""
     import outrider
     from outrider.hook import api
 
     monkeypatch.setattr(api, "S", api._State())
     monkeypatch.setenv("OUTRIDER_SPOOL_DIR", str(tmp_path))
     monkeypatch.setenv("OUTRIDER_STANDALONE", "false")
-    monkeypatch.setenv("OUTRIDER_FLUSH_INTERVAL_S", "3600")  # nothing drains until the test says so
+    monkeypatch.setenv("OUTRIDER_FLUSH_INTERVAL_S", "3600")
     assert outrider.instrument()
     try:
-        for _ in range(20_000):  # five times the ring between two flushes
-            with outrider.step(samples=2, tokens=3):
-                pass
-        api.S.hook.flush()
-        _, parsed = agent_view(tmp_path)
-        assert value(parsed, "outrider_train_steps_total") == 20_000, "once 4,096: the ring lost counts"
-        assert value(parsed, "outrider_samples_total") == 40_000
-        assert value(parsed, "outrider_tokens_total") == 60_000
-        assert value(parsed, "outrider_train_step_duration_seconds_count") == 4096, "only durations are lost"
-        assert value(parsed, "outrider_hook_dropped_total", reason="step_ring_overflow") == 1
+        yield api
     finally:
         api.S.hook.close()
+
+
+def test_the_step_ring_counts_every_step_even_when_it_laps(tmp_path: Path, flushed_by_hand: Any) -> None:
+    import outrider
+
+    for _ in range(20_000):  # five times the ring between two flushes
+        with outrider.step(samples=2, tokens=3):
+            pass
+    flushed_by_hand.S.hook.flush()
+    _, parsed = agent_view(tmp_path)
+    assert value(parsed, "outrider_train_steps_total") == 20_000, "once 4,096: the ring lost counts"
+    assert value(parsed, "outrider_samples_total") == 40_000
+    assert value(parsed, "outrider_tokens_total") == 60_000
+    assert value(parsed, "outrider_train_step_duration_seconds_count") == 4096, "only durations are lost"
+    assert value(parsed, "outrider_hook_dropped_total", reason="step_ring_overflow") == 1
+
+
+def test_data_waits_no_step_places_are_dropped_and_counted(tmp_path: Path, flushed_by_hand: Any) -> None:
+    import outrider
+
+    for _ in range(3):  # a loader iterated outside any training loop: no step ever places its waits
+        for _ in outrider.dataloader(range(3000)):
+            pass
+        flushed_by_hand.S.hook.flush()
+    _, parsed = agent_view(tmp_path)
+    lost = flushed_by_hand.S.loop.lost
+    assert lost > 0
+    assert value(parsed, "outrider_hook_dropped_total", reason="loop_backlog") == lost
+    assert value(parsed, "outrider_hook_dropped_total", reason="wait_ring_overflow") is None
 
 
 def test_retired_series_of_dead_processes_are_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -438,7 +438,6 @@ def test_no_hook_module_names_an_agent_module_even_as_a_string() -> None:
 
 def test_a_second_agent_for_a_spool_exits_at_once_and_quietly(tmp_path: Path) -> None:
     from outrider import spool as spool_mod
-    from outrider.hook.election import EXIT_ANOTHER_AGENT
 
     sp = tmp_path / "spool"
     spool_mod.prepare_dir(str(sp), private=False)
@@ -451,4 +450,4 @@ def test_a_second_agent_for_a_spool_exits_at_once_and_quietly(tmp_path: Path) ->
                            timeout=120)
     finally:
         os.close(held)
-    assert (r.returncode, r.stdout, r.stderr) == (EXIT_ANOTHER_AGENT, "", "")
+    assert (r.returncode, r.stdout, r.stderr) == (spool_mod.EXIT_ANOTHER_AGENT, "", "")

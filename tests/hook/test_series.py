@@ -5,7 +5,10 @@ from __future__ import annotations
 import math
 import threading
 
-from outrider.hook.series import DURATION_BOUNDS, Counter, Dropped, Gauge, Histogram
+import pytest
+
+from outrider.hook.registry import Registry
+from outrider.hook.series import DURATION_BOUNDS, Counter, Dropped, Gauge, Histogram, NoopSeries, Series
 
 
 def hist() -> tuple[Histogram, Dropped]:
@@ -80,3 +83,25 @@ def test_reset_after_fork_starts_from_zero() -> None:
     assert c.total() == [0.0]
     c.inc(1)
     assert c.total() == [1.0]
+
+
+@pytest.mark.parametrize(("kind", "name", "reason"), [
+    ("counter", "b_total", "series_limit"),
+    ("gauge", "bad name", "invalid_name"),
+    ("histogram", "a_total", "inconsistent_kind"),
+])
+def test_a_refused_series_is_none_of_the_series_types_and_holds_nothing(kind: str, name: str, reason: str) -> None:
+    reg = Registry(max_series=1)
+    reg.series("counter", "a_total").inc()
+    refused = reg.series(kind, name)
+    # a sibling: an isinstance filter for the series that publish (the runtime's, before set_total) skips it
+    assert isinstance(refused, NoopSeries) and not isinstance(refused, Series | Counter | Gauge | Histogram)
+    refused.inc()
+    refused.set_total(5.0)
+    refused.set(1.0)
+    refused.add(1.0)
+    refused.observe(0.1)
+    assert not refused.has_data() and not hasattr(refused, "__dict__")  # no cells, no value: nothing to keep
+    assert reg.drop.counts == {reason: 1}
+    entries, _ = reg.layout()
+    assert [(e[0], e[1]) for e in entries if not e[0].startswith("outrider_")] == [("a_total", "counter")]

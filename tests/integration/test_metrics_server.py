@@ -98,6 +98,12 @@ def closed_by_server(sock: socket.socket) -> bool:
         return True  # closed without a TLS close_notify: a close all the same
 
 
+def closed_counts(server: MetricsServer) -> dict[str, float]:
+    """outrider_agent_connections_closed_total by reason, as the self collector exports it."""
+    family = next(f for f in server.families() if f.defn.name == "outrider_agent_connections_closed_total")
+    return {labels[0]: v for labels, v in family.samples}
+
+
 def client_tls(cert: str) -> ssl.SSLContext:
     return ssl.create_default_context(cafile=cert)
 
@@ -150,6 +156,7 @@ def test_a_half_sent_request_and_a_silent_connection_are_closed_at_the_header_de
         assert closed_by_server(silent), "closed by the server, not left to the client's timeout"
         assert closed_by_server(half)
         assert get(s, context=context)[0] == 200
+        assert closed_counts(s) == {"evicted": 0, "timed_out": 2}  # counted for the operator
     finally:
         silent.close()
         half.close()
@@ -178,6 +185,7 @@ def test_connections_beyond_the_table_never_hold_more_sockets_and_a_scrape_still
     try:
         assert get(s)[2] == BODY  # the oldest waiting connections are closed to make room
         assert server_side_connections(s) <= limits.max_connections
+        assert closed_counts(s)["evicted"] >= 50 + 1 - limits.max_connections
     finally:
         for sock in socks:
             sock.close()

@@ -85,6 +85,20 @@ def test_the_store_is_trimmed_to_the_rules_windows() -> None:
     assert len(times) <= 2 * 60 + 2 and clock.ms - min(times) <= 2 * 60_000 + 1000
 
 
+def test_a_sample_older_than_its_series_newest_is_dropped_and_counted() -> None:
+    clock = Clock()
+    engine = RuleEngine(groups({"alert": "A", "expr": "test_value > 0"}), 1.0, clock=clock)
+
+    def dropped() -> float:
+        family = next(f for f in engine.families() if f.defn.name == "outrider_rule_store_out_of_order_samples_total")
+        return family.samples[0][1]  # type: ignore[return-value]
+
+    engine.ingest(fam({"0": 1.0, "1": 1.0}), clock.ms)
+    engine.ingest(fam({"0": 2.0}), clock.ms - 1000)  # stamped before its series' newest: rules never see it
+    assert dropped() == 1
+    assert [list(s.values) for _, s in engine.store.candidates("test_value")] == [[1.0], [1.0]]
+
+
 def engine_with_state(tmp_path: Path, clock: Clock, sent: list[Notification]) -> RuleEngine:
     rules = groups({"alert": "Hot", "expr": "test_value > 80", "for": "2s", "labels": {"severity": "warning"},
                     "annotations": {"summary": "GPU {{ $labels.gpu }} at {{ $value }}"}})

@@ -1,24 +1,85 @@
-"""The architecture as the code has it: the layers and the hook's independence are checked by import-linter in
-CI (pyproject.toml, `lint-imports`); this test adds what a contract cannot say: the hook and the spool import
-only the standard library."""
+"""The architecture as the code has it: the contracts in pyproject.toml (`lint-imports` in CI) keep the code, and each
+import the design rules out breaks one of them, the hook's "standard library only" among them."""
 
 from __future__ import annotations
 
-import sys
+from copy import deepcopy
+from functools import cache
 
 import grimp
+import pytest
+from importlinter.domain.contract import Contract
+
+from tests import import_contracts
 
 
-def test_the_hook_and_the_spool_import_only_the_standard_library() -> None:
-    graph = grimp.build_graph("outrider", include_external_packages=True)
-    hook_side = {m for m in graph.modules if m.startswith(("outrider.hook", "outrider.spool"))}
-    assert "outrider.spool" in hook_side and "outrider.hook.api" in hook_side
-    external = {imported.split(".")[0] for m in hook_side for imported in graph.find_modules_directly_imported_by(m)
-                if not imported.startswith("outrider")}
-    assert external and external <= set(sys.stdlib_module_names), external - set(sys.stdlib_module_names)
-    internal = {imported for m in hook_side for imported in graph.find_modules_directly_imported_by(m)
-                if imported.startswith("outrider")}
-    assert all(m.startswith(("outrider.hook", "outrider.spool")) for m in internal), internal
+@cache
+def _graph() -> grimp.ImportGraph:
+    return grimp.build_graph("outrider", include_external_packages=True)
+
+
+@cache
+def _contracts() -> tuple[Contract, ...]:
+    return tuple(import_contracts._contracts(import_contracts.REPO / "pyproject.toml"))
+
+
+def _broken(graph: grimp.ImportGraph) -> list[str]:
+    return [c.name for c in _contracts() if not c.check(deepcopy(graph), verbose=False).kept]
+
+
+def _broken_by(importer: str, imported: str) -> list[str]:
+    graph = deepcopy(_graph())
+    graph.add_import(importer=importer, imported=imported)
+    return _broken(graph)
+
+
+def test_the_code_keeps_every_contract() -> None:
+    assert _broken(_graph()) == []
+
+
+@pytest.mark.parametrize(("importer", "imported"), [
+    ("outrider.hook.api", "yaml"),  # a third-party package in the workload's process
+    ("outrider.hook.torch_integration", "torch"),  # torch is found in sys.modules, never imported
+    ("outrider.spool", "re2"),
+    ("outrider.hook.api", "outrider.metrics.catalog"),  # the agent's code in the workload's process
+    ("outrider.spool", "outrider.config"),
+    ("outrider.dashboards.agents", "outrider.agent"),  # the review's examples of wrong-but-downward imports
+    ("outrider.rules.engine", "outrider.collectors.gpu"),
+    ("outrider.standalone", "outrider.hook.election"),  # the agent knows the hook through the spool only
+    ("outrider.exporters.otlp", "outrider.rules.engine"),  # collecting, alerting, exporting meet in agent.py
+    ("outrider.notify.base", "outrider.sampler"),
+    ("outrider.collectors.host", "outrider.exporters.prometheus"),
+    ("outrider.runner", "outrider.sampler"),  # commands start the agent whole
+    ("outrider.top", "outrider.collectors.host"),  # top reads /metrics, not the agent's code
+    ("outrider.agent", "outrider.nvml"),  # NVML through the gpu collector only
+    ("outrider.cli", "outrider.otel_bridge"),  # the bridges are the public API's
+    ("outrider.rules.engine", "outrider.outbound"),  # only collectors, exporters and notifiers call out
+    ("outrider.diagnosis.signals", "outrider.config"),  # libraries take values
+    ("outrider.metrics.family", "outrider.regex"),  # leaves import nothing of outrider
+    ("outrider.config", "outrider.collectors"),  # one way down
+])
+def test_an_import_the_design_rules_out_breaks_a_contract(importer: str, imported: str) -> None:
+    assert _broken_by(importer, imported)
+
+
+@pytest.mark.parametrize(("importer", "imported"), [
+    ("outrider.hook.api", "json"),
+    ("outrider.hook.series", "outrider.spool"),
+    ("outrider.spool", "xml.etree"),
+])
+def test_the_hook_may_import_the_standard_library_and_the_spool(importer: str, imported: str) -> None:
+    assert _broken_by(importer, imported) == []
+
+
+def test_the_measure_counts_what_the_code_uses_and_what_one_more_import_could_add() -> None:
+    graph = _graph()
+    used = import_contracts.used_pairs(graph)
+    assert ("outrider.hook", "outrider.spool") in used and ("outrider.spool", "outrider.hook") not in used
+    allowed = import_contracts.allowed_pairs(graph)
+    assert used <= allowed
+    assert ("outrider.agent", "outrider.logs") in allowed - used  # the ground floor is everyone's
+    assert ("outrider.dashboards", "outrider.agent") not in allowed
+    assert ("outrider.hook", "outrider.version") not in allowed
 
 
 def test_no_module_imports_another_that_imports_it_back() -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from outrider.collectors.base import Collector, CollectorContext, owner_definitions
@@ -65,6 +66,22 @@ class _Families:
         if f is None:
             f = self.families[name] = Family(self._defs.get(name) or CATALOG[name])
         return f
+
+
+@dataclass(frozen=True)
+class _Gpu:
+    """One GPU in one sweep: what its readings ask NVML with, and where its samples go."""
+
+    index: int
+    handle: Any
+    facts: Any
+    labels: tuple[str, ...]  # gpu index, uuid, model
+    owned: tuple[str, ...]  # the owner's label values, after each series' own labels (none with attribution off)
+    fam: _Families
+
+    def add(self, name: str, value: float, *own: str) -> None:
+        """One sample: the GPU's labels, the series' own, then the owner's."""
+        self.fam(name).add(value, *self.labels, *own, *self.owned)
 
 
 class GpuCollector(Collector):
@@ -173,102 +190,150 @@ class GpuCollector(Collector):
 
     def _device(self, i: int, h: Any, facts: Any, labels: tuple[str, ...], owner: Owner | None,
                 owners: Mapping[str, Owner], fam: _Families) -> None:
-        q, lib = self.nvml.query, self.nvml.lib
-        owned = self._owner_values(owner)  # after each series' own labels
+        """Every reading of one GPU, in the order its families first appear in the exposition."""
+        gpu = _Gpu(i, h, facts, labels, self._owner_values(owner), fam)
+        self._utilization(gpu)
+        self._memory(gpu)
+        self._temperatures_and_nvlink(gpu)
+        self._power(gpu)
+        self._clocks(gpu)
+        self._throttling(gpu)
+        self._pcie(gpu)
+        self._memory_errors(gpu)
+        instances = self._mig(gpu, owners)  # GPU instance id -> the owner of its MIG device
+        self._gpm_metrics(i, h, fam, (*labels, *gpu.owned))
+        self._processes(i, h, labels, owner, instances, fam)
+
+    def _utilization(self, gpu: _Gpu) -> None:
+        """Busy time of the GPU, its memory interface, encoder and decoder."""
+        q, i, h = self.nvml.query, gpu.index, gpu.handle
         util = q("nvmlDeviceGetUtilizationRates", h, device=i)
         if util is not NA:
             if percent(util.gpu) is not NA:
-                fam("outrider_gpu_utilization_ratio").add(util.gpu / 100.0, *labels, "general", *owned)
+                gpu.add("outrider_gpu_utilization_ratio", util.gpu / 100.0, "general")
             if percent(util.memory) is not NA:
-                fam("outrider_gpu_memory_bandwidth_utilization_ratio").add(util.memory / 100.0, *labels, *owned)
+                gpu.add("outrider_gpu_memory_bandwidth_utilization_ratio", util.memory / 100.0)
         for fn, task in (("nvmlDeviceGetEncoderUtilization", "encoder"),
                          ("nvmlDeviceGetDecoderUtilization", "decoder")):
             v = q(fn, h, device=i)
             if v is not NA and percent(v[0]) is not NA:
-                fam("outrider_gpu_utilization_ratio").add(v[0] / 100.0, *labels, task, *owned)
+                gpu.add("outrider_gpu_utilization_ratio", v[0] / 100.0, task)
+
+    def _memory(self, gpu: _Gpu) -> None:
+        """Device memory: total, used, free, reserved (the v2 call where the driver has it)."""
+        q, lib, i, h = self.nvml.query, self.nvml.lib, gpu.index, gpu.handle
         mem = q("nvmlDeviceGetMemoryInfo", h, lib.nvmlMemory_v2, device=i, key="nvmlDeviceGetMemoryInfo_v2")
         if mem is NA:
             mem = q("nvmlDeviceGetMemoryInfo", h, device=i)
-        if mem is not NA:
-            fam("outrider_gpu_memory_total_bytes").add(mem.total, *labels, *owned)
-            fam("outrider_gpu_memory_used_bytes").add(mem.used, *labels, *owned)
-            fam("outrider_gpu_memory_free_bytes").add(mem.free, *labels, *owned)
-            if mem.total:
-                fam("outrider_gpu_memory_utilization_ratio").add(mem.used / mem.total, *labels, *owned)
-            if hasattr(mem, "reserved"):
-                fam("outrider_gpu_memory_reserved_bytes").add(mem.reserved, *labels, *owned)
-        temp = q("nvmlDeviceGetTemperature", h, lib.NVML_TEMPERATURE_GPU, device=i)
+        if mem is NA:
+            return
+        gpu.add("outrider_gpu_memory_total_bytes", mem.total)
+        gpu.add("outrider_gpu_memory_used_bytes", mem.used)
+        gpu.add("outrider_gpu_memory_free_bytes", mem.free)
+        if mem.total:
+            gpu.add("outrider_gpu_memory_utilization_ratio", mem.used / mem.total)
+        if hasattr(mem, "reserved"):
+            gpu.add("outrider_gpu_memory_reserved_bytes", mem.reserved)
+
+    def _temperatures_and_nvlink(self, gpu: _Gpu) -> None:
+        """The GPU's temperature, and what one field-values call gives: the memory's, and NVLink traffic; then
+        NVLink errors."""
+        nv, i, h = self.nvml, gpu.index, gpu.handle
+        temp = nv.query("nvmlDeviceGetTemperature", h, nv.lib.NVML_TEMPERATURE_GPU, device=i)
         if temp is not NA:
-            fam("outrider_gpu_temperature_celsius").add(temp, *labels, "gpu", *owned)
-        fields = self.nvml.field_values(h, [FIELD_MEMORY_TEMP, FIELD_NVLINK_TX, FIELD_NVLINK_RX], device=i)
+            gpu.add("outrider_gpu_temperature_celsius", temp, "gpu")
+        fields = nv.field_values(h, [FIELD_MEMORY_TEMP, FIELD_NVLINK_TX, FIELD_NVLINK_RX], device=i)
         if FIELD_MEMORY_TEMP in fields:
-            fam("outrider_gpu_temperature_celsius").add(fields[FIELD_MEMORY_TEMP], *labels, "memory", *owned)
+            gpu.add("outrider_gpu_temperature_celsius", fields[FIELD_MEMORY_TEMP], "memory")
         if FIELD_NVLINK_TX in fields:
-            fam("outrider_gpu_nvlink_bytes_total").add(fields[FIELD_NVLINK_TX] * 1024, *labels, "transmit", *owned)
+            gpu.add("outrider_gpu_nvlink_bytes_total", fields[FIELD_NVLINK_TX] * 1024, "transmit")
         if FIELD_NVLINK_RX in fields:
-            fam("outrider_gpu_nvlink_bytes_total").add(fields[FIELD_NVLINK_RX] * 1024, *labels, "receive", *owned)
-        for kind, n in sorted(self.nvml.nvlink_errors(i, h).items()):
-            fam("outrider_gpu_nvlink_errors_total").add(n, *labels, kind, *owned)
+            gpu.add("outrider_gpu_nvlink_bytes_total", fields[FIELD_NVLINK_RX] * 1024, "receive")
+        for kind, n in sorted(nv.nvlink_errors(i, h).items()):
+            gpu.add("outrider_gpu_nvlink_errors_total", n, kind)
+
+    def _power(self, gpu: _Gpu) -> None:
+        """Power drawn, its limit, and the energy used since the driver loaded."""
+        q, i, h = self.nvml.query, gpu.index, gpu.handle
         power = q("nvmlDeviceGetPowerUsage", h, device=i)
         if power is not NA:
-            fam("outrider_gpu_power_watts").add(power / 1000.0, *labels, *owned)
-        if facts.power_limit_w is not NA:
-            fam("outrider_gpu_power_limit_watts").add(facts.power_limit_w, *labels, *owned)
+            gpu.add("outrider_gpu_power_watts", power / 1000.0)
+        if gpu.facts.power_limit_w is not NA:
+            gpu.add("outrider_gpu_power_limit_watts", gpu.facts.power_limit_w)
         energy = q("nvmlDeviceGetTotalEnergyConsumption", h, device=i)
         if energy is not NA:
-            fam("outrider_gpu_energy_joules_total").add(energy / 1000.0, *labels, *owned)
+            gpu.add("outrider_gpu_energy_joules_total", energy / 1000.0)
+
+    def _clocks(self, gpu: _Gpu) -> None:
+        """SM and memory clocks (now, and their maximum), the performance state and the fan."""
+        q, lib, i, h, facts = self.nvml.query, self.nvml.lib, gpu.index, gpu.handle, gpu.facts
         for clock_type, clock in ((lib.NVML_CLOCK_SM, "sm"), (lib.NVML_CLOCK_MEM, "memory")):
             v = q("nvmlDeviceGetClockInfo", h, clock_type, device=i, key=f"nvmlDeviceGetClockInfo:{clock}")
             if v is not NA:
-                fam("outrider_gpu_clock_hertz").add(v * 1e6, *labels, clock, *owned)
+                gpu.add("outrider_gpu_clock_hertz", v * 1e6, clock)
         if facts.max_sm_clock_hz is not NA:
-            fam("outrider_gpu_clock_max_hertz").add(facts.max_sm_clock_hz, *labels, "sm", *owned)
+            gpu.add("outrider_gpu_clock_max_hertz", facts.max_sm_clock_hz, "sm")
         if facts.max_mem_clock_hz is not NA:
-            fam("outrider_gpu_clock_max_hertz").add(facts.max_mem_clock_hz, *labels, "memory", *owned)
+            gpu.add("outrider_gpu_clock_max_hertz", facts.max_mem_clock_hz, "memory")
         pstate = q("nvmlDeviceGetPerformanceState", h, device=i)
         if pstate is not NA and pstate != getattr(lib, "NVML_PSTATE_UNKNOWN", 32):
-            fam("outrider_gpu_performance_state").add(pstate, *labels, *owned)
+            gpu.add("outrider_gpu_performance_state", pstate)
         fan = percent(q("nvmlDeviceGetFanSpeed", h, device=i))
         if fan is not NA:
-            fam("outrider_gpu_fan_speed_ratio").add(fan / 100.0, *labels, *owned)
-        reasons = self.nvml.probe(("nvmlDeviceGetCurrentClocksEventReasons",
-                                   "nvmlDeviceGetCurrentClocksThrottleReasons"), h, device=i)
+            gpu.add("outrider_gpu_fan_speed_ratio", fan / 100.0)
+
+    def _throttling(self, gpu: _Gpu) -> None:
+        """Why the clocks are held down now (clock event reasons), and for how long each policy has held them."""
+        nv, i, h = self.nvml, gpu.index, gpu.handle
+        reasons = nv.probe(("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons"),
+                           h, device=i)
         if reasons is not NA:
             for bit, reason in CLOCK_EVENT_REASONS:
-                fam("outrider_gpu_clock_event_active").add(1 if reasons & bit else 0, *labels, reason, *owned)
+                gpu.add("outrider_gpu_clock_event_active", 1 if reasons & bit else 0, reason)
         for policy, reason in VIOLATION_POLICIES:
-            v = q("nvmlDeviceGetViolationStatus", h, policy, device=i, key=f"nvmlDeviceGetViolationStatus:{reason}")
+            v = nv.query("nvmlDeviceGetViolationStatus", h, policy, device=i,
+                         key=f"nvmlDeviceGetViolationStatus:{reason}")
             if v is not NA:
-                fam("outrider_gpu_violation_seconds_total").add(v.violationTime / 1e9, *labels, reason, *owned)
+                gpu.add("outrider_gpu_violation_seconds_total", v.violationTime / 1e9, reason)
+
+    def _pcie(self, gpu: _Gpu) -> None:
+        """PCIe throughput each way, and link replays."""
+        q, lib, i, h = self.nvml.query, self.nvml.lib, gpu.index, gpu.handle
         for counter, direction in ((lib.NVML_PCIE_UTIL_TX_BYTES, "transmit"), (lib.NVML_PCIE_UTIL_RX_BYTES, "receive")):
             v = q("nvmlDeviceGetPcieThroughput", h, counter, device=i, key=f"nvmlDeviceGetPcieThroughput:{direction}")
             if v is not NA:
-                fam("outrider_gpu_pcie_throughput_bytes_per_second").add(v * 1024, *labels, direction, *owned)
+                gpu.add("outrider_gpu_pcie_throughput_bytes_per_second", v * 1024, direction)
         replay = q("nvmlDeviceGetPcieReplayCounter", h, device=i)
         if replay is not NA:
-            fam("outrider_gpu_pcie_replays_total").add(replay, *labels, *owned)
+            gpu.add("outrider_gpu_pcie_replays_total", replay)
+
+    def _memory_errors(self, gpu: _Gpu) -> None:
+        """ECC error counts, and the rows remapped around failing memory."""
+        q, lib, i, h = self.nvml.query, self.nvml.lib, gpu.index, gpu.handle
         for err_type, type_name in ((lib.NVML_MEMORY_ERROR_TYPE_CORRECTED, "corrected"),
                                     (lib.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, "uncorrected")):
             for counter, counter_name in ((lib.NVML_VOLATILE_ECC, "volatile"), (lib.NVML_AGGREGATE_ECC, "aggregate")):
                 v = q("nvmlDeviceGetTotalEccErrors", h, err_type, counter, device=i,
                       key=f"nvmlDeviceGetTotalEccErrors:{type_name}:{counter_name}")
                 if v is not NA:
-                    fam("outrider_gpu_ecc_errors_total").add(v, *labels, type_name, counter_name, *owned)
+                    gpu.add("outrider_gpu_ecc_errors_total", v, type_name, counter_name)
         rows = q("nvmlDeviceGetRemappedRows", h, device=i)
         if rows is not NA:
             corr, unc, pending, failure = rows
-            fam("outrider_gpu_remapped_rows").add(corr, *labels, "correctable", *owned)
-            fam("outrider_gpu_remapped_rows").add(unc, *labels, "uncorrectable", *owned)
-            fam("outrider_gpu_row_remap_pending").add(1 if pending else 0, *labels, *owned)
-            fam("outrider_gpu_row_remap_failure").add(1 if failure else 0, *labels, *owned)
-        mig = q("nvmlDeviceGetMigMode", h, device=i)
-        instances: dict[int, Owner | None] = {}  # GPU instance id -> the owner of its MIG device
-        if mig is not NA:
-            fam("outrider_gpu_mig_mode").add(1 if mig[0] else 0, *labels, *owned)
-            if mig[0]:
-                instances = self._mig_devices(i, h, labels, owners, fam)
-        self._gpm_metrics(i, h, fam, (*labels, *owned))
-        self._processes(i, h, labels, owner, instances, fam)
+            gpu.add("outrider_gpu_remapped_rows", corr, "correctable")
+            gpu.add("outrider_gpu_remapped_rows", unc, "uncorrectable")
+            gpu.add("outrider_gpu_row_remap_pending", 1 if pending else 0)
+            gpu.add("outrider_gpu_row_remap_failure", 1 if failure else 0)
+
+    def _mig(self, gpu: _Gpu, owners: Mapping[str, Owner]) -> dict[int, Owner | None]:
+        """MIG mode, and with it on, its devices; returns the owner of each GPU instance's MIG device."""
+        mig = self.nvml.query("nvmlDeviceGetMigMode", gpu.handle, device=gpu.index)
+        if mig is NA:
+            return {}
+        gpu.add("outrider_gpu_mig_mode", 1 if mig[0] else 0)
+        if not mig[0]:
+            return {}
+        return self._mig_devices(gpu.index, gpu.handle, gpu.labels, owners, gpu.fam)
 
     def _mig_devices(self, i: int, h: Any, labels: tuple[str, ...], owners: Mapping[str, Owner],
                      fam: _Families) -> dict[int, Owner | None]:

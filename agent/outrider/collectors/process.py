@@ -56,8 +56,6 @@ class ProcessCollector(Collector):
         # Which counter groups of "other" and of the tree were ever read (an absent sum is not a sum of 0).
         self._other_read: set[tuple[int, int]] = set()
         self._tree_read: set[tuple[int, int]] = set()
-        self.last_rss_total = 0  # for the end-of-run summary's peak
-        self.peak_rss_total = 0
         self._identities = ProcessIdentities(self._root, full_command=ctx.config.process_full_command)
 
     def _pids(self) -> list[int]:
@@ -176,9 +174,6 @@ class ProcessCollector(Collector):
             if CTX in self._other_read:
                 ctx.add(o[4], OTHER, OTHER, "voluntary").add(o[5], OTHER, OTHER, "involuntary")
 
-        total_rss = sum(r.stat.rss_bytes for r in readings.values())
-        self.last_rss_total = total_rss
-        self.peak_rss_total = max(self.peak_rss_total, total_rss)
         t = self._tree
         tree_io = Family("outrider_watched_io_bytes_total")
         if IO in self._tree_read:
@@ -188,15 +183,11 @@ class ProcessCollector(Collector):
             Family("outrider_watched_up").add(1 if readings else 0),
             Family("outrider_watched_processes").add(len(readings)),
             Family("outrider_watched_cpu_seconds_total").add(t[0], "user").add(t[1], "system"),
-            Family("outrider_watched_memory_rss_bytes").add(total_rss),
+            Family("outrider_watched_memory_rss_bytes").add(sum(r.stat.rss_bytes for r in readings.values())),
             tree_io,
             Family("outrider_watched_threads").add(sum(r.stat.threads for r in readings.values())),
             *self._identities.families(self._slots, {k: readings[k].stat.name for k in self._slots}),
         ]
-
-    @property
-    def tree_io_bytes(self) -> tuple[int, int]:
-        return int(self._tree[2]), int(self._tree[3])
 
 
 def _read_groups(r: _Reading) -> list[tuple[int, int]]:

@@ -45,6 +45,13 @@ def build() -> Dashboard:
                               "scrapes {{instance}}"),
                         query(f"sum by (instance, reason) (rate(outrider_agent_accept_errors_total{{{SEL}}}"
                               "[$__rate_interval])) or vector(0)", "accept errors {{instance}} {{reason}}")))
+    d = d.with_panel(ts("Endpoint connections closed", "Connections the agent's endpoint closed itself per second: "
+                        "evicted to make room at max_connections (more clients than the table), or timed out at a "
+                        "deadline (a half-sent request, an idle kept-alive connection, a response not read).",
+                        "short",
+                        query(f"sum by (instance, reason) (rate(outrider_agent_connections_closed_total{{{SEL}}}"
+                              "[$__rate_interval]))", "{{reason}} {{instance}}"),
+                        th=thresholds(GREEN, (1, "orange"))))
     d = d.with_panel(ts("Sweep duration", "Wall time of the last sweep over all collectors, and of each collector's "
                         "last sweep.", "s",
                         query(f"outrider_agent_sweep_duration_seconds{{{SEL}}}", "all {{instance}}"),
@@ -96,9 +103,12 @@ def build() -> Dashboard:
                         query(f"outrider_rule_evaluation_duration_seconds{{{SEL}}}", "{{instance}}"),
                         th=thresholds(GREEN, (1, "orange"), (5, "red"))))
     d = d.with_panel(ts("Rule sample store", "Series and samples held for rule evaluation (only those the rules read, "
-                        "as far back as they read).", "short",
+                        "as far back as they read), and samples it dropped as out of order (above 0: a bug).",
+                        "short",
                         query(f"outrider_rule_store_series{{{SEL}}}", "series {{instance}}"),
-                        query(f"outrider_rule_store_samples{{{SEL}}}", "samples {{instance}}")))
+                        query(f"outrider_rule_store_samples{{{SEL}}}", "samples {{instance}}"),
+                        query(f"increase(outrider_rule_store_out_of_order_samples_total{{{SEL}}}[$__rate_interval])",
+                              "out of order {{instance}}")))
     d = d.with_panel(ts("Rule sample store memory", "Approximate memory of the rule evaluation's sample store.",
                         "bytes", query(f"outrider_rule_store_bytes{{{SEL}}}", "{{instance}}"),
                         th=thresholds(GREEN, (64 << 20, "orange"))))

@@ -101,11 +101,14 @@ class MetricsServer:
         return self._scrapes
 
     def families(self) -> list[Family]:
-        """The scrapes and failed accepts so far, for the self collector (agent.py wires it as a reporter)."""
+        """The scrapes so far, the failed accepts and the connections the server closed, for the self collector
+        (agent.py wires it as a reporter)."""
         errors = Family("outrider_agent_accept_errors_total")
         for reason, n in sorted(dict(self._http.accept_errors).items()):  # a copy: the loop thread adds to it
             errors.add(n, reason)
-        return [Family("outrider_agent_scrapes_total").add(self._scrapes), errors]
+        closed = Family("outrider_agent_connections_closed_total")
+        closed.add(self._http.evicted, "evicted").add(self._http.timed_out, "timed_out")
+        return [Family("outrider_agent_scrapes_total").add(self._scrapes), errors, closed]
 
     @property
     def address(self) -> tuple[str, int]:

@@ -1,7 +1,9 @@
 """The public hook API (re-exported by `outrider`): instrument(), step timing, data-loader wait, latency, counters.
 
-Every function is safe to call before instrument() (it does nothing) and never raises into user code. With
-OUTRIDER_DISABLED=1 every call is a no-op. The hot-path functions touch one or two series and no lock.
+Before instrument() the step, loop, latency and request functions do nothing; counter(), gauge() and histogram()
+call instrument() themselves (a custom series is asked for to be published), so the first of them sets the hook up
+as instrument() would. No function raises into user code. With OUTRIDER_DISABLED=1 every call is a no-op. The
+hot-path functions touch one or two series and no lock.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from outrider.hook.torch_data import TIMED_MARK
 LOG = logging.getLogger("outrider.hook")
 F = TypeVar("F", bound=Callable[..., Any])
 T = TypeVar("T")
-NOOP = NoopSeries("noop", {}, 1, lambda reason: None)
+NOOP = NoopSeries("noop")
 
 
 def _active() -> bool:
@@ -319,6 +321,7 @@ def _drain() -> None:
     n, done = S.n, S.drained
     nw, start_w = S.nw, S.drained_w
     loop = S.loop
+    lost = loop.lost
     if nw - start_w > RING:
         hook.drop("wait_ring_overflow")
         start_w = nw - RING
@@ -334,6 +337,8 @@ def _drain() -> None:
             loop.add_checkpoint(*S.checkpoints.popleft())
         except IndexError:
             break
+    if loop.lost > lost:  # intervals that waited for a step past MAX_PENDING (a loader iterated outside training)
+        hook.drop("loop_backlog", loop.lost - lost)
     if n > done:
         start = done
         if n - done > RING:

@@ -5,12 +5,12 @@ holds the spool's lock (agent.lock); when none does, and no other process of the
 (spawn.lock, held until the start is settled), it starts `python -m outrider standalone` with the standard
 library's subprocess: a new session, no descriptor of the workload but stderr (so the agent's "serving ..." line
 reaches the user), stdin and stdout on /dev/null. That process lowers its own priority to the lowest the platform
-allows (nice 19, SCHED_IDLE), takes agent.lock itself (a loser of a race exits at once with EXIT_ANOTHER_AGENT),
-detaches (so it is never the workload's child: no zombie, nothing for the workload's own wait() to reap), and exits
-after the last publishing process is gone (outrider/standalone.py).
+allows (nice 19, SCHED_IDLE), takes agent.lock itself (a loser of a race exits at once with
+spool.EXIT_ANOTHER_AGENT), detaches (so it is never the workload's child: no zombie, nothing for the workload's own
+wait() to reap), and exits after the last publishing process is gone (outrider/standalone.py).
 
-A failed start (exit status other than 0 or EXIT_ANOTHER_AGENT) is logged once and retried with a doubling back-off
-up to MAX_RETRY_S. Nothing here raises into the workload, and this module imports nothing of the agent.
+A failed start (exit status other than 0 or spool.EXIT_ANOTHER_AGENT) is logged once and retried with a doubling
+back-off up to MAX_RETRY_S. Nothing here raises into the workload, and this module imports nothing of the agent.
 """
 
 from __future__ import annotations
@@ -32,7 +32,6 @@ MAX_RETRY_S = 600.0
 # neither settled (taken the lock and detached, or found another agent) nor exited.
 SPAWN_TIMEOUT_S = 60.0
 SPAWN_LOCK_NAME = "spawn.lock"
-EXIT_ANOTHER_AGENT = 3  # the started agent found the lock taken: not a failure
 AGENT_COMMAND = "standalone"  # `outrider standalone` (outrider/cli.py)
 
 
@@ -151,7 +150,7 @@ class Election:
             return
         self._child = None
         self._release()
-        if code in (0, EXIT_ANOTHER_AGENT):
+        if code in (0, spool.EXIT_ANOTHER_AGENT):
             self._retry_s, self._warned = ELECTION_RETRY_S, False
             self._next_try = now + ELECTION_RETRY_S
         else:

@@ -152,7 +152,6 @@ class LoopProfiler:
         self._at = 0.0  # when _demand was read
         self._delay_fd = -1
         self._delay = 0
-        self.errors = 0
 
     # --- publisher thread ----------------------------------------------------------------------------------
     def sample(self) -> None:
@@ -212,7 +211,6 @@ class LoopProfiler:
                     held = (s1 - s0 >= 2) if s0 is not None and s1 is not None else self._lag_held(lag)
                     self.tick(held)
                 except Exception:
-                    self.errors += 1
                     self.hook.drop("profiler_error")
         finally:
             if self._delay_fd >= 0:

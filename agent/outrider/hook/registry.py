@@ -62,10 +62,10 @@ class Registry:
         builtin: the hook's own series (an outrider_ name); the caps still apply, for labels from user input."""
         return self._get(kind, name, labels, bounds, builtin, capped=True)
 
-    def builtin_counter(self, name: str, labels: dict[str, str] | None = None) -> Counter:
+    def builtin_counter(self, name: str, labels: dict[str, str] | None = None) -> Counter | NoopSeries:
         """A counter the hook itself keeps (steps, drops): outside the user's caps."""
         s = self._get("counter", name, labels, (), builtin=True, capped=False)
-        return s if isinstance(s, Counter) else NoopSeries(name, {}, 1, self.drop)
+        return s if isinstance(s, Counter | NoopSeries) else NoopSeries(name)
 
     def _get(self, kind: str, name: str, labels: dict[str, str] | None, bounds: tuple[float, ...], builtin: bool,
              capped: bool) -> Any:
@@ -103,7 +103,7 @@ class Registry:
                 self.lock.release()
         except Exception:
             self.drop("registration_error")
-            return NoopSeries(str(name), {}, 1, self.drop)
+            return NoopSeries(str(name))
 
     def _add(self, key: SeriesKey, s: Series) -> None:  # the caller holds the lock
         self._per_metric[s.name] = self._per_metric.get(s.name, 0) + 1
@@ -136,7 +136,7 @@ class Registry:
             self._warned.add(reason)
             self._warnings.append(f"outrider: metric {name!r} with labels {labels!r} refused ({reason}); further "
                                   "refusals are only counted in outrider_hook_dropped_total")
-        return NoopSeries(str(name), {}, 1, self.drop)
+        return NoopSeries(str(name))
 
     def _invalid(self, kind: str, name: str, labels: dict[str, str], builtin: bool) -> str:
         """Why a registration is refused whatever is registered already ("" when it is not)."""

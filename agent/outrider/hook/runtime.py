@@ -35,7 +35,7 @@ from outrider.hook.progress import Progress
 from outrider.hook.publisher import WRITER_RETRY_S, ShardPublisher
 from outrider.hook.registry import Registry
 from outrider.hook.series import DURATION_BOUNDS, SIZE_BOUNDS, Counter, Gauge
-from outrider.hook.settings import HookSettings, read
+from outrider.hook.settings import HookSettings
 
 LOG = logging.getLogger("outrider.hook")
 
@@ -271,14 +271,6 @@ class Hook:
         self.last_layout = ([], [])  # the parent's series are not the child's
         _close_at_multiprocessing_exit(self)
         self.start()
-
-
-def make_hook_from_env() -> Hook:
-    """A Hook configured from the hook's own OUTRIDER_* variables; a bad value keeps its default and is logged."""
-    settings, problems = read()
-    for problem in problems:
-        LOG.warning("outrider: %s", problem)
-    return Hook(settings)
 
 
 def register_exit(hook_getter: Callable[[], Hook | None]) -> None:

@@ -49,11 +49,11 @@ class Dropped:
     def __init__(self) -> None:
         self._cells: dict[str, list[int]] = {}
 
-    def __call__(self, reason: str) -> None:
+    def __call__(self, reason: str, n: int = 1) -> None:
         cell = self._cells.get(reason)
         if cell is None:
             cell = self._cells.setdefault(reason, [0])
-        cell[0] += 1
+        cell[0] += n
 
     @property
     def counts(self) -> dict[str, int]:
@@ -240,16 +240,25 @@ class Histogram(Series):
             self._drop("bad_value")
 
 
-class NoopSeries(Histogram, Counter, Gauge):
-    """What a refused registration returns: every call is accepted and does nothing."""
+class NoopSeries:
+    """What a refused registration returns: a sibling of the series types, not one of them, so an isinstance check
+    for a Counter, Gauge or Histogram never takes it for a series that publishes. It holds nothing (no cells, no
+    value) and accepts every call of the three, doing nothing."""
 
-    __slots__ = ()
+    __slots__ = ("name",)
     kind = "noop"
 
-    def observe(self, value: float, _bisect: Callable[..., int] = bisect_left) -> None:
-        pass
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    @property
+    def labels(self) -> dict[str, str]:
+        return {}
 
     def inc(self, amount: float = 1.0) -> None:
+        pass
+
+    def set_total(self, value: float) -> None:
         pass
 
     def set(self, value: float) -> None:
@@ -258,5 +267,8 @@ class NoopSeries(Histogram, Counter, Gauge):
     def add(self, amount: float) -> None:
         pass
 
-    def set_total(self, value: float) -> None:
+    def observe(self, value: float) -> None:
         pass
+
+    def has_data(self) -> bool:
+        return False

@@ -584,6 +584,11 @@ _DEFS: tuple[MetricDef, ...] = (
               "Connections the agent's HTTP server could not accept, by reason (emfile, enfile: out of "
               "descriptors; the server pauses accepting, backing off up to 1 s, and never spins).",
               (Label("reason", "outrider.reason"),), "self"),
+    MetricDef("outrider_agent_connections_closed_total", "outrider.agent.connections.closed", "{connection}",
+              "counter", "Connections to the agent's endpoint that it closed itself, by reason: evicted (the least "
+              "recently active waiting one, to make room at max_connections: clients outnumber the table) or "
+              "timed_out (at a deadline: a half-sent request, an idle kept-alive connection, a response not read, "
+              "the linger after a close).", (Label("reason", "outrider.reason"),), "self"),
     MetricDef("outrider_agent_otlp_exports_total", "outrider.agent.otlp.exports", "{export}", "counter",
               "OTLP export attempts by result: success, failure, deadline (no complete answer within "
               "otlp_timeout_s, which bounds the whole export), too_large (a response body over 1 MiB), or skipped "
@@ -619,6 +624,10 @@ _DEFS: tuple[MetricDef, ...] = (
               "Samples held for rule evaluation (only as far back as the loaded rules read).", (), "alerts"),
     MetricDef("outrider_rule_store_bytes", "outrider.rule.store.size", "By", "gauge",
               "Approximate memory the rule evaluation's sample store holds.", (), "alerts"),
+    MetricDef("outrider_rule_store_out_of_order_samples_total", "outrider.rule.store.out_of_order_samples",
+              "{sample}", "counter", "Samples the rule evaluation's store dropped as older than their series' newest, "
+              "so rules never saw them. The evaluator's clock is monotonic: above 0 is a bug to report.", (),
+              "alerts"),
     MetricDef("outrider_notify_sent_total", "outrider.notify.sent", "{notification}", "counter",
               "Alert notifications a receiver confirmed.", (RECEIVER, RECEIVER_TYPE), "alerts"),
     MetricDef("outrider_notify_failed_total", "outrider.notify.failed", "{attempt}", "counter",

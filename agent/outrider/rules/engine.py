@@ -238,6 +238,7 @@ class RuleEngine:
             Family("outrider_rule_store_series").add(self.store.series_count()),
             Family("outrider_rule_store_samples").add(self.store.sample_count()),
             Family("outrider_rule_store_bytes").add(self.store.memory_bytes()),
+            Family("outrider_rule_store_out_of_order_samples_total").add(self.store.dropped_out_of_order),
         ]
 
     # --- persistence ---------------------------------------------------------------------------------------------

@@ -112,7 +112,6 @@ class RecordingRule:
     expr_text: str
     expr: Any
     labels: dict[str, str]
-    last_output: set[Labels] = field(default_factory=set)
     last_error: str = ""
 
     def evaluate(self, ev: Evaluator, store: SeriesStore, ts: int) -> None:
@@ -137,7 +136,6 @@ class RecordingRule:
         for key, value in out.items():
             store.add(key, ts, value)
         store.mark_stale(self.name, set(out), ts)
-        self.last_output = set(out)
 
 
 @dataclass
