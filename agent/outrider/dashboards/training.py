@@ -50,9 +50,10 @@ def build() -> Dashboard:
                           th=thresholds(GREEN, (300, "orange"), (1800, "red")),
                           links=[runbook("degradation.md", "trainingstalled", "stalled")]))
     d = d.with_panel(stat("Bottleneck", "The agent's verdict on why the job is slow (outrider_bottleneck): "
-                          "input_bound, host_bound, python_bound, compute_bound, communication_bound, "
-                          "memory_pressure, memory_bandwidth_bound, throttled, idle or balanced (none while a window "
-                          "is not judged); outrider top and outrider report show the evidence and the advice.",
+                          "checkpoint_bound, input_bound, host_bound, python_bound, compute_bound, "
+                          "communication_bound, memory_pressure, memory_bandwidth_bound, throttled, idle or balanced "
+                          "(none while a window is not judged); outrider top and outrider report show the evidence "
+                          "and the advice.",
                           "short",
                           query(f"max by (class) (outrider_bottleneck{{{SEL}}}) == 1", "{{class}}", instant=True),
                           width=24, height=3))

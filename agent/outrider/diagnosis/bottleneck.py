@@ -1,8 +1,9 @@
 """Bottleneck verdicts: the class, the evidence (the numbers behind it) and what to do about it.
 
-Classes, checked in this order: idle, throttled, memory_pressure, input_bound, communication_bound (a straggler
-rank, or collectives blocking the loop on every rank), memory_bandwidth_bound, python_bound, then compute_bound /
-host_bound / balanced:
+Classes, checked in this order: idle, throttled, memory_pressure, checkpoint_bound (recognised checkpoints on the
+loop's thread a large part of its time, at least as large as its data wait), input_bound, communication_bound (a
+straggler rank, or collectives blocking the loop on every rank), memory_bandwidth_bound, python_bound, then
+compute_bound / host_bound / balanced:
 
 - python_bound, from the loop thread's stack samples (hook/profiler.py): most of them in the user's own Python
   code (a tokeniser in the loop, tensors built from lists) while the accelerator or torch's work does not pace the
@@ -29,8 +30,8 @@ from dataclasses import dataclass
 
 from outrider.diagnosis.signals import Signals
 
-CLASSES = ("idle", "throttled", "memory_pressure", "input_bound", "memory_bandwidth_bound", "compute_bound",
-           "host_bound", "python_bound", "communication_bound", "balanced")
+CLASSES = ("idle", "throttled", "memory_pressure", "checkpoint_bound", "input_bound", "memory_bandwidth_bound",
+           "compute_bound", "host_bound", "python_bound", "communication_bound", "balanced")
 NOT_JUDGED = "not_judged"  # a window without the evidence its rule needs: not a class
 NOT_JUDGED_ADVICE = "Not judged: this window lacks the measurements its rule needs (see why)."
 
@@ -42,6 +43,11 @@ RECOMMENDATIONS = {
     "memory_pressure": "Memory is nearly exhausted (GPU near capacity, allocator retries, or little host memory): "
                        "smaller batches with gradient accumulation, activation checkpointing, mixed precision, "
                        "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True against fragmentation.",
+    "checkpoint_bound": "Checkpoints take a large part of the loop: save less often (by training time, not every "
+                        "few steps), asynchronously (torch.distributed.checkpoint.async_save, or a copy to CPU "
+                        "memory written by a background thread), to fast local storage (upload afterwards), and "
+                        "less (the model and optimizer state only; sharded across ranks with "
+                        "torch.distributed.checkpoint rather than everything from rank 0).",
     "input_bound": "The loop waits for data. Workers busy decoding (on a CPU): more DataLoader workers where cores "
                    "are free, cheaper decoding, preprocessing offline or on the GPU, pin_memory=True, "
                    "persistent_workers=True. Workers waiting on storage (the reason says which): faster or local "
@@ -68,6 +74,8 @@ class Verdict:
     cls: str
     evidence: dict[str, float]
     reason: str
+    # the loop thread's most sampled frames in the window: (where, `file:line function`, share of the samples)
+    frames: tuple[tuple[str, str, float], ...] = ()
 
     @property
     def recommendation(self) -> str:
@@ -80,6 +88,7 @@ class Verdict:
 
 # Thresholds. All are shares of the job's own time or demand: none depends on the machine's core count or load.
 INPUT_WAIT = 0.3  # share of the loop waiting for data
+CHECKPOINT_SHARE = 0.3  # share of the loop inside recognised checkpoints (and no less than its data wait)
 COMM_WAIT = 0.3  # share of the loop blocked in collectives
 GPU_BUSY = 0.6  # share of the steps the GPU paced (CUDA events) for compute_bound
 CONTAINER_MEMORY = 0.95  # working set over the memory cgroup's limit for memory_pressure
@@ -108,11 +117,11 @@ WORKERS_WAITING = 0.3
 
 def classify(s: Signals) -> Verdict:
     v = _classify(s)
+    reason = v.reason
     if s.run_delay_fraction is not None and s.run_delay_fraction >= CONTENDED and v.cls not in ("idle", NOT_JUDGED):
-        v = Verdict(v.cls, v.evidence, v.reason + f"; slowed by CPU contention: its threads waited for a CPU "
-                                                  f"{s.run_delay_fraction:.0%} of the time they were runnable "
-                                                  "(neighbours on the machine, or more threads than cores)")
-    return v
+        reason += (f"; slowed by CPU contention: its threads waited for a CPU {s.run_delay_fraction:.0%} of the "
+                   "time they were runnable (neighbours on the machine, or more threads than cores)")
+    return Verdict(v.cls, v.evidence, reason, tuple(s.top_frames))
 
 
 def _classify(s: Signals) -> Verdict:
@@ -139,6 +148,11 @@ def _classify(s: Signals) -> Verdict:
         return Verdict("memory_pressure", ev, f"the container's working set at {s.container_mem_ratio:.0%} of its "
                                               "memory limit: the kernel reclaims and will OOM-kill before the host "
                                               "runs out")
+    saving = s.checkpoint_fraction or 0.0
+    if active and saving >= CHECKPOINT_SHARE and saving >= wait:
+        return Verdict("checkpoint_bound", ev, f"{saving:.0%} of the loop's time in checkpoints (torch.save and "
+                                               f"the like on the loop's thread), the step's work "
+                                               f"{s.step_fraction or 0.0:.0%}")
     if active and s.starved is not None and (gpu_busy is None or gpu_busy < GPU_BUSY):
         r = s.starved
         return Verdict("input_bound", ev, f"rank {r.rank or '-'} is starved by its DataLoader: "

@@ -519,9 +519,9 @@ _DEFS: tuple[MetricDef, ...] = (
               "hook"),
     # --- diagnosis ----------------------------------------------------------------------------------------------
     MetricDef("outrider_bottleneck", "outrider.bottleneck", "1", "gauge",
-              "1 for the bottleneck class of the last window (idle, throttled, memory_pressure, input_bound, "
-              "memory_bandwidth_bound, compute_bound, host_bound, python_bound, communication_bound, balanced), 0 "
-              "for the others; all 0 for a window not judged (without the evidence its rule needs).",
+              "1 for the bottleneck class of the last window (idle, throttled, memory_pressure, checkpoint_bound, "
+              "input_bound, memory_bandwidth_bound, compute_bound, host_bound, python_bound, communication_bound, "
+              "balanced), 0 for the others; all 0 for a window not judged (without the evidence its rule needs).",
               (Label("class", "outrider.bottleneck.class"),), "diagnosis"),
     MetricDef("outrider_diagnosis_signal", "outrider.diagnosis.signal", "1", "gauge",
               "The evidence behind the verdict: data-wait fraction, GPU utilisation, process CPU cores, step time, "
