@@ -1,8 +1,10 @@
 """The loop profiler's cost (hook/profiler.py) and its agreement with py-spy on the same workload.
 
-1. Cost per sample: the CPU time of one LoopProfiler.tick() (sys._current_frames(), the walk of the loop thread's
-   stack, the classification, the table) with the loop thread DEPTH frames deep, running Python (the sampler
-   waits for the GIL: that wait is not CPU) and sleeping; as a share of one core at the default rate.
+1. Cost per sample: the CPU time of one sample as the profiler's thread takes it, but for its sleep: the count of
+   its voluntary context switches before and after the sleep (getrusage RUSAGE_THREAD, the GIL signal) and one
+   LoopProfiler.tick() (sys._current_frames(), the walk of the loop thread's stack, the classification, the
+   table), with the loop thread DEPTH frames deep, running Python (the sampler waits for the GIL: that wait is not
+   CPU) and sleeping; as a share of one core at the default rate.
 2. Agreement: a workload of tests/diagnosis/zero_config.py runs instrumented (its profiler at the default rate);
    py-spy samples the same process over the same seconds, once with --idle (every sample) and once with --gil
    (only samples whose thread holds the GIL). py-spy's stacks are classed with the profiler's own file rules; its
@@ -31,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "agent"))
 sys.path.insert(0, str(ROOT))
 
-from outrider.hook.profiler import SPECIAL, WHERE, LoopProfiler, file_kind  # noqa: E402
+from outrider.hook.profiler import SPECIAL, WHERE, LoopProfiler, _thread_switches, file_kind  # noqa: E402
 from outrider.hook.runtime import Hook  # noqa: E402
 from outrider.hook.settings import KEYS, HookSettings  # noqa: E402
 
@@ -66,10 +68,15 @@ def cost_per_sample(ticks: int, running: bool) -> float:
         p = LoopProfiler(hook, lambda: loop.native_id or 0, 50.0)
         cpu = 0.0
         for _ in range(ticks):
-            time.sleep(0.001)  # let the loop thread run (and take the GIL back) between samples
             c0 = time.thread_time()
+            s0 = _thread_switches()
+            c1 = time.thread_time()
+            time.sleep(0.001)  # let the loop thread run (and take the GIL back) between samples
+            c2 = time.thread_time()
+            s1 = _thread_switches()
+            assert s0 is not None and s1 is not None
             p.tick(held=running)
-            cpu += time.thread_time() - c0
+            cpu += (c1 - c0) + time.thread_time() - c2
         stop.set()
         loop.join()
         assert sum(p.counts.values()) == ticks, p.counts

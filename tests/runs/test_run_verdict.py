@@ -181,3 +181,24 @@ def test_the_runs_data_wait_is_its_counters_over_the_time_the_verdict_held_and_t
     assert v.reason.startswith("60% of the loop waiting for data (90% of its own time"), v.reason
     assert ("data wait", "60%") in v.evidence_rows()
     assert not any("own time" in label for label, _ in v.evidence_rows())
+
+
+def test_the_runs_reason_names_the_hottest_line_over_its_time_and_the_rank_it_named_last() -> None:
+    """The reason of a python_bound run names its hottest line with its share over the time the class held (not the
+    last window's); a straggler rank is the one its windows named, never a mean of rank numbers."""
+    tally = VerdictTally()
+    ev = {"steps_per_s": 5.0, "main_thread_busy": 0.9, "intra_op_busy": 0.05, "loop_samples": 500.0,
+          "in_python_fraction": 0.7, "in_native_fraction": 0.3}
+    tally.add("python_bound", "w1", ev, 0.0, 10.0, frames=[("python", "train.py:12 tokenize", 0.6)])
+    tally.add("python_bound", "w2", ev, 10.0, 20.0, frames=[("python", "train.py:12 tokenize", 0.4),
+                                                              ("python", "train.py:30 log", 0.5)])
+    v = tally.result()
+    assert v.reason == ("70% of the loop thread's samples in the user's Python code; the hottest line: train.py:12 "
+                        "tokenize (50% of the samples)"), v.reason
+    ranks = VerdictTally()
+    for start, rank in ((0.0, 2.0), (10.0, 3.0)):
+        ranks.add("communication_bound", "w", {"steps_per_s": 5.0, "straggler_rank": rank,
+                                               "straggler_compute_ratio": 2.0, "others_wait_fraction": 0.4},
+                  start, start + 10.0)
+    r = ranks.result()
+    assert r.evidence["straggler_rank"] == 3.0 and r.reason.startswith("rank 3 is a straggler"), r.reason

@@ -37,11 +37,12 @@ def build() -> Dashboard:
                           query(f"sum(rate(outrider_train_steps_total{{{R}}}[$__rate_interval]))", instant=True)))
     d = d.with_panel(stat("Samples/s", "Samples processed per second (outrider.step(samples=...) or count_samples).",
                           "short", query(f"sum(rate(outrider_samples_total{{{R}}}[$__rate_interval]))", instant=True)))
-    d = d.with_panel(stat("Data-wait fraction", "Share of the loop spent waiting for the next batch: above 20% the "
-                          "job is input-bound.", "percentunit",
-                          query(f"sum(rate(outrider_train_data_wait_seconds_sum{{{R}}}[$__rate_interval])) / "
-                                f"(sum(rate(outrider_train_data_wait_seconds_sum{{{R}}}[$__rate_interval])) + "
-                                f"sum(rate(outrider_train_step_duration_seconds_sum{{{R}}}[$__rate_interval])))",
+    d = d.with_panel(stat("Data-wait fraction", "Share of the loop's wall time spent waiting for the next batch (the "
+                          "loop's data_wait part over all its parts, as the verdict, the run summary and outrider top "
+                          "count it): above 30% the job is input-bound.", "percentunit",
+                          query(f"sum(rate(outrider_train_loop_seconds_total{{{R}, part=\"data_wait\"}}"
+                                f"[$__rate_interval])) / "
+                                f"sum(rate(outrider_train_loop_seconds_total{{{R}}}[$__rate_interval]))",
                                 instant=True),
                           th=thresholds(GREEN, (0.2, "orange"), (0.3, "red")),
                           links=[runbook("degradation.md", "inputpipelinebound", "input-bound")]))
