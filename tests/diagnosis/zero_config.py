@@ -222,6 +222,8 @@ def checkpoint_heavy(seconds: float) -> None:
     it (an EMA copy and the optimizer's): the saves, not the steps, are most of the loop."""
     import tempfile
 
+    torch.set_num_threads(1)  # as python_bound: a tiny model's parallel regions wait at libgomp's barrier for a CPU
+
     data = torch.utils.data.TensorDataset(torch.randn(4096, 256), torch.randint(0, 4, (4096,)))
     loader = torch.utils.data.DataLoader(data, batch_size=64, shuffle=True)
     model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 4))
@@ -250,8 +252,9 @@ def inference(seconds: float) -> None:
     through an MLP under no_grad. The model's math is the work: compute_bound."""
     import threading
     import urllib.request
-    from wsgiref.simple_server import WSGIRequestHandler, make_server
+    from wsgiref.simple_server import make_server
 
+    from outrider.demo.workload import QuietHandler
     from outrider.hook.wsgi import OutriderWSGIMiddleware
 
     model = torch.nn.Sequential(torch.nn.Linear(512, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 1024),
@@ -266,11 +269,7 @@ def inference(seconds: float) -> None:
         start_response("200 OK", [("Content-Type", "text/plain")])
         return [f"{label}\n".encode()]
 
-    class Quiet(WSGIRequestHandler):
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = make_server("127.0.0.1", 0, OutriderWSGIMiddleware(app), handler_class=Quiet)
+    server = make_server("127.0.0.1", 0, OutriderWSGIMiddleware(app), handler_class=QuietHandler)
     url = f"http://127.0.0.1:{server.server_port}/predict"
     end = time.monotonic() + seconds
 
@@ -283,10 +282,8 @@ def inference(seconds: float) -> None:
         c.start()
     with Timed("loop"):
         server.timeout = 0.5
-        while time.monotonic() < end:
+        while any(c.is_alive() for c in clients):  # they stop sending at the end; their last requests answered
             server.handle_request()
-    for c in clients:
-        c.join()
     server.server_close()
 
 

@@ -105,7 +105,7 @@ class RunRecorder:
         before = {name: self.counters.total(name) for name in TOTALS.values()}
         self.counters.add(now, {name: snap.get(key, 0.0) for key, name in TOTALS.items()})
         grown = {name: self.counters.total(name) - before[name] for name in TOTALS.values()}
-        kpis.update({name: self.counters.total(name) for name in TOTALS.values()})
+        kpis.update({name: self.counters.total(name) for name in TOTALS.values() if self.counters.total(name)})
         for kpi, name in RATES.items():
             rate = self.counters.rate(name)
             # not measured yet is no sample; a counter that never moved since the first sweep is 0
