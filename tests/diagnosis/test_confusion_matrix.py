@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,7 @@ from tests.helpers import free_port, outrider_cmd
 
 pytestmark = pytest.mark.integration
 SCRIPT = str(Path(__file__).with_name("zero_config.py"))
-SECONDS = "12"
+SECONDS = "10"
 # workload -> (its bottleneck, ranks: 0 for a plain process, N for torchrun with N ranks)
 WORKLOADS = {
     "input": ("input_bound", 0),  # one worker decoding samples in Python
@@ -77,7 +78,8 @@ def run_workload(tmp_path_factory: pytest.TempPathFactory, base: dict[str, str],
     """One labelled workload under `outrider run`, in its own directories, beside a CPU hog or not."""
     tmp = tmp_path_factory.mktemp(f"{name}-{'hog' if hog else 'alone'}")
     env = {**base, "OUTRIDER_RUNS_DIR": str(tmp / "runs"), "OUTRIDER_SPOOL_DIR": str(tmp / "spool"),
-           "OUTRIDER_DIAGNOSIS_WINDOW_S": "4", "OUTRIDER_FLUSH_INTERVAL_S": "0.5"}
+           "OUTRIDER_STATE_DIR": str(tmp / "state"), "OUTRIDER_DIAGNOSIS_WINDOW_S": "4",
+           "OUTRIDER_FLUSH_INTERVAL_S": "0.5"}
     command = [sys.executable, SCRIPT, name, SECONDS]
     if ranks:
         command = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={ranks}",
@@ -98,8 +100,10 @@ def matrix(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[tuple[str,
     pytest.importorskip("torch")
     base = {k: v for k, v in os.environ.items() if not k.startswith("OUTRIDER_")}
     results: dict[tuple[str, bool], tuple[Result, dict[str, Any]]] = {}
+    took: dict[tuple[str, bool], float] = {}
     for hog in (False, True):
         for name, (_, ranks) in WORKLOADS.items():
+            t0 = time.monotonic()
             tmp, r = run_workload(tmp_path_factory, base, name, ranks, hog)
             if r.returncode != 0 and ranks and KILLED_RANK in r.stderr:
                 # A gloo rank killed by a signal (seen once: SIGABRT at teardown, on a loaded 2-core CI machine,
@@ -115,11 +119,13 @@ def matrix(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[tuple[str,
                 results[(name, hog)] = (run_verdict(rec), rec.summary)
             finally:
                 store.close()
-    table = ["workload     truth                alone                beside a CPU hog     (first judged window)"]
+            took[(name, hog)] = time.monotonic() - t0
+    table = ["workload     truth                alone                beside a CPU hog     first judged window, s"]
     for name, (truth, _) in WORKLOADS.items():
         (alone, _, first_alone), _ = results[(name, False)]
         (hogged, _, first_hogged), _ = results[(name, True)]
-        table.append(f"{name:12} {truth:20} {alone!s:20} {hogged!s:20} ({first_alone}, {first_hogged})")
+        table.append(f"{name:12} {truth:20} {alone!s:20} {hogged!s:20} {first_alone}, {first_hogged}; "
+                     f"{took[(name, False)]:.0f} + {took[(name, True)]:.0f} s")
     print("\n" + "\n".join(table))
     yield results
 
