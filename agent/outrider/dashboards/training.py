@@ -35,7 +35,8 @@ def build() -> Dashboard:
     d = d.with_row(Row("Progress"))
     d = d.with_panel(stat("Steps/s", "Training steps completed per second, all selected ranks.", "ops",
                           query(f"sum(rate(outrider_train_steps_total{{{R}}}[$__rate_interval]))", instant=True)))
-    d = d.with_panel(stat("Samples/s", "Samples processed per second (outrider.step(samples=...) or count_samples).",
+    d = d.with_panel(stat("Samples/s", "Samples processed per second (outrider.step(samples=...) or count_samples, "
+                          "else the batches the DataLoaders yield).",
                           "short", query(f"sum(rate(outrider_samples_total{{{R}}}[$__rate_interval]))", instant=True)))
     d = d.with_panel(stat("Data-wait fraction", "Share of the loop's wall time spent waiting for the next batch (the "
                           "loop's data_wait part over all its parts, as the verdict, the run summary and outrider top "

@@ -380,7 +380,9 @@ _DEFS: tuple[MetricDef, ...] = (
     MetricDef("outrider_train_steps_total", "outrider.train.steps", "{step}", "counter",
               "Training steps completed.", BY_RANK, "hook"),
     MetricDef("outrider_samples_total", "outrider.samples", "{sample}", "counter",
-              "Samples processed (its rate is samples/s).", BY_RANK, "hook"),
+              "Samples processed (its rate is samples/s): as outrider.step(samples=) or count_samples() count "
+              "them, else the batches the DataLoaders yield (the first dimension of each batch's first tensor).",
+              BY_RANK, "hook"),
     MetricDef("outrider_tokens_total", "outrider.tokens", "{token}", "counter",
               "Tokens processed (its rate is tokens/s).", BY_RANK, "hook"),
     MetricDef("outrider_train_data_wait_seconds", "outrider.train.data_wait", "s", "histogram",
