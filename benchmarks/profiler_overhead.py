@@ -1,13 +1,16 @@
 """The loop profiler's cost (hook/profiler.py) and its agreement with py-spy on the same workload.
 
-1. Cost per sample: the CPU time of one LoopProfiler.tick() (sys._current_frames(), the walk of the loop thread's
-   stack, the classification, the table) with the loop thread DEPTH frames deep, running Python (the sampler
-   waits for the GIL: that wait is not CPU) and sleeping; as a share of one core at the default rate.
+1. Cost per sample: the CPU time of one sample as the profiler's thread takes it, but for its sleep: the count of
+   its voluntary context switches before and after the sleep (getrusage RUSAGE_THREAD, the GIL signal) and one
+   LoopProfiler.tick() (sys._current_frames(), the walk of the loop thread's stack, the classification, the
+   table), with the loop thread DEPTH frames deep, running Python (the sampler waits for the GIL: that wait is not
+   CPU) and sleeping; as a share of one core at the default rate.
 2. Agreement: a workload of tests/diagnosis/zero_config.py runs instrumented (its profiler at the default rate);
-   py-spy samples the same process over the same seconds, once with --idle (every sample) and once with --gil
-   (only samples whose thread holds the GIL). py-spy's stacks are classed with the profiler's own file rules; its
-   python share is the GIL holders among the stacks whose innermost frame is not torch's. The shares per class of
-   both, side by side.
+   py-spy samples the same process, once with --idle (every sample) and then once with --gil (only samples whose
+   thread holds the GIL). py-spy's stacks are classed with the profiler's own file rules; its python share is the
+   GIL holders among the stacks whose innermost frame is not torch's. Ours are counted over the same seconds: the
+   profiler's counts are read when each py-spy run starts and ends, the places over the --idle run and the python
+   share over the --gil run. The shares per class of both, side by side.
 
     python benchmarks/profiler_overhead.py            # both (py-spy from the dev extra; root, or ptrace allowed)
     python benchmarks/profiler_overhead.py --quick    # a short check that it runs
@@ -31,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "agent"))
 sys.path.insert(0, str(ROOT))
 
-from outrider.hook.profiler import SPECIAL, WHERE, LoopProfiler, file_kind  # noqa: E402
+from outrider.hook.profiler import SPECIAL, WHERE, LoopProfiler, _thread_switches, file_kind  # noqa: E402
 from outrider.hook.runtime import Hook  # noqa: E402
 from outrider.hook.settings import KEYS, HookSettings  # noqa: E402
 
@@ -66,10 +69,15 @@ def cost_per_sample(ticks: int, running: bool) -> float:
         p = LoopProfiler(hook, lambda: loop.native_id or 0, 50.0)
         cpu = 0.0
         for _ in range(ticks):
-            time.sleep(0.001)  # let the loop thread run (and take the GIL back) between samples
             c0 = time.thread_time()
+            s0 = _thread_switches()
+            c1 = time.thread_time()
+            time.sleep(0.001)  # let the loop thread run (and take the GIL back) between samples
+            c2 = time.thread_time()
+            s1 = _thread_switches()
+            assert s0 is not None and s1 is not None
             p.tick(held=running)
-            cpu += time.thread_time() - c0
+            cpu += (c1 - c0) + time.thread_time() - c2
         stop.set()
         loop.join()
         assert sum(p.counts.values()) == ticks, p.counts
@@ -80,8 +88,8 @@ def cost_per_sample(ticks: int, running: bool) -> float:
 
 def child(workload: str, seconds: float, out: str) -> None:
     """Run a workload instrumented; once it has taken WARM_STEPS steps (imports done: constructing the first
-    optimizer imports torch._dynamo, seconds on a busy machine) its profiler's counts restart and `out`.ready is
-    written; once `out`.stop exists the counts are written to `out` and the process exits."""
+    optimizer imports torch._dynamo, seconds on a busy machine) `out`.ready is written; for each `out`.mark.N that
+    appears its profiler's counts so far go to `out`.N; once `out`.stop exists the process exits."""
     import torch  # noqa: F401 - the hook attaches to the torch the workload imports
     from tests.diagnosis import zero_config
 
@@ -102,14 +110,17 @@ def child(workload: str, seconds: float, out: str) -> None:
                 prof.append(owner)
         Path(out + ".ready").write_text("")
 
-    def stop() -> None:  # the parent's py-spy runs are done: the counts, and out
+    def marks() -> None:  # the counts when the parent's py-spy runs start and end; exit once told
+        n = 0
         while not os.path.exists(out + ".stop"):
-            time.sleep(0.05)
-        Path(out).write_text(json.dumps(prof[0].counts if prof else {}))
+            if os.path.exists(f"{out}.mark.{n}"):
+                Path(f"{out}.{n}").write_text(json.dumps(dict(prof[0].counts) if prof else {}))
+                n += 1
+            time.sleep(0.01)
         os._exit(0)
 
     threading.Thread(target=reset, daemon=True).start()
-    threading.Thread(target=stop, daemon=True).start()
+    threading.Thread(target=marks, daemon=True).start()
     fn = {"python": zero_config.python_bound, "host": zero_config.host, "input_io": zero_config.input_io,
           "compute": zero_config.compute}[workload]
     fn(seconds)
@@ -143,29 +154,47 @@ def agreement(workload: str, seconds: float) -> dict[str, Any]:
                "OUTRIDER_SPOOL_DIR": os.path.join(tmp, "spool"), "OUTRIDER_STANDALONE": "false",
                "PYTHONPATH": f"{ROOT / 'agent'}:{ROOT}"}
         proc = subprocess.Popen([sys.executable, __file__, "--child", workload, "600", out], env=env)
+        counts: list[dict[str, int]] = []
+
+        def mark() -> None:
+            n = len(counts)
+            Path(f"{out}.mark.{n}").write_text("")
+            deadline = time.monotonic() + 30
+            while not os.path.exists(f"{out}.{n}") and time.monotonic() < deadline:
+                time.sleep(0.01)
+            time.sleep(0.05)  # written whole
+            counts.append(json.loads(Path(f"{out}.{n}").read_text()))
+
         try:
             deadline = time.monotonic() + 300
             while not os.path.exists(out + ".ready") and proc.poll() is None and time.monotonic() < deadline:
                 time.sleep(0.1)
+            mark()
             every = pyspy(proc.pid, seconds, "--idle")
+            mark()
             holding = pyspy(proc.pid, seconds, "--gil")
+            mark()
             Path(out + ".stop").write_text("")
             proc.wait(timeout=60)
         finally:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGKILL)
                 proc.wait()
-        ours = json.loads(Path(out).read_text()) if os.path.exists(out) else {}
+
+    def between(a: int, b: int) -> dict[str, int]:
+        return {k: counts[b].get(k, 0) - counts[a].get(k, 0) for k in WHERE}
+
     total = sum(every.values()) or 1
     theirs = {k: every[k] / total for k in SPECIAL}
     # stacks outside torch and the special places: the GIL holders are Python, the rest native or waiting
     python = min(holding["user"], every["user"]) / total
     theirs["python"] = python
     theirs["native+waiting"] = (every["torch"] + every["user"]) / total - python
-    n = sum(ours.values()) or 1
-    mine = {k: ours.get(k, 0) / n for k in SPECIAL}
-    mine["python"] = ours.get("python", 0) / n
-    mine["native+waiting"] = (ours.get("native", 0) + ours.get("waiting", 0)) / n
+    idle, gil = between(0, 1), between(1, 2)
+    n, n_gil = sum(idle.values()) or 1, sum(gil.values()) or 1
+    mine = {k: idle[k] / n for k in SPECIAL}
+    mine["python"] = gil["python"] / n_gil
+    mine["native+waiting"] = (idle["native"] + idle["waiting"] + idle["python"]) / n - mine["python"]
     return {"workload": workload, "ours": mine, "py-spy": theirs, "samples": {"ours": n, "py-spy": total}}
 
 

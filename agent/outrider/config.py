@@ -510,6 +510,21 @@ def load(
     return LoadedConfig(Config(**values), sources)
 
 
+# The hook settings the agent's configuration holds and hands to the processes it starts (`outrider run`); the
+# hook's `listen` is the address of an agent it would start itself, not this agent's, and the spool is the run's own.
+HANDED_TO_HOOK = tuple(k for k in hook_settings.KEYS if k in FIELDS and k not in ("listen", "spool_dir"))
+
+
+def hook_environment(config: Config, env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The OUTRIDER_* variables that give a hooked child this configuration's hook settings: each one the
+    configuration sets away from the hook's default, and each one the environment already names (its value then
+    the configuration's, which the environment fed)."""
+    env = os.environ if env is None else env
+    values = {k: getattr(config, k) for k in HANDED_TO_HOOK
+              if getattr(config, k) != hook_settings.KEYS[k] or ENV_PREFIX + k.upper() in env}
+    return hook_settings.environment(values)
+
+
 def default_state_dir() -> str:
     base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
     return os.path.join(base, "outrider")

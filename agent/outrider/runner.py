@@ -34,7 +34,7 @@ from outrider.agent import Agent
 from outrider.collectors import cgroupfs, procfs
 from outrider.collectors.kmsg import KernelLog
 from outrider.collectors.oom import within
-from outrider.config import Config
+from outrider.config import Config, hook_environment
 from outrider.metrics import units
 from outrider.metrics.family import Family
 from outrider.rules.notification import Notification
@@ -245,7 +245,8 @@ def run(cmd: Sequence[str], config: Config, on_exit: Callable[[list[Family]], No
     if not config.spool_dir:  # a spool of this run's own, so the command's hooked processes publish to us
         own_spool = tempfile.mkdtemp(prefix="outrider-run-")
         config = dataclasses.replace(config, spool_dir=own_spool)
-    env = {**os.environ, "OUTRIDER_SPOOL_DIR": config.spool_dir}
+    # the hook's settings from this configuration (a file's flush_interval_s reaches the children), and the spool
+    env = {**os.environ, **hook_environment(config), "OUTRIDER_SPOOL_DIR": config.spool_dir}
     waited = set(FORWARDED) | {signal.SIGCHLD}
     old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, waited)
     try:

@@ -14,9 +14,10 @@ nor the starting process (known by pid and start time) has been alive for lifecy
 sweep and flush and exits.
 
 Collectors: host, process (the starting workload's process tree, not the agent), hook, alerts, and self, which
-measures this process (the agent's own, never the workload's). Alert rules are evaluated only if OUTRIDER_RULE_FILES (or a config file)
-asks: by default alerting is left to a sidecar, `outrider run` or Prometheus. Once the workload is gone the agent
-lets go of the stderr it inherited, so a pipe reading the workload's output (`| tee`) ends with the workload.
+measures this process (the agent's own, never the workload's). Alert rules are evaluated only if
+OUTRIDER_RULE_FILES (or a config file) asks: by default alerting is left to a sidecar, `outrider run` or
+Prometheus. Once the workload is gone the agent lets go of the stderr it inherited, so a pipe reading the
+workload's output (`| tee`) ends with the workload.
 """
 
 from __future__ import annotations

@@ -1,12 +1,19 @@
 """`outrider top`: a live terminal view of an agent: GPUs, the job's KPIs, the bottleneck verdict, stalls.
 
-It reads the agent's /metrics (any agent: a sidecar, a node agent, `outrider run`), twice a refresh apart, and
-draws one screen with rich, fitted to the terminal's width. `--once` draws a single screen and exits (for scripts and
-tests). rich is imported here and nowhere else: the agent and the hook never load it (pyproject.toml's
+It reads the agent's /metrics (any agent: a sidecar, a node agent, `outrider run`) and draws a screen every refresh
+with rich, fitted to the terminal's width. Rates (steps/s, samples/s, tokens/s, requests/s), the share of the loop
+waiting for data and the step and latency percentiles are taken over a window of reads that spans enough updates
+of /metrics (metrics/rate.py: at least four of each counter's updates, between reads at which it had changed),
+never between two reads a refresh apart: /metrics changes once a sweep (every 5 s by default), so two reads 2 s
+apart see either no change (0 steps/s for a running job) or a whole sweep's (2.5x the truth). /metrics is read
+every half second, so when a counter changed is known to within half a second. Until a counter has changed twice
+its rate is not known yet ("…"). `--once` reads until the rates are known (or 30 s) and draws a single screen (for
+scripts and tests). rich is imported here and nowhere else: the agent and the hook never load it (pyproject.toml's
 import-linter contracts)."""
 
 from __future__ import annotations
 
+import collections
 import io
 import math
 import shutil
@@ -25,6 +32,7 @@ from outrider.diagnosis.bottleneck import RECOMMENDATIONS
 from outrider.metrics import text_format, units
 from outrider.metrics.family import HistogramValue
 from outrider.metrics.quantile import histogram_quantile
+from outrider.metrics.rate import CounterHistory
 
 Sample = tuple[str, tuple[tuple[str, str], ...]]
 
@@ -63,6 +71,51 @@ def histogram(m: dict[Sample, float], name: str) -> HistogramValue | None:
     cum = [buckets[b] for b in bounds] + [buckets.get(math.inf, 0.0)]
     counts = tuple(int(c - (cum[i - 1] if i else 0)) for i, c in enumerate(cum))
     return HistogramValue(tuple(bounds), counts, total(m, name + "_sum"))
+
+
+# The counters top shows as rates and shares: its name in the history -> (metric, labels it must have)
+COUNTERS: dict[str, tuple[str, dict[str, str]]] = {
+    "steps": ("outrider_train_steps_total", {}), "samples": ("outrider_samples_total", {}),
+    "tokens": ("outrider_tokens_total", {}), "requests": ("outrider_requests_total", {}),
+    "loop": ("outrider_train_loop_seconds_total", {}),
+    "data_wait": ("outrider_train_loop_seconds_total", {"part": "data_wait"}),
+}
+KEPT_READS = 512  # at POLL_S, the last four minutes
+# Histograms whose growth a screen shows over a rate window: only their series are kept of each read
+WINDOWED = ("outrider_train_step_duration_seconds", "outrider_request_duration_seconds")
+POLL_S = 0.5
+ONCE_LIMIT_S = 30.0
+
+
+class Reads:
+    """The reads of /metrics so far: the counters' history, for rates over enough of its updates, and the reads
+    themselves, for the histograms' growth over the same windows."""
+
+    def __init__(self) -> None:
+        self.counters = CounterHistory(KEPT_READS)
+        self.latest: dict[Sample, float] = {}
+        # each read's WINDOWED histograms' series only (the whole read is the latest)
+        self.reads: collections.deque[tuple[float, dict[Sample, float]]] = collections.deque(maxlen=KEPT_READS)
+
+    def add(self, t: float, m: dict[Sample, float]) -> None:
+        self.latest = m
+        self.reads.append((t, {k: v for k, v in m.items() if k[0].startswith(WINDOWED)}))
+        self.counters.add(t, {key: sum(v for (n, labels), v in m.items() if n == name
+                                       and all(dict(labels).get(k) == x for k, x in want.items()))
+                              for key, (name, want) in COUNTERS.items()})
+
+    def rate(self, key: str) -> float | None:
+        return self.counters.rate(key)
+
+    def known(self) -> bool:
+        """Whether every counter that is moving has its rate: what `--once` waits for."""
+        return all(self.counters.rate(k) is not None for k in ("steps", "requests") if self.counters.total(k))
+
+    def since(self, key: str) -> dict[Sample, float]:
+        """The read at the start of `key`'s rate window (the oldest read while it has none)."""
+        window = self.counters.window(key)
+        start = window[0] if window else self.reads[0][0]
+        return next((m for t, m in self.reads if t >= start), self.latest)
 
 
 def delta_quantile(new: dict[Sample, float], old: dict[Sample, float], name: str, q: float) -> float | None:
@@ -107,24 +160,31 @@ def _gpu_table(new: dict[Sample, float]) -> Table | Text:
     return table
 
 
-def frame(new: dict[Sample, float], old: dict[Sample, float], dt: float, url: str) -> Group:
+def _rate(reads: Reads, key: str, what: str) -> str:
+    value = reads.rate(key)
+    return f"… {what}/s" if value is None else units.rate(value, what)
+
+
+def frame(reads: Reads, url: str) -> Group:
     """One screen: GPUs, the job's KPIs, the verdict and the alerts, as rich renderables that fit any width
     (columns shrink and cut with an ellipsis; only the advice wraps)."""
-    def rate(name: str) -> float:
-        return max(0.0, total(new, name) - total(old, name)) / dt if dt > 0 else 0.0
-
+    new = reads.latest
     rows = Table.grid(padding=(0, 2))
     rows.add_column(style="bold", no_wrap=True, min_width=9)
     rows.add_column()
-    if rate("outrider_train_steps_total") or total(new, "outrider_train_steps_total"):
-        step = "outrider_train_step_duration_seconds"
-        rows.add_row("training", _cut(f"{units.rate(rate('outrider_train_steps_total'), 'steps')}  "
-                                     f"{units.rate(rate('outrider_samples_total'), 'samples')}  "
-                                     f"{units.rate(rate('outrider_tokens_total'), 'tokens')}"))
+    if total(new, "outrider_train_steps_total"):
+        step, old = "outrider_train_step_duration_seconds", reads.since("steps")
+        rates = [_rate(reads, "steps", "steps")]
+        rates += [_rate(reads, key, key) for key in ("samples", "tokens") if reads.counters.total(key)
+                  or total(new, COUNTERS[key][0])]
+        wait = reads.counters.ratio("data_wait", "loop")
+        if wait is not None:
+            rates.append(f"data wait {units.percent(wait)}")
+        rows.add_row("training", _cut("  ".join(rates)))
         rows.add_row("", _cut(f"step time p50 {_q(new, old, step, 0.5)}  p99 {_q(new, old, step, 0.99)}"))
-    if rate("outrider_requests_total") or total(new, "outrider_requests_total"):
-        req = "outrider_request_duration_seconds"
-        rows.add_row("inference", _cut(f"{units.rate(rate('outrider_requests_total'), 'req')}  latency p50 "
+    if total(new, "outrider_requests_total"):
+        req, old = "outrider_request_duration_seconds", reads.since("requests")
+        rows.add_row("inference", _cut(f"{_rate(reads, 'requests', 'req')}  latency p50 "
                                       f"{_q(new, old, req, 0.5)}  p90 {_q(new, old, req, 0.9)}  "
                                       f"p99 {_q(new, old, req, 0.99)}"))
     rows.add_row("host", _cut(f"cpu {units.percent(total(new, 'outrider_host_cpu_utilization_ratio'))}  job rss "
@@ -162,27 +222,39 @@ def render_text(screen: Group, width: int) -> str:
 
 
 def run_top(url: str, interval_s: float = 2.0, once: bool = False) -> int:
-    """Draw a screen every interval_s. Live mode redraws in place on the terminal's alternate screen (no clear,
-    so no flicker) and re-reads the terminal's width on every screen; --once prints one screen and exits."""
+    """Draw a screen every interval_s, reading /metrics every POLL_S or interval_s if shorter (the agent serves
+    the latest sweep's rendering: a read costs it nothing more), so that when each counter changed is known to
+    within a read. Live mode redraws in place on the terminal's alternate screen (no clear, so no flicker) and
+    re-reads the terminal's width on every screen; --once draws one screen once the rates are known (at least
+    interval_s after the first read, at most ONCE_LIMIT_S) and exits."""
+    reads = Reads()
+    poll_s = min(POLL_S, interval_s)
     try:
-        old, t_old = fetch(url), time.monotonic()
+        start = time.monotonic()
+        reads.add(start, fetch(url))
     except OSError as e:
         print(f"outrider top: cannot read {url}/metrics: {e}", file=sys.stderr)
         return 1
     try:
         if once:
-            time.sleep(interval_s)
-            new = fetch(url)
-            sys.stdout.write(render_text(frame(new, old, time.monotonic() - t_old, url),
-                                         shutil.get_terminal_size().columns))
+            while True:
+                time.sleep(poll_s)
+                now = time.monotonic()
+                reads.add(now, fetch(url))
+                if (now - start >= interval_s and reads.known()) or now - start >= ONCE_LIMIT_S:
+                    break
+            sys.stdout.write(render_text(frame(reads, url), shutil.get_terminal_size().columns))
             return 0
         console = Console(highlight=False)
+        drawn = start
         with Live(console=console, screen=True, auto_refresh=False, redirect_stderr=False) as live:
             while True:
-                time.sleep(interval_s)
-                new, t_new = fetch(url), time.monotonic()
-                live.update(frame(new, old, t_new - t_old, url), refresh=True)
-                old, t_old = new, t_new
+                time.sleep(poll_s)
+                now = time.monotonic()
+                reads.add(now, fetch(url))
+                if now - drawn >= interval_s - poll_s / 2:
+                    live.update(frame(reads, url), refresh=True)
+                    drawn = now
     except KeyboardInterrupt:
         return 0
     except OSError as e:

@@ -162,12 +162,15 @@ def test_cli_export_formats(tmp_path: Path) -> None:
 
 
 def test_top_leaves_the_watchdog_heartbeat_out_of_the_firing_alerts() -> None:
-    from outrider.top import frame, parse, render_text
+    from outrider.top import Reads, frame, parse, render_text
 
-    text = ('outrider_alerts{alertname="Watchdog",alertstate="firing",severity="none"} 1\n'
-            'outrider_alerts{alertname="GPULost",alertstate="firing",severity="critical"} 1\n'
-            'outrider_alerts{alertname="DiskNearlyFull",alertstate="pending",severity="critical"} 1\n')
-    shown = render_text(frame(parse(text), parse(text), 1.0, "http://agent"), 120)
+    def screen(text: str) -> str:
+        reads = Reads()
+        reads.add(0.0, parse(text))
+        return render_text(frame(reads, "http://agent"), 120)
+
+    shown = screen('outrider_alerts{alertname="Watchdog",alertstate="firing",severity="none"} 1\n'
+                   'outrider_alerts{alertname="GPULost",alertstate="firing",severity="critical"} 1\n'
+                   'outrider_alerts{alertname="DiskNearlyFull",alertstate="pending",severity="critical"} 1\n')
     assert re.search(r"alerts +GPULost *\n", shown), shown
-    only_watchdog = parse('outrider_alerts{alertname="Watchdog",alertstate="firing",severity="none"} 1\n')
-    assert "none firing" in render_text(frame(only_watchdog, only_watchdog, 1.0, "http://agent"), 120)
+    assert "none firing" in screen('outrider_alerts{alertname="Watchdog",alertstate="firing",severity="none"} 1\n')

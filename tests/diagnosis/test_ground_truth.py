@@ -4,9 +4,11 @@ and beside a CPU hog. The labels the matrix checks the verdicts against must hol
 machine, under this load: the input workloads wait for data at least the README's 30% of the loop's own time (its
 wall time less the time its thread waited for a CPU: neighbours stretch the step, never the wait for storage), the
 Python-bound one spends at least half of its loop in the tokeniser (and building tensors from its lists), the idle
-one sleeps 80% of its own time or more (on this machine its tiny step waits for a CPU longer than it sleeps), and
-the compute and host workloads barely wait for data (timing cannot tell those two apart: the size of their
-operations does, which test_verdict_rules.py pins)."""
+one sleeps 80% of its own time or more (on this machine its tiny step waits for a CPU longer than it sleeps), the
+checkpoint-heavy one spends at least the README's 30% of its loop inside torch.save, the inference service spends
+80% of its serving loop or more in the model's forward (it is busy, never waiting for clients), and the compute and
+host workloads barely wait for data (timing cannot tell those two apart: the size of their
+operations does, which test_verdict_rules.py pins; nor can it tell the service's math from its overhead)."""
 
 from __future__ import annotations
 
@@ -54,6 +56,8 @@ def truth(name: str, hog: bool) -> dict[str, float]:
     ("input_io", "data_alone", b.INPUT_WAIT, 1.0),
     ("python", "python", b.PYTHON_SHARE, 1.0),
     ("idle", "sleep_alone", 0.8, 1.0),
+    ("checkpoint", "checkpoint", b.CHECKPOINT_SHARE, 1.0),
+    ("inference", "request", 0.8, 1.0),
     ("compute", "data", 0.0, 0.1),
     ("host", "data", 0.0, 0.1),
 ])

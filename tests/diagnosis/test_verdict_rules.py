@@ -3,9 +3,12 @@ without the evidence their rule needs are not judged (never a class, never a vot
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
 from outrider.diagnosis import bottleneck as b
+from outrider.diagnosis import signals as sig
 from outrider.diagnosis.bottleneck import NOT_JUDGED, classify
 from outrider.diagnosis.signals import STARVED_WAIT, Signals, signals, snapshot
 from outrider.diagnosis.window import VerdictWindow
@@ -24,32 +27,170 @@ def cpu(**kw: object) -> Signals:
     return Signals(**base)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize(("field", "line", "below", "above"), [
-    ("data_wait_fraction", b.INPUT_WAIT, "balanced", "input_bound"),
-    ("collective_wait_fraction", b.COMM_WAIT, "host_bound", "communication_bound"),
-])
-def test_wait_thresholds(field: str, line: float, below: str, above: str) -> None:
-    kw = {"main_cpu_us_per_op": 50.0, "data_wait_fraction": 0.05}
-    assert classify(cpu(**{**kw, field: line - EPS})).cls == below
-    assert classify(cpu(**{**kw, field: line + EPS})).cls == above
+def gpu(**kw: object) -> Signals:
+    """An active job on a GPU (its busy share measured with CUDA events) with the given signals."""
+    return cpu(gpus=1, gpu_util=0.5, **kw)
 
 
-def test_cpu_per_operation_thresholds() -> None:
-    assert classify(cpu(main_cpu_us_per_op=b.HOST_OP_US - 1)).cls == "host_bound"
-    assert classify(cpu(main_cpu_us_per_op=b.HOST_OP_US + 1)).cls == "balanced"
-    assert classify(cpu(main_cpu_us_per_op=b.COMPUTE_OP_US - 1)).cls == "balanced"
-    assert classify(cpu(main_cpu_us_per_op=b.COMPUTE_OP_US + 1)).cls == "compute_bound"
-    # host-bound needs the main thread saturated
-    assert classify(cpu(main_cpu_us_per_op=50.0, main_thread_busy=b.MAIN_SATURATED - EPS)).cls == "balanced"
-    assert classify(cpu(main_cpu_us_per_op=50.0, main_thread_busy=b.MAIN_SATURATED + EPS)).cls == "host_bound"
+def cls(s: Signals) -> str:
+    return classify(s).cls
 
 
-def test_gpu_busy_thresholds() -> None:
-    def gpu(busy: float) -> str:
-        return classify(cpu(gpus=1, gpu_util=0.5, gpu_busy_ratio=busy)).cls
+def reason_says(text: str, s: Signals) -> str:
+    return "said" if text in classify(s).reason else "not said"
 
-    assert gpu(b.GPU_BUSY - EPS) == "balanced" and gpu(b.GPU_BUSY + EPS) == "compute_bound"
-    assert gpu(b.GPU_IDLE - EPS) == "host_bound" and gpu(b.GPU_IDLE + EPS) == "balanced"
+
+def ranks(slow_compute: float = 1.0, slow_wait: float = 0.5, others_wait: float = 2.5, others_compute: float = 1.0,
+          hungry_wait: float = 0.0, fed_wait: float = 0.0, others_coll: float | None = None) -> Signals:
+    """Four ranks over a 10 s window of 100 steps: rank 2 computes slow_compute s and waits slow_wait s in
+    collectives, the others others_compute and others_wait; rank 1's loop waits hungry_wait s of its 10 for data,
+    the others' fed_wait, and then the others wait others_coll s in collectives."""
+    old = [f for r in "0123" for f in loop(0, 0, rank=r, collective_wait=0.0, steps=10)] + ZERO
+    new: list[Family] = []
+    for r in "0123":
+        if others_coll is not None:  # the starved-rank layout: every loop 10 s of wall time
+            wait, coll = (hungry_wait, 0.2) if r == "1" else (fed_wait, others_coll)
+            new += loop(wait, 10.0 - wait, rank=r, collective_wait=coll, steps=110)
+        elif r == "2":
+            new += loop(0, slow_compute + slow_wait, rank=r, collective_wait=slow_wait, steps=110)
+        else:
+            new += loop(0, others_compute + others_wait, rank=r, collective_wait=others_wait, steps=110)
+    return signals(snapshot(old), snapshot(new + threads((20.0, 0.0), (2.0, 0.0), processes=4)), 10.0)
+
+
+def straggler(s: Signals) -> str:
+    return "straggler" if s.straggler is not None else "none"
+
+
+def starved(s: Signals) -> str:
+    return "starved" if s.starved is not None else "none"
+
+
+# Every threshold of the verdict's rules (diagnosis/bottleneck.py, and the straggler's and the starved rank's in
+# diagnosis/signals.py) with the value the README states: (module, constant, its value, where the line falls (a
+# multiple of the value), the outcome at a value x of what it bounds, the outcome just below, just above). The
+# constant must keep its value, and the outcome must change between 2% below the line and 2% above it: changing
+# any of them fails the test that names it.
+THRESHOLDS: list[tuple[object, str, float, float, Callable[[float], str], str, str]] = [
+    (b, "IDLE_CORES", 0.05, 1, lambda x: cls(cpu(steps_per_s=0.0, process_cpu_cores=x)), "idle", NOT_JUDGED),
+    (b, "IDLE_GPU", 0.05, 1, lambda x: cls(cpu(steps_per_s=0.0, process_cpu_cores=0.01, gpus=1, gpu_util=x)),
+     "idle", NOT_JUDGED),
+    (b, "THROTTLED_BUSY", 0.3, 1, lambda x: cls(cpu(gpus=1, gpu_util=x, throttle_thermal=True)), "host_bound",
+     "throttled"),
+    (b, "GPU_MEMORY", 0.95, 1, lambda x: cls(cpu(main_cpu_us_per_op=50.0, gpu_mem_ratio=x)), "host_bound",
+     "memory_pressure"),
+    (b, "HOST_MEMORY", 0.05, 1, lambda x: cls(cpu(main_cpu_us_per_op=50.0, host_mem_available_ratio=x)),
+     "memory_pressure", "host_bound"),
+    (b, "CONTAINER_MEMORY", 0.95, 1, lambda x: cls(cpu(main_cpu_us_per_op=50.0, container_mem_ratio=x)),
+     "host_bound", "memory_pressure"),
+    (b, "CHECKPOINT_SHARE", 0.3, 1,
+     lambda x: cls(cpu(main_cpu_us_per_op=50.0, data_wait_fraction=0.05, checkpoint_fraction=x)), "host_bound",
+     "checkpoint_bound"),
+    (b, "INPUT_WAIT", 0.3, 1, lambda x: cls(cpu(main_cpu_us_per_op=50.0, data_wait_fraction=x)), "balanced",
+     "input_bound"),
+    (b, "COMM_WAIT", 0.3, 1, lambda x: cls(cpu(main_cpu_us_per_op=50.0, data_wait_fraction=0.05,
+                                               collective_wait_fraction=x)), "host_bound", "communication_bound"),
+    (b, "DRAM_BUSY", 0.7, 1, lambda x: cls(gpu(gpu_busy_ratio=0.5, dram_activity=x, sm_activity=0.3)), "balanced",
+     "memory_bandwidth_bound"),
+    (b, "SM_BUSY", 0.5, 1, lambda x: cls(gpu(gpu_busy_ratio=0.5, dram_activity=0.8, sm_activity=x)),
+     "memory_bandwidth_bound", "balanced"),
+    (b, "IDLE_MAIN", 0.2, 1, lambda x: cls(cpu(steps_per_s=1.5, main_thread_busy=x, intra_op_busy=0.02)), "idle",
+     "balanced"),
+    (b, "RESTING_SHARE", 0.5, 1, lambda x: cls(cpu(steps_per_s=1.5, main_thread_busy=0.17, intra_op_busy=0.3,
+                                                   loop_samples=500.0, profile={"waiting": x, "native": 1 - x})),
+     "balanced", "idle"),
+    (b, "PYTHON_SHARE", 0.5, 1, lambda x: cls(cpu(main_cpu_us_per_op=900.0, loop_samples=1000.0,
+                                                  profile={"python": x, "native": 1 - x})),
+     "compute_bound", "python_bound"),
+    (b, "GPU_BUSY", 0.6, 1, lambda x: cls(gpu(gpu_busy_ratio=x)), "balanced", "compute_bound"),
+    (b, "GPU_IDLE", 0.3, 1, lambda x: cls(gpu(gpu_busy_ratio=x)), "host_bound", "balanced"),
+    (b, "FED", 0.1, 1, lambda x: cls(gpu(gpu_busy_ratio=0.2, data_wait_fraction=x)), "host_bound", "balanced"),
+    (b, "FED", 0.1, 1, lambda x: cls(cpu(main_cpu_us_per_op=50.0, data_wait_fraction=x)), "host_bound",
+     "balanced"),
+    (b, "OPS_MAIN", 0.5, 1, lambda x: cls(cpu(main_thread_busy=x, main_cpu_us_per_op=900.0)), "balanced",
+     "compute_bound"),
+    (b, "MAIN_SATURATED", 0.6, 1, lambda x: cls(cpu(main_cpu_us_per_op=50.0, main_thread_busy=x)), "balanced",
+     "host_bound"),
+    (b, "MAIN_SATURATED", 0.6, 1, lambda x: cls(cpu(main_thread_busy=x, intra_op_busy=0.05)), "balanced",
+     "host_bound"),
+    # no operations counted: the pool decides, beside a main thread busy half of MAIN_SATURATED (README: 30%)
+    (b, "MAIN_SATURATED", 0.6, 0.5, lambda x: cls(cpu(main_thread_busy=x, intra_op_busy=0.9)), "balanced",
+     "compute_bound"),
+    (b, "POOL_BUSY", 0.5, 0.9, lambda x: cls(cpu(main_thread_busy=0.9, intra_op_busy=x)), "balanced",
+     "compute_bound"),
+    (b, "POOL_IDLE", 0.25, 0.9, lambda x: cls(cpu(main_thread_busy=0.9, intra_op_busy=x)), "host_bound",
+     "balanced"),
+    (b, "POOL_IDLE", 0.25, 0.9, lambda x: cls(cpu(main_cpu_us_per_op=2000.0, intra_op_threads=2.0,
+                                                  intra_op_busy=x)), NOT_JUDGED, "compute_bound"),
+    (b, "HOST_OP_US", 100.0, 1, lambda x: cls(cpu(main_cpu_us_per_op=x)), "host_bound", "balanced"),
+    (b, "COMPUTE_OP_US", 500.0, 1, lambda x: cls(cpu(main_cpu_us_per_op=x)), "balanced", "compute_bound"),
+    (b, "PROCESS_COMPUTE_CORES", 1.5, 1,
+     lambda x: cls(cpu(main_thread_busy=None, intra_op_busy=None, process_cpu_cores=x)), NOT_JUDGED,
+     "compute_bound"),
+    (b, "WORKERS_WAITING", 0.3, 1,
+     lambda x: reason_says("wait for storage", cpu(data_wait_fraction=0.6, data_worker_busy=x)), "said",
+     "not said"),
+    (b, "CONTENDED", 0.2, 1, lambda x: reason_says("CPU contention", cpu(main_cpu_us_per_op=50.0,
+                                                                          run_delay_fraction=x)), "not said",
+     "said"),
+    # the straggler: compute per step 1.5x the others'...
+    (sig, "STRAGGLER_RATIO", 1.5, 1, lambda x: straggler(ranks(slow_compute=x)), "none", "straggler"),
+    # ...longer by a tenth of its step (3x the others' compute, 2 ms a step more, in a step that is mostly its
+    # own collective wait: its wall per step is 0.2 s / x)...
+    (sig, "STRAGGLER_SHARE", 0.1, 1, lambda x: straggler(ranks(slow_compute=0.3, others_compute=0.1,
+                                                               slow_wait=0.2 / x - 0.3)), "none", "straggler"),
+    # ...and the others wait for it, per step, at least half of that difference more than it does (2x the
+    # compute, 10 ms a step more; the others wait 0.5 s + x of the 1 s difference in the window)
+    (sig, "STRAGGLER_WAITED", 0.5, 1, lambda x: straggler(ranks(slow_compute=2.0, others_wait=0.5 + x)), "none",
+     "straggler"),
+    # the starved rank: its loop waits for data 30% of its time...
+    (sig, "STARVED_WAIT", 0.3, 1, lambda x: starved(ranks(hungry_wait=10 * x, others_coll=5.0)), "none", "starved"),
+    # ...the others' median under half of its share...
+    (sig, "STARVED_FED", 0.5, 1, lambda x: starved(ranks(hungry_wait=6.0, fed_wait=6.0 * x, others_coll=5.0)),
+     "starved", "none"),
+    # ...and they wait for it in collectives at least half of its share
+    (sig, "STARVED_WAITED", 0.5, 1, lambda x: starved(ranks(hungry_wait=6.0, others_coll=6.0 * x)), "none",
+     "starved"),
+]
+NEAR = 0.02  # just below and just above: 2% of the line either side
+
+
+@pytest.mark.parametrize(("module", "name", "value", "line", "outcome", "below", "above"), THRESHOLDS,
+                         ids=[f"{t[1]}-{i}" for i, t in enumerate(THRESHOLDS)])
+def test_each_threshold_keeps_the_readmes_value_and_the_verdict_turns_there(
+        module: object, name: str, value: float, line: float, outcome: Callable[[float], str], below: str,
+        above: str) -> None:
+    assert getattr(module, name) == value, f"{name} is {value} in the README"
+    at = value * line
+    assert (outcome(at * (1 - NEAR)), outcome(at * (1 + NEAR))) == (below, above)
+
+
+def test_every_threshold_constant_is_pinned() -> None:
+    """A constant added to the rules without a row in THRESHOLDS fails here."""
+    pinned = {(m.__name__, n) for m, n, *_ in THRESHOLDS}  # type: ignore[attr-defined]
+    for module in (b, sig):
+        names = {n for n, v in vars(module).items() if n.isupper() and isinstance(v, float | int)
+                 and not isinstance(v, bool) and n not in UNJUDGED_CONSTANTS}
+        assert names <= {n for m, n in pinned if m == module.__name__}, names - {n for _, n in pinned}
+
+
+# Constants that are not verdict thresholds: how many samples or frames a window needs or keeps
+UNJUDGED_CONSTANTS = {"PROFILE_MIN_SAMPLES", "TOP_FRAMES"}
+
+
+def test_a_rank_computing_twice_as_long_that_nobody_waits_for_is_no_straggler() -> None:
+    """2x the others' compute, but they wait in collectives no longer than it does: a heavier shard the job does not
+    wait on (an asynchronous rank), not a straggler, and not communication_bound."""
+    s = ranks(slow_compute=2.0, slow_wait=0.5, others_wait=0.5)
+    assert s.straggler is None and s.straggler_compute_ratio == pytest.approx(2.0)
+    assert classify(s).cls != "communication_bound"
+    assert "straggler_rank" not in s.evidence()
+
+
+def test_a_rank_computing_twice_as_long_in_a_step_that_is_mostly_communication_is_no_straggler() -> None:
+    """2x the others' compute is 1 ms a step more in a 50 ms step spent in collectives: noise, not a straggler."""
+    s = ranks(slow_compute=0.2, others_compute=0.1, slow_wait=4.8, others_wait=4.9)
+    assert s.straggler is None and s.straggler_compute_ratio == pytest.approx(2.0)
 
 
 def test_python_share_threshold_and_the_hottest_line_named() -> None:
@@ -84,27 +225,6 @@ def test_an_almost_idle_loop_is_idle_never_compute_bound() -> None:
     # without operations counted the pool decides, but only beside a busy main thread
     assert classify(cpu(main_thread_busy=0.25, intra_op_busy=0.3)).cls != "compute_bound"
     assert classify(cpu(main_thread_busy=0.9, intra_op_busy=0.9)).cls == "compute_bound"
-
-
-def test_straggler_criterion_edges_and_a_slow_rank_nobody_waits_for() -> None:
-    def judged(slow_compute: float, others_wait: float, slow_wait: float = 0.5) -> Signals:
-        """Four ranks, 100 steps of 0.1 s in 10 s; rank 2 computes slow_compute s of it, the others 1 s and
-        wait others_wait s in collectives."""
-        old = [f for r in "0123" for f in loop(0, 0, rank=r, collective_wait=0.0, steps=10)] + ZERO
-        new = []
-        for r in "0123":
-            if r == "2":
-                new += loop(0, slow_compute + slow_wait, rank=r, collective_wait=slow_wait, steps=110)
-            else:
-                new += loop(0, 1.0 + others_wait, rank=r, collective_wait=others_wait, steps=110)
-        return signals(snapshot(old), snapshot(new + threads((20.0, 0.0), (2.0, 0.0), processes=4)), 10.0)
-
-    assert judged(3.0, 2.5).straggler is not None, "3x the compute, the others wait for it"
-    assert judged(1.4, 2.5).straggler is None, "1.4x: under the ratio"
-    assert judged(1.6, 2.5).straggler is not None, "1.6x: over it"
-    # 2x the compute, but the others do not wait for it (no more than it does): not a straggler
-    s = judged(2.0, 0.5)
-    assert s.straggler is None and classify(s).cls != "communication_bound"
 
 
 def test_a_window_without_per_thread_cpu_is_not_judged_and_never_votes() -> None:

@@ -1,8 +1,11 @@
 """Labelled CPU training scripts for the confusion matrix: each calls only `outrider.instrument()` (no loader
 wrapper, no step timing), the way a new user would, and has one known bottleneck.
 
-    python tests/diagnosis/zero_config.py input|input_io|compute|host|python|idle SECONDS
+    python tests/diagnosis/zero_config.py input|input_io|compute|host|python|idle|checkpoint|inference SECONDS
     python -m torch.distributed.run --nproc-per-node N tests/diagnosis/zero_config.py comm|straggler|starved SECONDS
+
+(The inference service wraps its WSGI app in the middleware Outrider ships, as any instrumented service does:
+requests are what a service has instead of steps.)
 
 The work is fixed per step (never "run for N ms"), so a neighbour on the machine changes how long it takes, not
 what it is.
@@ -13,14 +16,15 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Callable
 
 import torch
 
 import outrider
 
 # The ground truth, measured without Outrider (`--truth`, OUTRIDER_DISABLED=1): seconds of each part of the loop,
-# timed around it (data: the loader's next(); python: the tokeniser; sleep: the loop's own sleep; the rest is the
-# step), printed as JSON at the end.
+# timed around it (data: the loader's next(); python: the tokeniser; sleep: the loop's own sleep; checkpoint:
+# torch.save; request: a service's model call; the rest is the step), printed as JSON at the end.
 TRUTH: dict[str, float] = {}
 
 
@@ -213,6 +217,76 @@ def at_rest(seconds: float) -> None:
                 time.sleep(0.66)
 
 
+def checkpoint_heavy(seconds: float) -> None:
+    """A small model trained on data in memory, saved with torch.save every few steps with a large state beside
+    it (an EMA copy and the optimizer's): the saves, not the steps, are most of the loop."""
+    import tempfile
+
+    torch.set_num_threads(1)  # as python_bound: a tiny model's parallel regions wait at libgomp's barrier for a CPU
+
+    data = torch.utils.data.TensorDataset(torch.randn(4096, 256), torch.randint(0, 4, (4096,)))
+    loader = torch.utils.data.DataLoader(data, batch_size=64, shuffle=True)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    extra = {"ema": torch.randn(2_000_000), "history": [torch.randn(64, 1024) for _ in range(16)]}
+    end = time.monotonic() + seconds
+    with tempfile.TemporaryDirectory(prefix="outrider-ckpt-") as where, Timed("loop"):
+        step = 0
+        while time.monotonic() < end:
+            for x, y in loader:
+                opt.zero_grad()
+                torch.nn.functional.cross_entropy(model(x), y).backward()
+                opt.step()
+                step += 1
+                if step % 4 == 0:
+                    with Timed("checkpoint"):
+                        torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), **extra},
+                                   f"{where}/checkpoint.pt")
+                if time.monotonic() >= end:
+                    break
+
+
+def inference(seconds: float) -> None:
+    """A model service: a WSGI server (the standard library's, one request at a time, on the main thread) with
+    Outrider's middleware, answering two client threads that send requests back to back; each request is a batch
+    through an MLP under no_grad. The model's math is the work: compute_bound."""
+    import threading
+    import urllib.request
+    from wsgiref.simple_server import make_server
+
+    from outrider.demo.workload import QuietHandler
+    from outrider.hook.wsgi import OutriderWSGIMiddleware
+
+    model = torch.nn.Sequential(torch.nn.Linear(512, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 1024),
+                                torch.nn.ReLU(), torch.nn.Linear(1024, 4)).eval()
+
+    def app(environ: dict[str, object], start_response: Callable[..., object]) -> list[bytes]:
+        environ["outrider.route"] = "/predict"
+        size = int(str(environ.get("CONTENT_LENGTH") or 0))
+        rows = int(environ["wsgi.input"].read(size) or b"32")  # type: ignore[attr-defined]
+        with Timed("request"), torch.no_grad():
+            label = int(model(torch.randn(rows, 512)).argmax(dim=1).sum())
+        start_response("200 OK", [("Content-Type", "text/plain")])
+        return [f"{label}\n".encode()]
+
+    server = make_server("127.0.0.1", 0, OutriderWSGIMiddleware(app), handler_class=QuietHandler)
+    url = f"http://127.0.0.1:{server.server_port}/predict"
+    end = time.monotonic() + seconds
+
+    def client() -> None:
+        while time.monotonic() < end:
+            urllib.request.urlopen(urllib.request.Request(url, data=b"64"), timeout=60).read()
+
+    clients = [threading.Thread(target=client) for _ in range(2)]
+    for c in clients:
+        c.start()
+    with Timed("loop"):
+        server.timeout = 0.5
+        while any(c.is_alive() for c in clients):  # they stop sending at the end; their last requests answered
+            server.handle_request()
+    server.server_close()
+
+
 def starved(seconds: float) -> None:
     """DDP over gloo; rank 1 reads its samples from slow storage (10 ms each, one worker), the others have theirs in
     memory and wait for it in the gradient all_reduce."""
@@ -272,6 +346,6 @@ if __name__ == "__main__":
         starved(secs)
     else:
         {"input": input_bound, "input_io": input_io, "compute": compute, "host": host, "python": python_bound,
-         "idle": at_rest}[what](secs)
+         "idle": at_rest, "checkpoint": checkpoint_heavy, "inference": inference}[what](secs)
     if "--truth" in sys.argv:
         print(json.dumps(TRUTH))

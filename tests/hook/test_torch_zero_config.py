@@ -88,6 +88,38 @@ def test_the_explicit_wrapper_never_counts_a_wait_twice(tmp_path: Path, hooked: 
     assert value(read(tmp_path, hooked), "outrider_train_data_wait_seconds_count", rank="") == 9
 
 
+def test_samples_per_second_with_zero_configuration_from_the_batches_the_loaders_yield(tmp_path: Path,
+                                                                                        hooked: Hook) -> None:
+    """No `samples=` anywhere: the batches' first dimension counts the samples (24 a pass of batch 4, twice)."""
+    train(torch.utils.data.DataLoader(Squares(), batch_size=4), epochs=2)
+    assert value(read(tmp_path, hooked), "outrider_samples_total", rank="") == 48
+
+
+def test_samples_the_user_counts_replace_the_batches_and_are_never_added_to_them(tmp_path: Path,
+                                                                                hooked: Hook) -> None:
+    model = torch.nn.Linear(4, 2)
+    for x, _ in torch.utils.data.DataLoader(Squares(), batch_size=4):
+        with outrider.step(samples=3):  # the user's own count (3 a step), not the batch's 4
+            model(x).sum().backward()
+    assert value(read(tmp_path, hooked), "outrider_samples_total", rank="") == 18
+
+
+@pytest.mark.parametrize(("batch", "size"), [
+    (torch.zeros(8, 3), 8),
+    ([torch.zeros(5, 3), torch.zeros(5)], 5),  # default_collate of (input, label) pairs
+    ((torch.zeros(6, 2), torch.zeros(6)), 6),
+    ({"input_ids": torch.zeros(7, 128), "attention_mask": torch.zeros(7, 128)}, 7),
+    ({"text": ["a", "b"], "input_ids": torch.zeros(2, 16)}, 2),  # the first tensor, after a list of strings
+    (["a", "b", "c"], 0),  # no tensor: no count
+    (torch.tensor(3.0), 0),  # a 0-d tensor has no batch dimension
+    (object(), 0),
+])
+def test_the_batch_size_is_the_first_dimension_of_the_first_tensor(batch: Any, size: int) -> None:
+    from outrider.hook.torch_data import batch_size
+
+    assert batch_size(batch) == size
+
+
 def test_multi_worker_loaders_are_timed_and_their_workers_stay_silent(tmp_path: Path, hooked: Hook) -> None:
     loader = torch.utils.data.DataLoader(Squares(), batch_size=4, num_workers=2)
     steps = train(loader)

@@ -95,8 +95,8 @@ def test_the_summary_ends_with_the_verdict_and_its_evidence_after_what_was_measu
     text = summary_text(demo_run.stderr)
     measured, verdict = text.index("\nwhat the agent measured:\n"), text.index("\nverdict: ")
     assert measured < verdict
-    training = re.search(r"\n  training   ([\d,]+) steps, step time p50 [\d.]+ ms, p99 [\d.]+ ms, ([\d,]+) "
-                         r"samples/s\n", text)
+    training = re.search(r"\n  training   ([\d,]+) steps, [\d.,]+ steps/s, step time p50 [\d.]+ ms, p99 [\d.]+ ms, "
+                         r"([\d,]+) samples/s, [\d,]+ tokens/s\n", text)
     steps = demo_run.summary["measured"]["training"]["steps"]
     assert training and int(training.group(1).replace(",", "")) == steps > 5, text
     assert re.search(r"\n {13}data-loader wait p50 [\d.]+ (ms|µs), [\d.]+% of the loop waiting for data\n", text)
@@ -253,7 +253,7 @@ def test_compare_prints_every_kpi_in_human_units_with_its_sample_counts(demo_run
     assert {"step time", "throughput", "data wait", "request rate", "client errors (4xx)", "p99 latency", "job CPU",
             "job memory (RSS)"} <= labels, labels
     for line in lines:
-        assert re.search(r"n = \d+/\d+ sweeps\)$", line), line
+        assert re.search(r"n = \d+/\d+ (sweeps|intervals)\)$", line), line
         assert "no significant difference" in line, "a run against itself"
     assert re.search(r"job memory \(RSS\): A [\d.]+ MiB, B [\d.]+ MiB", r.stdout)
     assert re.search(r"step time: A [\d.]+ ms, B [\d.]+ ms", r.stdout)

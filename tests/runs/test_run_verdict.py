@@ -128,3 +128,77 @@ def test_the_recorder_keeps_every_time_an_alert_fired(tmp_path: Path) -> None:
     store.close()
     recorder.on_alert(notification("firing", "3", t0 + 10))  # the store is closed: logged, not raised
     assert recorder.alerts[-1].name == "Alert3"
+
+
+def test_every_piece_of_evidence_has_a_human_name_and_unit() -> None:
+    """What a window's evidence can hold (every signal of diagnosis/signals.Signals, the loop's places) is named
+    for a person (runs/verdict.LABELS, runs/kpis.py) or is bookkeeping never shown: never an internal key such as
+    "ops counted 0, torch cpu only 1"."""
+    from dataclasses import fields
+
+    from outrider.diagnosis.signals import WHERE, Signals
+    from outrider.runs.kpis import EVIDENCE, KPIS
+    from outrider.runs.verdict import HIDDEN, LABELS
+
+    s = Signals(window_s=10.0)
+    for f in fields(Signals):
+        if f.name not in ("window_s", "ranks", "straggler", "starved", "profile", "top_frames", "extra"):
+            setattr(s, f.name, True if str(f.type) == "bool" else 1.0)
+    s.profile = dict.fromkeys(WHERE, 0.1)
+    evidence = s.evidence()
+    unnamed = [k for k in evidence if not (k in LABELS or k in KPIS or k in EVIDENCE or k in HIDDEN
+                                            or (k.startswith("in_") and k.endswith("_fraction")))]
+    assert unnamed == []
+    assert VerdictTally().result().evidence_rows() == [], "an empty run: no rows"
+    tally = VerdictTally()
+    tally.add("host_bound", "r", evidence, 0.0, 1.0)
+    shown = tally.result().evidence_rows()
+    labels = [label for label, _ in shown]
+    assert not any("_" in label for label in labels), labels
+    assert "ops counted" not in labels and "torch cpu only" not in labels and "loop samples" not in labels
+    assert dict(shown)["where the loop thread is (samples)"].startswith("python 10%")
+
+
+def test_zero_rates_are_left_out_of_the_evidence() -> None:
+    """A training job's evidence says nothing of requests (0 req/s), a service's nothing of steps."""
+    tally = VerdictTally()
+    tally.add("compute_bound", "r", {"steps_per_s": 5.0, "requests_per_s": 0.0, "samples_per_s": 0.0}, 0, 1)
+    assert tally.result().evidence_rows() == [("step rate", "5 steps/s")]
+
+
+def test_the_runs_data_wait_is_its_counters_over_the_time_the_verdict_held_and_the_reason_says_the_same() -> None:
+    """Two input-bound windows: one with 8 s of its 10 s loop waiting for data (window share 80%), one with 1 s of
+    5 s (20%, the window's share averaged in no sense). Their counters say 9 s of 15 s: 60%, which the evidence and
+    the reason both show, as the summary does over the whole run; the reason's 'on its own time' figure is not a
+    second data wait in the evidence."""
+    tally = VerdictTally()
+    for start, wait, wall in ((0.0, 8.0, 10.0), (10.0, 1.0, 5.0)):
+        tally.add("input_bound", "from the window", {"data_wait_fraction": wait / wall, "steps_per_s": 3.0,
+                                                     "data_wait_alone_fraction": 0.9}, start, start + 10.0,
+                  counted={"data_wait_seconds_total": wait, "loop_seconds_total": wall})
+    v = tally.result()
+    assert v.evidence["data_wait_fraction"] == 0.6
+    assert v.reason.startswith("60% of the loop waiting for data (90% of its own time"), v.reason
+    assert ("data wait", "60%") in v.evidence_rows()
+    assert not any("own time" in label for label, _ in v.evidence_rows())
+
+
+def test_the_runs_reason_names_the_hottest_line_over_its_time_and_the_rank_it_named_last() -> None:
+    """The reason of a python_bound run names its hottest line with its share over the time the class held (not the
+    last window's); a straggler rank is the one its windows named, never a mean of rank numbers."""
+    tally = VerdictTally()
+    ev = {"steps_per_s": 5.0, "main_thread_busy": 0.9, "intra_op_busy": 0.05, "loop_samples": 500.0,
+          "in_python_fraction": 0.7, "in_native_fraction": 0.3}
+    tally.add("python_bound", "w1", ev, 0.0, 10.0, frames=[("python", "train.py:12 tokenize", 0.6)])
+    tally.add("python_bound", "w2", ev, 10.0, 20.0, frames=[("python", "train.py:12 tokenize", 0.4),
+                                                              ("python", "train.py:30 log", 0.5)])
+    v = tally.result()
+    assert v.reason == ("70% of the loop thread's samples in the user's Python code; the hottest line: train.py:12 "
+                        "tokenize (50% of the samples)"), v.reason
+    ranks = VerdictTally()
+    for start, rank in ((0.0, 2.0), (10.0, 3.0)):
+        ranks.add("communication_bound", "w", {"steps_per_s": 5.0, "straggler_rank": rank,
+                                               "straggler_compute_ratio": 2.0, "others_wait_fraction": 0.4},
+                  start, start + 10.0)
+    r = ranks.result()
+    assert r.evidence["straggler_rank"] == 3.0 and r.reason.startswith("rank 3 is a straggler"), r.reason

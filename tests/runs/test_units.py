@@ -29,7 +29,7 @@ def test_sizes_are_in_powers_of_1024(value: float, text: str) -> None:
 
 
 @pytest.mark.parametrize(("value", "text"), [(0.42, "42%"), (0.0658, "6.6%"), (0.0042, "0.42%"), (0, "0%"),
-                                             (1, "100%")])
+                                             (1, "100%"), (0.0001, "0.01%"), (0.000063, "<0.01%")])
 def test_ratios_are_percentages(value: float, text: str) -> None:
     assert units.percent(value) == text
 

@@ -35,13 +35,15 @@ def build() -> Dashboard:
     d = d.with_row(Row("Progress"))
     d = d.with_panel(stat("Steps/s", "Training steps completed per second, all selected ranks.", "ops",
                           query(f"sum(rate(outrider_train_steps_total{{{R}}}[$__rate_interval]))", instant=True)))
-    d = d.with_panel(stat("Samples/s", "Samples processed per second (outrider.step(samples=...) or count_samples).",
+    d = d.with_panel(stat("Samples/s", "Samples processed per second (outrider.step(samples=...) or count_samples, "
+                          "else the batches the DataLoaders yield).",
                           "short", query(f"sum(rate(outrider_samples_total{{{R}}}[$__rate_interval]))", instant=True)))
-    d = d.with_panel(stat("Data-wait fraction", "Share of the loop spent waiting for the next batch: above 20% the "
-                          "job is input-bound.", "percentunit",
-                          query(f"sum(rate(outrider_train_data_wait_seconds_sum{{{R}}}[$__rate_interval])) / "
-                                f"(sum(rate(outrider_train_data_wait_seconds_sum{{{R}}}[$__rate_interval])) + "
-                                f"sum(rate(outrider_train_step_duration_seconds_sum{{{R}}}[$__rate_interval])))",
+    d = d.with_panel(stat("Data-wait fraction", "Share of the loop's wall time spent waiting for the next batch (the "
+                          "loop's data_wait part over all its parts, as the verdict, the run summary and outrider top "
+                          "count it): above 30% the job is input-bound.", "percentunit",
+                          query(f"sum(rate(outrider_train_loop_seconds_total{{{R}, part=\"data_wait\"}}"
+                                f"[$__rate_interval])) / "
+                                f"sum(rate(outrider_train_loop_seconds_total{{{R}}}[$__rate_interval]))",
                                 instant=True),
                           th=thresholds(GREEN, (0.2, "orange"), (0.3, "red")),
                           links=[runbook("degradation.md", "inputpipelinebound", "input-bound")]))
@@ -50,9 +52,10 @@ def build() -> Dashboard:
                           th=thresholds(GREEN, (300, "orange"), (1800, "red")),
                           links=[runbook("degradation.md", "trainingstalled", "stalled")]))
     d = d.with_panel(stat("Bottleneck", "The agent's verdict on why the job is slow (outrider_bottleneck): "
-                          "input_bound, host_bound, python_bound, compute_bound, communication_bound, "
-                          "memory_pressure, memory_bandwidth_bound, throttled, idle or balanced (none while a window "
-                          "is not judged); outrider top and outrider report show the evidence and the advice.",
+                          "checkpoint_bound, input_bound, host_bound, python_bound, compute_bound, "
+                          "communication_bound, memory_pressure, memory_bandwidth_bound, throttled, idle or balanced "
+                          "(none while a window is not judged); outrider top and outrider report show the evidence "
+                          "and the advice.",
                           "short",
                           query(f"max by (class) (outrider_bottleneck{{{SEL}}}) == 1", "{{class}}", instant=True),
                           width=24, height=3))

@@ -16,6 +16,7 @@ from pathlib import Path
 from outrider.config import Config, load
 from outrider.metrics import units
 from outrider.metrics.family import Family
+from outrider.metrics.rate import CounterHistory
 
 Key = tuple[str, tuple[str, ...]]
 
@@ -36,32 +37,39 @@ def _sum_where(vals: dict[Key, float], name: str, **match: str) -> float:
     return total
 
 
+RATED = ("outrider_watched_cpu_seconds_total", "outrider_train_steps_total", "outrider_samples_total",
+         "outrider_requests_total")
+
+
 class LiveLine:
-    """Turns consecutive sweeps into one line of rates: what a person watching the job wants to see."""
+    """Turns the sweeps into one line of rates every every_s: what a person watching the job wants to see. Rates
+    from the counters over time (metrics/rate.py), as the summary, `outrider top` and the record take them."""
 
     def __init__(self, every_s: float = 2.0) -> None:
         self.every_s = every_s
-        self._prev: tuple[float, dict[Key, float]] | None = None
-        self._started = time.monotonic()
+        self._counters = CounterHistory()
+        self._shown = self._started = time.monotonic()
 
     def __call__(self, fams: list[Family]) -> None:
         now, vals = time.monotonic(), _values(fams)
-        if self._prev is not None and now - self._prev[0] < self.every_s:
+        self._counters.add(now, {name: _sum_where(vals, name) for name in RATED})
+        if now - self._shown < self.every_s:
             return
-        prev, self._prev = self._prev, (now, vals)
-        if prev is None:
-            return
-        dt = now - prev[0]
+        self._shown = now
 
-        def rate(name: str) -> float:
-            return max(0.0, _sum_where(vals, name) - _sum_where(prev[1], name)) / dt
+        def rate(name: str, what: str) -> str:
+            value = self._counters.rate(name)
+            if value is None and not self._counters.total(name):
+                value = 0.0  # never moved: nothing to measure
+            return f"… {what}/s" if value is None else units.rate(value, what)
 
+        cpu = self._counters.rate("outrider_watched_cpu_seconds_total")
         print(f"  {units.run_time(now - self._started)}  procs {_sum_where(vals, 'outrider_watched_processes'):.0f}"
-              f"  cpu {units.cores(rate('outrider_watched_cpu_seconds_total'))}"
+              f"  cpu {units.cores(cpu) if cpu is not None else '…'}"
               f"  rss {units.bytes_iec(_sum_where(vals, 'outrider_watched_memory_rss_bytes'))}"
-              f"  {units.rate(rate('outrider_train_steps_total'), 'steps')}"
-              f"  {units.rate(rate('outrider_samples_total'), 'samples')}"
-              f"  {units.rate(rate('outrider_requests_total'), 'req')}"
+              f"  {rate('outrider_train_steps_total', 'steps')}"
+              f"  {rate('outrider_samples_total', 'samples')}"
+              f"  {rate('outrider_requests_total', 'req')}"
               f"  host cpu {units.percent(_sum_where(vals, 'outrider_host_cpu_utilization_ratio'))}",
               file=sys.stderr)
 

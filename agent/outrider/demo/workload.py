@@ -94,6 +94,13 @@ def train_pure_python(seconds: float, checkpoint_dir: str) -> Any:
     return lambda features: int(sum(w * v for w, v in zip(weights, features)) > 0.5)
 
 
+class QuietHandler(WSGIRequestHandler):
+    """wsgiref's request handler without its line per request on stderr."""
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
 def serve(predict: Any, seconds: float, width: int, clients: int = 4) -> None:
     def app(environ: dict[str, Any], start_response: Any) -> list[bytes]:
         environ["outrider.route"] = "/predict/{model}"
@@ -108,11 +115,7 @@ def serve(predict: Any, seconds: float, width: int, clients: int = 4) -> None:
         start_response("200 OK", [("Content-Type", "text/plain")])
         return [f"{label}\n".encode()]
 
-    class Quiet(WSGIRequestHandler):
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = make_server("127.0.0.1", 0, OutriderWSGIMiddleware(app), handler_class=Quiet)
+    server = make_server("127.0.0.1", 0, OutriderWSGIMiddleware(app), handler_class=QuietHandler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{server.server_port}/predict/mlp"
     end = time.time() + seconds

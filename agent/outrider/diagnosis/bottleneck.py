@@ -1,8 +1,9 @@
 """Bottleneck verdicts: the class, the evidence (the numbers behind it) and what to do about it.
 
-Classes, checked in this order: idle, throttled, memory_pressure, input_bound, communication_bound (a straggler
-rank, or collectives blocking the loop on every rank), memory_bandwidth_bound, python_bound, then compute_bound /
-host_bound / balanced:
+Classes, checked in this order: idle, throttled, memory_pressure, checkpoint_bound (recognised checkpoints on the
+loop's thread a large part of its time, at least as large as its data wait), input_bound, communication_bound (a
+straggler rank, or collectives blocking the loop on every rank), memory_bandwidth_bound, python_bound, then
+compute_bound / host_bound / balanced:
 
 - python_bound, from the loop thread's stack samples (hook/profiler.py): most of them in the user's own Python
   code (a tokeniser in the loop, tensors built from lists) while the accelerator or torch's work does not pace the
@@ -29,8 +30,8 @@ from dataclasses import dataclass
 
 from outrider.diagnosis.signals import Signals
 
-CLASSES = ("idle", "throttled", "memory_pressure", "input_bound", "memory_bandwidth_bound", "compute_bound",
-           "host_bound", "python_bound", "communication_bound", "balanced")
+CLASSES = ("idle", "throttled", "memory_pressure", "checkpoint_bound", "input_bound", "memory_bandwidth_bound",
+           "compute_bound", "host_bound", "python_bound", "communication_bound", "balanced")
 NOT_JUDGED = "not_judged"  # a window without the evidence its rule needs: not a class
 NOT_JUDGED_ADVICE = "Not judged: this window lacks the measurements its rule needs (see why)."
 
@@ -42,6 +43,11 @@ RECOMMENDATIONS = {
     "memory_pressure": "Memory is nearly exhausted (GPU near capacity, allocator retries, or little host memory): "
                        "smaller batches with gradient accumulation, activation checkpointing, mixed precision, "
                        "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True against fragmentation.",
+    "checkpoint_bound": "Checkpoints take a large part of the loop: save less often (by training time, not every "
+                        "few steps), asynchronously (torch.distributed.checkpoint.async_save, or a copy to CPU "
+                        "memory written by a background thread), to fast local storage (upload afterwards), and "
+                        "less (the model and optimizer state only; sharded across ranks with "
+                        "torch.distributed.checkpoint rather than everything from rank 0).",
     "input_bound": "The loop waits for data. Workers busy decoding (on a CPU): more DataLoader workers where cores "
                    "are free, cheaper decoding, preprocessing offline or on the GPU, pin_memory=True, "
                    "persistent_workers=True. Workers waiting on storage (the reason says which): faster or local "
@@ -68,6 +74,8 @@ class Verdict:
     cls: str
     evidence: dict[str, float]
     reason: str
+    # the loop thread's most sampled frames in the window: (where, `file:line function`, share of the samples)
+    frames: tuple[tuple[str, str, float], ...] = ()
 
     @property
     def recommendation(self) -> str:
@@ -79,11 +87,21 @@ class Verdict:
 
 
 # Thresholds. All are shares of the job's own time or demand: none depends on the machine's core count or load.
+# tests/diagnosis/test_verdict_rules.py pins each one's value and the verdict just below and just above it.
+IDLE_CORES = 0.05  # a job without steps or requests using less CPU than this (cores) is idle...
+IDLE_GPU = 0.05  # ...with its GPUs busy less than this
+THROTTLED_BUSY = 0.3  # a GPU busier than this with a thermal or power clock event is throttled
+GPU_MEMORY = 0.95  # GPU memory used over this is memory_pressure
+HOST_MEMORY = 0.05  # host memory available under this is memory_pressure
 INPUT_WAIT = 0.3  # share of the loop waiting for data
+CHECKPOINT_SHARE = 0.3  # share of the loop inside recognised checkpoints (and no less than its data wait)
 COMM_WAIT = 0.3  # share of the loop blocked in collectives
 GPU_BUSY = 0.6  # share of the steps the GPU paced (CUDA events) for compute_bound
 CONTAINER_MEMORY = 0.95  # working set over the memory cgroup's limit for memory_pressure
 GPU_IDLE = 0.3  # below it, the GPU waits for the host
+FED = 0.1  # a loop waiting for data less than this share is fed: only then can the host be what paces it
+DRAM_BUSY = 0.7  # DRAM activity at least this while the SMs are under SM_BUSY is memory_bandwidth_bound
+SM_BUSY = 0.5
 # The main thread's demand (CPU + run delay) per second. Not 1.0: on a crowded machine the main thread also sleeps
 # at the intra-op pool's barriers, waiting for workers that wait for a CPU.
 MAIN_SATURATED = 0.6
@@ -98,9 +116,15 @@ HOST_OP_US = 100.0
 COMPUTE_OP_US = 500.0
 # The loop thread's stack samples: at least this share in the user's Python is python_bound
 PYTHON_SHARE = 0.5
+# Operations counted: their size decides once the main thread is busy at least this share of the time
+OPS_MAIN = 0.5
+# No per-thread CPU (a hook too old to publish it): the process's CPU, cores, that says compute_bound
+PROCESS_COMPUTE_CORES = 1.5
 # An active loop whose main thread and intra-op pool are each busy (demand) under IDLE_MAIN of the time is at rest
-# (a loop that sleeps between steps), not bound by anything: idle
+# (a loop that sleeps between steps), not bound by anything: idle; so is one whose loop thread's samples are
+# RESTING_SHARE or more waiting (off CPU) beside a main thread under IDLE_MAIN
 IDLE_MAIN = 0.2
+RESTING_SHARE = 0.5
 # DataLoader workers busy (demand per worker thread) under this share of the time while the loop waits for them
 # wait for something else than a CPU: storage, the network, a lock
 WORKERS_WAITING = 0.3
@@ -108,11 +132,11 @@ WORKERS_WAITING = 0.3
 
 def classify(s: Signals) -> Verdict:
     v = _classify(s)
+    reason = v.reason
     if s.run_delay_fraction is not None and s.run_delay_fraction >= CONTENDED and v.cls not in ("idle", NOT_JUDGED):
-        v = Verdict(v.cls, v.evidence, v.reason + f"; slowed by CPU contention: its threads waited for a CPU "
-                                                  f"{s.run_delay_fraction:.0%} of the time they were runnable "
-                                                  "(neighbours on the machine, or more threads than cores)")
-    return v
+        reason += (f"; slowed by CPU contention: its threads waited for a CPU {s.run_delay_fraction:.0%} of the "
+                   "time they were runnable (neighbours on the machine, or more threads than cores)")
+    return Verdict(v.cls, v.evidence, reason, tuple(s.top_frames))
 
 
 def _classify(s: Signals) -> Verdict:
@@ -128,17 +152,22 @@ def _classify(s: Signals) -> Verdict:
     if s.data_wait_alone_fraction is not None:
         wait = max(wait, s.data_wait_alone_fraction)
     active = s.steps_per_s > 0 or s.requests_per_s > 0
-    if not active and s.process_cpu_cores < 0.05 and (not has_gpu or gpu_util < 0.05):
+    if not active and s.process_cpu_cores < IDLE_CORES and (not has_gpu or gpu_util < IDLE_GPU):
         return Verdict("idle", ev, "no steps or requests, no CPU or GPU use")
-    if has_gpu and (s.throttle_thermal or s.throttle_power) and gpu_util > 0.3:
+    if has_gpu and (s.throttle_thermal or s.throttle_power) and gpu_util > THROTTLED_BUSY:
         why = "thermal" if s.throttle_thermal else "power"
         return Verdict("throttled", ev, f"{why} clock event reasons active on a busy GPU")
-    if (s.gpu_mem_ratio or 0) > 0.95 or s.alloc_retries > 0 or (s.host_mem_available_ratio or 1) < 0.05:
+    if (s.gpu_mem_ratio or 0) > GPU_MEMORY or s.alloc_retries > 0 or (s.host_mem_available_ratio or 1) < HOST_MEMORY:
         return Verdict("memory_pressure", ev, "GPU memory above 95%, allocator retries, or host memory below 5%")
     if (s.container_mem_ratio or 0) > CONTAINER_MEMORY:
         return Verdict("memory_pressure", ev, f"the container's working set at {s.container_mem_ratio:.0%} of its "
                                               "memory limit: the kernel reclaims and will OOM-kill before the host "
                                               "runs out")
+    saving = s.checkpoint_fraction or 0.0
+    if active and saving >= CHECKPOINT_SHARE and saving >= wait:
+        return Verdict("checkpoint_bound", ev, f"{saving:.0%} of the loop's time in checkpoints (torch.save and "
+                                               f"the like on the loop's thread), the step's work "
+                                               f"{s.step_fraction or 0.0:.0%}")
     if active and s.starved is not None and (gpu_busy is None or gpu_busy < GPU_BUSY):
         r = s.starved
         return Verdict("input_bound", ev, f"rank {r.rank or '-'} is starved by its DataLoader: "
@@ -163,15 +192,15 @@ def _classify(s: Signals) -> Verdict:
     if comm >= COMM_WAIT:
         return Verdict("communication_bound", ev, f"{comm:.0%} of the loop blocked in collectives, evenly across "
                                                   "ranks (no straggler)")
-    if has_gpu and (s.dram_activity or 0) >= 0.7 and (s.sm_activity is None or s.sm_activity < 0.5):
+    if has_gpu and (s.dram_activity or 0) >= DRAM_BUSY and (s.sm_activity is None or s.sm_activity < SM_BUSY):
         return Verdict("memory_bandwidth_bound", ev, "DRAM bandwidth high while SMs are not")
     # a loop at rest (sleeping between steps, waiting on something else), neither waiting for data nor in
     # collectives: nothing limits it. Its own threads' demand, not the process's CPU (the hook's threads are in it)
     # (the pool works only inside the main thread's parallel regions: a pool looking busier than that spins after
     # them, all the more on a crowded machine, so the loop thread's samples mostly waiting decide as well)
-    resting = (s.intra_op_busy or 0.0) < IDLE_MAIN or (s.share("waiting") or 0.0) >= 0.5
+    resting = (s.intra_op_busy or 0.0) < IDLE_MAIN or (s.share("waiting") or 0.0) >= RESTING_SHARE
     if active and s.main_thread_busy is not None and s.main_thread_busy < IDLE_MAIN and resting \
-            and (not has_gpu or gpu_util < 0.05):
+            and (not has_gpu or gpu_util < IDLE_GPU):
         top = s.top_frame("waiting")
         at = f", mostly at {top[0]}" if top else ""
         return Verdict("idle", ev, f"the loop steps but is at rest: its thread busy {s.main_thread_busy:.0%} of "
@@ -185,7 +214,7 @@ def _classify(s: Signals) -> Verdict:
     if gpu_busy is not None:
         if gpu_busy >= GPU_BUSY:
             return Verdict("compute_bound", ev, f"{gpu_source} {gpu_busy:.0%} of the steps")
-        if active and gpu_busy < GPU_IDLE and wait < 0.1:
+        if active and gpu_busy < GPU_IDLE and wait < FED:
             return Verdict("host_bound", ev, f"the GPU waits for the host ({gpu_source} only {gpu_busy:.0%} of the "
                                              "steps): Python, kernel launches or small operations pace the job")
         if not active:
@@ -217,11 +246,11 @@ def _cpu(s: Signals, ev: dict[str, float], active: bool, wait: float) -> Verdict
     if not active:
         return Verdict(NOT_JUDGED, ev, "no steps or requests in this window: no loop to judge")
     if main is None or pool is None:  # a hook too old to say where its CPU goes, or not yet: the process as a whole
-        if wait < 0.1 and s.process_cpu_cores >= 1.5:
+        if wait < FED and s.process_cpu_cores >= PROCESS_COMPUTE_CORES:
             return Verdict("compute_bound", ev, f"{s.process_cpu_cores:.1f} CPU cores busy with the work")
         return Verdict(NOT_JUDGED, ev, "no per-thread CPU measurements in this window to tell host from compute")
     per_op = s.main_cpu_us_per_op
-    if per_op is not None and main >= 0.5:  # operations counted: their size decides
+    if per_op is not None and main >= OPS_MAIN:  # operations counted: their size decides
         ops = f"{s.ops_per_step:.0f} operations per step, " if s.ops_per_step else ""
         # Large operations split their math across torch's pool: with a pool, it works as the main thread does.
         # A pool idle beside a main thread spending milliseconds of CPU per operation is the main thread spinning at
@@ -234,19 +263,19 @@ def _cpu(s: Signals, ev: dict[str, float], active: bool, wait: float) -> Verdict
         if per_op >= COMPUTE_OP_US:
             return Verdict("compute_bound", ev, f"{ops}{per_op / 1000:.1f} ms of main-thread CPU each: the "
                                                 f"operations' math dominates (intra-op pool demand {pool:.1f})")
-        if per_op <= HOST_OP_US and main >= MAIN_SATURATED and wait < 0.1:
+        if per_op <= HOST_OP_US and main >= MAIN_SATURATED and wait < FED:
             return Verdict("host_bound", ev, f"the main thread is saturated ({main:.0%} demand) with {ops}"
                                              f"{per_op:.0f} us of CPU each: Python and framework overhead pace the "
                                              "job, the intra-op pool has no real work")
         return Verdict("balanced", ev, f"{ops}{per_op:.0f} us of main-thread CPU each: neither framework overhead "
                                        "nor the math dominates")
-    if s.ops_counted and per_op is None and main >= 0.5:
+    if s.ops_counted and per_op is None and main >= OPS_MAIN:
         return Verdict(NOT_JUDGED, ev, "operations are counted but none at both ends of this window")
     # the pool busy beside a main thread that is itself busy: not a loop at rest whose pool spins after each op
     if main >= 0.5 * MAIN_SATURATED and pool >= POOL_BUSY * max(main, MAIN_SATURATED):
         return Verdict("compute_bound", ev, f"torch's intra-op pool is busy: {pool:.1f} threads' worth of demand "
                                             f"beside the main thread's {main:.1f}")
-    if main >= MAIN_SATURATED and pool < POOL_IDLE * main and wait < 0.1:
+    if main >= MAIN_SATURATED and pool < POOL_IDLE * main and wait < FED:
         one = " (torch uses one intra-op thread: its operations run on the main thread too; " \
               "torch.set_num_threads)" if s.intra_op_threads == 1 else ""
         return Verdict("host_bound", ev, f"the main thread is saturated ({main:.0%} demand) while the intra-op pool "

@@ -9,8 +9,8 @@ or on what else runs on it; run delay says how much the neighbours (or the job's
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, fields
 
 from outrider.metrics.family import Family, HistogramValue
 
@@ -55,6 +55,8 @@ def snapshot(families: list[Family]) -> dict[str, float]:
                 continue
             if name == "outrider_samples_total":
                 add("samples", v)
+            elif name == "outrider_tokens_total":
+                add("tokens", v)
             elif name == "outrider_requests_total":
                 add("requests", v)
             elif name == "outrider_watched_cpu_seconds_total":
@@ -169,6 +171,7 @@ class Signals:
     data_wait_alone_fraction: float | None = None
     step_fraction: float | None = None
     other_fraction: float | None = None
+    checkpoint_fraction: float | None = None  # inside recognised checkpoints (hook/torch_checkpoint.py)
     collective_wait_fraction: float | None = None
     collective_fraction: float | None = None
     samples_per_s: float = 0.0
@@ -208,6 +211,7 @@ class Signals:
     straggler_compute_ratio: float | None = None
     others_wait_fraction: float | None = None
     starved_rank: float | None = None
+    starved_data_wait_fraction: float | None = None  # the starved rank's own loop waiting for data
     ranks: list[RankSignals] = field(default_factory=list)
     straggler: RankSignals | None = None
     starved: RankSignals | None = None  # the rank whose DataLoader starves it while the others wait for it
@@ -229,6 +233,31 @@ class Signals:
         for where, share in self.profile.items():
             out[f"in_{where}_fraction"] = round(share, 4)
         return out
+
+    @classmethod
+    def from_evidence(cls, evidence: Mapping[str, float], frames: Iterable[tuple[str, str, float]] = ()) -> Signals:
+        """The signals a verdict's evidence holds (`evidence()` the other way round), with the loop's top frames:
+        a run's verdict is explained from the evidence it shows, so the reason's numbers are the evidence's. The
+        straggler and the starved rank come back with what the evidence says of them (their rank, the starved
+        rank's data wait); the other per-rank numbers are not in it."""
+        kinds = {f.name: str(f.type) for f in fields(cls)}
+        s = cls(window_s=0.0)
+        for key, value in evidence.items():
+            kind = kinds.get(key, "")
+            if kind == "bool":
+                setattr(s, key, bool(value))
+            elif kind == "int":
+                setattr(s, key, int(value))
+            elif kind.startswith("float"):
+                setattr(s, key, float(value))
+        s.profile = {k[3:-9]: v for k, v in evidence.items() if k.startswith("in_") and k.endswith("_fraction")}
+        s.top_frames = sorted(frames, key=lambda f: -f[2])[:TOP_FRAMES]
+        if s.straggler_rank is not None:
+            s.straggler = RankSignals("", f"{s.straggler_rank:g}", 0.0, 0.0, 0.0, 0.0, 0.0)
+        if s.starved_rank is not None:
+            s.starved = RankSignals("", f"{s.starved_rank:g}", 0.0, 0.0, 0.0, 0.0, 0.0,
+                                    s.starved_data_wait_fraction or 0.0)
+        return s
 
     def share(self, where: str) -> float | None:
         """The share of the loop thread's samples in `where`; None without enough samples in the window."""
@@ -258,6 +287,7 @@ def signals(old: dict[str, float], new: dict[str, float], dt: float) -> Signals:
         s.data_wait_fraction = delta("loop_data_wait") / wall
         s.step_fraction = delta("loop_step") / wall
         s.other_fraction = delta("loop_other") / wall
+        s.checkpoint_fraction = delta("loop_checkpoint") / wall
         if "collective_wait" in new:
             s.collective_wait_fraction = min(1.0, delta("collective_wait") / wall)
             s.collective_fraction = delta("collective") / wall
@@ -379,6 +409,7 @@ def _ranks(s: Signals, old: dict[str, float], new: dict[str, float]) -> None:
                 and statistics.median(r.wait_fraction for r in fed) >= STARVED_WAITED * hungry.data_wait_fraction:
             s.starved = hungry
             s.starved_rank = _number(hungry.rank)
+            s.starved_data_wait_fraction = hungry.data_wait_fraction
             s.others_wait_fraction = statistics.median(r.wait_fraction for r in fed)
         slow = max(group, key=lambda r: r.compute_s)
         others = [r for r in group if r is not slow]

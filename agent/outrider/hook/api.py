@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 
 from outrider.hook.loop import LoopAccount
 from outrider.hook.series import DURATION_BOUNDS, NoopSeries
-from outrider.hook.torch_data import TIMED_MARK
+from outrider.hook.torch_data import TIMED_MARK, batch_size
 
 LOG = logging.getLogger("outrider.hook")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -67,6 +67,11 @@ class _State:
         self.drained = 0
         self.sample_sum = 0
         self.token_sum = 0
+        # Samples the DataLoaders yielded (hook/torch_data.batch_size), published as the samples counted until the
+        # user counts them (step(samples=), count_samples(): samples_given): samples/s with zero configuration
+        self.batch_samples = 0
+        self.batch_drained = 0
+        self.samples_given = False
         self.samples_drained = 0
         self.tokens_drained = 0
         # Data waits: when each began and ended (the wrapper's or a DataLoader iterator's __next__); the publisher
@@ -240,6 +245,7 @@ def _after_fork_in_child() -> None:
         return
     S.drained, S.drained_w = S.n, S.nw  # the parent's steps and waits are the parent's
     S.samples_drained, S.tokens_drained = S.sample_sum, S.token_sum
+    S.batch_drained = S.batch_samples
     S.collectives.clear()
     S.checkpoints.clear()
     S.loop = LoopAccount()
@@ -302,6 +308,7 @@ def _step_done(samples: int | None = None, tokens: int | None = None) -> None:
         S.begins[i] = S.begin
         if samples:
             S.sample_sum += samples
+            S.samples_given = True
         if tokens:
             S.token_sum += tokens
         S.begin = 0.0
@@ -378,6 +385,12 @@ def _drain() -> None:
     if sample_sum != S.samples_drained:
         S.samples_c.inc(sample_sum - S.samples_drained)
         S.samples_drained = sample_sum
+    batched = S.batch_samples
+    if S.n and not S.samples_given and batched != S.batch_drained:
+        # steps are completed and none counts its samples: the DataLoaders' batches say how many (once the first
+        # step ended, so a first step that counts them itself is never counted twice)
+        S.samples_c.inc(batched - S.batch_drained)
+        S.batch_drained = batched
     if token_sum != S.tokens_drained:
         S.tokens_c.inc(token_sum - S.tokens_drained)
         S.tokens_drained = token_sum
@@ -452,6 +465,7 @@ class dataloader:
             S.wait_b[i] = t0
             S.wait_e[i] = perf_counter()
             S.nw = n + 1
+            S.batch_samples += batch_size(batch)
             yield batch
 
     def __len__(self) -> int:
@@ -503,6 +517,7 @@ class phase:
 # --- counters ----------------------------------------------------------------------------------------------------
 
 def count_samples(n: int = 1) -> None:
+    S.samples_given = True
     S.samples_c.inc(n)
 
 

@@ -133,6 +133,27 @@ def read(env: Mapping[str, str] | None = None) -> tuple[HookSettings, list[str]]
     return HookSettings(**values), problems
 
 
+def environment(values: Mapping[str, Any]) -> dict[str, str]:
+    """The OUTRIDER_* variables that give a hooked process these settings (the inverse of `read`): how `outrider
+    run` hands the agent's configuration of the hook (a config file's flush_interval_s, ...) to the command's
+    processes. Keys the hook does not read are refused; an empty text is left out (the hook's default)."""
+    out = {}
+    for key, value in values.items():
+        if key not in KEYS:
+            raise KeyError(f"{key} is not a hook setting")
+        if isinstance(value, bool):
+            text = "true" if value else "false"
+        elif isinstance(value, (tuple, list)):
+            text = ",".join(str(v) for v in value)
+        elif isinstance(value, float):
+            text = repr(value)
+        else:
+            text = str(value)
+        if text:
+            out[ENV_PREFIX + key.upper()] = text
+    return out
+
+
 # --- the training job's identity, where the platform says it --------------------------------------------------
 # Ranks of one job that run in different pods (one rank per pod) are compared with each other (stragglers) only when
 # they share a training_job; so it is derived from what the launcher or the platform puts in the pod, in this order

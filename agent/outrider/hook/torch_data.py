@@ -2,7 +2,9 @@
 torch the user imported (single-process and multi-worker alike: both inherit `_BaseDataLoaderIter.__next__`).
 
 The patched `__next__` stores when the wait began and ended in the hook's wait ring (the same ring the explicit
-`outrider.dataloader()` wrapper writes) and nothing else: no lock, no allocation beyond the two floats. A call
+`outrider.dataloader()` wrapper writes) and adds the batch's size to a running total (`batch_size`: the first
+dimension of its first tensor), from which samples/s is published with zero configuration until the user counts
+samples (`outrider.step(samples=)`, `count_samples()`); nothing else: no lock, no allocation. A call
 that raises (StopIteration at the end of an epoch, an error in the dataset) records nothing and the exception
 reaches the user unchanged. The wrapper sees the mark on the patched method and leaves the timing to it, so a
 wrapped DataLoader is never counted twice.
@@ -24,6 +26,27 @@ from typing import Any
 
 LOG = logging.getLogger("outrider.hook")
 TIMED_MARK = "__outrider_timed__"
+LOOKED_AT = 8  # items of a tuple, list or dict looked at for the first tensor
+
+
+def batch_size(batch: Any) -> int:
+    """The number of samples in a batch as a DataLoader yields it: the first dimension of its first tensor (the
+    batch itself, or the first item of a tuple, list or dict of them that has a shape: default_collate's
+    `[inputs, labels]`, a tokenizer's `{"input_ids": ...}`); 0 where there is none (a list of strings, a custom
+    object, a 0-d tensor). Well under a microsecond beside the tens of microseconds a batch costs; never raises."""
+    try:
+        # containers first: a failed attribute lookup (a list's `shape`) costs more than the isinstance checks
+        if isinstance(batch, (tuple, list, dict)):
+            shape = None
+            for n, item in enumerate(batch.values() if isinstance(batch, dict) else batch):
+                shape = getattr(item, "shape", None)
+                if shape is not None or n >= LOOKED_AT:
+                    break
+        else:
+            shape = getattr(batch, "shape", None)
+        return int(shape[0]) if shape is not None and len(shape) else 0
+    except Exception:
+        return 0
 
 
 class DataLoaderTimer:
@@ -50,7 +73,8 @@ class DataLoaderTimer:
         @functools.wraps(self.original_next)
         def __next__(self: Any, _original: Callable[[Any], Any] = self.original_next, _state: Any = state,
                      _begins: list[float] = state.wait_b, _ends: list[float] = state.wait_e,
-                     _mask: int = self.mask, _clock: Callable[[], float] = self.clock) -> Any:
+                     _mask: int = self.mask, _clock: Callable[[], float] = self.clock,
+                     _size: Callable[[Any], int] = batch_size) -> Any:
             t0 = _clock()
             batch = _original(self)
             n = _state.nw
@@ -58,6 +82,7 @@ class DataLoaderTimer:
             _begins[i] = t0
             _ends[i] = _clock()
             _state.nw = n + 1
+            _state.batch_samples += _size(batch)
             return batch
 
         setattr(__next__, TIMED_MARK, True)

@@ -406,7 +406,9 @@ _DEFS: tuple[MetricDef, ...] = (
     MetricDef("outrider_train_steps_total", "outrider.train.steps", "{step}", "counter",
               "Training steps completed.", BY_RANK, "hook"),
     MetricDef("outrider_samples_total", "outrider.samples", "{sample}", "counter",
-              "Samples processed (its rate is samples/s).", BY_RANK, "hook"),
+              "Samples processed (its rate is samples/s): as outrider.step(samples=) or count_samples() count "
+              "them, else the batches the DataLoaders yield (the first dimension of each batch's first tensor).",
+              BY_RANK, "hook"),
     MetricDef("outrider_tokens_total", "outrider.tokens", "{token}", "counter",
               "Tokens processed (its rate is tokens/s).", BY_RANK, "hook"),
     MetricDef("outrider_train_data_wait_seconds", "outrider.train.data_wait", "s", "histogram",
@@ -553,9 +555,9 @@ _DEFS: tuple[MetricDef, ...] = (
               "hook"),
     # --- diagnosis ----------------------------------------------------------------------------------------------
     MetricDef("outrider_bottleneck", "outrider.bottleneck", "1", "gauge",
-              "1 for the bottleneck class of the last window (idle, throttled, memory_pressure, input_bound, "
-              "memory_bandwidth_bound, compute_bound, host_bound, python_bound, communication_bound, balanced), 0 "
-              "for the others; all 0 for a window not judged (without the evidence its rule needs).",
+              "1 for the bottleneck class of the last window (idle, throttled, memory_pressure, checkpoint_bound, "
+              "input_bound, memory_bandwidth_bound, compute_bound, host_bound, python_bound, communication_bound, "
+              "balanced), 0 for the others; all 0 for a window not judged (without the evidence its rule needs).",
               (Label("class", "outrider.bottleneck.class"),), "diagnosis"),
     MetricDef("outrider_diagnosis_signal", "outrider.diagnosis.signal", "1", "gauge",
               "The evidence behind the verdict: data-wait fraction, GPU utilisation, process CPU cores, step time, "

@@ -79,7 +79,8 @@ def iec_scale(v: float) -> tuple[float, str]:
 
 
 def percent(ratio: float) -> str:
-    """A ratio (0..1) as a percentage: 42%, 4.2%, 0.42%, 0%."""
+    """A ratio (0..1) as a percentage: 42%, 4.2%, 0.42%, 0%; under a hundredth of a percent, <0.01% (a share that
+    small is there, and its digits say nothing more)."""
     if not math.isfinite(ratio):
         return number(ratio)
     p = 100 * ratio
@@ -88,6 +89,8 @@ def percent(ratio: float) -> str:
         return f"{p:.0f}%"
     if a >= 0.995:
         return f"{p:.1f}".rstrip("0").rstrip(".") + "%"
+    if a < 0.00995:
+        return "<0.01%" if p > 0 else "-<0.01%"
     return f"{number(p)}%"
 
 

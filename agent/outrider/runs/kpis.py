@@ -38,6 +38,7 @@ KPIS: dict[str, Kpi] = {k.key: k for k in (
     Kpi("step_p99_s", "step time p99", "seconds", better="lower", phase="training"),
     Kpi("steps_per_s", "step rate", "rate", "steps", "higher", "training"),
     Kpi("samples_per_s", "throughput", "rate", "samples", "higher", "training"),
+    Kpi("tokens_per_s", "token throughput", "rate", "tokens", "higher", "training"),
     Kpi("data_wait_fraction", "data wait", "ratio", better="lower", phase="training"),
     Kpi("requests_per_s", "request rate", "rate", "req", "higher", "inference"),
     Kpi("client_errors_per_s", "client errors (4xx)", "rate", "errors", "lower", "inference"),

@@ -18,6 +18,7 @@ from outrider.metrics.quantile import histogram_quantile
 STEP, WAIT, REQUEST = ("outrider_train_step_duration_seconds", "outrider_train_data_wait_seconds",
                        "outrider_request_duration_seconds")
 CHECKPOINT = "outrider_train_checkpoint_duration_seconds"
+LOOP = "outrider_train_loop_seconds_total"
 
 
 @dataclass(frozen=True)
@@ -27,20 +28,28 @@ class Training:
     samples: float
     step_p50_s: float | None
     step_p99_s: float | None
-    samples_per_s: float | None  # per second of the training loop (step work and data wait)
+    samples_per_s: float | None  # per second of the training loop's wall time (see measure), all ranks
     first_step_s: float | None  # after instrument()
     data_wait_p50_s: float | None
-    data_wait_fraction: float | None
+    data_wait_fraction: float | None  # the loop's wall time inside the DataLoader's next(), over that wall time
     checkpoints: float = 0.0  # recognised checkpoints (torch.save and the like on the loop's thread), all ranks
     checkpoint_p50_s: float | None = None
     checkpoint_s: float = 0.0  # their time, summed over ranks
+    steps_per_s: float | None = None  # like samples_per_s
+    tokens: float = 0.0
+    tokens_per_s: float | None = None
+    checkpoint_fraction: float | None = None  # the loop's wall time inside recognised checkpoints
 
     def rows(self) -> list[tuple[str, str]]:
         parts = [f"{units.count(self.steps)} steps"]
+        if self.steps_per_s:
+            parts.append(units.rate(self.steps_per_s, "steps"))
         if self.step_p50_s is not None and self.step_p99_s is not None:
             parts.append(f"step time p50 {units.seconds(self.step_p50_s)}, p99 {units.seconds(self.step_p99_s)}")
         if self.samples_per_s:
             parts.append(units.rate(self.samples_per_s, "samples"))
+        if self.tokens_per_s:
+            parts.append(units.rate(self.tokens_per_s, "tokens"))
         if self.processes > 1:
             parts.append(f"{self.processes} processes")
         out = [("training", ", ".join(parts))]
@@ -48,8 +57,9 @@ class Training:
             out.append(("", f"data-loader wait p50 {units.seconds(self.data_wait_p50_s)}, "
                             f"{units.percent(self.data_wait_fraction)} of the loop waiting for data"))
         if self.checkpoints and self.checkpoint_p50_s is not None:
+            share = f" ({units.percent(self.checkpoint_fraction)} of the loop)" if self.checkpoint_fraction else ""
             out.append(("", f"{units.count(self.checkpoints)} checkpoints, p50 {units.seconds(self.checkpoint_p50_s)}"
-                            f", {units.seconds(self.checkpoint_s)} in all"))
+                            f", {units.seconds(self.checkpoint_s)} in all{share}"))
         if self.first_step_s is not None:
             out.append(("", f"first step {units.seconds(self.first_step_s)} after instrument()"))
         return out
@@ -154,27 +164,42 @@ def _series(families: list[Family], name: str) -> list[tuple[tuple[str, ...], Hi
 
 def measure(families: list[Family], waiting: Waiting | None = None, hooked: bool = False) -> Measured:
     """What the final sweep's families say; `waiting` and `hooked` come from the run's sweeps (runs/recorder.py):
-    a process that never stepped leaves nothing of that in the final sweep (its gauges go with it)."""
+    a process that never stepped leaves nothing of that in the final sweep (its gauges go with it).
+
+    Rates are per second of the training loop's wall time, from the loop's own account of it
+    (`outrider_train_loop_seconds_total`, hook/loop.py: from each process's first step's end to its last's, which
+    covers all its steps but the first); ranks run side by side, so the job's rate is their sum. Data wait is the
+    loop's time inside the DataLoader's next() over that wall time: the one definition the verdict, `outrider top`
+    and `outrider compare` use."""
     training = inference = None
     step, wait = merged_histogram(families, STEP), merged_histogram(families, WAIT)
     if step is not None and step.count:
         processes = len(_series(families, STEP))
-        samples = _sum(families, "outrider_samples_total")
-        loop_s = (step.sum + (wait.sum if wait is not None else 0.0)) / max(1, processes)  # loops run side by side
-        waited = wait is not None and wait.count > 0 and wait.sum + step.sum > 0
+        steps = _sum(families, "outrider_train_steps_total") or float(step.count)
+        samples, tokens = _sum(families, "outrider_samples_total"), _sum(families, "outrider_tokens_total")
+        loop_s = _sum(families, LOOP)
+        timed = steps - processes  # the steps inside the loop's account: each process's first opens it
+        per_s = processes / loop_s if loop_s > 0 and timed > 0 else 0.0  # ranks side by side
+        waited = wait is not None and wait.count > 0 and loop_s > 0
+
+        def rate(count: float) -> float | None:
+            return count * timed / steps * per_s if count and per_s else None
+
         firsts = [v for f in families if f.defn.name == "outrider_train_time_to_first_step_seconds"
                   for _, v in f.samples if isinstance(v, float)]
         training = Training(
-            processes=processes, steps=_sum(families, "outrider_train_steps_total") or float(step.count),
-            samples=samples, step_p50_s=histogram_quantile(0.5, step), step_p99_s=histogram_quantile(0.99, step),
-            samples_per_s=samples / loop_s if samples and loop_s > 0 else None,
+            processes=processes, steps=steps, samples=samples, step_p50_s=histogram_quantile(0.5, step),
+            step_p99_s=histogram_quantile(0.99, step), samples_per_s=rate(samples),
             first_step_s=max(firsts) if firsts else None,
             data_wait_p50_s=histogram_quantile(0.5, wait) if wait is not None and waited else None,
-            data_wait_fraction=wait.sum / (wait.sum + step.sum) if wait is not None and waited else None)
+            data_wait_fraction=_sum(families, LOOP, "part", "data_wait") / loop_s if waited else None,
+            steps_per_s=timed * per_s or None, tokens=tokens, tokens_per_s=rate(tokens))
         saves = merged_histogram(families, CHECKPOINT)
         if saves is not None and saves.count:
+            saved = _sum(families, LOOP, "part", "checkpoint")
             training = replace(training, checkpoints=float(saves.count),
-                               checkpoint_p50_s=histogram_quantile(0.5, saves), checkpoint_s=saves.sum)
+                               checkpoint_p50_s=histogram_quantile(0.5, saves), checkpoint_s=saves.sum,
+                               checkpoint_fraction=saved / loop_s if saved and loop_s > 0 else None)
     req = merged_histogram(families, REQUEST)
     if req is not None and req.count:
         route_at = next((f.defn.label_names.index("route") for f in families if f.defn.name == REQUEST), 0)

@@ -1,8 +1,9 @@
-"""Records a run as it goes, into the run store: KPIs per sweep (from the difference with the previous sweep), the
-verdict timeline and the run's verdict so far (runs/verdict.py), alert transitions from the agent's own rule
-evaluation, and events (stalls). It also keeps what the final sweep cannot say of processes that never stepped
-(their gauges go with them): which ranks waited for a first step and which of those stalled, so the summary and
-the verdict can say the job hung before its first step rather than that it was idle.
+"""Records a run as it goes, into the run store: KPIs per sweep (rates and the data-wait share from the job's
+counters over time, metrics/rate.py, whose running totals it keeps too; the rest from the difference with the
+previous sweep), the verdict timeline and the run's verdict so far (runs/verdict.py), alert transitions from the
+agent's own rule evaluation, and events (stalls). It also keeps what the final sweep cannot say of processes that
+never stepped (their gauges go with them): which ranks waited for a first step and which of those stalled, so the
+summary and the verdict can say the job hung before its first step rather than that it was idle.
 
 It is a sweep listener (`__call__`) and an alert listener (`on_alert`, wired by the runner in front of the
 notifiers); both may be called from the sampler's thread and from the runner's final sweep, hence the lock. A
@@ -22,6 +23,7 @@ from outrider.diagnosis.signals import signals, snapshot
 from outrider.diagnosis.window import VerdictWindow
 from outrider.metrics.family import Family, HistogramValue, merged_histogram
 from outrider.metrics.quantile import histogram_quantile
+from outrider.metrics.rate import CounterHistory
 from outrider.rules.notification import Notification
 from outrider.runs.measured import Waiting
 from outrider.runs.store import AlertRecord, RunStore
@@ -30,6 +32,14 @@ from outrider.runs.verdict import HUNG, RunVerdict, Segment, VerdictTally
 LOG = logging.getLogger("outrider.runs")
 HISTOGRAMS = ("outrider_train_step_duration_seconds", "outrider_request_duration_seconds")
 ERRORS = {"4xx": "client_errors", "5xx": "server_errors"}
+# The job's counters a record keeps as running totals every sweep (diagnosis/signals.snapshot key -> the name in
+# the record), and the rates and shares taken from them over time (metrics/rate.py), never per sweep: a sweep
+# between two of the hook's flushes sees none, the next one two.
+TOTALS = {"step_count": "steps_total", "samples": "samples_total", "tokens": "tokens_total",
+          "requests": "requests_total", "loop_wall": "loop_seconds_total", "loop_data_wait": "data_wait_seconds_total"}
+RATES = {"steps_per_s": "steps_total", "samples_per_s": "samples_total", "tokens_per_s": "tokens_total",
+         "requests_per_s": "requests_total"}
+SHARES = {"data_wait_fraction": ("data_wait_seconds_total", "loop_seconds_total")}
 
 
 def _delta(new: HistogramValue | None, old: HistogramValue | None) -> HistogramValue | None:
@@ -73,6 +83,7 @@ class RunRecorder:
         self._first_step_stalled: set[str] = set()  # ranks stalled while waiting for a first step
         self._lock = threading.Lock()
         self._store_failed = False
+        self.counters = CounterHistory()
 
     def __call__(self, families: list[Family]) -> None:
         with self._lock:
@@ -91,12 +102,24 @@ class RunRecorder:
             if f.defn.name == "outrider_hook_stalled":
                 self._stalls(f, t)
         self._first_steps(families, t)
+        before = {name: self.counters.total(name) for name in TOTALS.values()}
+        self.counters.add(now, {name: snap.get(key, 0.0) for key, name in TOTALS.items()})
+        grown = {name: self.counters.total(name) - before[name] for name in TOTALS.values()}
+        kpis.update({name: self.counters.total(name) for name in TOTALS.values() if self.counters.total(name)})
+        for kpi, name in RATES.items():
+            rate = self.counters.rate(name)
+            # not measured yet is no sample; a counter that never moved since the first sweep is 0
+            if rate is not None or (prev is not None and not self.counters.total(name)):
+                kpis[kpi] = rate or 0.0
+        for kpi, (part, whole) in SHARES.items():
+            share = self.counters.ratio(part, whole)
+            if share is not None:
+                kpis[kpi] = share
         if prev is not None:
             dt = now - prev[0]
             s = signals(prev[2], snap, dt)
-            for key in ("steps_per_s", "samples_per_s", "requests_per_s", "process_cpu_cores"):
-                kpis[key] = getattr(s, key)
-            for key in ("step_time_s", "data_wait_fraction", "gpu_util", "gpu_mem_ratio", "host_cpu_util"):
+            kpis["process_cpu_cores"] = s.process_cpu_cores
+            for key in ("step_time_s", "gpu_util", "gpu_mem_ratio", "host_cpu_util"):
                 value = getattr(s, key)
                 if value is not None:
                     kpis[key] = value
@@ -117,7 +140,7 @@ class RunRecorder:
         if verdict is None or prev is None:
             return
         # This window's verdict speaks for the time since the previous sweep: that is where its segment starts.
-        self.tally.add(verdict.cls, verdict.reason, verdict.evidence, prev[1], t)
+        self.tally.add(verdict.cls, verdict.reason, verdict.evidence, prev[1], t, verdict.frames, grown)
         if verdict.cls != self._last_verdict:
             self._last_verdict = verdict.cls
             self._write(RunStore.add_verdict, prev[1], verdict.cls, verdict.reason, verdict.evidence)

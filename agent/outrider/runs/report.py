@@ -17,7 +17,7 @@ from outrider.runs.store import RunRecord
 COLORS = {"idle": "#9e9e9e", "throttled": "#e65100", "memory_pressure": "#c62828", "input_bound": "#6a1b9a",
           "memory_bandwidth_bound": "#283593", "compute_bound": "#2e7d32", "host_bound": "#f9a825",
           "communication_bound": "#00838f", "balanced": "#607d8b", "hung_before_first_step": "#b71c1c",
-          "python_bound": "#ad1457", "not_judged": "#cfd8dc"}
+          "python_bound": "#ad1457", "checkpoint_bound": "#8d6e63", "not_judged": "#cfd8dc"}
 WHERE_COLORS = {"python": "#ad1457", "native": "#2e7d32", "waiting": "#9e9e9e", "data": "#6a1b9a",
                 "collective": "#00838f", "checkpoint": "#e65100", "optimizer": "#f9a825"}
 ALERT_COLORS = {"critical": "#b71c1c", "warning": "#ef6c00"}
@@ -33,6 +33,7 @@ class Chart:
 CHARTS = (
     Chart("Step time", "seconds", (("step_time_s", "mean"), ("step_p50_s", "p50"), ("step_p99_s", "p99"))),
     Chart("Throughput", "rate:samples", (("samples_per_s", "samples per second"),)),
+    Chart("Token throughput", "rate:tokens", (("tokens_per_s", "tokens per second"),)),
     Chart("Data wait", "ratio", (("data_wait_fraction", "share of the loop waiting for data"),)),
     Chart("Job CPU", "cores", (("process_cpu_cores", "the watched process tree"),)),
     Chart("Host CPU", "ratio", (("host_cpu_util", "all CPUs of the machine"),)),

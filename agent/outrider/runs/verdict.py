@@ -14,7 +14,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from outrider.diagnosis.bottleneck import CLASSES, NOT_JUDGED, RECOMMENDATIONS
+from outrider.diagnosis.bottleneck import CLASSES, NOT_JUDGED, RECOMMENDATIONS, classify
+from outrider.diagnosis.signals import Signals
 from outrider.metrics import units
 from outrider.runs.kpis import describe, evidence_order, is_count
 
@@ -77,11 +78,11 @@ class RunVerdict:
                 + (f" ({aside})" if aside else ""))
 
     def evidence_rows(self) -> list[tuple[str, str]]:
-        """(label, value) in human units; counts and flags that are zero (no GPUs, no retries) left out, internal
-        flags never shown."""
+        """(label, value) in human units; counts, flags and rates that are zero (no GPUs, no retries, no requests
+        in a training job) left out, internal flags never shown."""
         where = {k: v for k, v in self.evidence.items() if k.startswith("in_") and k.endswith("_fraction")}
         keys = [k for k in evidence_order(list(self.evidence)) if k not in where and k not in HIDDEN
-                and (self.evidence[k] or not is_count(k))]
+                and (self.evidence[k] or not (is_count(k) or k.endswith("_per_s")))]
         rows = [_describe(k, self.evidence[k]) for k in keys]
         if where:  # the loop thread's stack samples (hook/profiler.py), one row: the largest share first
             rows.append(("where the loop thread is (samples)", ", ".join(
@@ -98,8 +99,10 @@ class RunVerdict:
                    {str(k): float(v) for k, v in dict(data.get("seconds", {})).items()})
 
 
-# Diagnosis evidence (diagnosis/signals.Signals) that is bookkeeping, not a number to read
-HIDDEN = ("ops_counted", "torch_cpu_only", "loop_samples")
+# Diagnosis evidence (diagnosis/signals.Signals) that is bookkeeping, not a number to read; and the data wait on
+# the loop's own time, which decides input_bound on a crowded machine and which the reason then states beside the
+# one data wait shown everywhere (the loop's time in the DataLoader over its wall time)
+HIDDEN = ("ops_counted", "torch_cpu_only", "loop_samples", "data_wait_alone_fraction")
 # Human names and units for the diagnosis's own signals (runs/kpis.py names the KPIs)
 LABELS: dict[str, tuple[str, Callable[[float], str]]] = {
     "main_thread_busy": ("main thread busy (CPU + waiting for one)", units.percent),
@@ -110,12 +113,14 @@ LABELS: dict[str, tuple[str, Callable[[float], str]]] = {
     "ops_per_step": ("operations per step", units.count),
     "data_workers_cpu_cores": ("DataLoader workers' CPU", units.cores),
     "data_worker_busy": ("each DataLoader worker busy", units.percent),
-    "data_wait_alone_fraction": ("data wait, on the loop's own time", units.percent),
     "storage_read_bytes_per_s": ("read from storage", lambda v: units.bytes_iec(v) + "/s"),
     "io_pressure_fraction": ("host I/O pressure", units.percent),
     "run_delay_fraction": ("waiting for a CPU (run delay)", units.percent),
     "step_fraction": ("step work", units.percent),
-    "other_fraction": ("outside data and step", units.percent),
+    "other_fraction": ("outside data, step and checkpoints", units.percent),
+    "checkpoint_fraction": ("in checkpoints", units.percent),
+    "container_mem_ratio": ("container memory used (of its limit)", units.percent),
+    "starved_data_wait_fraction": ("starved rank's data wait", units.percent),
     "collective_fraction": ("in collectives", units.percent),
     "collective_wait_fraction": ("blocked in collectives", units.percent),
     "straggler_rank": ("straggler rank", lambda v: f"{v:g}"),
@@ -133,6 +138,14 @@ def _describe(key: str, value: float) -> tuple[str, str]:
     return describe(key, value)
 
 
+# Evidence that names something (a rank) rather than measures it: the latest window's, never a mean
+IDENTIFIERS = ("straggler_rank", "starved_rank")
+# Shares the run's evidence takes from the job's counters over the time the class held (the growth of each in the
+# sweeps it held), not as a mean of its windows' shares: the summary's data wait over the whole run is the same
+# ratio of the same counters, so the two agree wherever the class held throughout.
+COUNTED_SHARES = {"data_wait_fraction": ("data_wait_seconds_total", "loop_seconds_total")}
+
+
 class VerdictTally:
     """Adds up window verdicts as a run goes; `result()` is the run's verdict so far, `segments` its timeline."""
 
@@ -140,24 +153,40 @@ class VerdictTally:
         self._seconds: dict[str, float] = {}
         self._weighted: dict[str, dict[str, float]] = {}  # class -> evidence key -> sum of value x seconds
         self._weight: dict[str, dict[str, float]] = {}  # class -> evidence key -> seconds it was present
+        self._latest: dict[str, dict[str, float]] = {}  # class -> identifier -> the latest window's value
+        self._counted: dict[str, dict[str, float]] = {}  # class -> counter -> its growth while the class held
+        self._frames: dict[str, dict[tuple[str, str], float]] = {}  # class -> frame -> sum of share x seconds
         self._reason: dict[str, str] = {}
         self.segments: list[Segment] = []
 
-    def add(self, cls: str, reason: str, evidence: dict[str, float], start: float, end: float) -> None:
-        """One window's verdict, speaking for [start, end)."""
+    def add(self, cls: str, reason: str, evidence: dict[str, float], start: float, end: float,
+            frames: Iterable[tuple[str, str, float]] = (), counted: dict[str, float] | None = None) -> None:
+        """One window's verdict, speaking for [start, end): its evidence, the loop's top frames in it, and how
+        much the job's counters (COUNTED_SHARES) grew in that time."""
         dt = max(0.0, end - start)
         self._seconds[cls] = self._seconds.get(cls, 0.0) + dt
         self._reason[cls] = reason
         sums, weights = self._weighted.setdefault(cls, {}), self._weight.setdefault(cls, {})
         for key, value in evidence.items():
+            if key in IDENTIFIERS:
+                self._latest.setdefault(cls, {})[key] = value
+                continue
             sums[key] = sums.get(key, 0.0) + value * dt
             weights[key] = weights.get(key, 0.0) + dt
+        grown = self._counted.setdefault(cls, {})
+        for key, value in (counted or {}).items():
+            grown[key] = grown.get(key, 0.0) + value
+        shares = self._frames.setdefault(cls, {})
+        for where, frame, share in frames:
+            shares[(where, frame)] = shares.get((where, frame), 0.0) + share * dt
         if self.segments and self.segments[-1].cls == cls and self.segments[-1].end == start:
             self.segments[-1] = Segment(self.segments[-1].start, end, cls)
         else:
             self.segments.append(Segment(start, end, cls))
 
     def result(self) -> RunVerdict:
+        """The run's verdict so far, explained from its own evidence (the reason's numbers are the evidence's)
+        where that evidence gives the same class; else with the reason of the class's latest window."""
         active = {c: s for c, s in self._seconds.items() if c not in NO_VOTE and s > 0}
         if active:
             cls = max(active, key=lambda c: (active[c], -_rank(c)))
@@ -167,7 +196,18 @@ class VerdictTally:
             return RunVerdict("", "", {}, dict(self._seconds))
         sums, weights = self._weighted.get(cls, {}), self._weight.get(cls, {})
         evidence = {k: round(sums[k] / weights[k], 4) if weights[k] else sums[k] for k in sums}
-        return RunVerdict(cls, self._reason.get(cls, ""), evidence, dict(self._seconds))
+        evidence.update(self._latest.get(cls, {}))
+        grown = self._counted.get(cls, {})
+        for key, (part, whole) in COUNTED_SHARES.items():
+            if grown.get(whole, 0.0) > 0:
+                evidence[key] = round(grown.get(part, 0.0) / grown[whole], 4)
+        held = self._seconds.get(cls, 0.0)
+        frames = [(w, f, n / held) for (w, f), n in self._frames.get(cls, {}).items()] if held else []
+        reason = self._reason.get(cls, "")
+        explained = classify(Signals.from_evidence(evidence, frames))
+        if explained.cls == cls:
+            reason = explained.reason
+        return RunVerdict(cls, reason, evidence, dict(self._seconds))
 
 
 def _rank(cls: str) -> int:

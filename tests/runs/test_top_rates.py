@@ -1,0 +1,76 @@
+"""`outrider top`'s rates over a window of /metrics reads that spans enough of its updates: an agent sweeping every
+5 s read every 2 s once showed a running job at 0 steps/s on one screen and 2.5x its rate on the next. top now reads
+every half second and draws every 2 s."""
+
+from __future__ import annotations
+
+import math
+import re
+
+from outrider.top import Reads, frame, parse, render_text
+
+TRUE = 40.0  # steps per second
+
+
+def metrics(t: float, sweep_s: float = 5.0) -> str:
+    """/metrics at time t of an agent sweeping every sweep_s a job at TRUE steps/s (32 samples a step, 30% of
+    its loop waiting for data), and p50 step times that change after 60 s."""
+    swept = sweep_s * math.floor(t / sweep_s)
+    steps = TRUE * swept
+    slow = swept > 60
+    fast_steps = TRUE * min(swept, 60.0)
+    return (f'outrider_train_steps_total{{rank=""}} {steps}\n'
+            f'outrider_samples_total{{rank=""}} {32 * steps}\n'
+            f'outrider_train_loop_seconds_total{{part="step",rank=""}} {0.7 * swept}\n'
+            f'outrider_train_loop_seconds_total{{part="data_wait",rank=""}} {0.3 * swept}\n'
+            f'outrider_train_step_duration_seconds_bucket{{le="0.01",rank=""}} {fast_steps}\n'
+            f'outrider_train_step_duration_seconds_bucket{{le="0.1",rank=""}} {steps}\n'
+            f'outrider_train_step_duration_seconds_bucket{{le="+Inf",rank=""}} {steps}\n'
+            f'outrider_train_step_duration_seconds_sum{{rank=""}} {0.025 * steps if slow else 0.005 * steps}\n'
+            f'outrider_train_step_duration_seconds_count{{rank=""}} {steps}\n')
+
+
+def test_every_screen_of_a_running_job_shows_its_true_rate_or_says_it_is_measuring() -> None:
+    reads = Reads()
+    shown = []
+    for i in range(360):  # three minutes of reads every half second, of a job running for a while already
+        t = 0.5 * i + 10.3
+        reads.add(t, parse(metrics(t)))
+        if i % 4:
+            continue  # a screen every 2 s
+        screen = render_text(frame(reads, "http://agent"), 160)
+        m = re.search(r"training +(\S+) steps/s +(\S+) samples/s(?: +data wait (\d+)%)?", screen)
+        assert m, screen
+        shown.append((m.group(1), m.group(2), m.group(3)))
+    measuring = [s for s in shown if s[0] == "…"]
+    assert 0 < len(measuring) <= 6, "the first screens say the rate is not known yet: two sweeps at most"
+    assert all(s[0] == "…" for s in shown[:len(measuring)])
+    rates = [float(s[0].replace(",", "")) for s in shown[len(measuring):]]
+    assert min(rates) >= 0.9 * TRUE and max(rates) <= 1.1 * TRUE, rates
+    samples = [float(s[1].replace(",", "")) for s in shown[len(measuring):]]
+    assert min(samples) >= 0.9 * 32 * TRUE and max(samples) <= 1.1 * 32 * TRUE
+    assert {s[2] for s in shown[len(measuring):]} == {"30"}
+
+
+def test_a_job_that_stops_falls_to_zero_steps_per_second() -> None:
+    reads = Reads()
+    for i in range(160):
+        t = 0.5 * i
+        reads.add(t, parse(metrics(min(t, 40.0))))  # it stops at 40 s
+    screen = render_text(frame(reads, "http://agent"), 160)
+    assert re.search(r"training +0 steps/s", screen), screen
+
+
+def test_the_step_time_percentiles_are_over_the_same_window() -> None:
+    reads = Reads()
+    for i in range(120):
+        t = 0.5 * i
+        reads.add(t, parse(metrics(t)))
+    early = render_text(frame(reads, "http://agent"), 160)
+    assert re.search(r"step time p50 [\d.]+ ms", early), early
+    for i in range(120, 240):
+        t = 0.5 * i
+        reads.add(t, parse(metrics(t)))
+    late = render_text(frame(reads, "http://agent"), 160)
+    p50 = float(re.search(r"step time p50 ([\d.]+) ms", late).group(1))  # type: ignore[union-attr]
+    assert p50 > 10, "the window's steps (all slow by now), not the whole run's"
