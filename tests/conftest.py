@@ -34,7 +34,7 @@ SESSION_VAR, TEST_VAR = "PYTEST_OUTRIDER_SESSION", "PYTEST_OUTRIDER_TEST"
 WORLD_VARS = ("HOME", "XDG_DATA_HOME", "XDG_STATE_HOME", "XDG_CONFIG_HOME", "XDG_CACHE_HOME", "XDG_RUNTIME_DIR",
               SESSION_VAR, TEST_VAR)
 _session_dir: tempfile.TemporaryDirectory[str] | None = None
-_SESSION = uuid.uuid4().hex
+_SESSION = ""  # made in pytest_configure: a process that forks pytest sessions (mutmut) gives each its own
 _OriginalPopen = subprocess.Popen
 
 
@@ -49,7 +49,8 @@ class _Popen(_OriginalPopen):  # type: ignore[type-arg,misc]
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    global _session_dir
+    global _session_dir, _SESSION
+    _SESSION = uuid.uuid4().hex
     _session_dir = tempfile.TemporaryDirectory(prefix="outrider-tests-")
     root = Path(_session_dir.name)
     for var, sub in (("HOME", "home"), ("XDG_DATA_HOME", "data"), ("XDG_STATE_HOME", "state"),
@@ -110,7 +111,7 @@ def _reap_what_the_test_started(request: pytest.FixtureRequest) -> Iterator[None
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    leaked = kill_marked(SESSION_VAR, _SESSION)
+    leaked = kill_marked(SESSION_VAR, _SESSION) if _SESSION else []
     if leaked:
         print(f"\nprocesses of this session still running at its end, killed: {'; '.join(leaked)}")
     subprocess.Popen = _OriginalPopen  # type: ignore[misc]
