@@ -164,6 +164,31 @@ def test_show_lists_every_key_with_its_source(tmp_path: Path) -> None:
             "diagnosis, alerts, self]  # default") in text
 
 
+@pytest.mark.parametrize(("key", "raw"), [
+    ("alertmanager_urls", "http://outrider:s3cretPW@am-0:9093,https://a:s3cretPW@am-1:9093/x"),
+    ("otlp_endpoint", "https://collector:s3cretPW@otel.example.com:4318"),
+    ("docs_url", "https://reader:s3cretPW@docs.example.com/outrider"),
+])
+def test_show_hides_the_password_of_a_url_in_any_key(key: str, raw: str) -> None:
+    text = to_yaml(load(env={"OUTRIDER_" + key.upper(): raw}))
+    line = next(ln for ln in text.splitlines() if ln.startswith(key + ":"))
+    assert "s3cretPW" not in text and ":<secret>@" in line, line
+
+
+@pytest.mark.parametrize(("url", "shown"), [
+    ("https://u:pw@host/p?q#f", "https://u:<secret>@host/p?q#f"),
+    ("https://u:p:w@host", "https://u:<secret>@host"),  # the password is everything after the first colon
+    ("https://u@host/", "https://u@host/"),  # no password
+    ("https://host/a:b@c", "https://host/a:b@c"),  # an @ in the path is no userinfo
+    ("host:pw@x", "host:pw@x"),  # no scheme: not a URL
+    ("https://a:b@c@host/", "https://a:<secret>@host/"),  # the last @ ends the userinfo
+])
+def test_redact_url_password_forms(url: str, shown: str) -> None:
+    from outrider.config import redact_url_password
+
+    assert redact_url_password(url) == shown
+
+
 def test_cli_config_check_exit_codes(tmp_path: Path) -> None:
     good = write(tmp_path, "interval_s: 2\n")
     r = subprocess.run(outrider_cmd("config", "check", good), capture_output=True, text=True)
