@@ -24,9 +24,10 @@ import signal
 import subprocess
 import sys
 import time
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import tomllib
 
 REPO = Path(__file__).resolve().parent.parent
 CONFIG = REPO / "scripts" / "mutation.toml"
@@ -67,7 +68,8 @@ def load_modules() -> dict[str, Module]:
     data = tomllib.loads(CONFIG.read_text())
     out = {}
     for name, spec in data["modules"].items():
-        out[name] = Module(name, list(spec["tests"]), list(spec.get("only", [])), float(spec.get("floor", DEFAULT_FLOOR)),
+        out[name] = Module(name, list(spec["tests"]), list(spec.get("only", [])),
+                           float(spec.get("floor", DEFAULT_FLOOR)),
                            dict(spec.get("equivalent", {})))
         if not (REPO / out[name].source).is_file():
             sys.exit(f"{CONFIG}: module {name}: no file {out[name].source}")
