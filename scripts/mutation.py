@@ -278,6 +278,7 @@ def main() -> int:
     ap.add_argument("--rerun", action="store_true",
                     help="keep the mutants of the last run, copy the tests again, and rerun only its survivors")
     ap.add_argument("--table", action="store_true", help="print the score table of the last runs and exit")
+    ap.add_argument("--list", action="store_true", help="print the modules that would run, and exit")
     ap.add_argument("--show", action="store_true", help="print the diff of each survivor of the last runs and exit")
     args = ap.parse_args()
     unknown = [m for m in args.modules if m not in modules]
@@ -296,6 +297,9 @@ def main() -> int:
             selected = [m for m in selected if m.name in args.modules]
     else:
         selected = [modules[m] for m in args.modules] if args.modules else list(modules.values())
+    if args.list:
+        print("\n".join(m.name for m in selected))
+        return 0
     deadline = time.monotonic() + args.budget if args.budget else None
     failed = []
     for mod in selected:
