@@ -40,12 +40,17 @@ def disk_bytes(d: Path) -> int:
     return sum(f.stat().st_size for f in d.iterdir() if f.name.endswith(".json") and f.name[:-5].isdigit())
 
 
+def filled(d: Path, n: int) -> Outbox:
+    box = Outbox(str(d))
+    for i in range(n):
+        box.put(alert(f"A{i}", "firing", n=i))
+    return box
+
+
 def test_notifications_queue_in_order_as_0600_files_named_by_sequence(tmp_path: Path) -> None:
     d = tmp_path / "box"
-    box = Outbox(str(d))
+    box = filled(d, 3)
     assert stat.S_IMODE(d.stat().st_mode) == 0o700
-    for i in range(3):
-        box.put(alert(f"A{i}", "firing", n=i))
     assert names(box) == ["A0", "A1", "A2"] and len(box) == 3
     assert on_disk(d) == [f"{i:020d}.json" for i in (1, 2, 3)], "no .tmp left behind"
     for f in d.iterdir():
@@ -58,9 +63,7 @@ def test_notifications_queue_in_order_as_0600_files_named_by_sequence(tmp_path: 
 
 def test_ack_removes_the_oldest_and_their_files_and_no_more(tmp_path: Path) -> None:
     d = tmp_path / "box"
-    box = Outbox(str(d))
-    for i in range(4):
-        box.put(alert(f"A{i}", "firing", n=i))
+    box = filled(d, 4)
     box.ack(2)
     assert names(box) == ["A2", "A3"] and on_disk(d) == [f"{i:020d}.json" for i in (3, 4)]
     assert box._bytes == disk_bytes(d) > 0, "the byte count follows what is queued"
@@ -72,9 +75,7 @@ def test_ack_removes_the_oldest_and_their_files_and_no_more(tmp_path: Path) -> N
 
 def test_a_restart_finds_the_queue_in_order_and_numbers_on_after_it(tmp_path: Path) -> None:
     d = tmp_path / "box"
-    box = Outbox(str(d))
-    for i in range(3):
-        box.put(alert(f"A{i}", "firing", n=i))
+    box = filled(d, 3)
     box.ack(1)
     (d / "00000000000000000009.json.tmp").write_text("half a write")  # a crash mid-write
     (d / "notes.txt").write_text("not the outbox's")
