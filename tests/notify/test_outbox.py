@@ -207,3 +207,75 @@ def test_a_full_disk_holds_the_rest_in_memory_in_order_and_writes_them_out_in_or
     box.put(alert("B1", "firing"))
     box.persist_pending()
     assert box.in_memory_only() == 2 and on_disk(d) == []
+
+
+def test_each_warning_says_what_happened_and_where_it_is_counted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                 caplog: pytest.LogCaptureFixture) -> None:
+    d = tmp_path / "box"
+    filled(d, 1)
+    (d / "2.json").write_text("{not json")
+    with caplog.at_level(logging.WARNING, logger="outrider.notify"):
+        box = Outbox(str(d), max_entries=1)
+        box.put(alert("A1", "firing"))
+        Outbox(None, max_entries=1, max_bytes=7).put(alert("A2", "firing"))
+        Outbox(None, max_entries=1, max_bytes=7).put(alert("A3", "firing"))
+
+        def full(fd: int, data: bytes) -> int:
+            raise OSError(28, "No space left on device")
+        monkeypatch.setattr(os, "write", full)
+        box.put(alert("A4", "firing"))
+    messages = [r.getMessage() for r in caplog.records]
+    assert messages[0].startswith(f"outbox {d}: skipping unreadable 2.json: "), messages
+    assert messages[1] == (f"outbox {d} is full (1 notifications, {MAX_BYTES} bytes at most): dropping the oldest "
+                           "(counted in outrider_notify_dropped_total)")
+    assert len(messages) == 3, "a memory-only outbox's single entry is never dropped, so it never warns"
+    assert messages[2] == (f"outbox {d}: cannot write a notification (No space left on device): holding it in memory "
+                           "until the disk takes it (counted in outrider_notify_outbox_write_errors_total)")
+    memory = Outbox(None, max_entries=1)
+    with caplog.at_level(logging.WARNING, logger="outrider.notify"):
+        memory.put(alert("B0", "firing"))
+        memory.put(alert("B1", "firing"))
+    assert caplog.records[-1].getMessage().startswith("outbox (memory) is full (1 notifications")
+
+
+def test_only_sequence_numbered_json_files_are_read_whatever_sorts_first(tmp_path: Path) -> None:
+    d = tmp_path / "box"
+    filled(d, 1)
+    body = (d / f"{1:020d}.json").read_bytes()
+    (d / f"{0:020d}.json.tmp").write_text("half a write")  # sorts before every queued file
+    (d / "000.txt").write_text("not the outbox's")  # so does this
+    (d / "12345x.json").write_bytes(body)  # digits, then not
+    (d / "7.json").write_bytes(body)  # a short sequence number is one all the same
+    box = Outbox(str(d))
+    assert [e.seq for e in box._entries] == [1, 7]
+    assert not (d / f"{0:020d}.json.tmp").exists() and (d / "000.txt").exists() and (d / "12345x.json").exists()
+
+
+def test_a_file_removed_behind_the_outbox_is_no_error(tmp_path: Path) -> None:
+    d = tmp_path / "box"
+    box = Outbox(str(d), max_entries=2)
+    box.put(alert("A0", "firing"))
+    box.put(alert("A1", "firing"))
+    for f in d.iterdir():
+        f.unlink()
+    box.put(alert("A2", "firing"))  # drops A0, whose file is gone
+    box.ack(1)  # acknowledges A1, whose file is gone
+    assert names(box) == ["A2"]
+
+
+def test_every_refused_write_is_counted_and_what_is_written_later_is_what_was_counted(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    d = tmp_path / "box"
+    box = Outbox(str(d))
+    real_write = os.write
+
+    def full(fd: int, data: bytes) -> int:
+        raise OSError(28, "No space left on device")
+
+    for i in range(2):  # refused, written out, refused again: two refusals of a write actually tried
+        monkeypatch.setattr(os, "write", full)
+        box.put(alert(f"A{i}", "firing", n=i))
+        monkeypatch.setattr(os, "write", real_write)
+        box.persist_pending()
+    assert box.write_errors == 2 and box.in_memory_only() == 0
+    assert box._bytes == disk_bytes(d), "written out in the same compact form as counted"
