@@ -1,48 +1,120 @@
-"""Shared fixtures, and the rule that tests own their world: for the whole session HOME, the XDG directories and
-the runtime directory point into one temporary directory (every agent, `outrider run` and hooked process a test
-starts inherits them), and the session fails if it wrote into the real home's Outrider directories or the
-machine-wide default spool anyway."""
+"""Shared fixtures, and the rule that tests own their world.
+
+- Their own directories: for the whole session HOME, the XDG directories and the runtime directory point into one
+  temporary directory. Every process a test starts inherits them, and one started with an environment of its own
+  that leaves one out gets the session's (`_Popen` below): no test process can fall back to the real home's
+  Outrider directories or to the machine-wide spool (/tmp/outrider-spool-UID, used when there is no runtime
+  directory) unless its test names that place on purpose. That is checked where it is caused, when a process
+  starts, not by comparing those shared places before and after: other processes on the machine (other sessions,
+  a person's own `outrider run`) write there too, and a diff cannot tell whose write it was.
+- Every process a test starts is stopped by its pid whatever fails: each carries the session's mark and the test's
+  (environment variables PYTEST_OUTRIDER_SESSION and PYTEST_OUTRIDER_TEST, which Outrider never reads); when a test
+  ends, any process still running with its mark (a forked child of a killed workload, an agent a workload started)
+  is killed, and a warning names the test; when the session ends, any process with the session's mark is.
+"""
 
 from __future__ import annotations
 
 import os
 import shutil
+import signal
+import subprocess
 import tempfile
+import uuid
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 FIXTURES = Path(__file__).parent / "fixtures"
-_REAL_HOME = Path.home()
-GUARDED = (_REAL_HOME / ".local" / "share" / "outrider", _REAL_HOME / ".local" / "state" / "outrider",
-           Path(f"/tmp/outrider-spool-{os.geteuid()}"))
+SESSION_VAR, TEST_VAR = "PYTEST_OUTRIDER_SESSION", "PYTEST_OUTRIDER_TEST"
+# what a child keeps of the session's world when its test hands it an environment of its own
+WORLD_VARS = ("HOME", "XDG_DATA_HOME", "XDG_STATE_HOME", "XDG_CONFIG_HOME", "XDG_CACHE_HOME", "XDG_RUNTIME_DIR",
+              SESSION_VAR, TEST_VAR)
 _session_dir: tempfile.TemporaryDirectory[str] | None = None
-_before: dict[Path, float | None] = {}
+_SESSION = ""  # made in pytest_configure: a process that forks pytest sessions (mutmut) gives each its own
+_OriginalPopen = subprocess.Popen
 
 
-def _stamp(path: Path) -> float | None:
-    try:
-        return max([path.stat().st_mtime] + [p.stat().st_mtime for p in path.rglob("*")])
-    except OSError:
-        return None
+class _Popen(_OriginalPopen):  # type: ignore[type-arg,misc]
+    """subprocess.Popen whose explicit `env` keeps the session's world variables that it leaves out."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        env = kwargs.get("env")
+        if env is not None:
+            kwargs["env"] = {**{k: os.environ[k] for k in WORLD_VARS if k in os.environ}, **env}
+        super().__init__(*args, **kwargs)
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    global _session_dir
-    _before.update({p: _stamp(p) for p in GUARDED})
+    global _session_dir, _SESSION
+    _SESSION = uuid.uuid4().hex
     _session_dir = tempfile.TemporaryDirectory(prefix="outrider-tests-")
     root = Path(_session_dir.name)
     for var, sub in (("HOME", "home"), ("XDG_DATA_HOME", "data"), ("XDG_STATE_HOME", "state"),
                      ("XDG_CONFIG_HOME", "config"), ("XDG_CACHE_HOME", "cache"), ("XDG_RUNTIME_DIR", "run")):
         (root / sub).mkdir(mode=0o700)
         os.environ[var] = str(root / sub)
+    os.environ[SESSION_VAR] = _SESSION
+    subprocess.Popen = _Popen  # type: ignore[misc]
+
+
+def marked(var: str, mark: str) -> list[int]:
+    """Processes (other than this one) whose environment carries var=mark."""
+    needle = f"{var}={mark}".encode()
+    found = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/environ", "rb") as fh:
+                env = fh.read()
+            with open(f"/proc/{entry.name}/stat", "rb") as fh:
+                stat = fh.read()
+        except OSError:
+            continue  # gone, or not ours to read
+        if needle in env.split(b"\0") and stat[stat.rindex(b")") + 2:][:1] not in (b"Z", b"X"):
+            found.append(int(entry.name))
+    return found
+
+
+def kill_marked(var: str, mark: str) -> list[str]:
+    """SIGKILL, by pid, every live process carrying the mark; their command lines."""
+    killed = []
+    for pid in marked(var, mark):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            continue
+        killed.append(f"{pid} ({cmd[:120]})")
+    return killed
+
+
+@pytest.fixture(autouse=True)
+def _reap_what_the_test_started(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Processes started by the test (and by its function-scoped fixtures, set up after this one) carry its mark;
+    any still running when it ends is killed. (Module- and session-scoped fixtures are set up before this and
+    keep their servers running between tests.)"""
+    mark = uuid.uuid4().hex
+    os.environ[TEST_VAR] = mark
+    try:
+        yield
+    finally:
+        del os.environ[TEST_VAR]
+        leaked = kill_marked(TEST_VAR, mark)
+        if leaked:
+            warnings.warn(f"{request.node.nodeid} left processes running; killed: {'; '.join(leaked)}",
+                          stacklevel=1)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    touched = [str(p) for p in GUARDED if _stamp(p) != _before.get(p)]
-    if touched:
-        print(f"\ntests wrote outside their own directories: {', '.join(touched)}")
-        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    leaked = kill_marked(SESSION_VAR, _SESSION) if _SESSION else []
+    if leaked:
+        print(f"\nprocesses of this session still running at its end, killed: {'; '.join(leaked)}")
+    subprocess.Popen = _OriginalPopen  # type: ignore[misc]
     if _session_dir is not None:
         _session_dir.cleanup()
 

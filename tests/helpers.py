@@ -193,28 +193,37 @@ def after_more(agent: AgentProcess, counter: str, n: int, timeout_s: float = 30.
     return wait_until(advanced, timeout_s=timeout_s, what=f"{n} more of {counter}")
 
 
-def release(proc: subprocess.Popen[bytes], hold: Path, *closing: Any) -> None:
-    """The end of a test's hooked workload, whatever failed first: its hold file released, the process stopped by
-    pid if it is still running, and what the test opened beside it (collectors) closed."""
-    hold.touch()
+def stop(proc: subprocess.Popen[bytes] | subprocess.Popen[str]) -> None:
+    """Stop a process a test started, by pid, and wait for it; with it, its process group when it leads one
+    (started with start_new_session=True, as workloads that fork are: their children die with them rather than
+    poll a hold file for ever)."""
+    with contextlib.suppress(OSError):
+        if os.getpgid(proc.pid) == proc.pid:
+            os.killpg(proc.pid, signal.SIGKILL)
     if proc.poll() is None:
         proc.kill()
     proc.wait()
+
+
+def release(proc: subprocess.Popen[bytes], hold: Path, *closing: Any) -> None:
+    """The end of a test's hooked workload, whatever failed first: its hold file released, the process (and its
+    group, when it leads one) stopped by pid if it is still running, and what the test opened beside it
+    (collectors) closed."""
+    hold.touch()
+    stop(proc)
     for c in closing:
         c.close()
 
 
 def reap(procs: Sequence[subprocess.Popen[bytes] | subprocess.Popen[str]], timeout_s: float = 60.0) -> None:
-    """Wait for processes a test started to end (it told them to), then stop by pid any still running: a test
-    never leaves one behind, whatever failed first."""
+    """Wait for processes a test started to end (it told them to), then stop by pid any still running (with
+    their process groups, when they lead one): a test never leaves one behind, whatever failed first."""
     deadline = time.monotonic() + timeout_s
     for p in procs:
         with contextlib.suppress(subprocess.TimeoutExpired):  # the ones still running are stopped below
             p.wait(timeout=max(0.0, deadline - time.monotonic()))
     for p in procs:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
+        stop(p)
 
 
 def sleeper(seconds: float = 60.0, extra: Sequence[str] = ()) -> subprocess.Popen[bytes]:

@@ -556,10 +556,11 @@ def to_yaml(loaded: LoadedConfig) -> str:
     lines = []
     for name in FIELDS:
         value = getattr(loaded.config, name)
-        if name == "alertmanager_urls":
-            value = [redact_url_password(u) for u in value]
+        # a password in any URL (alertmanager_urls, otlp_endpoint, docs_url...) is hidden, whichever key holds it
+        if isinstance(value, str):
+            value = redact_url_password(value)
         if isinstance(value, tuple):
-            value = list(value)
+            value = [redact_url_password(v) if isinstance(v, str) else v for v in value]
         text = yaml.safe_dump({name: value}, default_flow_style=True, width=1000).strip()
         if text.startswith("{") and text.endswith("}"):
             text = text[1:-1]

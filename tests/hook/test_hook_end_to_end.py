@@ -19,6 +19,7 @@ from tests.helpers import (
     http_get,
     samples,
     standalone_agent,
+    stop,
     stop_standalone_agent,
     value,
     wait_until,
@@ -35,7 +36,8 @@ def env(spool: Path, **extra: str) -> dict[str, str]:
 
 
 def start(spool: Path, *args: str, **extra: str) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, WORKLOAD, *args], env=env(spool, **extra))
+    """A workload in a process group of its own: stop() ends it with the children it forked."""
+    return subprocess.Popen([sys.executable, WORKLOAD, *args], env=env(spool, **extra), start_new_session=True)
 
 
 def test_ranks_and_forked_children_through_agent_and_prometheus(tmp_path: Path) -> None:
@@ -74,9 +76,9 @@ def test_ranks_and_forked_children_through_agent_and_prometheus(tmp_path: Path) 
             wait_until(retired, timeout_s=30, what="finished processes retired with their counts kept")
             assert list(spool.glob("*.shard")) == [], "shards of finished processes are cleaned up"
         finally:
+            hold.touch()
             for p in ranks:
-                p.kill()
-                p.wait()
+                stop(p)
 
 
 def test_without_an_agent_the_process_starts_one_that_serves_its_metrics(tmp_path: Path) -> None:
@@ -84,7 +86,8 @@ def test_without_an_agent_the_process_starts_one_that_serves_its_metrics(tmp_pat
     port = free_port()
     with err.open("wb") as stderr:
         p = subprocess.Popen([sys.executable, WORKLOAD, "--steps", "20", "--hold", str(hold)], stderr=stderr,
-                             env=env(spool, OUTRIDER_LISTEN=f"127.0.0.1:{port}", OUTRIDER_INTERVAL_S="0.3"))
+                             env=env(spool, OUTRIDER_LISTEN=f"127.0.0.1:{port}", OUTRIDER_INTERVAL_S="0.3"),
+                             start_new_session=True)
     agent = None
     try:
         agent = wait_until(lambda: standalone_agent(err.read_text()), timeout_s=30, what="the agent's start line")
@@ -100,8 +103,7 @@ def test_without_an_agent_the_process_starts_one_that_serves_its_metrics(tmp_pat
         assert p.wait(timeout=30) == 0
         assert stop_standalone_agent(agent[0]), "the agent exits by itself once the workload is gone"
     finally:
-        p.kill()
-        p.wait()
+        stop(p)
         if agent is not None:
             stop_standalone_agent(agent[0], timeout_s=0)
 
@@ -121,8 +123,7 @@ def test_agent_restart_neither_loses_nor_doubles(tmp_path: Path) -> None:
         hold.write_text("x")
         assert p.wait(timeout=30) == 0
     finally:
-        p.kill()
-        p.wait()
+        stop(p)
 
 
 def test_a_process_killed_mid_run_is_counted_once_and_cleaned_up(tmp_path: Path) -> None:
@@ -130,10 +131,13 @@ def test_a_process_killed_mid_run_is_counted_once_and_cleaned_up(tmp_path: Path)
     agent_env = {"OUTRIDER_SPOOL_DIR": str(spool), "OUTRIDER_FLUSH_INTERVAL_S": "0.2"}
     with AgentProcess(env=agent_env, interval_s=0.3) as agent:
         p = start(spool, "--steps", "1000", "--step-sleep", "0.01")
-        wait_until(lambda: (value(samples(agent.metrics()), "outrider_train_steps_total", rank="") or 0) > 20,
-                   timeout_s=30, what="steps flowing")
-        p.send_signal(signal.SIGKILL)
-        p.wait()
+        try:
+            wait_until(lambda: (value(samples(agent.metrics()), "outrider_train_steps_total", rank="") or 0) > 20,
+                       timeout_s=30, what="steps flowing")
+            p.send_signal(signal.SIGKILL)
+            p.wait()
+        finally:
+            stop(p)
 
         def retired() -> float | None:
             parsed = samples(agent.metrics())
@@ -164,8 +168,7 @@ def test_a_hung_training_loop_is_reported_with_its_stack(tmp_path: Path) -> None
                              rf'  File "{re.escape(WORKLOAD)}", line {hang} in main$', text, re.MULTILINE), text
             assert value(samples(agent.metrics()), "outrider_hook_processes", state="stalled") == 1
         finally:
-            p.kill()
-            p.wait()
+            stop(p)
 
 
 def test_torch_training_loop_steps_counted_by_the_optimizer_hook(tmp_path: Path) -> None:
@@ -173,7 +176,10 @@ def test_torch_training_loop_steps_counted_by_the_optimizer_hook(tmp_path: Path)
     with AgentProcess(env={"OUTRIDER_SPOOL_DIR": str(spool), "OUTRIDER_FLUSH_INTERVAL_S": "0.2"},
                       interval_s=0.3) as agent:
         p = start(spool, "--torch", "--steps", "40")
-        assert p.wait(timeout=120) == 0
+        try:
+            assert p.wait(timeout=120) == 0
+        finally:
+            stop(p)
 
         def counted() -> bool:
             parsed = samples(agent.metrics())
@@ -191,7 +197,7 @@ def test_outrider_run_collects_its_commands_hook_metrics(tmp_path: Path) -> None
     base = {k: v for k, v in os.environ.items() if not k.startswith("OUTRIDER_")}
     run = subprocess.Popen([sys.executable, "-m", "outrider", "run", "--listen", f"127.0.0.1:{port}", "--interval",
                             "0.3", "--quiet", "--", sys.executable, WORKLOAD, "--steps", "15", "--hold", str(hold)],
-                           env={**base, "OUTRIDER_FLUSH_INTERVAL_S": "0.2"})
+                           env={**base, "OUTRIDER_FLUSH_INTERVAL_S": "0.2"}, start_new_session=True)
     try:
         wait_until(lambda: value(samples(http_get(f"http://127.0.0.1:{port}/metrics")[2].decode()),
                                  "outrider_train_steps_total", rank="") == 15, timeout_s=30,
@@ -199,5 +205,5 @@ def test_outrider_run_collects_its_commands_hook_metrics(tmp_path: Path) -> None
         hold.write_text("x")
         assert run.wait(timeout=30) == 0
     finally:
-        run.kill()
-        run.wait()
+        hold.touch()  # the wrapped workload ends too, wherever `outrider run` put it
+        stop(run)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -164,6 +165,31 @@ def test_show_lists_every_key_with_its_source(tmp_path: Path) -> None:
             "diagnosis, alerts, self]  # default") in text
 
 
+@pytest.mark.parametrize(("key", "raw"), [
+    ("alertmanager_urls", "http://outrider:s3cretPW@am-0:9093,https://a:s3cretPW@am-1:9093/x"),
+    ("otlp_endpoint", "https://collector:s3cretPW@otel.example.com:4318"),
+    ("docs_url", "https://reader:s3cretPW@docs.example.com/outrider"),
+])
+def test_show_hides_the_password_of_a_url_in_any_key(key: str, raw: str) -> None:
+    text = to_yaml(load(env={"OUTRIDER_" + key.upper(): raw}))
+    line = next(ln for ln in text.splitlines() if ln.startswith(key + ":"))
+    assert "s3cretPW" not in text and ":<secret>@" in line, line
+
+
+@pytest.mark.parametrize(("url", "shown"), [
+    ("https://u:pw@host/p?q#f", "https://u:<secret>@host/p?q#f"),
+    ("https://u:p:w@host", "https://u:<secret>@host"),  # the password is everything after the first colon
+    ("https://u@host/", "https://u@host/"),  # no password
+    ("https://host/a:b@c", "https://host/a:b@c"),  # an @ in the path is no userinfo
+    ("host:pw@x", "host:pw@x"),  # no scheme: not a URL
+    ("https://a:b@c@host/", "https://a:<secret>@host/"),  # the last @ ends the userinfo
+])
+def test_redact_url_password_forms(url: str, shown: str) -> None:
+    from outrider.config import redact_url_password
+
+    assert redact_url_password(url) == shown
+
+
 def test_cli_config_check_exit_codes(tmp_path: Path) -> None:
     good = write(tmp_path, "interval_s: 2\n")
     r = subprocess.run(outrider_cmd("config", "check", good), capture_output=True, text=True)
@@ -202,3 +228,46 @@ def test_cli_config_check_loads_the_rules_and_receivers_it_names(tmp_path: Path)
     r = subprocess.run(outrider_cmd("config", "check", write(tmp_path, f"rule_files: [{bad_rules}]\n")),
                        capture_output=True, text=True)
     assert r.returncode == 2 and "'Sub'" in r.stderr and "subquery" in r.stderr and "Traceback" not in r.stderr
+
+
+# --- every bound the README states, just inside and just outside (item 2 of issue 27) --------------------------
+# The numbers as the README's configuration table gives them, written here by hand: a change of any bound in the code
+# (or of the README, which is generated from it) fails the test named for that key.
+STATED_BOUNDS = {
+    "interval_s": (0.05, 3600.0), "process_top_n": (0, 10_000), "otlp_interval_s": (0.1, 86400.0),
+    "otlp_timeout_s": (0.1, 600.0), "shutdown_timeout_s": (0.1, 600.0), "collector_timeout_s": (0.1, 600.0),
+    "workload_metrics_port": (0, 65535), "diagnosis_window_s": (0.1, 86400.0), "rule_interval_s": (0.1, 86400.0),
+    "resend_interval_s": (0.1, 86400.0), "k8s_pod_resources_timeout_s": (0.05, 60.0),
+    "startup_grace_s": (0.0, 2_592_000.0), "flush_interval_s": (0.05, 3600.0),
+    "hook_max_series_per_metric": (1, 100_000), "stall_factor": (1.0, 10_000.0),
+    "stall_floor_s": (1.0, 2_592_000.0), "first_step_timeout_s": (1.0, 2_592_000.0),
+    "phase_timeout_s": (1.0, 2_592_000.0), "profile_hz": (0.0, 1000.0),
+}
+INTEGER_KEYS = {"process_top_n", "workload_metrics_port", "hook_max_series_per_metric"}
+
+
+def test_every_bounded_key_is_stated() -> None:
+    assert set(STATED_BOUNDS) == set(BOUNDS)
+
+
+@pytest.mark.parametrize("key", sorted(STATED_BOUNDS))
+def test_a_bound_holds_just_inside_and_is_refused_just_outside(key: str) -> None:
+    import math
+
+    low, high = STATED_BOUNDS[key]
+    assert (BOUNDS[key].low, BOUNDS[key].high) == (low, high), f"{key}: the code's bounds are not the README's"
+    readme = (REPO / "README.md").read_text()
+    row = next(ln for ln in readme.splitlines() if ln.startswith(f"| `{key}` |"))
+    assert row.endswith(f"({low:,.10g} to {high:,.10g}) |"), row
+    if key in INTEGER_KEYS:
+        inside, outside = (low, high, low + 1, high - 1), (low - 1, high + 1)
+    else:
+        inside = (low, high, math.nextafter(low, math.inf), math.nextafter(high, -math.inf))
+        outside = (math.nextafter(low, -math.inf), math.nextafter(high, math.inf))
+    env = "OUTRIDER_" + key.upper()
+    for v in inside:
+        assert getattr(load(env={env: repr(v)}).config, key) == v, f"{key}={v!r} is within the bounds"
+    for v in outside:
+        with pytest.raises(ConfigError, match=re.escape(f"key '{key}': expected ") + ".*" +
+                           re.escape(f"from {low:g} to {high:g}")):
+            load(env={env: repr(v)})

@@ -96,3 +96,125 @@ def test_histograms_in_both_formats() -> None:
     assert om[0].type == "histogram" and om[0].unit == "seconds"
     with pytest.raises(TypeError):
         Family(defn).add(1.0)
+
+
+# --- every branch of the writer, each to the byte (mutation testing: scripts/mutation.sh metrics/exposition) ----
+
+def test_an_unlabelled_sample_has_no_braces_and_text_format_has_no_unit_line(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from outrider.metrics import exposition
+
+    monkeypatch.setattr(exposition, "_PREFIXES", {})  # formatted here, not found in an earlier test's cache
+    text = render([Family("outrider_host_load1").add(0.5), Family("outrider_host_memory_limit_bytes").add(1)])
+    assert b"\noutrider_host_load1 0.5\n" in text
+    assert b"# UNIT" not in text, "UNIT lines are OpenMetrics only"
+
+
+@pytest.mark.parametrize(("value", "text"), [
+    (1e15, "1000000000000000.0"), (-1e15, "-1000000000000000.0"), (999999999999999.0, "999999999999999"),
+    (-999999999999999.0, "-999999999999999"), (0.0, "0"), (-3.0, "-3"),
+])
+def test_integers_are_written_as_integers_only_below_1e15(value: float, text: str) -> None:
+    assert format_value(value) == text
+
+
+@pytest.mark.parametrize(("code", "escaped"), [
+    (0xDC80, "\\x80"), (0xDCE9, "\\xe9"), (0xDCFF, "\\xff"),  # bytes that were not UTF-8 (surrogateescape)
+    # other lone surrogates: their code point
+    (0xDC7F, "\\udc7f"), (0xDD00, "\\udd00"), (0xD800, "\\ud800"), (0xDFFF, "\\udfff"),
+])
+def test_a_lone_surrogate_in_a_label_is_written_as_the_byte_or_code_point_it_stood_for(
+        code: int, escaped: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from outrider.metrics import exposition
+    from outrider.metrics.exposition import escape_label_value
+
+    monkeypatch.setattr(exposition, "_PREFIXES", {})
+
+    # the escape's backslash is then escaped like any other: a parser reads back the text "\\xe9"
+    assert escape_label_value(f"a{chr(code)}é") == f"a\\{escaped}é"
+    cpu = Family("outrider_process_cpu_seconds_total").add(1, "1", f"x{chr(code)}", "user")
+    text = render([cpu]).decode("utf-8")  # valid UTF-8 whatever the label held
+    assert f'name="x\\{escaped}"' in text
+    (sample,) = next(iter(parse_text(text))).samples
+    assert sample.labels["name"] == f"x{escaped}"
+
+
+def test_help_text_escapes_backslash_and_newline() -> None:
+    from outrider.metrics.exposition import escape_help
+
+    assert escape_help("a\\b\nc\"d") == 'a\\\\b\\nc"d'
+
+
+@pytest.mark.parametrize(("accept", "om"), [
+    ("text/plain,application/openmetrics-text", True),  # no spaces after the comma
+    ("application/openmetrics-text;version=1.0.0;q=0.5", True),  # more than one parameter
+    ("application/openmetrics-text;version=1.0.0;q=0", False),
+    ("application/openmetrics-text; q=0 ", False),
+    ("application/openmetrics-text;q=abc", False),  # a q that is no number refuses
+    ("application/openmetrics-text;q=0=1", False),
+    ("text/plain;q=1", False),
+    ("", False),
+])
+def test_content_negotiation_reads_each_media_range_and_its_q(accept: str, om: bool) -> None:
+    assert wants_openmetrics(accept) is om
+
+
+def test_families_of_one_name_from_two_collectors_keep_both_samples() -> None:
+    a = Family("outrider_collector_success").add(1, "host")
+    b = Family("outrider_collector_success").add(0, "gpu")
+    text = render([a, b]).decode()
+    assert 'collector="host"} 1\n' in text and 'collector="gpu"} 0\n' in text
+
+
+def test_a_renderer_reuses_an_unchanged_familys_text_and_nothing_else(monkeypatch: pytest.MonkeyPatch) -> None:
+    from dataclasses import replace
+
+    from outrider.metrics import exposition
+    from outrider.metrics.exposition import Renderer
+
+    formatted: list[str] = []
+    real = exposition._family_text
+
+    def counting(fam: Family, openmetrics: bool) -> str:
+        formatted.append(fam.defn.name)
+        return real(fam, openmetrics)
+    monkeypatch.setattr(exposition, "_family_text", counting)
+    r = Renderer(openmetrics=False)
+    first = r.render([Family("outrider_host_load1").add(0.5)])
+    assert r.render([Family("outrider_host_load1").add(0.5)]) == first
+    assert formatted == ["outrider_host_load1"], "an equal family is not formatted again"
+    changed = r.render([Family("outrider_host_load1").add(0.75)])
+    assert b"outrider_host_load1 0.75\n" in changed and b" 0.5\n" not in changed
+    # the same samples under another definition of the name (another help text) are formatted anew
+    other = replace(Family("outrider_host_load1").defn, help="another help")
+    again = r.render([Family(other).add(0.75)])
+    assert b"# HELP outrider_host_load1 another help\n" in again
+    assert formatted == ["outrider_host_load1"] * 3
+
+
+def test_label_prefixes_are_formatted_once_and_the_cache_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    from outrider.metrics import exposition
+
+    monkeypatch.setattr(exposition, "_PREFIXES", {})
+    blocks: list[tuple[str, ...]] = []
+    real = exposition._label_block
+
+    def counting(names: tuple[str, ...], values: tuple[str, ...]) -> str:
+        blocks.append(values)
+        return real(names, values)
+    monkeypatch.setattr(exposition, "_label_block", counting)
+    fam = Family("outrider_collector_success").add(1, "host")
+    render([fam])
+    render([Family("outrider_collector_success").add(0, "host")])
+    assert blocks == [("host",)], "the second sweep's prefix comes from the cache"
+    # The bound: at _PREFIX_BOUND entries the next new prefix clears the cache first.
+    names = ("collector",)
+    bound = exposition._PREFIX_BOUND
+    assert bound == 50_000
+    exposition._PREFIXES.clear()
+    exposition._PREFIXES.update({("m", names, (str(i),)): "" for i in range(bound - 1)})
+    assert exposition._prefix("m", names, ("last",)) == 'm{collector="last"} '
+    assert len(exposition._PREFIXES) == bound, "just below the bound: kept"
+    assert exposition._prefix("m", names, ("0",)) == "", "a hit at the bound: no clearing"
+    exposition._prefix("m", names, ("one more",))
+    assert len(exposition._PREFIXES) == 1, "past the bound: cleared, then the new one"

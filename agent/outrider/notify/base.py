@@ -111,13 +111,15 @@ def check_url(url: str, receiver: str, key: str) -> urllib.parse.SplitResult:
 
 
 def url_secrets(url: str) -> list[str]:
-    """The forms in which a secret URL can show up in an error: whole, its path and query, its last path segment
-    (a Slack webhook's token), its userinfo."""
+    """The forms in which a secret URL can show up in an error, longest first (each is replaced before its parts):
+    whole, without its scheme, its path with and without its query (a Slack webhook's path is all secret: team, bot
+    and token), its last path segment (the token), its query, its userinfo's password (as written and decoded)."""
     parts = urllib.parse.urlsplit(url)
     forms = [url, url.split("://", 1)[-1]]
-    path = parts.path + ("?" + parts.query if parts.query else "")
-    if len(path) > 1:
-        forms.append(path)
+    if parts.query:
+        forms.append(parts.path + "?" + parts.query)
+    if len(parts.path) > 1:
+        forms.append(parts.path)
     last = parts.path.rstrip("/").rsplit("/", 1)[-1]
     if len(last) >= 8:
         forms.append(last)
