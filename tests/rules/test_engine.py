@@ -4,6 +4,7 @@ jumps."""
 
 from __future__ import annotations
 
+import itertools
 import time
 from pathlib import Path
 
@@ -334,3 +335,23 @@ def test_a_clock_corrected_backwards_across_a_restart_does_not_blind_the_rules(t
     run(second, clock, {"0": 95.0, "1": 95.0}, 4)
     assert ("firing", "0") in [(n.event, n.labels["gpu"]) for n in sent], "fresh samples are seen"
     assert [(n.event, n.labels["gpu"]) for n in sent].count(("firing", "1")) == 1, "no second page for gpu 1"
+
+
+@pytest.mark.parametrize("sweep_ms", [1000, 700, 15_000])
+def test_groups_are_evaluated_on_the_grid_of_their_interval_whatever_the_sweep_period(sweep_ms: int) -> None:
+    """A 15 s group evaluated by an agent sweeping every second was evaluated every 14 s (due 13.5 s after the last
+    evaluation, taken by the next sweep), so a `for: 30s` fired after 42 s instead of 30. On the grid: the
+    evaluations average the group's interval, each within one sweep of its grid time, never two in one interval."""
+    clock = Clock()
+    engine = RuleEngine(groups({"alert": "A", "expr": "test_value > 0"}, interval="15s"), 15.0, clock=clock)
+    start, times = clock.ms, []
+    for k in range(600_000 // sweep_ms):  # ten minutes of sweeps, each with up to a tenth of a second of jitter
+        clock.ms = start + k * sweep_ms + (37 * k) % 100
+        before = engine.evaluations
+        engine.on_sweep(fam({"0": 1.0}))
+        if engine.evaluations > before:
+            times.append(clock.ms - start)
+    gaps = [b - a for a, b in itertools.pairwise(times)]
+    assert abs(sum(gaps) / len(gaps) - 15_000) <= sweep_ms / len(gaps) + 100, gaps
+    assert all(abs(t - round(t / 15_000) * 15_000) <= max(sweep_ms, 1500) for t in times), times
+    assert min(gaps) >= 15_000 - 1500 - 100 - sweep_ms % 15_000, gaps

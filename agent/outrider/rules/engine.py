@@ -71,6 +71,8 @@ class RuleEngine:
         self.evaluations = 0
         self.failures: dict[str, int] = {}
         self.last_duration_s = 0.0
+        # When each group is next due, on the grid of its interval from its first evaluation (as Prometheus keeps
+        # its groups), so evaluations average the group's interval whatever the sweeps' period and jitter
         self._due: dict[int, int] = {}
         self._last_ingest = -(2**62)
         self._lock = threading.Lock()
@@ -89,7 +91,7 @@ class RuleEngine:
         if ts - self._last_ingest >= self.interval_ms * 0.9:
             self._last_ingest = ts
             self.ingest(families, ts)
-        if any(ts >= self._due.get(i, 0) for i in range(len(self.groups))):
+        if any(self._is_due(i, ts) for i in range(len(self.groups))):
             self.evaluate(ts)
 
     def ingest(self, families: list[Family], ts: int) -> None:
@@ -131,12 +133,19 @@ class RuleEngine:
 
     # --- evaluation ----------------------------------------------------------------------------------------------
 
+    def _is_due(self, i: int, ts: int) -> bool:
+        """Whether group i is due at ts: its grid time, less a tenth of the rule interval for a sweep's jitter (a
+        sweep a moment early takes the evaluation; the next stays on the grid)."""
+        return ts >= self._due.get(i, 0) - self.interval_ms // 10
+
     def evaluate(self, ts: int) -> None:
         t0 = time.perf_counter()
         for i, g in enumerate(self.groups):
-            if ts < self._due.get(i, 0):
+            if not self._is_due(i, ts):
                 continue
-            self._due[i] = ts + g.interval_ms - self.interval_ms // 10  # a little slack for sweep jitter
+            due = self._due.get(i, ts) + g.interval_ms
+            # behind by a whole interval or more (a paused agent, a slow sweep): a new grid from now, no burst
+            self._due[i] = due if due > ts else ts + g.interval_ms
             g.evaluate(self.evaluator, self.store, ts)
             for rule in g.rules:
                 if rule.last_error:
