@@ -118,10 +118,12 @@ class RunSummary:
         for i, alert in enumerate([a.text(self.started) for a in self.alerts] or ["none fired"]):
             lines += _wrapped("" if i else "alerts", [alert], "")
         v = self.verdict
-        lines += ["", f"verdict: {v.headline()}"]
-        if self.oom_killed:
-            lines.append(f"  {'ended':<10} OOM-killed by the kernel ({self._oom_evidence()}): see the memory alerts "
-                         f"and the peak RSS above; the container's limit or a leak")
+        if self.oom_killed:  # what ended the run comes first; how it ran until then is the windows' verdict
+            lines += ["", f"verdict: OOM-killed by the kernel ({self._oom_evidence()}): see the memory alerts and "
+                          "the peak RSS above; the container's limit or a leak",
+                      f"  {'until then':<10} {v.headline()}"]
+        else:
+            lines += ["", f"verdict: {v.headline()}"]
         if v.cls:
             if v.reason:
                 lines.append(f"  {'why':<10} {v.reason}")

@@ -66,7 +66,8 @@ def test_the_summary_says_the_command_was_oom_killed() -> None:
     first = text.splitlines()[0]
     assert first.startswith("outrider: python train.py ended by signal SIGKILL (exit code 137): OOM-killed")
     assert "oom_kill +1 in this cgroup's memory.events" in first
-    assert "OOM-killed by the kernel" in text.split("verdict:")[1], "the verdict's part says it too"
+    assert text.split("verdict: ")[1].startswith("OOM-killed by the kernel"), "the verdict says it first"
+    assert "until then" in text.split("verdict: ")[1], "how the run went until the kill, after it"
 
 
 def test_the_summary_names_the_counter_and_the_kernel_logs_victims() -> None:
