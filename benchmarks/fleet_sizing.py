@@ -718,7 +718,7 @@ def main() -> int:
     ap.add_argument("--reserve-gib", type=float, default=3.0, help="start no node below this much available memory")
     ap.add_argument("--quick", action="store_true",
                     help="check that the benchmark runs (about 6 minutes): 8 nodes, 1 min warm-up, one pair of 1 min "
-                         "phases; the README's figures come from the full run")
+                         "phases; docs/cost.md's figures come from the full run")
     ap.add_argument("--json", help="write the figures here too")
     ap.add_argument("--keep", action="store_true", help="keep the work directory (logs, Prometheus's data)")
     args = ap.parse_args()

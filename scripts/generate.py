@@ -8,15 +8,21 @@ files that drifted (exit 1), which a test runs.
     dashboards/*.json                    <- agent/outrider/dashboards/ (dashboards as code; needs the [grafana] extra)
     helm/outrider/files/dashboards/*     <- the dashboards above, for the chart's ConfigMaps
     helm/outrider/files/outrider.rules.yaml <- alerts/outrider.rules.yaml, for the chart's PrometheusRule
-    README.md, the configuration table   <- agent/outrider/config.py (keys, defaults, bounds, help)
+    docs/configuration.md, the table     <- agent/outrider/config.py (keys, defaults, bounds, help)
+    docs/alerts.md, every alert          <- alerts/outrider.rules.yaml (severity, for, description, runbook)
+    docs/architecture.md, the layers     <- pyproject.toml (the import-linter contracts)
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import re
 import sys
 from pathlib import Path
+from typing import Any
+
+import tomllib
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "agent"))
@@ -25,9 +31,8 @@ from outrider import config  # noqa: E402
 from outrider.dashboards import render_all  # noqa: E402
 from outrider.links import DEFAULT_DOCS_URL  # noqa: E402
 from outrider.metrics.reference import render_reference  # noqa: E402
-
-BEGIN = "<!-- BEGIN GENERATED: configuration table (python scripts/generate.py) -->"
-END = "<!-- END GENERATED: configuration table -->"
+from outrider.rules import promql  # noqa: E402
+from outrider.rules.files import load_rules  # noqa: E402
 
 
 def _default(f: dataclasses.Field[object]) -> str:
@@ -60,12 +65,79 @@ def config_table() -> str:
     return "\n".join(rows) + "\n"
 
 
-def readme(current: str) -> str:
-    if BEGIN not in current or END not in current:
-        raise SystemExit(f"README.md lacks the markers {BEGIN!r} ... {END!r}")
-    head, rest = current.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
-    return f"{head}{BEGIN}\n{config_table()}{END}{tail}"
+_TEMPLATE = re.compile(r"\{\{\s*(\$labels\.(\w+)|\$value[^}]*)\s*\}\}")
+
+
+def _words(annotation: str) -> str:
+    """An annotation with its templates as words: `{{ $labels.route }}` is *route*, `{{ $value | ... }}` *value*."""
+    text = _TEMPLATE.sub(lambda m: f"*{m.group(2) or 'value'}*", annotation)
+    return " ".join(text.split()).replace("|", "\\|")
+
+
+def _reads(expr: str) -> str:
+    names = dict.fromkeys(n for vs, _ in promql.selectors(promql.parse(expr)) if (n := promql.selector_name(vs)))
+    return ", ".join(f"`{n}`" for n in names) or "no series"
+
+
+def _runbook(url: str) -> str:
+    """The runbook as a link relative to docs/ (so that the docs link check sees its file and heading)."""
+    if not url.startswith(DEFAULT_DOCS_URL):
+        return f"<{url}>"
+    path = url[len(DEFAULT_DOCS_URL):]
+    return f"[{path.rsplit('/', 1)[-1].replace('.md', '')}](../{path})"
+
+
+def alerts_reference(rules: dict[str, Any] | None = None) -> str:
+    """Every alert of the rule file, group by group, then the recording rules."""
+    rules = load_rules(REPO / "alerts" / "outrider.rules.yaml") if rules is None else rules
+    out: list[str] = []
+    recorded = ["| series | group | reads |", "|---|---|---|"]
+    for group in rules["groups"]:
+        alerts = [r for r in group["rules"] if "alert" in r]
+        recorded += [f"| `{r['record']}` | {group['name']} | {_reads(r['expr'])} |"
+                     for r in group["rules"] if "record" in r]
+        if not alerts:
+            continue
+        every = f", evaluated every {group['interval']}" if "interval" in group else ""
+        out += [f"### {group['name']}", "", f"{len(alerts)} alerts{every}.", "",
+                "| alert | severity | for | what it says | reads | runbook |", "|---|---|---|---|---|---|"]
+        for r in alerts:
+            notes = r.get("annotations", {})
+            wait = r.get("for", "0s") + (f" (keeps firing {r['keep_firing_for']})" if "keep_firing_for" in r else "")
+            says = _words(notes.get("description") or notes.get("summary", ""))
+            out.append(f"| `{r['alert']}` | {r.get('labels', {}).get('severity', '')} | {wait} | {says} | "
+                       f"{_reads(r['expr'])} | {_runbook(notes.get('runbook_url', ''))} |")
+        out.append("")
+    return "\n".join([*out, "### Recording rules", "", *recorded]) + "\n"
+
+
+def layers(pyproject: Path = REPO / "pyproject.toml") -> str:
+    """The import-linter contracts: the floors of the layers contract drawn top down, then every contract's name."""
+    linter = tomllib.loads(pyproject.read_text(encoding="utf-8"))["tool"]["importlinter"]
+    out: list[str] = []
+    for contract in linter["contracts"]:
+        if contract["type"] == "layers":
+            floors = [" · ".join(m.strip() for m in layer.split("|")) for layer in contract["layers"]]
+            out += ["```", *(f"{'   ' * i}{'└─ ' if i else ''}{floor}" for i, floor in enumerate(floors)), "```", ""]
+    out += ["| contract | type |", "|---|---|"]
+    out += [f"| {c['name'].replace('|', chr(92) + '|')} | {c['type']} |" for c in linter["contracts"]]
+    return "\n".join(out) + "\n"
+
+
+def between(current: str, marker: str, body: str, where: str) -> str:
+    """`current` with the text between the markers of `marker` replaced by `body`."""
+    begin, end = f"<!-- BEGIN GENERATED: {marker} (python scripts/generate.py) -->", f"<!-- END GENERATED: {marker} -->"
+    if begin not in current or end not in current:
+        raise SystemExit(f"{where} lacks the markers {begin!r} ... {end!r}")
+    head, rest = current.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    return f"{head}{begin}\n{body}{end}{tail}"
+
+
+# Generated parts of hand-written pages: the page, the markers' name, what makes the part.
+PARTS = (("docs/configuration.md", "configuration table", config_table),
+         ("docs/alerts.md", "alerts reference", alerts_reference),
+         ("docs/architecture.md", "layers", layers))
 
 
 def outputs() -> dict[Path, str]:
@@ -75,7 +147,8 @@ def outputs() -> dict[Path, str]:
         out[REPO / "helm" / "outrider" / "files" / "dashboards" / name] = text
     out[REPO / "helm" / "outrider" / "files" / "outrider.rules.yaml"] = \
         (REPO / "alerts" / "outrider.rules.yaml").read_text(encoding="utf-8")
-    out[REPO / "README.md"] = readme((REPO / "README.md").read_text(encoding="utf-8"))
+    for page, marker, make in PARTS:
+        out[REPO / page] = between((REPO / page).read_text(encoding="utf-8"), marker, make(), page)
     return out
 
 

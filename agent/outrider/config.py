@@ -125,7 +125,8 @@ class Config:
     training_job: str = field(default="", metadata={
         "help": "the training job's name, labelling every hook series (training_job) so ranks of one job group "
                 "across pods and nodes; empty: derived from the launcher or the platform (torchrun, JobSet, Ray, "
-                "Volcano, Kubeflow, the pod's subdomain, an Indexed Job: README, Training job identity) (hook)"})
+                "Volcano, Kubeflow, the pod's subdomain, an Indexed Job: docs/instrumenting.md, Training job "
+                "identity) (hook)"})
     role: str = field(default="", metadata={
         "help": "training or inference; empty: judged from what the process does (an optimizer, a DDP/FSDP "
                 "wrapper or a process group built: training) (hook)"})

@@ -1,11 +1,11 @@
 """The ground truth of the confusion matrix's single-process workloads, measured without Outrider
 (OUTRIDER_DISABLED=1): each part of the loop timed around it in the script itself (zero_config.py --truth), alone
 and beside a CPU hog. The labels the matrix checks the verdicts against must hold by these timings, on this
-machine, under this load: the input workloads wait for data at least the README's 30% of the loop's own time (its
+machine, under this load: the input workloads wait for data at least docs/diagnosis.md's 30% of the loop's own time (its
 wall time less the time its thread waited for a CPU: neighbours stretch the step, never the wait for storage), the
 Python-bound one spends at least half of its loop in the tokeniser (and building tensors from its lists), the idle
 one sleeps 80% of its own time or more (on this machine its tiny step waits for a CPU longer than it sleeps), the
-checkpoint-heavy one spends at least the README's 30% of its loop inside torch.save, the inference service spends
+checkpoint-heavy one spends at least docs/diagnosis.md's 30% of its loop inside torch.save, the inference service spends
 80% of its serving loop or more in the model's forward (it is busy, never waiting for clients), and the compute and
 host workloads barely wait for data (timing cannot tell those two apart: the size of their
 operations does, which test_verdict_rules.py pins; nor can it tell the service's math from its overhead)."""

@@ -1,4 +1,4 @@
-"""The verdict's rules at their edges: every threshold the README states, just below and just above; windows
+"""The verdict's rules at their edges: every threshold docs/diagnosis.md states, just below and just above; windows
 without the evidence their rule needs are not judged (never a class, never a vote); the loop profile's classes."""
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ def starved(s: Signals) -> str:
 
 
 # Every threshold of the verdict's rules (diagnosis/bottleneck.py, and the straggler's and the starved rank's in
-# diagnosis/signals.py) with the value the README states: (module, constant, its value, where the line falls (a
+# diagnosis/signals.py) with the value docs/diagnosis.md states: (module, constant, its value, where the line falls (a
 # multiple of the value), the outcome at a value x of what it bounds, the outcome just below, just above). The
 # constant must keep its value, and the outcome must change between 2% below the line and 2% above it: changing
 # any of them fails the test that names it.
@@ -113,7 +113,7 @@ THRESHOLDS: list[tuple[object, str, float, float, Callable[[float], str], str, s
      "host_bound"),
     (b, "MAIN_SATURATED", 0.6, 1, lambda x: cls(cpu(main_thread_busy=x, intra_op_busy=0.05)), "balanced",
      "host_bound"),
-    # no operations counted: the pool decides, beside a main thread busy half of MAIN_SATURATED (README: 30%)
+    # no operations counted: the pool decides, beside a main thread busy half of MAIN_SATURATED (docs: 30%)
     (b, "MAIN_SATURATED", 0.6, 0.5, lambda x: cls(cpu(main_thread_busy=x, intra_op_busy=0.9)), "balanced",
      "compute_bound"),
     (b, "POOL_BUSY", 0.5, 0.9, lambda x: cls(cpu(main_thread_busy=0.9, intra_op_busy=x)), "balanced",
@@ -157,10 +157,10 @@ NEAR = 0.02  # just below and just above: 2% of the line either side
 
 @pytest.mark.parametrize(("module", "name", "value", "line", "outcome", "below", "above"), THRESHOLDS,
                          ids=[f"{t[1]}-{i}" for i, t in enumerate(THRESHOLDS)])
-def test_each_threshold_keeps_the_readmes_value_and_the_verdict_turns_there(
+def test_each_threshold_keeps_the_documented_value_and_the_verdict_turns_there(
         module: object, name: str, value: float, line: float, outcome: Callable[[float], str], below: str,
         above: str) -> None:
-    assert getattr(module, name) == value, f"{name} is {value} in the README"
+    assert getattr(module, name) == value, f"{name} is {value} in docs/diagnosis.md"
     at = value * line
     assert (outcome(at * (1 - NEAR)), outcome(at * (1 + NEAR))) == (below, above)
 

@@ -230,9 +230,9 @@ def test_cli_config_check_loads_the_rules_and_receivers_it_names(tmp_path: Path)
     assert r.returncode == 2 and "'Sub'" in r.stderr and "subquery" in r.stderr and "Traceback" not in r.stderr
 
 
-# --- every bound the README states, just inside and just outside (item 2 of issue 27) --------------------------
-# The numbers as the README's configuration table gives them, written here by hand: a change of any bound in the code
-# (or of the README, which is generated from it) fails the test named for that key.
+# --- every bound the docs state, just inside and just outside (item 2 of issue 27) ----------------------------
+# The numbers as docs/configuration.md's table gives them, written here by hand: a change of any bound in the code
+# (or of the table, which is generated from it) fails the test named for that key.
 STATED_BOUNDS = {
     "interval_s": (0.05, 3600.0), "process_top_n": (0, 10_000), "otlp_interval_s": (0.1, 86400.0),
     "otlp_timeout_s": (0.1, 600.0), "shutdown_timeout_s": (0.1, 600.0), "collector_timeout_s": (0.1, 600.0),
@@ -255,9 +255,9 @@ def test_a_bound_holds_just_inside_and_is_refused_just_outside(key: str) -> None
     import math
 
     low, high = STATED_BOUNDS[key]
-    assert (BOUNDS[key].low, BOUNDS[key].high) == (low, high), f"{key}: the code's bounds are not the README's"
-    readme = (REPO / "README.md").read_text()
-    row = next(ln for ln in readme.splitlines() if ln.startswith(f"| `{key}` |"))
+    assert (BOUNDS[key].low, BOUNDS[key].high) == (low, high), f"{key}: the code's bounds are not the docs'"
+    table = (REPO / "docs" / "configuration.md").read_text()
+    row = next(ln for ln in table.splitlines() if ln.startswith(f"| `{key}` |"))
     assert row.endswith(f"({low:,.10g} to {high:,.10g}) |"), row
     if key in INTEGER_KEYS:
         inside, outside = (low, high, low + 1, high - 1), (low - 1, high + 1)

@@ -157,7 +157,7 @@ def environment(values: Mapping[str, Any]) -> dict[str, str]:
 # --- the training job's identity, where the platform says it --------------------------------------------------
 # Ranks of one job that run in different pods (one rank per pod) are compared with each other (stragglers) only when
 # they share a training_job; so it is derived from what the launcher or the platform puts in the pod, in this order
-# (the first that says something wins; README "Training job identity"):
+# (the first that says something wins; docs/instrumenting.md, "Training job identity"):
 KUBEFLOW_MASTER = re.compile(r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?)-master-0$")  # training operator v1: <job>-master-0
 HOSTS_PATH = "/etc/hosts"
 # Where the pod's labels are read, when a downward API volume mounts them there (the path of Kubernetes' own example).
