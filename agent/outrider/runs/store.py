@@ -127,8 +127,17 @@ class RunStore:
         self._lock = threading.Lock()
 
     def start_run(self, command: list[str]) -> str:
-        run_id = time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid() % 10000:04d}"
+        base = time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid() % 10000:04d}"
         with self._lock, self._db:
+            # the same process starting two runs within a second (or a PID reused within one): -2, -3, ... after
+            # the second's id, so that no run is refused or overwritten
+            taken = {row[0] for row in self._db.execute("SELECT id FROM runs WHERE id = ? OR id LIKE ?",
+                                                        (base, base + "-%"))}
+            run_id = base
+            n = 1
+            while run_id in taken:
+                n += 1
+                run_id = f"{base}-{n}"
             self._db.execute("INSERT INTO runs (id, command, started) VALUES (?, ?, ?)",
                              (run_id, json.dumps(command), time.time()))
         return run_id
@@ -191,6 +200,8 @@ class RunStore:
         ids = [r[0] for r in self.list_runs()]
         if ref == "last" and ids:
             return ids[-1]
+        if ref in ids:  # an exact id, though a later run's id in the same second extends it
+            return ref
         matches = [i for i in ids if i.startswith(ref)]
         if len(matches) == 1:
             return matches[0]

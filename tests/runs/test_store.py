@@ -1,0 +1,25 @@
+"""The run store's ids: one per run, whatever the clock's second and the PID say."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from outrider.runs.store import RunStore
+
+
+def test_runs_started_in_the_same_second_by_one_process_get_ids_of_their_own(tmp_path: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("outrider.runs.store.time.strftime", lambda fmt: "20261201-120000")
+    store = RunStore(tmp_path)
+    try:
+        ids = [store.start_run([f"train-{i}.py"]) for i in range(3)]
+        base = ids[0]
+        assert ids == [base, f"{base}-2", f"{base}-3"]
+        assert {run_id: command for run_id, _, _, _, command in store.list_runs()} == {
+            ids[0]: ["train-0.py"], ids[1]: ["train-1.py"], ids[2]: ["train-2.py"]}
+        assert [store.resolve(run_id) for run_id in ids] == ids, "an exact id, though the next run's extends it"
+        assert store.resolve("last") == ids[2]
+    finally:
+        store.close()
