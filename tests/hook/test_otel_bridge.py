@@ -72,6 +72,9 @@ for i in range(12):
 outrider.gauge("shop_queue_depth").set(7)
 outrider.flush()
 collect(str(out / "first.json"))    # a custom name first seen here gets its instrument after this collection
+import threading                    # created on a thread of the bridge's own, outside the SDK's collection lock
+while any(t.name == "outrider-otel-bridge" for t in threading.enumerate()):
+    time.sleep(0.01)
 for _ in range(3):                  # after the flush: not in what the provider collects (the flush's snapshot)
     with outrider.step(samples=4):
         pass

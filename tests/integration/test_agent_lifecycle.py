@@ -155,7 +155,8 @@ def test_demo_runs_the_synthetic_workload_and_reports(tmp_path: object) -> None:
     assert "exited with code 0" in r.stderr
     assert "cores" in r.stderr and "peak RSS" in r.stderr
     duration = r"([\d.]+ (?:µs|ms|s))"
-    training = re.search(rf"training\s+([\d,]+) steps, step time p50 {duration}, p99 {duration}, ([\d,]+) samples/s",
+    training = re.search(rf"training\s+([\d,]+) steps, [\d.,]+ steps/s, step time p50 {duration}, p99 {duration}, "
+                         rf"([\d,]+) samples/s",
                          r.stderr)
     assert training, r.stderr
     steps, p50, p99 = int(training.group(1).replace(",", "")), _seconds(training.group(2)), _seconds(training.group(3))
