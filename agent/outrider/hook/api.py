@@ -51,9 +51,11 @@ class _State:
         self.explicit = False  # the user times steps: framework hooks stop counting them
         self.process_start_s = 0.0
         self.step_listeners: list[Callable[[], None]] = []
-        # The training thread's autograd sequence number at each step's end, read by a C function set by the torch
-        # integration: called here rather than through a listener, which would be one more Python frame per step
+        # The training thread's autograd sequence number, read by a C function set by the torch integration at the
+        # first step's end after each flush asked for it (want_ops): a C call less on every other step, and called
+        # here rather than through a listener, which would be one more Python frame per step
         self.ops_reader: Callable[[], int] | None = None
+        self.want_ops = False
         self.ops = 0
         self.cached: dict[tuple[str, str, tuple[tuple[str, str], ...], bool], Any] = {}
         # Step and data-wait rings: the hot path stores raw numbers and bumps a count; the publisher thread drains
@@ -186,7 +188,7 @@ def _attach_torch() -> None:
         return
     from outrider.hook.torch_integration import attach
 
-    S.torch = attach(S.hook, S, _step_done, MASK)
+    S.torch = attach(S.hook, S, _optimizer_step_hook, MASK)
 
 
 class _AfterTorchImport:
@@ -278,38 +280,92 @@ def flush() -> None:
 # --- training steps --------------------------------------------------------------------------------------------
 
 def step_begin() -> None:
-    S.explicit = True
+    if not S.explicit:
+        _going_explicit()
     S.begin = perf_counter()
 
 
 def step_end(samples: int | None = None, tokens: int | None = None) -> None:
     """Marks a step done. Its duration runs from step_begin(), or else from the previous step's end."""
-    S.explicit = True
+    if not S.explicit:
+        _going_explicit()
     _step_done(samples, tokens)
 
 
+def _going_explicit() -> None:
+    """The user times steps: framework hooks stop counting them, and the optimizer's hook leaves torch's step (it
+    would only return at once). Called on the user's thread, outside any optimizer step, so torch's hook table is
+    not being iterated while it changes."""
+    S.explicit = True
+    if S.torch is not None:
+        S.torch.stop_counting()
+
+
 def _step_done(samples: int | None = None, tokens: int | None = None) -> None:
-    """The hot path of a step: the time and the counts into the ring; the publisher does the arithmetic."""
-    if S.hook is None:
+    """The hot path of a step: the time and the counts into the ring; the publisher does the arithmetic. The
+    step context's __exit__ and the optimizer hook (_optimizer_step_hook) write the same in their own frame."""
+    end = perf_counter()
+    s = S
+    if s.hook is None:
         return
     try:
-        i = S.n & MASK
-        S.ends[i] = perf_counter()
-        if not S.loop_tid:
-            S.loop_tid = threading.get_native_id()
-        S.begins[i] = S.begin
+        n = s.n
+        i = n & MASK
+        s.ends[i] = end
+        s.begins[i] = s.begin
+        s.begin = 0.0
         if samples:
-            S.sample_sum += samples
+            s.sample_sum += samples
         if tokens:
-            S.token_sum += tokens
-        S.begin = 0.0
-        S.n += 1
-        if S.ops_reader is not None:
-            S.ops = S.ops_reader()
-        for listener in S.step_listeners:
+            s.token_sum += tokens
+        s.n = n + 1
+        if not s.loop_tid:
+            s.loop_tid = threading.get_native_id()
+        if s.want_ops:
+            s.want_ops = False
+            s.ops = s.ops_reader()  # type: ignore[misc]  # want_ops is only set with a reader
+        for listener in s.step_listeners:
             listener()
     except Exception:
-        S.hook.drop("step_error")
+        s.hook.drop("step_error")
+
+
+def _optimizer_step_hook(state: _State, first: list[Any], claim: Callable[[Any], bool]) \
+        -> Callable[[Any, Any, Any], None]:
+    """The optimizer step post hook (hook/torch_integration.py registers it; first[0] is a weak reference to the
+    optimizer whose steps count, claim(optimizer) the integration's decision when that is unset or gone): a step
+    recorded as _step_done records one, in this one frame, with everything it touches bound as a default argument.
+    It runs right after every optimizer step, when the caches hold torch's work: each Python frame or module
+    lookup less is measurable there (hook/api.py's step ring, benchmarks/step_cpu.py)."""
+
+    def on_optimizer_step(optimizer: Any, args: Any, kwargs: Any, _s: _State = state, _first: list[Any] = first,
+                          _claim: Callable[[Any], bool] = claim, _ends: list[float] = state.ends,
+                          _begins: list[float] = state.begins, _listeners: list[Callable[[], None]] =
+                          state.step_listeners, _clock: Callable[[], float] = perf_counter,
+                          _native_id: Callable[[], int] = threading.get_native_id) -> None:
+        end = _clock()
+        if _s.explicit or _s.hook is None:
+            return
+        try:
+            ref = _first[0]
+            if (ref is None or ref() is not optimizer) and not _claim(optimizer):
+                return  # another optimizer (a GAN's second): one step is counted once
+            n = _s.n
+            i = n & MASK
+            _ends[i] = end
+            _begins[i] = 0.0  # not timed explicitly: from the previous step's end
+            _s.n = n + 1
+            if not _s.loop_tid:
+                _s.loop_tid = _native_id()
+            if _s.want_ops:
+                _s.want_ops = False
+                _s.ops = _s.ops_reader()  # type: ignore[misc]  # want_ops is only set with a reader
+            for listener in _listeners:
+                listener()
+        except Exception:
+            _s.hook.drop("torch_hook_error")
+
+    return on_optimizer_step
 
 
 def _drain() -> None:
@@ -411,15 +467,38 @@ class step:
         self.tokens = tokens
 
     def __enter__(self) -> step:
-        S.explicit = True
-        S.begin = perf_counter()
+        s = S
+        if not s.explicit:
+            _going_explicit()
+        s.begin = perf_counter()
         return self
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
-        if exc_type is None:
-            _step_done(self.samples, self.tokens)
-        else:
-            S.begin = 0.0
+        end = perf_counter()
+        s = S
+        if exc_type is not None or s.hook is None:
+            s.begin = 0.0
+            return
+        try:  # _step_done, inline: a frame less right after the step
+            n = s.n
+            i = n & MASK
+            s.ends[i] = end
+            s.begins[i] = s.begin
+            s.begin = 0.0
+            if self.samples:
+                s.sample_sum += self.samples
+            if self.tokens:
+                s.token_sum += self.tokens
+            s.n = n + 1
+            if not s.loop_tid:
+                s.loop_tid = threading.get_native_id()
+            if s.want_ops:
+                s.want_ops = False
+                s.ops = s.ops_reader()  # type: ignore[misc]  # want_ops is only set with a reader
+            for listener in s.step_listeners:
+                listener()
+        except Exception:
+            s.hook.drop("step_error")
 
 
 class dataloader:

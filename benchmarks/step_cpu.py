@@ -1,0 +1,223 @@
+"""The hook's added CPU per training step, as CPU time of the training thread, with and without the hook
+interleaved block by block in one process, so that the machine's other jobs move every variant alike.
+
+A real CPU PyTorch loop (a small MLP, a real single-process DataLoader, SGD; torch.set_num_threads(1), so the
+training thread does all of the step's work) runs in blocks of --block steps; the variants take turns, in a
+rotating order:
+
+- bare: torch untouched (the optimizer post hook removed, DataLoader's own __next__);
+- zero configuration: what instrument() installs: the optimizer step post hook counts the step (with the
+  autograd operation counter) and the patched DataLoader __next__ times the batch;
+- explicit: the same, and the step timed with `with outrider.step(samples=...)` (the optimizer hook then returns
+  at once).
+
+Each block's CPU time of the training thread (time.thread_time_ns) divided by its steps is one reading. The added
+cost of a variant is the median over rounds of (its block's reading - the bare block's of the same round), with
+the interquartile range of those differences as the noise. Where the time goes is timed in place as well: thread
+CPU time around each instrumentation call in the loop, less an empty pair of clock reads at the same place.
+
+Not a test: it prints figures (and writes them as JSON with --json).
+
+    python benchmarks/step_cpu.py [--rounds 60] [--block 200] [--hog] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+os.environ.setdefault("OUTRIDER_SPOOL_DIR", tempfile.mkdtemp(prefix="outrider-bench-"))
+os.environ.setdefault("OUTRIDER_STANDALONE", "false")
+
+import outrider  # after the spool is chosen
+
+VARIANTS = ("bare", "zero_config", "explicit")
+
+
+class Loop:
+    """The training loop and the switches between the variants (outside the timed blocks)."""
+
+    def __init__(self, torch: Any, batch: int) -> None:
+        from outrider.hook import api
+        from outrider.hook.torch_integration import ACTIVE
+
+        self.torch, self.api, self.batch = torch, api, batch
+        self.integ = ACTIVE[-1]
+        self.optimizer_module = sys.modules["torch.optim.optimizer"]
+        base = torch.utils.data.dataloader._BaseDataLoaderIter
+        self.base, self.timed_next, self.plain_next = base, base.__dict__["__next__"], self.integ.data.original_next
+        torch.manual_seed(0)
+        self.model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
+        self.opt = torch.optim.SGD(self.model.parameters(), lr=0.01)
+        data = torch.utils.data.TensorDataset(torch.randn(batch * 64, 64), torch.randint(0, 10, (batch * 64,)))
+        self.loader = torch.utils.data.DataLoader(data, batch_size=batch)
+        self.it = iter(())
+        self.hooked = True
+
+    def set(self, variant: str) -> None:
+        hooked = variant != "bare"
+        if hooked != self.hooked:
+            if hooked:
+                self.integ.handle = self.optimizer_module.register_optimizer_step_post_hook(
+                    self.integ.on_optimizer_step)
+                self.base.__next__ = self.timed_next
+            else:
+                self.integ.handle.remove()
+                self.base.__next__ = self.plain_next
+            self.hooked = hooked
+        self.api.S.explicit = variant == "explicit"
+        self.it = iter(self.loader)  # a fresh epoch's iterator under the variant's __next__
+
+    def batch_(self) -> Any:
+        try:
+            return next(self.it)
+        except StopIteration:
+            self.it = iter(self.loader)
+            return next(self.it)
+
+    def train(self, x: Any, y: Any) -> None:
+        self.opt.zero_grad()
+        self.torch.nn.functional.cross_entropy(self.model(x), y).backward()
+        self.opt.step()
+
+    def block(self, variant: str, steps: int) -> float:
+        """CPU ns of this thread per step over `steps` steps of the variant."""
+        self.set(variant)
+        batch_, train, n = self.batch_, self.train, self.batch
+        t = time.thread_time_ns()
+        if variant == "explicit":
+            for _ in range(steps):
+                x, y = batch_()
+                with outrider.step(samples=n):
+                    train(x, y)
+        else:
+            for _ in range(steps):
+                x, y = batch_()
+                train(x, y)
+        return (time.thread_time_ns() - t) / steps
+
+    def in_place(self, steps: int) -> dict[str, float]:
+        """Thread CPU ns around each instrumentation call where it runs in the loop, less an empty pair there."""
+        clock, api, integ = time.thread_time_ns, self.api, self.integ
+        self.set("zero_config")
+        integ.handle.remove()  # called by hand below, where torch calls it
+        parts: dict[str, list[int]] = {"empty_pair": [], "data_next": [], "plain_next": [], "optimizer_hook": [],
+                                       "step_enter_exit": []}
+        it = iter(self.loader)
+        for i in range(steps):
+            if i % (len(self.loader) - 1) == 0:
+                it = iter(self.loader)
+            timed = (i // 3) % 2 == 0  # the batch's __next__, timed or torch's own, after the same train step
+            self.base.__next__ = self.timed_next if timed else self.plain_next
+            a = clock()
+            x, y = next(it)
+            b = clock()
+            parts["data_next" if timed else "plain_next"].append(b - a)
+            mode = i % 3
+            if mode == 0:
+                api.S.explicit = False
+                self.train(x, y)
+                h0 = clock()
+                integ.on_optimizer_step(self.opt, (), {})
+                h1 = clock()
+                parts["optimizer_hook"].append(h1 - h0)
+            elif mode == 1:
+                api.S.explicit = True
+                s0 = clock()
+                ctx = outrider.step(samples=self.batch)
+                ctx.__enter__()
+                s1 = clock()
+                self.train(x, y)
+                s2 = clock()
+                ctx.__exit__(None, None, None)
+                s3 = clock()
+                parts["step_enter_exit"].append((s1 - s0) + (s3 - s2))
+            else:
+                self.train(x, y)
+                e0 = clock()
+                e1 = clock()
+                parts["empty_pair"].append(e1 - e0)
+        integ.handle = self.optimizer_module.register_optimizer_step_post_hook(integ.on_optimizer_step)
+        api.S.explicit = False
+        med = {k: statistics.median(v) for k, v in parts.items()}
+        empty = med["empty_pair"]
+        return {"empty_pair_ns": empty, "data_next_added_ns": med["data_next"] - med["plain_next"],
+                "optimizer_hook_ns": med["optimizer_hook"] - empty,
+                "step_enter_exit_ns": med["step_enter_exit"] - 2 * empty}
+
+
+def quartiles(values: list[float]) -> tuple[float, float, float]:
+    q = statistics.quantiles(values, n=4)
+    return q[0], statistics.median(values), q[2]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=60)
+    ap.add_argument("--block", type=int, default=200, help="steps per timed block")
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--hog", action="store_true", help="run with another process keeping a core busy")
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if args.hog else None
+    try:
+        return run(args)
+    finally:
+        if hog is not None:
+            hog.kill()
+            hog.wait()
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    torch.set_num_threads(1)
+    outrider.instrument()
+    loop = Loop(torch, args.batch)
+    for variant in VARIANTS:  # warm-up: first calls, allocator, caches
+        loop.block(variant, args.block)
+    per_step: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    for r in range(args.rounds):
+        order = VARIANTS[r % 3:] + VARIANTS[:r % 3]
+        for variant in order:
+            per_step[variant].append(loop.block(variant, args.block))
+    loop.set("zero_config")
+    place = loop.in_place(max(300, args.block * 3))
+    added: dict[str, list[float]] = {v: [a - b for a, b in zip(per_step[v], per_step["bare"], strict=True)]
+                                     for v in VARIANTS[1:]}
+    bare = quartiles(per_step["bare"])
+    figures: dict[str, Any] = {
+        "cpu_hog_beside": bool(args.hog), "rounds": args.rounds, "block_steps": args.block,
+        "step_cpu_us_bare": {"q1": bare[0] / 1e3, "median": bare[1] / 1e3, "q3": bare[2] / 1e3},
+        "steps_counted": loop.api.S.n, "in_place": place,
+    }
+    for v, diffs in added.items():
+        q1, med, q3 = quartiles(diffs)
+        figures[f"added_cpu_us_{v}"] = {"q1": q1 / 1e3, "median": med / 1e3, "q3": q3 / 1e3,
+                                        "ratio_to_bare": (bare[1] + med) / bare[1]}
+    if args.hog:
+        print("with another process keeping a core busy beside it")
+    print(f"{args.rounds} rounds x {args.block} steps per variant, interleaved; training thread CPU per step, "
+          f"bare: median {bare[1] / 1e3:.1f} us (IQR {bare[0] / 1e3:.1f}-{bare[2] / 1e3:.1f})")
+    for v in VARIANTS[1:]:
+        a = figures[f"added_cpu_us_{v}"]
+        print(f"added by the hook, {v:12}: median {a['median']:+.2f} us per step (IQR {a['q1']:+.2f} to "
+              f"{a['q3']:+.2f}), x{a['ratio_to_bare']:.4f} the bare step")
+    print(f"in place (thread CPU, less an empty pair of {place['empty_pair_ns']:.0f} ns): DataLoader __next__ "
+          f"+{place['data_next_added_ns']:.0f} ns, optimizer hook {place['optimizer_hook_ns']:.0f} ns, "
+          f"outrider.step() enter+exit {place['step_enter_exit_ns']:.0f} ns")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(figures, fh, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
