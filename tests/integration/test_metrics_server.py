@@ -224,6 +224,30 @@ def test_with_every_worker_stuck_a_kept_alive_scrape_is_answered_by_the_loop_thr
         server.close()
 
 
+def voluntary_switches(thread: threading.Thread) -> int:
+    with open(f"/proc/self/task/{thread.native_id}/status") as fh:
+        return int(fh.read().split("voluntary_ctxt_switches:")[1].split()[0])
+
+
+def test_an_idle_server_loop_sleeps_until_its_next_deadline() -> None:
+    """A kept-alive connection between two scrapes (Prometheus's, every 15 s or more): the loop thread sleeps
+    until the connection's idle deadline or a byte arrives; it used to wake every second for nothing."""
+    server = Stuck(Limits(idle_timeout_s=3600))
+    conn = server.kept_alive()
+    try:
+        conn.request("GET", "/metrics")
+        assert conn.getresponse().read() == BODY
+        loop = server.http._threads[0]
+        before = voluntary_switches(loop)
+        time.sleep(2.5)
+        assert voluntary_switches(loop) == before, "no wake-up while nothing happens"
+        conn.request("GET", "/metrics")
+        assert conn.getresponse().read() == BODY
+    finally:
+        conn.close()
+        server.close()
+
+
 def test_the_loop_thread_closes_a_half_sent_later_request_at_its_header_deadline() -> None:
     """After a scrape, the next request head arrives in part and stops: closed header_timeout_s after its first
     byte, not at the idle deadline (an hour here, longer than the client waits)."""

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import queue
 import selectors
 import socket
@@ -213,7 +214,9 @@ class HttpServer:
     def _loop(self) -> None:
         while not self._stop.is_set():
             try:
-                timeout = max(0.0, min(self._next_expiry - time.monotonic(), 1.0))
+                # asleep until the next deadline, or until a socket, a worker or stop() wakes it: an idle
+                # server (one kept-alive connection, scraped every 15 s) never wakes for nothing
+                timeout = None if self._next_expiry == math.inf else max(0.0, self._next_expiry - time.monotonic())
                 for key, _ in self._selector.select(timeout):
                     if key.fileobj is self._listener:
                         self._accept()
@@ -350,7 +353,7 @@ class HttpServer:
             del self._parked[conn]
             self.timed_out += 1
             self._close(conn)
-        self._next_expiry = min((c.deadline for c in self._parked), default=now + 1.0)
+        self._next_expiry = min((c.deadline for c in self._parked), default=math.inf)
 
     def _close(self, conn: _Conn) -> None:
         self._live.discard(conn)
