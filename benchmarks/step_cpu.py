@@ -5,20 +5,25 @@ A real CPU PyTorch loop (a small MLP, a real single-process DataLoader, SGD; tor
 training thread does all of the step's work) runs in blocks of --block steps; the variants take turns, in a
 rotating order:
 
-- bare: torch untouched (the optimizer post hook removed, DataLoader's own __next__);
-- zero configuration: what instrument() installs: the optimizer step post hook counts the step (with the
-  autograd operation counter) and the patched DataLoader __next__ times the batch;
-- explicit: the same, and the step timed with `with outrider.step(samples=...)` (the optimizer hook then returns
-  at once).
+- bare: torch untouched (no optimizer post hook, DataLoader's own __next__);
+- data: the patched DataLoader __next__ alone (it times the batch's wait);
+- zero configuration: what instrument() installs: the patched __next__, and the optimizer step post hook that
+  counts the step (reading the autograd operation counter at the first step after each flush asks);
+- explicit: the patched __next__, and the step timed with `with outrider.step(samples=...)` (the first explicit
+  step takes the optimizer hook out of torch's step).
 
-Each block's CPU time of the training thread (time.thread_time_ns) divided by its steps is one reading. The added
-cost of a variant is the median over rounds of (its block's reading - the bare block's of the same round), with
-the interquartile range of those differences as the noise. Where the time goes is timed in place as well: thread
-CPU time around each instrumentation call in the loop, less an empty pair of clock reads at the same place.
+Each block's CPU time of the training thread (time.thread_time_ns) divided by its steps is one reading. The cost of
+a part is the median over rounds of the difference between two variants' blocks of the same round (the DataLoader
+timing: data - bare; the optimizer hook: zero configuration - data; outrider.step(): explicit - data; all of zero
+configuration: zero configuration - bare), with the interquartile range of those differences as the noise and
+the standard error of the median (1.25 x IQR / 1.35 / sqrt(rounds)); and, as a check that holds when neighbours
+only ever add time, the difference of the two variants' 10th percentiles. Where the time goes is timed in place as
+well: thread CPU time around each instrumentation call in the loop, less an empty pair of clock reads at the same
+place (a clock read is a system call: the pair inflates what follows it, so these are for comparing parts).
 
 Not a test: it prints figures (and writes them as JSON with --json).
 
-    python benchmarks/step_cpu.py [--rounds 60] [--block 200] [--hog] [--json out.json]
+    python benchmarks/step_cpu.py [--rounds 3000] [--block 10] [--hog] [--json out.json]
 """
 
 from __future__ import annotations
@@ -38,7 +43,10 @@ os.environ.setdefault("OUTRIDER_STANDALONE", "false")
 
 import outrider  # after the spool is chosen
 
-VARIANTS = ("bare", "zero_config", "explicit")
+VARIANTS = ("bare", "data", "zero_config", "explicit")
+# (name, variant, less variant): what each figure is the difference of
+PARTS = (("dataloader_timing", "data", "bare"), ("optimizer_hook", "zero_config", "data"),
+         ("explicit_step", "explicit", "data"), ("zero_config_total", "zero_config", "bare"))
 
 
 class Loop:
@@ -59,19 +67,14 @@ class Loop:
         data = torch.utils.data.TensorDataset(torch.randn(batch * 64, 64), torch.randint(0, 10, (batch * 64,)))
         self.loader = torch.utils.data.DataLoader(data, batch_size=batch)
         self.it = iter(())
-        self.hooked = True
 
     def set(self, variant: str) -> None:
-        hooked = variant != "bare"
-        if hooked != self.hooked:
-            if hooked:
-                self.integ.handle = self.optimizer_module.register_optimizer_step_post_hook(
-                    self.integ.on_optimizer_step)
-                self.base.__next__ = self.timed_next
-            else:
-                self.integ.handle.remove()
-                self.base.__next__ = self.plain_next
-            self.hooked = hooked
+        counting = variant == "zero_config"
+        if counting and self.integ.handle is None:
+            self.integ.handle = self.optimizer_module.register_optimizer_step_post_hook(self.integ.on_optimizer_step)
+        elif not counting:
+            self.integ.stop_counting()
+        self.base.__next__ = self.plain_next if variant == "bare" else self.timed_next
         self.api.S.explicit = variant == "explicit"
         self.it = iter(self.loader)  # a fresh epoch's iterator under the variant's __next__
 
@@ -106,8 +109,7 @@ class Loop:
     def in_place(self, steps: int) -> dict[str, float]:
         """Thread CPU ns around each instrumentation call where it runs in the loop, less an empty pair there."""
         clock, api, integ = time.thread_time_ns, self.api, self.integ
-        self.set("zero_config")
-        integ.handle.remove()  # called by hand below, where torch calls it
+        self.set("data")  # the optimizer hook is called by hand below, where torch calls it
         parts: dict[str, list[int]] = {"empty_pair": [], "data_next": [], "plain_next": [], "optimizer_hook": [],
                                        "step_enter_exit": []}
         it = iter(self.loader)
@@ -144,7 +146,6 @@ class Loop:
                 e0 = clock()
                 e1 = clock()
                 parts["empty_pair"].append(e1 - e0)
-        integ.handle = self.optimizer_module.register_optimizer_step_post_hook(integ.on_optimizer_step)
         api.S.explicit = False
         med = {k: statistics.median(v) for k, v in parts.items()}
         empty = med["empty_pair"]
@@ -160,8 +161,9 @@ def quartiles(values: list[float]) -> tuple[float, float, float]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=60)
-    ap.add_argument("--block", type=int, default=200, help="steps per timed block")
+    ap.add_argument("--rounds", type=int, default=3000)
+    ap.add_argument("--block", type=int, default=10, help="steps per timed block (short: the variants take turns "
+                    "faster than the machine's load changes)")
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--hog", action="store_true", help="run with another process keeping a core busy")
     ap.add_argument("--json")
@@ -185,31 +187,32 @@ def run(args: argparse.Namespace) -> int:
         loop.block(variant, args.block)
     per_step: dict[str, list[float]] = {v: [] for v in VARIANTS}
     for r in range(args.rounds):
-        order = VARIANTS[r % 3:] + VARIANTS[:r % 3]
-        for variant in order:
+        k = r % len(VARIANTS)
+        for variant in VARIANTS[k:] + VARIANTS[:k]:
             per_step[variant].append(loop.block(variant, args.block))
-    loop.set("zero_config")
     place = loop.in_place(max(300, args.block * 3))
-    added: dict[str, list[float]] = {v: [a - b for a, b in zip(per_step[v], per_step["bare"], strict=True)]
-                                     for v in VARIANTS[1:]}
     bare = quartiles(per_step["bare"])
     figures: dict[str, Any] = {
         "cpu_hog_beside": bool(args.hog), "rounds": args.rounds, "block_steps": args.block,
         "step_cpu_us_bare": {"q1": bare[0] / 1e3, "median": bare[1] / 1e3, "q3": bare[2] / 1e3},
-        "steps_counted": loop.api.S.n, "in_place": place,
+        "in_place": place, "added_cpu_us": {},
     }
-    for v, diffs in added.items():
+    low = {v: statistics.quantiles(per_step[v], n=10)[0] for v in VARIANTS}  # each variant's 10th percentile
+    for name, variant, less in PARTS:
+        diffs = [a - b for a, b in zip(per_step[variant], per_step[less], strict=True)]
         q1, med, q3 = quartiles(diffs)
-        figures[f"added_cpu_us_{v}"] = {"q1": q1 / 1e3, "median": med / 1e3, "q3": q3 / 1e3,
-                                        "ratio_to_bare": (bare[1] + med) / bare[1]}
+        figures["added_cpu_us"][name] = {"median": med / 1e3, "q1": q1 / 1e3, "q3": q3 / 1e3,
+                                         "standard_error": 1.25 * (q3 - q1) / 1.35 / len(diffs) ** 0.5 / 1e3,
+                                         "p10_difference": (low[variant] - low[less]) / 1e3}
     if args.hog:
         print("with another process keeping a core busy beside it")
     print(f"{args.rounds} rounds x {args.block} steps per variant, interleaved; training thread CPU per step, "
           f"bare: median {bare[1] / 1e3:.1f} us (IQR {bare[0] / 1e3:.1f}-{bare[2] / 1e3:.1f})")
-    for v in VARIANTS[1:]:
-        a = figures[f"added_cpu_us_{v}"]
-        print(f"added by the hook, {v:12}: median {a['median']:+.2f} us per step (IQR {a['q1']:+.2f} to "
-              f"{a['q3']:+.2f}), x{a['ratio_to_bare']:.4f} the bare step")
+    for name, variant, less in PARTS:
+        a = figures["added_cpu_us"][name]
+        print(f"{name + ' (' + variant + ' - ' + less + ')':44} {a['median']:+6.2f} us per step "
+              f"(+-{a['standard_error']:.2f} standard error; IQR {a['q1']:+.1f} to {a['q3']:+.1f}; "
+              f"10th percentiles' difference {a['p10_difference']:+.2f})")
     print(f"in place (thread CPU, less an empty pair of {place['empty_pair_ns']:.0f} ns): DataLoader __next__ "
           f"+{place['data_next_added_ns']:.0f} ns, optimizer hook {place['optimizer_hook_ns']:.0f} ns, "
           f"outrider.step() enter+exit {place['step_enter_exit_ns']:.0f} ns")
