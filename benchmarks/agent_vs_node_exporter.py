@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import gzip
 import http.client
-import json
 import os
 import shutil
 import statistics
@@ -28,6 +27,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tests.helpers import cpu_seconds, free_port, rss_bytes, threads_cpu_ns
+
+from benchmarks.common import save_json
 
 NODE_EXPORTER_COLLECTORS = ["cpu", "stat", "meminfo", "loadavg", "pressure", "diskstats", "netdev", "filesystem"]
 
@@ -206,9 +207,7 @@ def main() -> int:
           f"{rss['outrider_defaults_with_rules'] / rss['node_exporter']:>8.2f}")
     print(f"idle CPU of `outrider agent` at its default 5 s interval, all collectors, built-in rules, unscraped: "
           f"{figures['idle_cpu_percent_at_default_interval']:.3f}% of one core")
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(figures, fh, indent=2)
+    save_json(args.json, figures)
     return 0
 
 

@@ -22,10 +22,8 @@ where the data loader's workers or another job run beside the trainer).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -37,6 +35,9 @@ os.environ.setdefault("OUTRIDER_SPOOL_DIR", tempfile.mkdtemp(prefix="outrider-be
 os.environ.setdefault("OUTRIDER_STANDALONE", "false")
 
 import outrider  # after the spool is chosen
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmarks.common import beside_hog, save_json, with_hog_and_json
 
 VALUE = 0.0123
 
@@ -232,16 +233,8 @@ def rest_of_zero_config(n: int) -> dict[str, float]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=1_000_000)
-    ap.add_argument("--hog", action="store_true", help="run with another process keeping a core busy")
-    ap.add_argument("--json")
-    args = ap.parse_args()
-    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if args.hog else None
-    try:
-        return run(args)
-    finally:
-        if hog is not None:
-            hog.kill()
-            hog.wait()
+    args = with_hog_and_json(ap).parse_args()
+    return beside_hog(args.hog, lambda: run(args))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -298,9 +291,7 @@ def run(args: argparse.Namespace) -> int:
           f"collective (gloo, 1 rank, {rest['collective_plain_us']:.1f} us) + {rest['collective_wrapper_ns']:.0f} ns "
           f"timed; per-thread CPU read {rest['thread_read_us']:.0f} us a flush "
           f"({rest['thread_read_core_share']:.3%} of a core at 1 s)")
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(figures, fh, indent=2)
+    save_json(args.json, figures)
     return 0
 
 

@@ -29,10 +29,8 @@ Not a test: it prints figures (and writes them as JSON with --json).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -42,6 +40,9 @@ os.environ.setdefault("OUTRIDER_SPOOL_DIR", tempfile.mkdtemp(prefix="outrider-be
 os.environ.setdefault("OUTRIDER_STANDALONE", "false")
 
 import outrider  # after the spool is chosen
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmarks.common import beside_hog, save_json, with_hog_and_json
 
 VARIANTS = ("bare", "data", "zero_config", "explicit")
 # (name, variant, less variant): what each figure is the difference of
@@ -165,16 +166,8 @@ def main() -> int:
     ap.add_argument("--block", type=int, default=10, help="steps per timed block (short: the variants take turns "
                     "faster than the machine's load changes)")
     ap.add_argument("--batch", type=int, default=32)
-    ap.add_argument("--hog", action="store_true", help="run with another process keeping a core busy")
-    ap.add_argument("--json")
-    args = ap.parse_args()
-    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if args.hog else None
-    try:
-        return run(args)
-    finally:
-        if hog is not None:
-            hog.kill()
-            hog.wait()
+    args = with_hog_and_json(ap).parse_args()
+    return beside_hog(args.hog, lambda: run(args))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -204,10 +197,17 @@ def run(args: argparse.Namespace) -> int:
         figures["added_cpu_us"][name] = {"median": med / 1e3, "q1": q1 / 1e3, "q3": q3 / 1e3,
                                          "standard_error": 1.25 * (q3 - q1) / 1.35 / len(diffs) ** 0.5 / 1e3,
                                          "p10_difference": (low[variant] - low[less]) / 1e3}
-    if args.hog:
+    save_json(args.json, figures)
+    report(figures)
+    return 0
+
+
+def report(figures: dict[str, Any]) -> None:
+    bare, place = figures["step_cpu_us_bare"], figures["in_place"]
+    if figures["cpu_hog_beside"]:
         print("with another process keeping a core busy beside it")
-    print(f"{args.rounds} rounds x {args.block} steps per variant, interleaved; training thread CPU per step, "
-          f"bare: median {bare[1] / 1e3:.1f} us (IQR {bare[0] / 1e3:.1f}-{bare[2] / 1e3:.1f})")
+    print(f"{figures['rounds']} rounds x {figures['block_steps']} steps per variant, interleaved; training thread "
+          f"CPU per step, bare: median {bare['median']:.1f} us (IQR {bare['q1']:.1f}-{bare['q3']:.1f})")
     for name, variant, less in PARTS:
         a = figures["added_cpu_us"][name]
         print(f"{name + ' (' + variant + ' - ' + less + ')':44} {a['median']:+6.2f} us per step "
@@ -216,11 +216,6 @@ def run(args: argparse.Namespace) -> int:
     print(f"in place (thread CPU, less an empty pair of {place['empty_pair_ns']:.0f} ns): DataLoader __next__ "
           f"+{place['data_next_added_ns']:.0f} ns, optimizer hook {place['optimizer_hook_ns']:.0f} ns, "
           f"outrider.step() enter+exit {place['step_enter_exit_ns']:.0f} ns")
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(figures, fh, indent=2)
-    return 0
-
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -13,7 +13,6 @@ Not a test: it prints figures (and writes them as JSON with --json).
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import subprocess
 import sys
@@ -25,6 +24,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "agent"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks.common import save_json
 from outrider.hook import threads as current
 from outrider.hook.runtime import Hook
 from outrider.hook.settings import HookSettings
@@ -141,9 +142,7 @@ def main() -> int:
                   f"the read and {after:.4f} s after it")
         finally:
             pool.close()
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(figures, fh, indent=2)
+    save_json(args.json, figures)
     return 0
 
 

@@ -303,7 +303,7 @@ def _going_explicit() -> None:
 
 def _step_done(samples: int | None = None, tokens: int | None = None) -> None:
     """The hot path of a step: the time and the counts into the ring; the publisher does the arithmetic. The
-    step context's __exit__ and the optimizer hook (_optimizer_step_hook) write the same in their own frame."""
+    optimizer hook (_optimizer_step_hook) writes the same in its own frame."""
     end = perf_counter()
     s = S
     if s.hook is None:
@@ -474,31 +474,10 @@ class step:
         return self
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
-        end = perf_counter()
-        s = S
-        if exc_type is not None or s.hook is None:
-            s.begin = 0.0
-            return
-        try:  # _step_done, inline: a frame less right after the step
-            n = s.n
-            i = n & MASK
-            s.ends[i] = end
-            s.begins[i] = s.begin
-            s.begin = 0.0
-            if self.samples:
-                s.sample_sum += self.samples
-            if self.tokens:
-                s.token_sum += self.tokens
-            s.n = n + 1
-            if not s.loop_tid:
-                s.loop_tid = threading.get_native_id()
-            if s.want_ops:
-                s.want_ops = False
-                s.ops = s.ops_reader()  # type: ignore[misc]  # want_ops is only set with a reader
-            for listener in s.step_listeners:
-                listener()
-        except Exception:
-            s.hook.drop("step_error")
+        if exc_type is None:
+            _step_done(self.samples, self.tokens)
+        else:
+            S.begin = 0.0
 
 
 class dataloader:
