@@ -2,8 +2,9 @@
 interleaved block by block in one process, so that the machine's other jobs move every variant alike.
 
 A real CPU PyTorch loop (a small MLP, a real single-process DataLoader, SGD; torch.set_num_threads(1), so the
-training thread does all of the step's work) runs in blocks of --block steps; the variants take turns, in a
-rotating order:
+training thread does all of the step's work; small, since the noise a shared machine adds grows with the step,
+while torch's Python and dispatcher code, what evicts the hook's from the caches, is the same at any size) runs
+in blocks of --block steps; the variants take turns, in a rotating order:
 
 - bare: torch untouched (no optimizer post hook, DataLoader's own __next__);
 - data: the patched DataLoader __next__ alone (it times the batch's wait);
@@ -53,7 +54,7 @@ PARTS = (("dataloader_timing", "data", "bare"), ("optimizer_hook", "zero_config"
 class Loop:
     """The training loop and the switches between the variants (outside the timed blocks)."""
 
-    def __init__(self, torch: Any, batch: int) -> None:
+    def __init__(self, torch: Any, batch: int, width: int) -> None:
         from outrider.hook import api
         from outrider.hook.torch_integration import ACTIVE
 
@@ -63,9 +64,10 @@ class Loop:
         base = torch.utils.data.dataloader._BaseDataLoaderIter
         self.base, self.timed_next, self.plain_next = base, base.__dict__["__next__"], self.integ.data.original_next
         torch.manual_seed(0)
-        self.model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
+        self.model = torch.nn.Sequential(torch.nn.Linear(width, 2 * width), torch.nn.ReLU(),
+                                         torch.nn.Linear(2 * width, 10))
         self.opt = torch.optim.SGD(self.model.parameters(), lr=0.01)
-        data = torch.utils.data.TensorDataset(torch.randn(batch * 64, 64), torch.randint(0, 10, (batch * 64,)))
+        data = torch.utils.data.TensorDataset(torch.randn(batch * 64, width), torch.randint(0, 10, (batch * 64,)))
         self.loader = torch.utils.data.DataLoader(data, batch_size=batch)
         self.it = iter(())
 
@@ -165,7 +167,9 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3000)
     ap.add_argument("--block", type=int, default=10, help="steps per timed block (short: the variants take turns "
                     "faster than the machine's load changes)")
-    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--width", type=int, default=16, help="the MLP's input width (its hidden layer: twice that); "
+                    "small, since the step's own noise grows with its size")
     args = with_hog_and_json(ap).parse_args()
     return beside_hog(args.hog, lambda: run(args))
 
@@ -175,7 +179,7 @@ def run(args: argparse.Namespace) -> int:
 
     torch.set_num_threads(1)
     outrider.instrument()
-    loop = Loop(torch, args.batch)
+    loop = Loop(torch, args.batch, args.width)
     for variant in VARIANTS:  # warm-up: first calls, allocator, caches
         loop.block(variant, args.block)
     per_step: dict[str, list[float]] = {v: [] for v in VARIANTS}

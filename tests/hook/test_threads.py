@@ -205,17 +205,24 @@ def test_a_large_tree_of_workers_is_read_every_few_flushes_and_counted_exactly_o
 
 def test_what_a_thread_used_after_its_last_reading_is_kept_when_it_ends(tmp_path: Path) -> None:
     """The pool thread is read at 3 s, uses another 0.5 s and ends before the next read: the process's CPU (its
-    stat, all threads ever) still holds that half second, and it goes to the ended thread's role."""
+    stat, all threads ever) still holds that half second, and the next flush that lists the tasks gives it to the
+    ended thread's role."""
     root = tmp_path / "proc"
     tree(root)
     s, hook = sampler(root, tmp_path)
     s.sample()
     import shutil
 
+    from outrider.hook import threads
+
     shutil.rmtree(root / str(PID) / "task" / "101")
     write_task(root, PID, PID, "python", 6.0, 1.0, children="200")
     write_process(root, PID, 6.0 + 3.5 + 0.4 + 0.2 + 0.1)
     s.sample()
+    assert published(hook, "outrider_thread_cpu_seconds_total")["intra_op"] == pytest.approx(3.0), \
+        "given at a flush that lists the tasks (a thread started unlisted would be in the process clock too)"
+    for _ in range(threads.LIST_EVERY - 1):
+        s.sample()
     cpu = published(hook, "outrider_thread_cpu_seconds_total")
     assert cpu["intra_op"] == pytest.approx(3.5), "the ended thread's last half second"
     assert cpu["main"] == pytest.approx(6.0) and cpu["other"] == pytest.approx(0.6)
@@ -283,9 +290,9 @@ def test_a_flush_looks_at_a_bounded_number_of_threads_and_counts_each_delay_once
 
 
 def test_this_process_cpu_adds_up_with_threads_that_ended_between_flushes(tmp_path: Path) -> None:
-    """Real threads that burn CPU and end between two reads, some never seen by a read at all: the roles' CPU
-    adds up to the process's CPU clock (all its threads, ended ones included) at the read, never less, and at most
-    what the process used until the read returned; the ended Python threads' share lands in other."""
+    """Real threads that burn CPU and end between two reads, some never seen by a read at all: at a read that lists
+    the tasks, the roles' CPU adds up to the process's CPU clock (all its threads, ended ones included), never
+    less, and at most what the process used until the read returned; the ended Python threads' share is other's."""
     hook = Hook(HookSettings(spool_dir=str(tmp_path), standalone=False))
     hook.progress.steps = 1
     s = ThreadSampler(hook, threading.get_native_id)
@@ -299,6 +306,15 @@ def test_this_process_cpu_adds_up_with_threads_that_ended_between_flushes(tmp_pa
         end = time.thread_time() + seconds
         while time.thread_time() < end:
             pass
+
+    def read_to_a_listing() -> tuple[float, float]:
+        """Reads until one lists the tasks (one in LIST_EVERY): the process's CPU just before it and just after."""
+        while True:
+            before = time.clock_gettime(time.CLOCK_PROCESS_CPUTIME_ID)
+            s.read()
+            after = time.clock_gettime(time.CLOCK_PROCESS_CPUTIME_ID)
+            if s._listed == s.flushes:
+                return before, after
 
     s.read()
     other_before = s.cpu["other"]
@@ -316,9 +332,37 @@ def test_this_process_cpu_adds_up_with_threads_that_ended_between_flushes(tmp_pa
         for t in (seen, unseen):  # join() returns before the kernel's thread is gone: a thread threading no
             while os.path.exists(f"/proc/self/task/{t.native_id}"):  # longer knows reads as a native one
                 time.sleep(0.001)
-        before = time.clock_gettime(time.CLOCK_PROCESS_CPUTIME_ID)
-        s.read()
-        after = time.clock_gettime(time.CLOCK_PROCESS_CPUTIME_ID)
+        before, after = read_to_a_listing()
         total = sum(s.cpu[r] for r in own)
         assert before <= total + 1e-6 and total <= after + 1e-6, (before, total, after)
     assert s.cpu["other"] - other_before >= 0.3 - 1e-3, "six ended threads' 50 ms each"
+
+
+def test_a_native_thread_started_between_two_listings_is_counted_once(tmp_path: Path) -> None:
+    """A pool thread torch starts between two listings of the tasks (Python does not know it) is in the process
+    clock at once, and counted as itself at the next listing: what the clock says is unexplained meanwhile is not
+    given to the role of a thread that ended, so the new thread's CPU counts once, as intra_op."""
+    from outrider.hook import threads
+
+    root, clocks = tmp_path / "proc", CountingClocks()
+    write_task(root, PID, PID, "python", 1.0, 0.0)
+    write_task(root, PID, 103, "python", 0.5, 0.0)  # a Python thread of the workload, about to end
+    clocks.cpu = {PID: 1.0, 103: 0.5}
+    clocks.process = 1.5
+    hook = Hook(HookSettings(spool_dir=str(tmp_path / "spool"), standalone=False))
+    hook.progress.steps = 1
+    s = ThreadSampler(hook, lambda: 0, str(root), lambda: {PID: "MainThread", 103: "worker"}, lambda: PID, clocks)
+    s.sample()
+    import shutil
+
+    shutil.rmtree(root / str(PID) / "task" / "103")  # ends, having used 0.1 s more
+    del clocks.cpu[103]
+    write_task(root, PID, 150, "python", 2.0, 0.0)  # starts, unlisted, and uses 2 s
+    clocks.cpu[150] = 2.0
+    clocks.process = 1.5 + 0.1 + 2.0
+    for _ in range(threads.LIST_EVERY):
+        s.sample()
+    cpu = published(hook, "outrider_thread_cpu_seconds_total")
+    assert cpu["intra_op"] == pytest.approx(2.0), "the new pool thread, once"
+    assert cpu["other"] == pytest.approx(0.6), "the ended thread's last 0.1 s, not the pool thread's 2 s"
+    assert sum(cpu[r] for r in ("main", "intra_op", "other", "outrider")) == pytest.approx(clocks.process)

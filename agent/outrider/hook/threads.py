@@ -16,11 +16,11 @@ Roles:
 - **other**: every other thread: Python threads of the workload, and native threads their library named
   (gloo_*, pt_autograd_*, pt_tcpstore_*, CUDA's).
 
-What a flush costs grows with the process's threads only by what the kernel makes cheap: the list of the
-process's threads (/proc/PID/task), one CPU-clock read per thread (clock_gettime on the thread's CPU clock: one
-system call, no file to open, the nanoseconds schedstat shows), and the name of a thread once, when it is first
-seen. A thread-per-request service with 2,000 threads used to pay three /proc files per thread per flush (100 ms).
-Bounded per flush:
+What a flush costs grows with the process's threads only by what the kernel makes cheap: one CPU-clock read per
+thread (clock_gettime on the thread's CPU clock: one system call, no file to open, the nanoseconds schedstat
+shows), Python's list of its threads, and the name of a thread once, when it is first seen. A thread-per-request
+service with 2,000 threads used to pay three /proc files per thread per flush (100 ms). Bounded per flush:
+- the **task list** (/proc/PID/task, for the threads Python did not start) is read every LIST_EVERY flushes;
 - a **look** at a thread (/proc/PID/task/TID/schedstat, its run delay: nanoseconds runnable but waiting for a CPU;
   and /proc/PID/task/TID/children, the processes it forked) is taken for at most LOOKS_PER_FLUSH threads, among
   those that ran since their last look (a thread that has not run has neither waited, unless it starves and is
@@ -30,11 +30,12 @@ Bounded per flush:
 
 Counters are cumulative per role: each thread's growth since its last reading is added, so they never go
 backwards and nothing counts twice. Nothing is lost either: the process's own CPU clock counts every thread that
-ever ran, ended ones too, so what the threads read this flush do not explain (threads that ended since their last
-reading, and threads that started and ended between two flushes) goes to the roles of the threads that ended,
-by what each used in its last interval ("other" when none is known to have ended). A thread that ended takes
-with it only its run delay since that was last read. Where thread CPU clocks are refused (a sandboxed kernel) or
-/proc is a fixture tree, the same is read from the tasks' schedstat and stat files.
+ever ran, ended ones too, so what the threads' readings do not explain (threads that ended since their last
+reading, and threads that started and ended between two reads) goes, at each flush that lists the tasks, to the
+roles of the threads that ended, by what each used in its last interval ("other" when none is known to have
+ended); at a listing flush the roles add up to the process's CPU. A thread that ended takes with it only its run
+delay since that was last read. Where thread CPU clocks are refused (a sandboxed kernel) or /proc is a fixture
+tree, the same is read from the tasks' schedstat and stat files.
 
 The demand of a role is its CPU plus its run delay: a thread that wants a CPU is either on one or queued for one,
 so the demand of a saturated thread is one second per second whatever the neighbours do and however many cores
@@ -60,8 +61,8 @@ DESCENDANTS_PER_FLUSH = 32
 # 0.5 ms of the publisher's CPU.
 LOOKS_PER_FLUSH = 24
 # Threads Python did not start are found in /proc/PID/task, listed every LIST_EVERY flushes (2,000 threads: about
-# 1.5 ms): a native thread is counted from its first listing (its CPU clock holds all it used), and one that ended
-# unlisted by the process clock
+# 1.5 ms): a native thread is counted from its first listing (its CPU clock holds all it used), one that ended
+# unlisted by the process clock at the next listing
 LIST_EVERY = 8
 MAX_DEPTH = 4
 CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
@@ -246,6 +247,7 @@ class ThreadSampler:
         self._listed = -LIST_EVERY  # the flush that last listed /proc/PID/task
         self._process_cpu = 0.0  # the process's CPU clock at the last read
         self._unexplained = 0.0  # what the process used beyond its threads' readings, not yet given to a role
+        self._ended = dict.fromkeys(ROLES, 0.0)  # by role, what the threads that ended since then used last
         self._skip = 0  # flushes left before the descendants are read again
         self._workers = 0  # descendants' threads at their last read
 
@@ -275,6 +277,7 @@ class ThreadSampler:
             self.cpu = dict.fromkeys(ROLES, 0.0)
             self.delay = dict.fromkeys(ROLES, 0.0)
             self._process_cpu = self._unexplained = 0.0
+            self._ended = dict.fromkeys(ROLES, 0.0)
             self._listed = -LIST_EVERY
         self.flushes += 1
         count = dict.fromkeys(ROLES, 0)
@@ -293,7 +296,8 @@ class ThreadSampler:
         python = self.threads()
         known, seen = self.known, {}
         pairs: list[tuple[int, _Thread | None]]
-        if self.flushes - self._listed >= LIST_EVERY:
+        listed = self.flushes - self._listed >= LIST_EVERY
+        if listed:
             self._listed = self.flushes
             try:
                 pairs = [(tid, known.get(tid)) for tid in map(int, filter(str.isdigit, os.listdir(base)))]
@@ -347,12 +351,18 @@ class ThreadSampler:
                 due.append((t.looked, tid))
         self.known = seen
         self._look(base, main, due)
-        if process_cpu is not None:
-            self._unexplained += (process_cpu - self._process_cpu) - explained
-            self._process_cpu = process_cpu
-            if self._unexplained > 0:
-                self._credit_ended([t for tid, t in known.items() if tid not in seen], self._unexplained)
-                self._unexplained = 0.0
+        for tid, t in known.items():
+            if tid not in seen:  # ended since the last read: its role shares what the process clock says is left
+                self._ended[t.role] += t.grew or 1e-9
+        if process_cpu is None:
+            return
+        self._unexplained += (process_cpu - self._process_cpu) - explained
+        self._process_cpu = process_cpu
+        # Given to the ended threads' roles only when the task list was read this flush: a native thread that
+        # started since the last listing is in the process clock already, and counted as itself once listed
+        if listed and self._unexplained > 0:
+            self._credit_ended(self._unexplained)
+            self._unexplained = 0.0
 
     def _name(self, base: str, tid: int) -> str:
         stat = read_stat(f"{base}/{tid}/stat")
@@ -382,12 +392,11 @@ class ThreadSampler:
             self.delay[t.role] += max(0.0, sched[1] - t.delay)
             t.delay = sched[1]
 
-    def _credit_ended(self, ended: list[_Thread], seconds: float) -> None:
+    def _credit_ended(self, seconds: float) -> None:
         """CPU the process used that no live thread's reading holds: ended threads' last interval, and threads that
-        lived between two flushes. Split over the roles of the threads that ended, by what each used last."""
-        weights = dict.fromkeys(ROLES, 0.0)
-        for t in ended:
-            weights[t.role] += t.grew or 1e-9
+        lived between two reads. Split over the roles of the threads that ended since the last credit, by what each
+        used in its last interval; "other" when none is known to have ended."""
+        weights, self._ended = self._ended, dict.fromkeys(ROLES, 0.0)
         total = sum(weights.values())
         if not total:
             self.cpu["other"] += seconds
