@@ -14,7 +14,10 @@ in blocks of --block steps; the variants take turns, in a rotating order:
   step takes the optimizer hook out of torch's step);
 - and the floors, what the least Python at the same places costs: an empty_next (a __next__ that only calls
   torch's), an empty_hook (an optimizer post hook that returns, beside the patched __next__) and an empty_with
-  (`with` over a class whose __enter__ and __exit__ return, beside the patched __next__).
+  (`with` over a class whose __enter__ and __exit__ return, beside the patched __next__);
+- previous_hook: the optimizer hook as it was before the step path was cut (Outrider at 70e45bd: the hook method
+  called the step path, a second frame, which read the autograd counter at every step), beside the patched
+  __next__, writing rings of its own.
 
 Each block's CPU time of the training thread (time.thread_time_ns) divided by its steps is one reading. The cost of
 a part is the median over rounds of the difference between two variants' blocks of the same round (PARTS), with
@@ -25,6 +28,8 @@ variants' 10th percentiles.
 Not a test: it prints figures (and writes them as JSON with --json).
 
     python benchmarks/step_cpu.py [--rounds 6000] [--block 10] [--hog] [--json out.json]
+
+About 10 minutes on 2 shared cores at the default 6,000 rounds (8 variants x 10 steps of about 0.4 ms each).
 """
 
 from __future__ import annotations
@@ -35,7 +40,9 @@ import os
 import statistics
 import sys
 import tempfile
+import threading
 import time
+import weakref
 from typing import Any
 
 os.environ.setdefault("OUTRIDER_SPOOL_DIR", tempfile.mkdtemp(prefix="outrider-bench-"))
@@ -46,16 +53,62 @@ import outrider  # after the spool is chosen
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.common import beside_hog, save_json, with_hog_and_json
 
-VARIANTS = ("bare", "empty_next", "data", "empty_hook", "zero_config", "empty_with", "explicit")
+VARIANTS = ("bare", "empty_next", "data", "empty_hook", "zero_config", "previous_hook", "empty_with", "explicit")
 # (name, variant, less variant): what each figure is the difference of
 PARTS = (("dataloader_timing", "data", "bare"), ("  of which a wrapper's frame", "empty_next", "bare"),
          ("optimizer_hook", "zero_config", "data"), ("  of which a post hook's call", "empty_hook", "data"),
+         ("  the previous optimizer hook", "previous_hook", "data"),
          ("explicit_step", "explicit", "data"), ("  of which a with statement", "empty_with", "data"),
          ("zero_config_total", "zero_config", "bare"))
 
 
 def _empty_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
     pass
+
+
+class PreviousHook:
+    """The optimizer hook and step path as they were at 70e45bd, over rings of their own (the comparison)."""
+
+    def __init__(self, state: Any, mask: int) -> None:
+        self.s, self.mask = state, mask
+        self.first: Any = None
+        self.ends, self.begins = [0.0] * (mask + 1), [0.0] * (mask + 1)
+
+    def _step_done(self, samples: int | None = None, tokens: int | None = None) -> None:
+        s = self.s
+        if s.hook is None:
+            return
+        try:
+            i = s.n & self.mask
+            self.ends[i] = time.perf_counter()
+            if not s.loop_tid:
+                s.loop_tid = threading.get_native_id()
+            self.begins[i] = s.begin
+            if samples:
+                s.sample_sum += samples
+            if tokens:
+                s.token_sum += tokens
+            s.begin = 0.0
+            s.n += 1
+            if s.ops_reader is not None:
+                s.ops = s.ops_reader()
+            for listener in s.step_listeners:
+                listener()
+        except Exception:
+            s.hook.drop("step_error")
+
+    def on_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        try:
+            if self.s.explicit:
+                return
+            first = self.first() if self.first is not None else None
+            if first is None:
+                self.first = weakref.ref(optimizer)
+            elif first is not optimizer:
+                return
+            self._step_done()
+        except Exception:
+            self.s.hook.drop("torch_hook_error")
 
 
 class _Empty:
@@ -91,7 +144,8 @@ class Loop:
             return _original(self)
 
         self.empty_next = empty_next
-        self.empty_handle: Any = None
+        self.previous = PreviousHook(api.S, api.MASK)
+        self.extra: tuple[str, Any] | None = None  # (variant, handle) of a comparison hook registered now
         torch.manual_seed(0)
         self.model = torch.nn.Sequential(torch.nn.Linear(width, 2 * width), torch.nn.ReLU(),
                                          torch.nn.Linear(2 * width, 10))
@@ -105,11 +159,12 @@ class Loop:
             self.integ.handle = self.optimizer_module.register_optimizer_step_post_hook(self.integ.on_optimizer_step)
         elif variant != "zero_config":
             self.integ.stop_counting()
-        if variant == "empty_hook" and self.empty_handle is None:
-            self.empty_handle = self.optimizer_module.register_optimizer_step_post_hook(_empty_hook)
-        elif variant != "empty_hook" and self.empty_handle is not None:
-            self.empty_handle.remove()
-            self.empty_handle = None
+        if self.extra is not None and self.extra[0] != variant:
+            self.extra[1].remove()
+            self.extra = None
+        comparison = {"empty_hook": _empty_hook, "previous_hook": self.previous.on_optimizer_step}.get(variant)
+        if comparison is not None and self.extra is None:
+            self.extra = (variant, self.optimizer_module.register_optimizer_step_post_hook(comparison))
         self.base.__next__ = {"bare": self.plain_next, "empty_next": self.empty_next}.get(variant, self.timed_next)
         self.api.S.explicit = variant == "explicit"
         self.it = iter(self.loader)  # a fresh epoch's iterator under the variant's __next__
@@ -202,7 +257,7 @@ def report(figures: dict[str, Any]) -> None:
           f"CPU per step, bare: median {bare['median']:.1f} us (IQR {bare['q1']:.1f}-{bare['q3']:.1f})")
     for name, variant, less in PARTS:
         a = figures["added_cpu_us"][name.strip()]
-        print(f"{name + ' (' + variant + ' - ' + less + ')':50} {a['median']:+6.2f} us per step "
+        print(f"{name + ' (' + variant + ' - ' + less + ')':56} {a['median']:+6.2f} us per step "
               f"(+-{a['standard_error']:.2f}; IQR {a['q1']:+.1f} to {a['q3']:+.1f}; 10th percentiles "
               f"{a['p10_difference']:+.2f})")
 

@@ -39,41 +39,45 @@ class _State:
     """Module state: the hook and the built-in series handles (no-ops until instrument())."""
 
     def __init__(self) -> None:
+        # What the hot paths touch comes first: CPython keeps an object's attributes in the order they are first
+        # set, so these share a cache line or two (right after a torch step, each line the step path touches is
+        # a miss: benchmarks/step_cpu.py)
         self.hook: Any = None
+        self.explicit = False  # the user times steps: framework hooks stop counting them
+        self.n = 0
+        self.begin = 0.0
+        self.loop_tid = 0  # native id of the thread that completes steps (the training loop's), once one has
+        # The training thread's autograd sequence number, read by a C function set by the torch integration at the
+        # first step's end after each flush asked for it (want_ops): a C call less on every other step, and called
+        # here rather than through a listener, which would be one more Python frame per step
+        self.want_ops = False
+        self.ops_reader: Callable[[], int] | None = None
+        self.ops = 0
+        self.sample_sum = 0
+        self.token_sum = 0
+        self.nw = 0
+        self.step_listeners: list[Callable[[], None]] = []
+        # Step and data-wait rings: the hot path stores raw numbers and bumps a count; the publisher thread drains
+        # them into the histograms and counters once a flush. Written by one training thread. Counts (steps,
+        # samples, tokens) are running totals, exact however far the ring laps; only durations can be lost.
+        # Each entry is a (begin, end) pair side by side, [2i] and [2i + 1]: one cache line for both. A step's
+        # begin is 0.0 unless timed explicitly (its duration then runs from the previous step's end).
+        self.steps = [0.0] * (2 * RING)
+        # Data waits: when each began and ended (the wrapper's or a DataLoader iterator's __next__); the publisher
+        # observes their durations and places them in the loop's iterations (hook/loop.py).
+        self.waits = [0.0] * (2 * RING)
         self.step_h: Any = NOOP
         self.samples_c: Any = NOOP
         self.tokens_c: Any = NOOP
         self.data_wait_h: Any = NOOP
         self.first_step_g: Any = NOOP
         self.batch_h: Any = NOOP
-        self.begin = 0.0
         self.last_end = 0.0
-        self.explicit = False  # the user times steps: framework hooks stop counting them
         self.process_start_s = 0.0
-        self.step_listeners: list[Callable[[], None]] = []
-        # The training thread's autograd sequence number, read by a C function set by the torch integration at the
-        # first step's end after each flush asked for it (want_ops): a C call less on every other step, and called
-        # here rather than through a listener, which would be one more Python frame per step
-        self.ops_reader: Callable[[], int] | None = None
-        self.want_ops = False
-        self.ops = 0
         self.cached: dict[tuple[str, str, tuple[tuple[str, str], ...], bool], Any] = {}
-        # Step and data-wait rings: the hot path stores raw numbers and bumps a count; the publisher thread drains
-        # them into the histograms and counters once a flush. Written by one training thread. Counts (steps,
-        # samples, tokens) are running totals, exact however far the ring laps; only durations can be lost.
-        self.ends = [0.0] * RING
-        self.begins = [0.0] * RING
-        self.n = 0
         self.drained = 0
-        self.sample_sum = 0
-        self.token_sum = 0
         self.samples_drained = 0
         self.tokens_drained = 0
-        # Data waits: when each began and ended (the wrapper's or a DataLoader iterator's __next__); the publisher
-        # observes their durations and places them in the loop's iterations (hook/loop.py).
-        self.wait_b = [0.0] * RING
-        self.wait_e = [0.0] * RING
-        self.nw = 0
         self.drained_w = 0
         # Collectives (hook/torch_distributed.py): (begin, end, op, blocking) appended by whichever thread saw one
         # finish; deque appends and pops are atomic, and the publisher pops.
@@ -83,7 +87,6 @@ class _State:
         # thread, popped by the publisher into the loop's accounting.
         self.checkpoints: collections.deque[tuple[float, float]] = collections.deque(maxlen=RING)
         self.loop = LoopAccount()
-        self.loop_tid = 0  # native id of the thread that completes steps (the training loop's), once one has
         self.loader_used = False  # a data-loader wrapper was iterated: a training process
         self.served = False  # a request was recorded: a service
         # Request series by the caller's raw (route, status, method, scheme): a hit costs one dict lookup; the
@@ -310,9 +313,10 @@ def _step_done(samples: int | None = None, tokens: int | None = None) -> None:
         return
     try:
         n = s.n
-        i = n & MASK
-        s.ends[i] = end
-        s.begins[i] = s.begin
+        j = (n & MASK) << 1
+        ring = s.steps
+        ring[j] = s.begin
+        ring[j + 1] = end
         s.begin = 0.0
         if samples:
             s.sample_sum += samples
@@ -324,8 +328,9 @@ def _step_done(samples: int | None = None, tokens: int | None = None) -> None:
         if s.want_ops:
             s.want_ops = False
             s.ops = s.ops_reader()  # type: ignore[misc]  # want_ops is only set with a reader
-        for listener in s.step_listeners:
-            listener()
+        if s.step_listeners:
+            for listener in s.step_listeners:
+                listener()
     except Exception:
         s.hook.drop("step_error")
 
@@ -339,9 +344,9 @@ def _optimizer_step_hook(state: _State, first: list[Any], claim: Callable[[Any],
     lookup less is measurable there (hook/api.py's step ring, benchmarks/step_cpu.py)."""
 
     def on_optimizer_step(optimizer: Any, args: Any, kwargs: Any, _s: _State = state, _first: list[Any] = first,
-                          _claim: Callable[[Any], bool] = claim, _ends: list[float] = state.ends,
-                          _begins: list[float] = state.begins, _listeners: list[Callable[[], None]] =
-                          state.step_listeners, _clock: Callable[[], float] = perf_counter,
+                          _claim: Callable[[Any], bool] = claim, _ring: list[float] = state.steps,
+                          _listeners: list[Callable[[], None]] = state.step_listeners,
+                          _clock: Callable[[], float] = perf_counter,
                           _native_id: Callable[[], int] = threading.get_native_id) -> None:
         end = _clock()
         if _s.explicit or _s.hook is None:
@@ -351,17 +356,18 @@ def _optimizer_step_hook(state: _State, first: list[Any], claim: Callable[[Any],
             if (ref is None or ref() is not optimizer) and not _claim(optimizer):
                 return  # another optimizer (a GAN's second): one step is counted once
             n = _s.n
-            i = n & MASK
-            _ends[i] = end
-            _begins[i] = 0.0  # not timed explicitly: from the previous step's end
+            # the end only: the begin stays 0.0 (not timed explicitly: from the previous step's end; a process
+            # that times steps explicitly has this hook taken out of torch's step)
+            _ring[((n & MASK) << 1) + 1] = end
             _s.n = n + 1
             if not _s.loop_tid:
                 _s.loop_tid = _native_id()
             if _s.want_ops:
                 _s.want_ops = False
                 _s.ops = _s.ops_reader()  # type: ignore[misc]  # want_ops is only set with a reader
-            for listener in _listeners:
-                listener()
+            if _listeners:
+                for listener in _listeners:
+                    listener()
         except Exception:
             _s.hook.drop("torch_hook_error")
 
@@ -378,9 +384,10 @@ def _drain() -> None:
     if nw - start_w > RING:
         hook.drop("wait_ring_overflow")
         start_w = nw - RING
+    waits = S.waits
     for k in range(start_w, nw):
-        i = k & MASK
-        b, e = S.wait_b[i], S.wait_e[i]
+        j = (k & MASK) << 1
+        b, e = waits[j], waits[j + 1]
         S.data_wait_h.observe(e - b)
         loop.add_wait(b, e)
     S.drained_w = nw  # (a DataLoader alone does not make a training process: batch inference iterates them too)
@@ -399,13 +406,15 @@ def _drain() -> None:
         prev = S.last_end if start == done else 0.0
         durations: list[float] = []
         parts = [0.0, 0.0, 0.0, 0.0, 0.0]  # data wait, step, other, checkpoint; collective wait
+        ring = S.steps
         for k in range(start, n):
-            i = k & MASK
-            end, begin = S.ends[i], S.begins[i] or prev
+            j = (k & MASK) << 1
+            marked, end = ring[j], ring[j + 1]
+            begin = marked or prev
             if begin:
                 durations.append(end - begin)
                 S.step_h.observe(end - begin)
-            it = loop.step(S.begins[i], end)
+            it = loop.step(marked, end)
             if it is not None:
                 parts[0] += it.data_wait
                 parts[1] += it.step
@@ -414,7 +423,7 @@ def _drain() -> None:
                 parts[4] += it.collective_wait
             prev = end
         if done == 0:
-            S.first_step_g.set(time() - (perf_counter() - S.ends[start & MASK]) - S.process_start_s)
+            S.first_step_g.set(time() - (perf_counter() - ring[((start & MASK) << 1) + 1]) - S.process_start_s)
         hook.progress.record_steps(n - done, prev, durations)
         S.last_end = prev
         S.drained = n
@@ -501,9 +510,9 @@ class dataloader:
             except StopIteration:
                 return
             n = S.nw
-            i = n & MASK
-            S.wait_b[i] = t0
-            S.wait_e[i] = perf_counter()
+            j = (n & MASK) << 1
+            S.waits[j] = t0
+            S.waits[j + 1] = perf_counter()
             S.nw = n + 1
             yield batch
 
