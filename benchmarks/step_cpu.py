@@ -14,7 +14,8 @@ in blocks of --block steps; the variants take turns, in a rotating order:
   step takes the optimizer hook out of torch's step);
 - and the floors, what the least Python at the same places costs: an empty_next (a __next__ that only calls
   torch's), an empty_hook (an optimizer post hook that returns, beside the patched __next__) and an empty_with
-  (`with` over a class whose __enter__ and __exit__ return, beside the patched __next__);
+  (`with` over a class whose __enter__ and __exit__ return, beside the patched __next__), and a clock_hook (a post
+  hook that reads time.perf_counter() and returns: one clock read right after a step);
 - previous_hook: the optimizer hook as it was before the step path was cut (Outrider at 70e45bd: the hook method
   called the step path, a second frame, which read the autograd counter at every step), beside the patched
   __next__, writing rings of its own.
@@ -29,7 +30,7 @@ Not a test: it prints figures (and writes them as JSON with --json).
 
     python benchmarks/step_cpu.py [--rounds 6000] [--block 10] [--hog] [--json out.json]
 
-About 10 minutes on 2 shared cores at the default 6,000 rounds (8 variants x 10 steps of about 0.4 ms each).
+About 12 minutes on 2 shared cores at the default 6,000 rounds (9 variants x 10 steps of about 0.4 ms each).
 """
 
 from __future__ import annotations
@@ -53,10 +54,12 @@ import outrider  # after the spool is chosen
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.common import beside_hog, save_json, with_hog_and_json
 
-VARIANTS = ("bare", "empty_next", "data", "empty_hook", "zero_config", "previous_hook", "empty_with", "explicit")
+VARIANTS = ("bare", "empty_next", "data", "empty_hook", "clock_hook", "zero_config", "previous_hook", "empty_with",
+            "explicit")
 # (name, variant, less variant): what each figure is the difference of
 PARTS = (("dataloader_timing", "data", "bare"), ("  of which a wrapper's frame", "empty_next", "bare"),
          ("optimizer_hook", "zero_config", "data"), ("  of which a post hook's call", "empty_hook", "data"),
+         ("  a post hook that reads the clock", "clock_hook", "data"),
          ("  the previous optimizer hook", "previous_hook", "data"),
          ("explicit_step", "explicit", "data"), ("  of which a with statement", "empty_with", "data"),
          ("zero_config_total", "zero_config", "bare"))
@@ -64,6 +67,10 @@ PARTS = (("dataloader_timing", "data", "bare"), ("  of which a wrapper's frame",
 
 def _empty_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
     pass
+
+
+def _clock_hook(optimizer: Any, args: Any, kwargs: Any, _clock: Any = time.perf_counter) -> None:
+    _clock()
 
 
 class PreviousHook:
@@ -162,7 +169,8 @@ class Loop:
         if self.extra is not None and self.extra[0] != variant:
             self.extra[1].remove()
             self.extra = None
-        comparison = {"empty_hook": _empty_hook, "previous_hook": self.previous.on_optimizer_step}.get(variant)
+        comparison = {"empty_hook": _empty_hook, "clock_hook": _clock_hook,
+                      "previous_hook": self.previous.on_optimizer_step}.get(variant)
         if comparison is not None and self.extra is None:
             self.extra = (variant, self.optimizer_module.register_optimizer_step_post_hook(comparison))
         self.base.__next__ = {"bare": self.plain_next, "empty_next": self.empty_next}.get(variant, self.timed_next)
