@@ -242,20 +242,25 @@ class HttpServer:
         if (self.quick is None or conn.tls or conn.lingering or conn.close_after_write or conn.out
                 or conn.want != selectors.EVENT_READ or not conn.served):
             return False
-        was_empty = not conn.inbuf
-        got, eof, want = self._fill(conn)
-        now = time.monotonic()
-        if got:
-            conn.last_active = now
-            if was_empty:  # a later request: its own header clock starts at its first byte
+        try:  # one read: a request head is far smaller than a socket buffer (a second read would only raise)
+            chunk = conn.sock.recv(self.limits.max_header_bytes + 1 - len(conn.inbuf))
+        except self._errors.again_read:
+            chunk = None
+        except OSError:
+            return False  # a worker closes it, as it closes any connection whose peer is gone
+        if chunk == b"":
+            return False  # the peer closed
+        if chunk:
+            now = time.monotonic()
+            if not conn.inbuf:  # a later request: its own header clock starts at its first byte
                 conn.request_started = now
-        if eof:
-            return False  # a worker closes it, as it closes any connection at its end
+            conn.last_active = now
+            conn.inbuf += chunk
         request = self._parse(conn)
         if request is None:  # a request head still arriving (or nothing): wait on, at the same deadlines
             deadline = (conn.request_started + self.limits.header_timeout_s if conn.inbuf
                         else conn.last_active + self.limits.idle_timeout_s)
-            self._repark(conn, want, deadline)
+            self._repark(conn, selectors.EVENT_READ, deadline)
             return True
         if isinstance(request, _BadRequest) or conn.inbuf:  # an error to answer with a close; pipelined requests
             conn.pending = request
@@ -283,8 +288,9 @@ class HttpServer:
         return True
 
     def _repark(self, conn: _Conn, want: int, deadline: float) -> None:
-        """A connection the loop served stays in the selector: what it waits for now, and until when."""
-        if self._selector.get_key(conn.sock).events != want:
+        """A connection the loop served stays in the selector (registered for reading, as _answer_on_loop takes
+        it): what it waits for now, and until when."""
+        if want != selectors.EVENT_READ:
             self._selector.modify(conn.sock, want, conn)
         conn.want = want
         conn.deadline = deadline
