@@ -41,6 +41,7 @@ from benchmarks.fleet_sizing import (  # noqa: E402
     Processes,
     agent_ready,
     base_env,
+    fetch,
     free_port,
     start_node,
     wait_until,
@@ -73,6 +74,7 @@ def main() -> int:
         wait_ready(f"http://127.0.0.1:{ne_port}/metrics")
         time.sleep(2 * args.interval + 2 * args.flush_interval + 1)  # every shard published and read
         figures = measure(args, node, ne, ne_port, rng)
+        figures["collector_ms_last_sweep"] = collector_durations(node)
     finally:
         if node is not None:
             (node.dir / "hold").touch()
@@ -128,6 +130,17 @@ def measure(args: argparse.Namespace, node: Any, ne: Any, ne_port: int, rng: ran
     }
 
 
+def collector_durations(node: Any) -> dict[str, float]:
+    """Where a sweep's time goes: each collector's duration in the latest sweep (the agent's own
+    outrider_collector_duration_seconds, wall time), in ms."""
+    out = {}
+    for line in fetch(node, accept="text/plain")[2].splitlines():
+        if line.startswith("outrider_collector_duration_seconds{"):
+            name = line.split('collector="', 1)[1].split('"', 1)[0]
+            out[name] = 1e3 * float(line.rsplit(" ", 1)[1])
+    return out
+
+
 def report(f: dict[str, Any]) -> None:
     spp, cps, cus = f["samples_per_scrape"], f["cpu_ms_per_scrape"], f["cpu_us_per_sample"]
     print(f"a fleet node: {f['gpus']} fake GPUs, {f['ranks']} hooked ranks and an inference server; {f['scrapes']} "
@@ -140,6 +153,8 @@ def report(f: dict[str, Any]) -> None:
     print(f"{'CPU us per exported sample':34}{cus['node_exporter']:>15.2f}{cus['outrider']:>12.2f}"
           f"{f['cpu_per_sample_ratio_outrider_over_node_exporter']:>8.2f}  (by window: median {r['median']:.2f}, "
           f"{r['min']:.2f}-{r['max']:.2f})")
+    print("the agent's collectors in its last sweep (wall ms): " + ", ".join(
+        f"{k} {v:.2f}" for k, v in sorted(f["collector_ms_last_sweep"].items(), key=lambda kv: -kv[1])))
 
 
 if __name__ == "__main__":
