@@ -366,3 +366,37 @@ def test_a_native_thread_started_between_two_listings_is_counted_once(tmp_path: 
     assert cpu["intra_op"] == pytest.approx(2.0), "the new pool thread, once"
     assert cpu["other"] == pytest.approx(0.6), "the ended thread's last 0.1 s, not the pool thread's 2 s"
     assert sum(cpu[r] for r in ("main", "intra_op", "other", "outrider")) == pytest.approx(clocks.process)
+
+
+def test_the_look_queue_stays_bounded_when_threads_come_and_go(tmp_path: Path) -> None:
+    """Threads that run once and end (a thread per request), 100 new ones each flush, beside 200 that run every
+    flush (more than a flush looks at, so the ended ones' places fall behind the living): what waits for a look
+    never outgrows a bound of the threads alive, and the living are still looked at in turn."""
+    from outrider.hook import threads
+
+    root, clocks = tmp_path / "proc", CountingClocks()
+    python: dict[int, str] = {}
+    for i in range(200):
+        write_task(root, PID, PID + i, "python", 1.0, 0.1)
+        python[PID + i] = f"pool-{i}"
+    hook = Hook(HookSettings(spool_dir=str(tmp_path / "spool"), standalone=False))
+    hook.progress.steps = 1
+    s = ThreadSampler(hook, lambda: 0, str(root), lambda: dict(python), lambda: PID, clocks)
+    looked: set[int] = set()
+    tid = 10_000
+    for flush in range(1, 61):
+        for i in range(200):
+            clocks.cpu[PID + i] = float(flush)  # the pool runs every flush
+        for _ in range(100):  # requests' threads: alive at this read, gone by the next
+            tid += 1
+            write_task(root, PID, tid, "python", 0.01, 0.0)
+            python[tid] = "request"
+            clocks.cpu[tid] = 0.01
+        clocks.process = 200.0 * flush + 0.01 * (tid - 10_000)
+        s.read()
+        looked.update(t for t in s.known if s.known[t].looked == s.flushes)
+        assert len(s._due) <= 2 * len(s.known) + threads.LOOKS_PER_FLUSH
+        for t in range(tid - 99, tid + 1):
+            del clocks.cpu[t]
+            del python[t]
+    assert {PID + i for i in range(1, 200)} <= looked, "every pool thread was looked at"

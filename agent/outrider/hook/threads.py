@@ -24,8 +24,8 @@ service with 2,000 threads used to pay three /proc files per thread per flush (1
 - a **look** at a thread (/proc/PID/task/TID/schedstat, its run delay: nanoseconds runnable but waiting for a CPU;
   and /proc/PID/task/TID/children, the processes it forked) is taken for at most LOOKS_PER_FLUSH threads, among
   those that ran since their last look (a thread that has not run has neither waited, unless it starves and is
-  looked at once it runs, nor forked), the loop's thread first, then the longest unseen; a delay read later is
-  counted then, once; a child process found is remembered until it ends;
+  looked at once it runs, nor forked), the loop's thread first, then the others in the order they fell due; a
+  delay read later is counted then, once; a child process found is remembered until it ends;
 - **descendant processes** (the data workers) are read every n // DESCENDANTS_PER_FLUSH + 1 flushes.
 
 Counters are cumulative per role: each thread's growth since its last reading is added, so they never go
@@ -44,7 +44,7 @@ the machine has.
 
 from __future__ import annotations
 
-import heapq
+import collections
 import os
 import threading
 import time
@@ -206,7 +206,7 @@ class ProcClocks:
 class _Thread:
     """What the sampler keeps of one thread of its own process between flushes."""
 
-    __slots__ = ("clock", "cpu", "cpu_at_look", "delay", "grew", "looked", "name", "role")
+    __slots__ = ("clock", "cpu", "cpu_at_look", "delay", "grew", "looked", "name", "queued", "role")
 
     def __init__(self, tid: int, name: str | None) -> None:
         self.clock = thread_clock(tid)
@@ -217,6 +217,7 @@ class _Thread:
         self.delay = 0.0  # run delay at its last look
         self.cpu_at_look = 0.0  # CPU at its last look: more since means it ran, and may have waited or forked
         self.looked = -1  # the flush of its last look (its run delay and its children)
+        self.queued = False  # in the queue of threads due a look
 
 
 class ThreadSampler:
@@ -248,6 +249,7 @@ class ThreadSampler:
         self._process_cpu = 0.0  # the process's CPU clock at the last read
         self._unexplained = 0.0  # what the process used beyond its threads' readings, not yet given to a role
         self._ended = dict.fromkeys(ROLES, 0.0)  # by role, what the threads that ended since then used last
+        self._due: collections.deque[int] = collections.deque()  # threads that ran since their last look, in turn
         self._skip = 0  # flushes left before the descendants are read again
         self._workers = 0  # descendants' threads at their last read
 
@@ -272,6 +274,7 @@ class ThreadSampler:
             self.pid = pid
             self._skip = 0
             self.known.clear()
+            self._due.clear()
             self.children.clear()
             self.last.clear()
             self.cpu = dict.fromkeys(ROLES, 0.0)
@@ -311,7 +314,7 @@ class ThreadSampler:
         clock = time.clock_gettime_ns
         cpu = self.cpu
         explained = 0.0
-        due: list[tuple[int, int]] = []  # (last look, tid) of the threads that ran since their last look
+        queue = self._due
         for tid, t in pairs:
             if own_clocks:  # OwnClocks.thread_cpu, inline: this runs for every thread, every flush
                 try:
@@ -327,8 +330,6 @@ class ThreadSampler:
                 t.grew = 0.0
                 seen[tid] = t
                 count[t.role] += 1
-                if now > t.cpu_at_look:
-                    due.append((t.looked, tid))
                 continue
             name = python.get(tid)
             if t is None or now < t.cpu:  # first seen, or a new thread on a reused tid: counted from zero
@@ -347,10 +348,11 @@ class ThreadSampler:
             t.cpu, t.grew, t.role = now, grew, role
             seen[tid] = t
             count[role] += 1
-            if now > t.cpu_at_look and tid != main:
-                due.append((t.looked, tid))
+            if not t.queued and tid != main and now > t.cpu_at_look:
+                t.queued = True  # due a look: in line behind the threads that ran before it
+                queue.append(tid)
         self.known = seen
-        self._look(base, main, due)
+        self._look(base, main)
         for tid, t in known.items():
             if tid not in seen:  # ended since the last read: its role shares what the process clock says is left
                 self._ended[t.role] += t.grew or 1e-9
@@ -368,19 +370,25 @@ class ThreadSampler:
         stat = read_stat(f"{base}/{tid}/stat")
         return stat[0] if stat is not None else ""
 
-    def _look(self, base: str, main: int, due: list[tuple[int, int]]) -> None:
-        """A look at up to LOOKS_PER_FLUSH threads that ran since their last (due: the others than the loop's):
-        their run delay, and the child processes they forked (remembered until they end). The loop's thread
-        first, then the longest unseen."""
-        if len(due) > LOOKS_PER_FLUSH:
-            due = heapq.nsmallest(LOOKS_PER_FLUSH, due)
-        order = [tid for _, tid in due]
-        loop = self.known.get(main)
-        if loop is not None and (loop.cpu > loop.cpu_at_look or loop.looked < 0):
-            order.insert(0, main)
-            del order[LOOKS_PER_FLUSH:]
+    def _look(self, base: str, main: int) -> None:
+        """A look at up to LOOKS_PER_FLUSH threads that ran since their last: their run delay, and the child
+        processes they forked (remembered until they end). The loop's thread first, then the others in the order
+        they fell due (a queue: the longest waiting first, each popped once)."""
+        known = self.known
+        loop = known.get(main)
+        order = [main] if loop is not None and (loop.cpu > loop.cpu_at_look or loop.looked < 0) else []
+        queue = self._due
+        if len(queue) > 2 * len(known) + LOOKS_PER_FLUSH:  # ended threads' places pile up behind the live ones'
+            queue = self._due = collections.deque(tid for tid in queue if tid in known and known[tid].queued)
+        while queue and len(order) < LOOKS_PER_FLUSH:
+            tid = queue.popleft()
+            t = known.get(tid)
+            if t is not None and t.queued:  # else it ended (or its tid is another thread's now)
+                t.queued = False
+                if tid != main:
+                    order.append(tid)
         for tid in order:
-            t = self.known[tid]
+            t = known[tid]
             t.cpu_at_look, t.looked = t.cpu, self.flushes
             for child in self._children(self.pid, tid):
                 if len(self.children) < MAX_DESCENDANTS:
