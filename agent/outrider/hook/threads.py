@@ -206,7 +206,7 @@ class ProcClocks:
 class _Thread:
     """What the sampler keeps of one thread of its own process between flushes."""
 
-    __slots__ = ("clock", "cpu", "cpu_at_look", "delay", "grew", "looked", "name", "queued", "role")
+    __slots__ = ("clock", "cpu", "cpu_at_look", "delay", "grew", "looked", "name", "pyname", "queued", "role")
 
     def __init__(self, tid: int, name: str | None) -> None:
         self.clock = thread_clock(tid)
@@ -218,6 +218,7 @@ class _Thread:
         self.cpu_at_look = 0.0  # CPU at its last look: more since means it ran, and may have waited or forked
         self.looked = -1  # the flush of its last look (its run delay and its children)
         self.queued = False  # in the queue of threads due a look
+        self.pyname: str | None = None  # threading's name when its role was last decided (a Python thread)
 
 
 class ThreadSampler:
@@ -312,9 +313,9 @@ class ThreadSampler:
         own_clocks = isinstance(self.clocks, OwnClocks)
         thread_cpu = self.clocks.thread_cpu
         clock = time.clock_gettime_ns
-        cpu = self.cpu
-        explained = 0.0
         queue = self._due
+        # per role: [CPU seconds grown, threads]: one lookup per thread
+        acc: dict[str, list[float]] = {role: [0.0, 0] for role in ROLES}
         for tid, t in pairs:
             if own_clocks:  # OwnClocks.thread_cpu, inline: this runs for every thread, every flush
                 try:
@@ -329,7 +330,7 @@ class ThreadSampler:
             if t is not None and now == t.cpu and tid != main:  # idle since the last read: nothing to add
                 t.grew = 0.0
                 seen[tid] = t
-                count[t.role] += 1
+                acc[t.role][1] += 1
                 continue
             name = python.get(tid)
             if t is None or now < t.cpu:  # first seen, or a new thread on a reused tid: counted from zero
@@ -337,20 +338,28 @@ class ThreadSampler:
             if tid == main:
                 role = "main"
             elif name is not None:
-                role = "outrider" if name.startswith("outrider") else "other"
+                if name is not t.pyname or t.role == "main":  # threading's name: the same object until renamed
+                    t.pyname = name
+                    t.role = "outrider" if name.startswith("outrider") else "other"
+                role = t.role
             elif t.name is None:  # a Python thread threading has let go of, on its way out: still what it was
                 role = t.role
             else:
                 role = "intra_op" if t.name == main_name else "other"
             grew = now - t.cpu
-            cpu[role] += grew
-            explained += grew
+            a = acc[role]
+            a[0] += grew
+            a[1] += 1
             t.cpu, t.grew, t.role = now, grew, role
             seen[tid] = t
-            count[role] += 1
             if not t.queued and tid != main and now > t.cpu_at_look:
                 t.queued = True  # due a look: in line behind the threads that ran before it
                 queue.append(tid)
+        explained = 0.0
+        for role, (grown, threads) in acc.items():
+            self.cpu[role] += grown
+            explained += grown
+            count[role] += int(threads)
         self.known = seen
         self._look(base, main)
         for tid, t in known.items():
