@@ -3,18 +3,17 @@
 1. observe() in a hot loop: Outrider's histogram, prometheus_client Histogram.observe, OpenTelemetry SDK
    Histogram.record (without and with attributes), in CPU time of the measuring thread, best of interleaved rounds.
 2. Two threads recording into one histogram at once: lost updates and throughput against one thread.
-3. The per-step cost of all of Outrider's instrumentation inside a real CPU PyTorch training loop, timed in the
-   loop around each instrumentation call (end-to-end step-time differences are inside this machine's noise).
+3. (The per-step cost inside a real CPU PyTorch training loop is benchmarks/step_cpu.py's, in thread CPU time.)
 4. Data wait with zero configuration: the patched DataLoader iterator's __next__ (instrument() alone) against the
    explicit outrider.dataloader() wrapper, per batch: in a hot loop over a trivial iterator (the instrumentation
    alone), and on a real single-process DataLoader, both less the same loop uninstrumented, interleaved.
-5. The rest of zero configuration: the step path with its operation counter (one listener), a blocking
+5. The rest of zero configuration: the step path and its operation counter read (once a flush), a blocking
    collective through the timing wrapper (gloo, one rank), and the per-thread CPU read (once a flush, off the
    hot path) as a share of one core at the default 1 s flush.
 
 Not a test: it prints figures (and writes them as JSON with --json).
 
-    python benchmarks/hook_overhead.py [--n 1000000] [--steps 300] [--hog] [--json out.json]
+    python benchmarks/hook_overhead.py [--n 1000000] [--hog] [--json out.json]
 
 With --hog a second process keeps a core busy for the whole run (a neighbour sharing the machine, as on a node
 where the data loader's workers or another job run beside the trainer).
@@ -23,10 +22,8 @@ where the data loader's workers or another job run beside the trainer).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -38,6 +35,9 @@ os.environ.setdefault("OUTRIDER_SPOOL_DIR", tempfile.mkdtemp(prefix="outrider-be
 os.environ.setdefault("OUTRIDER_STANDALONE", "false")
 
 import outrider  # after the spool is chosen
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmarks.common import beside_hog, save_json, with_hog_and_json
 
 VALUE = 0.0123
 
@@ -96,71 +96,6 @@ def otel_count(reader: Any, name: str) -> int:
     return 0
 
 
-def torch_loop(steps: int) -> dict[str, float]:
-    """A real CPU training loop; each instrumentation call is timed where it runs, in the loop.
-
-    Two modes alternate step by step: explicit (`with outrider.step(...)`) and automatic (the optimizer post hook
-    counts the step; here it is called by hand right after opt.step(), where torch would call it, so it can be
-    timed). From each timing the cost of an empty timer pair at the same place in the loop is subtracted: right
-    after a torch step even reading the clock is several times slower than in a hot loop.
-    """
-    import torch
-
-    from outrider.hook import api
-    from outrider.hook.torch_integration import TorchIntegration
-
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10))
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    batches = [(torch.randn(64, 256), torch.randint(0, 10, (64,))) for _ in range(steps)]
-    integ = TorchIntegration(api.S.hook, api.S, torch, api._step_done)
-    integ.handle.remove()  # called by hand below, at the place torch calls it
-    timer = time.perf_counter_ns
-    wrapper, explicit, auto, empty_after_step, step_ns = [], [], [], [], []
-    loader = iter(outrider.dataloader(batches))
-
-    def train(x: Any, y: Any) -> None:
-        opt.zero_grad()
-        torch.nn.functional.cross_entropy(model(x), y).backward()
-        opt.step()
-
-    for i in range(steps):
-        a = timer()
-        x, y = next(loader)  # the wrapper's work: the list itself costs next to nothing
-        b = timer()
-        wrapper.append(b - a)
-        mode = i % 3
-        if mode == 0:  # explicit step timing
-            s0 = timer()
-            ctx = outrider.step(samples=64)
-            ctx.__enter__()
-            s1 = timer()
-            train(x, y)
-            s2 = timer()
-            ctx.__exit__(None, None, None)
-            s3 = timer()
-            explicit.append((s1 - s0) + (s3 - s2))
-            step_ns.append(s3 - s0)
-        elif mode == 1:  # automatic: the optimizer post hook
-            api.S.explicit = False
-            train(x, y)
-            h0 = timer()
-            integ.on_optimizer_step(opt, (), {})
-            h1 = timer()
-            auto.append(h1 - h0)
-            api.S.explicit = True
-        else:  # the same place in the loop, nothing instrumented: what an empty timer pair costs there
-            train(x, y)
-            e0 = timer()
-            e1 = timer()
-            empty_after_step.append(e1 - e0)
-    med = statistics.median
-    empty = med(empty_after_step)
-    w, e, h = med(wrapper) - empty, med(explicit) - 2 * empty, med(auto) - empty
-    return {"step_ms_median": med(step_ns) / 1e6, "empty_timer_pair_ns": empty, "data_wait_wrapper_ns": w,
-            "step_timer_ns": e, "optimizer_hook_ns": h, "per_step_explicit_ns": w + e, "per_step_auto_ns": w + h}
-
-
 def interleaved(variants: dict[str, Callable[[], float]], rounds: int = 15) -> dict[str, float]:
     """Best over rounds of each variant's ns per item (the steady cost, as per_call_ns), the variants taking turns
     so that a busy spell of the machine hits all of them alike."""
@@ -208,6 +143,8 @@ def data_wait(n: int) -> dict[str, float]:
                        "wrapper": lambda: per_item(iter(outrider.dataloader(_Endless())).__next__, n)})
     loader = torch.utils.data.DataLoader(range(10**9), batch_size=None)
     dl_module = torch.utils.data.dataloader
+    if api.S.torch is not None and api.S.torch.data is not None:
+        api.S.torch.data.detach()  # instrument()'s own: each mode below patches (or not) for itself
     real_n = max(2000, n // 50)
 
     def real(mode: str) -> float:
@@ -249,15 +186,16 @@ def rest_of_zero_config(n: int) -> dict[str, float]:
     seq = torch._C._autograd._get_sequence_nr
     listeners, api.S.step_listeners[:] = list(api.S.step_listeners), []
 
-    def step_path(ops_reader: Callable[[], int] | None) -> float:
-        api.S.ops_reader = ops_reader
+    def step_path(ask: bool) -> float:
+        """ns per step end; ask: every one reads the operation counter (as the first after a flush does)."""
         t = time.thread_time_ns()
         for _ in range(n):
+            api.S.want_ops = ask
             api._step_done()
         return (time.thread_time_ns() - t) / n
 
-    steps = interleaved({"bare": lambda: step_path(None), "ops": lambda: step_path(seq)}, rounds=7)
     api.S.ops_reader = seq
+    steps = interleaved({"bare": lambda: step_path(False), "ops": lambda: step_path(True)}, rounds=7)
     api.S.step_listeners[:] = listeners
     store = dist.HashStore()
     dist.init_process_group("gloo", store=store, rank=0, world_size=1)
@@ -295,17 +233,8 @@ def rest_of_zero_config(n: int) -> dict[str, float]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=1_000_000)
-    ap.add_argument("--steps", type=int, default=300)
-    ap.add_argument("--hog", action="store_true", help="run with another process keeping a core busy")
-    ap.add_argument("--json")
-    args = ap.parse_args()
-    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if args.hog else None
-    try:
-        return run(args)
-    finally:
-        if hog is not None:
-            hog.kill()
-            hog.wait()
+    args = with_hog_and_json(ap).parse_args()
+    return beside_hog(args.hog, lambda: run(args))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -334,7 +263,6 @@ def run(args: argparse.Namespace) -> int:
     ratio_otel, made_otel = two_threads(otel.record, threads_n // 20)
     lost_otel = (otel_before + made_otel + threads_n // 20) - otel_count(reader, "otel_seconds")
     del prom_before
-    loop = torch_loop(args.steps)
     waits = data_wait(args.n // 4)
     rest = rest_of_zero_config(args.n // 4)
     figures = {"cpu_hog_beside": bool(args.hog), "observe_ns": hot,
@@ -344,7 +272,7 @@ def run(args: argparse.Namespace) -> int:
                "two_threads_throughput_ratio": {"outrider": ratio_ours, "prometheus_client": ratio_prom,
                                                 "otel_sdk": ratio_otel},
                "two_threads_lost_updates": {"outrider": lost_ours, "otel_sdk": lost_otel},
-               "torch_loop": loop, "data_wait": waits, "zero_config": rest}
+               "data_wait": waits, "zero_config": rest}
     if args.hog:
         print("with another process keeping a core busy beside it")
     print(f"{'observe, hot loop':40}{'ns/call':>10}{'outrider is':>14}")
@@ -354,23 +282,16 @@ def run(args: argparse.Namespace) -> int:
     print(f"two threads at once, throughput vs one thread: outrider {ratio_ours:.2f}, prometheus_client "
           f"{ratio_prom:.2f}, otel_sdk {ratio_otel:.2f}; lost updates: outrider {lost_ours:.0f}, "
           f"otel_sdk {lost_otel:.0f}")
-    print(f"real CPU torch loop ({args.steps} steps, median step {loop['step_ms_median']:.2f} ms), in-loop medians "
-          f"less an empty timer pair there ({loop['empty_timer_pair_ns']:.0f} ns): data-wait wrapper "
-          f"{loop['data_wait_wrapper_ns']:.0f} ns, step timer {loop['step_timer_ns']:.0f} ns, optimizer-hook path "
-          f"{loop['optimizer_hook_ns']:.0f} ns")
-    print(f"all per-step instrumentation: {loop['per_step_explicit_ns'] / 1000:.2f} us with outrider.step(), "
-          f"{loop['per_step_auto_ns'] / 1000:.2f} us counted by the optimizer hook")
     print(f"data wait per batch, zero configuration (patched DataLoader __next__) vs the explicit wrapper: hot loop "
           f"{waits['hot_automatic_ns']:.0f} ns vs {waits['hot_wrapper_ns']:.0f} ns; on a real single-process "
           f"DataLoader ({waits['dataloader_plain_ns'] / 1000:.1f} us a batch uninstrumented) "
           f"+{waits['dataloader_automatic_ns']:.0f} ns vs +{waits['dataloader_wrapper_ns']:.0f} ns")
-    print(f"step path {rest['step_path_ns']:.0f} ns, + operation counter {rest['ops_counter_ns']:.0f} ns; blocking "
+    print(f"step path {rest['step_path_ns']:.0f} ns, + an operation counter read (once a flush) "
+          f"{rest['ops_counter_ns']:.0f} ns; blocking "
           f"collective (gloo, 1 rank, {rest['collective_plain_us']:.1f} us) + {rest['collective_wrapper_ns']:.0f} ns "
           f"timed; per-thread CPU read {rest['thread_read_us']:.0f} us a flush "
           f"({rest['thread_read_core_share']:.3%} of a core at 1 s)")
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(figures, fh, indent=2)
+    save_json(args.json, figures)
     return 0
 
 

@@ -46,8 +46,9 @@ def serve(kind: str, port: int, samples: int, cert: str, key: str) -> None:
     if kind == "outrider":
         from outrider.exporters.prometheus import Endpoints, MetricsServer, alerts_api_json
 
+        # rendered: as the agent serves a sweep rendered ahead (a kept-alive scrape answered by the loop thread)
         server = MetricsServer(Endpoints(lambda om, gz: body, lambda: alerts_api_json([]), lambda: True,
-                                         lambda: True), "127.0.0.1", port, tls)
+                                         lambda: True, rendered=lambda om, gz: body), "127.0.0.1", port, tls)
         server.start()
     else:
         import prometheus_client

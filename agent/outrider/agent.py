@@ -83,7 +83,8 @@ class Agent:
             return alerts_api_json([a for _, a in engine.active_alerts()] if engine is not None else [])
 
         return Endpoints(lambda openmetrics, gzip: sampler.exposition(openmetrics, compressed=gzip), alerts_json,
-                         healthy=sampler.healthy, ready=sampler.ready.is_set)
+                         healthy=sampler.healthy, ready=sampler.ready.is_set,
+                         rendered=lambda openmetrics, gzip: sampler.rendered(openmetrics, compressed=gzip))
 
     def start(self) -> None:
         if self.alerting is not None:

@@ -123,4 +123,4 @@ def test_cuda_events_and_allocator_on_a_real_gpu(tmp_path) -> None:  # type: ign
         assert reserved >= 3 * 4096 * 4096 * 4
         del y
     finally:
-        integ.handle.remove()
+        integ.detach()

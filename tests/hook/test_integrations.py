@@ -186,7 +186,7 @@ def test_cuda_allocator_and_event_timing_without_synchronising(tmp_path: Path) -
     hook = Hook(HookSettings(spool_dir=str(tmp_path), standalone=False))
     state = api._State()
     state.hook = hook
-    integ = TorchIntegration(hook, state, torch, lambda: None)
+    integ = TorchIntegration(hook, state, torch)
     try:
         for _ in range(4):
             integ.on_step()
@@ -205,7 +205,7 @@ def test_cuda_allocator_and_event_timing_without_synchronising(tmp_path: Path) -
         assert value(parsed, "outrider_torch_cuda_ooms_total", rank="", device="0") == 1
         assert value(parsed, "outrider_torch_cuda_oom_step", rank="", device="0") == 41
     finally:
-        integ.handle.remove()
+        integ.detach()
 
 
 def test_no_event_is_recorded_during_cuda_graph_capture(tmp_path: Path) -> None:
@@ -216,12 +216,12 @@ def test_no_event_is_recorded_during_cuda_graph_capture(tmp_path: Path) -> None:
     import torch as real_torch
 
     integ = TorchIntegration(Hook(HookSettings(spool_dir=str(tmp_path), standalone=False)), api._State(),
-                             types.SimpleNamespace(cuda=cuda, optim=real_torch.optim), lambda: None)
+                             types.SimpleNamespace(cuda=cuda, optim=real_torch.optim))
     try:
         integ.on_step()
         assert not integ.pending
     finally:
-        integ.handle.remove()
+        integ.detach()
 
 
 # --- what makes a process a training process, with zero configuration ----------------------------------------

@@ -130,6 +130,78 @@ def test_multi_worker_loaders_are_timed_and_their_workers_stay_silent(tmp_path: 
     assert not api.S.dormant, "the parent is measuring again once its workers are started"
 
 
+def our_optimizer_hooks() -> list[Any]:
+    import torch.optim.optimizer as optimizer_module
+
+    return [h for h in optimizer_module._global_optimizer_post_hooks.values() if h is api.S.torch.on_optimizer_step]
+
+
+def test_the_first_explicit_step_takes_the_optimizer_hook_out_of_torchs_step(tmp_path: Path, hooked: Hook) -> None:
+    """Counted by the optimizer hook until the user times a step; from then on torch's step no longer calls it (it
+    would only return at once), and every step is counted once."""
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = torch.randn(4, 4), torch.tensor([0, 1, 0, 1])
+
+    def one() -> None:
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+
+    for _ in range(3):
+        one()
+    assert len(our_optimizer_hooks()) == 1
+    for _ in range(4):
+        with outrider.step(samples=4):
+            one()
+    assert our_optimizer_hooks() == [], "out of torch's step"
+    parsed = read(tmp_path, hooked)
+    assert value(parsed, "outrider_train_steps_total", rank="") == 7
+    assert value(parsed, "outrider_samples_total", rank="") == 16
+
+
+def test_operations_are_read_at_the_first_step_after_a_flush_asked(tmp_path: Path, hooked: Hook) -> None:
+    """The loop runs on a thread of its own; flushes on another thread cannot read its autograd counter (it is the
+    loop thread's), so a flush asks, and the loop's next step end reads it: the next flush publishes that."""
+    import queue
+    import threading
+
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    go: queue.SimpleQueue[int] = queue.SimpleQueue()
+    seen: queue.SimpleQueue[int] = queue.SimpleQueue()
+
+    def loop() -> None:
+        while (steps := go.get()) > 0:
+            for _ in range(steps):
+                opt.zero_grad()
+                model(torch.ones(1, 4)).sum().backward()
+                opt.step()
+            seen.put(torch._C._autograd._get_sequence_nr())
+
+    hooked._stop.set()  # the publisher thread flushes no more: the test's flushes are the only ones
+    hooked.flush()
+    t = threading.Thread(target=loop)
+    t.start()
+    try:
+        go.put(5)
+        first = seen.get(timeout=60)
+        read(tmp_path, hooked)  # asks
+        go.put(1)
+        after_one = seen.get(timeout=60)
+        per_step = after_one - first
+        assert per_step > 0
+        ops = value(read(tmp_path, hooked), "outrider_train_autograd_ops_total", rank="")  # publishes, asks again
+        assert ops == after_one, "the counter as the loop's first step after the ask read it"
+        go.put(3)
+        assert seen.get(timeout=60) == after_one + 3 * per_step
+        assert value(read(tmp_path, hooked), "outrider_train_autograd_ops_total", rank="") == after_one + per_step, \
+            "read at the first of the three steps only"
+    finally:
+        go.put(0)
+        t.join()
+
+
 def test_a_torch_without_dataloader_internals_is_said_once_and_the_hook_runs_on(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     from outrider.hook.torch_integration import TorchIntegration
@@ -139,7 +211,7 @@ def test_a_torch_without_dataloader_internals_is_said_once_and_the_hook_runs_on(
                                    distributed=types.SimpleNamespace(is_available=lambda: False))
     state = api._State()
     hook = Hook(HookSettings(spool_dir=str(tmp_path), standalone=False))
-    integ = TorchIntegration(hook, state, future, lambda: None, mask=api.MASK)
+    integ = TorchIntegration(hook, state, future, mask=api.MASK)
     try:
         assert integ.data is None and integ.distributed is None
         assert "cannot time DataLoader waits automatically" in caplog.text

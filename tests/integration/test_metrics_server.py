@@ -18,6 +18,7 @@ import struct
 import subprocess
 import sys
 import threading
+import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,7 +26,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from outrider.exporters.http_server import Limits
+from outrider.exporters.http_server import HttpServer, Limits, Request, Response
 from outrider.exporters.prometheus import Endpoints, MetricsServer, alerts_api_json
 from tests.helpers import http_get, self_signed, wait_until
 
@@ -40,7 +41,8 @@ def endpoints(ready: bool = True) -> Endpoints:
         body = BODY + (b"# EOF\n" if openmetrics else b"")
         return gzip.compress(body) if use_gzip else body
 
-    return Endpoints(exposition, lambda: alerts_api_json([]), lambda: True, lambda: ready)
+    # rendered: the bodies are fixed, so always ready: kept-alive scrapes are answered by the server's loop thread
+    return Endpoints(exposition, lambda: alerts_api_json([]), lambda: True, lambda: ready, rendered=exposition)
 
 
 @pytest.fixture
@@ -84,7 +86,7 @@ def half_sent(server: MetricsServer, n: int, tls: ssl.SSLContext | None = None) 
     return socks
 
 
-def server_side_connections(server: MetricsServer) -> int:
+def server_side_connections(server: MetricsServer | HttpServer) -> int:
     port = server.address[1]
     return sum(1 for c in psutil.Process().net_connections(kind="tcp")
                if c.laddr and c.laddr.port == port and c.status == psutil.CONN_ESTABLISHED)
@@ -175,6 +177,122 @@ def test_an_idle_kept_alive_connection_is_closed_after_the_idle_timeout() -> Non
     finally:
         conn.close()
         s.stop()
+
+
+# --- kept-alive scrapes answered by the loop thread ---------------------------------------------------------------
+
+class Stuck:
+    """An HTTP server (the class under the endpoint) whose handler blocks on /stuck until released; the loop's quick
+    handler answers /metrics from a fixed body, as a sweep rendered ahead."""
+
+    def __init__(self, limits: Limits, body: bytes = BODY) -> None:
+        self.release = threading.Event()
+        self.body = body
+        self.http = HttpServer("127.0.0.1", 0, self.handle, limits=limits, quick=self.quick)
+        self.http.start()
+
+    def handle(self, request: Request) -> Response:
+        if request.path == "/stuck":
+            self.release.wait(CLIENT_TIMEOUT_S)
+        return Response(200, self.body)
+
+    def quick(self, request: Request) -> Response | None:
+        return Response(200, self.body) if request.path == "/metrics" else None
+
+    def kept_alive(self) -> http.client.HTTPConnection:
+        """A connection that had its first answer (from a worker, as every new connection has)."""
+        conn = http.client.HTTPConnection(*self.http.address, timeout=CLIENT_TIMEOUT_S)
+        conn.request("GET", "/metrics")
+        assert conn.getresponse().read() == self.body
+        return conn
+
+    def close(self) -> None:
+        self.release.set()
+        self.http.stop()
+
+
+def test_with_every_worker_stuck_a_kept_alive_scrape_is_answered_by_the_loop_thread() -> None:
+    server = Stuck(Limits(workers=2))
+    conn = server.kept_alive()
+    stuck = [server.kept_alive() for _ in range(2)]
+    try:
+        for c in stuck:  # both workers now wait in the handler
+            c.request("GET", "/stuck")
+        for _ in range(3):
+            conn.request("GET", "/metrics", headers={"Accept-Encoding": "gzip"})
+            r = conn.getresponse()
+            assert r.status == 200 and r.read() == BODY and r.getheader("Connection") is None
+        assert server.http.answered_on_loop >= 3
+        server.release.set()
+        for c in stuck:
+            assert c.getresponse().read() == BODY, "the workers' requests answered once released"
+    finally:
+        for c in [conn, *stuck]:
+            c.close()
+        server.close()
+
+
+def voluntary_switches(thread: threading.Thread) -> int:
+    with open(f"/proc/self/task/{thread.native_id}/status") as fh:
+        return int(fh.read().split("voluntary_ctxt_switches:")[1].split()[0])
+
+
+def test_an_idle_server_loop_sleeps_until_its_next_deadline() -> None:
+    """A kept-alive connection between two scrapes (Prometheus's, every 15 s or more): the loop thread sleeps
+    until the connection's idle deadline or a byte arrives; it used to wake every second for nothing."""
+    server = Stuck(Limits(idle_timeout_s=3600))
+    conn = server.kept_alive()
+    try:
+        conn.request("GET", "/metrics")
+        assert conn.getresponse().read() == BODY
+        loop = server.http._threads[0]
+        before = voluntary_switches(loop)
+        time.sleep(2.5)
+        assert voluntary_switches(loop) == before, "no wake-up while nothing happens"
+        conn.request("GET", "/metrics")
+        assert conn.getresponse().read() == BODY
+    finally:
+        conn.close()
+        server.close()
+
+
+def test_the_loop_thread_closes_a_half_sent_later_request_at_its_header_deadline() -> None:
+    """After a scrape, the next request head arrives in part and stops: closed header_timeout_s after its first
+    byte, not at the idle deadline (an hour here, longer than the client waits)."""
+    server = Stuck(Limits(header_timeout_s=0.3, idle_timeout_s=3600))
+    conn = server.kept_alive()
+    try:
+        conn.request("GET", "/metrics")
+        assert conn.getresponse().read() == BODY
+        assert conn.sock is not None
+        conn.sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nAcc")
+        assert closed_by_server(conn.sock)
+        assert server.http.timed_out == 1
+    finally:
+        conn.close()
+        server.close()
+
+
+def test_the_loop_thread_closes_a_connection_that_does_not_read_its_response_at_the_write_deadline() -> None:
+    """A client asks for an exposition larger than the sockets' buffers and reads nothing: the loop writes what
+    fits, waits at most write_timeout_s (idle_timeout_s is an hour), then closes the connection."""
+    body = os.urandom(8 << 20)
+    server = Stuck(Limits(write_timeout_s=0.3, idle_timeout_s=3600), body)
+    conn = server.kept_alive()
+    try:
+        assert conn.sock is not None
+        conn.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        on_loop = server.http.answered_on_loop
+        conn.sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        for _ in range(int(CLIENT_TIMEOUT_S / 0.05)):  # a hang bound: the server's own counter says when
+            if server.http.timed_out:
+                break
+            time.sleep(0.05)
+        assert server.http.timed_out == 1 and server.http.answered_on_loop == on_loop + 1
+        assert server_side_connections(server.http) == 0, "the server's end is closed"
+    finally:
+        conn.close()
+        server.close()
 
 
 def test_connections_beyond_the_table_never_hold_more_sockets_and_a_scrape_still_gets_through() -> None:
@@ -359,8 +477,8 @@ def test_metrics_formats_gzip_head_probes_and_alerts() -> None:
 def test_a_large_exposition_arrives_whole_on_a_kept_alive_connection(use_tls: bool,
                                                                      tls_files: tuple[str, str]) -> None:
     big = b"".join(b'big_series{n="%d"} %d\n' % (i, i) for i in range(120_000))  # ~3 MB: many writes
-    s = MetricsServer(Endpoints(lambda om, gz: big, lambda: b"{}", lambda: True, lambda: True), "127.0.0.1", 0,
-                      tls=tls_files if use_tls else None)
+    s = MetricsServer(Endpoints(lambda om, gz: big, lambda: b"{}", lambda: True, lambda: True,
+                                rendered=lambda om, gz: big), "127.0.0.1", 0, tls=tls_files if use_tls else None)
     s.start()
     host, port = s.address
     conn = (http.client.HTTPSConnection(host, port, timeout=CLIENT_TIMEOUT_S, context=client_tls(tls_files[0]))

@@ -8,6 +8,7 @@ import pytest
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
 from prometheus_client.parser import text_string_to_metric_families as parse_text
 
+from outrider.metrics.catalog import MetricDef
 from outrider.metrics.exposition import format_value, render, wants_openmetrics
 from outrider.metrics.family import Family
 
@@ -166,30 +167,39 @@ def test_families_of_one_name_from_two_collectors_keep_both_samples() -> None:
     assert 'collector="host"} 1\n' in text and 'collector="gpu"} 0\n' in text
 
 
-def test_a_renderer_reuses_an_unchanged_familys_text_and_nothing_else(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_renderer_reuses_an_unchanged_familys_text_and_a_changed_ones_header(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     from dataclasses import replace
 
     from outrider.metrics import exposition
     from outrider.metrics.exposition import Renderer
 
     formatted: list[str] = []
-    real = exposition._family_text
+    headers: list[str] = []
+    real_samples, real_header = exposition._samples_text, exposition._header
 
-    def counting(fam: Family, openmetrics: bool) -> str:
+    def counting(fam: Family) -> str:
         formatted.append(fam.defn.name)
-        return real(fam, openmetrics)
-    monkeypatch.setattr(exposition, "_family_text", counting)
+        return real_samples(fam)
+
+    def counting_header(d: MetricDef, openmetrics: bool) -> str:
+        headers.append(d.help)
+        return real_header(d, openmetrics)
+    monkeypatch.setattr(exposition, "_samples_text", counting)
+    monkeypatch.setattr(exposition, "_header", counting_header)
     r = Renderer(openmetrics=False)
     first = r.render([Family("outrider_host_load1").add(0.5)])
     assert r.render([Family("outrider_host_load1").add(0.5)]) == first
-    assert formatted == ["outrider_host_load1"], "an equal family is not formatted again"
+    assert formatted == ["outrider_host_load1"] and len(headers) == 1, "an equal family is not formatted again"
     changed = r.render([Family("outrider_host_load1").add(0.75)])
     assert b"outrider_host_load1 0.75\n" in changed and b" 0.5\n" not in changed
-    # the same samples under another definition of the name (another help text) are formatted anew
+    assert changed.startswith(first.split(b"outrider_host_load1 0.5")[0]), "the same HELP and TYPE text"
+    assert formatted == ["outrider_host_load1"] * 2 and len(headers) == 1, "new samples under the kept header"
+    # the same samples under another definition of the name (another help text) are formatted anew, header too
     other = replace(Family("outrider_host_load1").defn, help="another help")
     again = r.render([Family(other).add(0.75)])
     assert b"# HELP outrider_host_load1 another help\n" in again
-    assert formatted == ["outrider_host_load1"] * 3
+    assert formatted == ["outrider_host_load1"] * 3 and headers[-1] == "another help" and len(headers) == 2
 
 
 def test_label_prefixes_are_formatted_once_and_the_cache_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:

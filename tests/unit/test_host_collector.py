@@ -116,6 +116,20 @@ def test_network_excludes_loopback_and_veth(proc_fixture: Path) -> None:
     assert m["outrider_host_network_dropped_total"][("eth0", "transmit")] == 2
 
 
+def test_a_device_filter_remembers_its_verdicts_within_a_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    from outrider.collectors import host
+
+    monkeypatch.setattr(host, "MAX_FILTERED_NAMES", 8)
+    f = host.NameFilter(r"(loop|ram)\d+$|veth")
+    assert [f.excludes(n) for n in ("sda", "loop0", "nvme0n1", "veth1a2b", "ram3")] == [False, True, False, True,
+                                                                                        True]
+    assert f.excludes("loop0") and not f.excludes("sda"), "the same verdict the second time"
+    for i in range(100):  # interfaces that come and go (a container host's veths)
+        assert f.excludes(f"veth{i:04x}")
+        assert len(f._verdicts) <= 8
+    assert not f.excludes("sda")
+
+
 def test_malformed_file_is_a_counted_drop_and_the_rest_survives(proc_fixture: Path) -> None:
     (proc_fixture / "meminfo").write_text("MemTotal: lots kB\n")
     c = collector(proc_fixture)

@@ -48,6 +48,28 @@ def test_exposition_is_rendered_once_per_sweep(proc_fixture: Path) -> None:
     assert s.exposition(openmetrics=False) is not first
 
 
+def test_rendered_gives_a_body_only_once_it_is_rendered_and_a_scraper_every_sweep_gets_it_ahead(
+        proc_fixture: Path) -> None:
+    """rendered() (what the HTTP loop thread answers itself) never renders: None until a scrape or the render-ahead
+    made this sweep's body. A scraper asking every sweep, through rendered() alone, gets the body rendered ahead."""
+    s = sampler_with_broken(proc_fixture)
+    s.sweep()
+    assert s.rendered(False, compressed=True) is None, "nothing rendered yet: a worker renders it"
+    body = s.exposition(False, compressed=True)
+    assert s.rendered(False, compressed=True) is body
+    s.sweep()
+    assert s.rendered(False, compressed=True) is None, "a new sweep"
+    s.exposition(False, compressed=True)
+    s.sweep()
+    s._render_ahead()  # as the sweep loop does: the last two sweeps were asked for
+    ahead = s.rendered(False, compressed=True)
+    assert ahead is not None and ahead is not body
+    for _ in range(3):  # asked through rendered() alone: still noted as served, so rendered ahead each sweep
+        s.sweep()
+        s._render_ahead()
+        assert s.rendered(False, compressed=True) is not None
+
+
 def test_gzip_variant_decompresses_to_the_same_text(proc_fixture: Path) -> None:
     import gzip
 

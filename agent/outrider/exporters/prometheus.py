@@ -41,12 +41,16 @@ PROTECTED = ("/metrics", "/api/v1/alerts")  # probes (/healthz, /readyz) stay op
 @dataclass(frozen=True)
 class Endpoints:
     """What the endpoint serves. exposition(openmetrics, gzip) is the latest sweep rendered; alerts_json() the
-    body of /api/v1/alerts; healthy() and ready() answer the probes."""
+    body of /api/v1/alerts; healthy() and ready() answer the probes; rendered(openmetrics, gzip) the exposition
+    only if it needs no rendering."""
 
     exposition: Callable[[bool, bool], bytes]
     alerts_json: Callable[[], bytes]
     healthy: Callable[[], bool]
     ready: Callable[[], bool]
+    # the latest sweep's body if it is rendered (and gzipped) already, else None: what the server's loop thread
+    # answers itself; exposition() renders the rest on a worker
+    rendered: Callable[[bool, bool], bytes | None] | None = None
 
 
 class ActiveAlert(Protocol):
@@ -68,6 +72,10 @@ def alerts_api_json(alerts: Iterable[ActiveAlert]) -> bytes:
             "activeAt": datetime.fromtimestamp(a.active_at / 1000, tz=timezone.utc).isoformat(),
             "value": format_value(a.value)} for a in alerts]
     return json.dumps({"status": "success", "data": {"alerts": out}}).encode()
+
+
+def _never(a: bytes, b: bytes) -> bool:
+    return False
 
 
 class MetricsServer:
@@ -93,7 +101,12 @@ class MetricsServer:
             except (OSError, ssl.SSLError) as e:
                 raise OSError(getattr(e, "errno", None), f"cannot load TLS certificate {tls[0]}: {e}") from None
             self.scheme = "https"
-        self._http = HttpServer(host, port, self._handle, context, limits)
+        self._compare: Callable[[bytes, bytes], bool] = _never
+        if basic_auth is not None:
+            import hmac  # only with basic auth: it loads OpenSSL's libcrypto (about 3 MiB of RSS)
+
+            self._compare = hmac.compare_digest
+        self._http = HttpServer(host, port, self._handle, context, limits, self._quick)
 
     @property
     def scrapes(self) -> int:
@@ -127,21 +140,38 @@ class MetricsServer:
         self._http.stop()
 
     def _handle(self, request: Request) -> Response:
+        response = self._answer(request, wait=True)
+        assert response is not None  # waiting, every request has an answer
+        return response
+
+    def _quick(self, request: Request) -> Response | None:
+        """On the server's loop thread: the answers that need no waiting (an exposition already rendered, the
+        probes, the index, a refusal); None for the rest."""
+        return self._answer(request, wait=False)
+
+    def _answer(self, request: Request, wait: bool) -> Response | None:
         path = request.path
         if path in PROTECTED and not self._authorised(request.headers.get("authorization", "")):
             return Response(401, b"", (("WWW-Authenticate", 'Basic realm="outrider"'),))
         if path == "/metrics":
             openmetrics = wants_openmetrics(request.headers.get("accept"))
             use_gzip = "gzip" in request.headers.get("accept-encoding", "")
+            if wait:
+                body: bytes | None = self.endpoints.exposition(openmetrics, use_gzip)
+            else:
+                rendered = self.endpoints.rendered
+                body = rendered(openmetrics, use_gzip) if rendered is not None else None
+            if body is None:
+                return None
             with self._lock:
                 self._scrapes += 1
-            body = self.endpoints.exposition(openmetrics, use_gzip)
             headers = [("Content-Type", OPENMETRICS_CONTENT_TYPE if openmetrics else TEXT_CONTENT_TYPE)]
             if use_gzip:
                 headers.append(("Content-Encoding", "gzip"))
             return Response(200, body, tuple(headers))
-        if path == "/api/v1/alerts":
-            return Response(200, self.endpoints.alerts_json(), (("Content-Type", "application/json"),))
+        if path == "/api/v1/alerts":  # the rule engine's state, under its lock: a worker's
+            return Response(200, self.endpoints.alerts_json(), (("Content-Type", "application/json"),)) if wait \
+                else None
         if path == "/healthz":
             ok = self.endpoints.healthy()
             return Response(200 if ok else 503, b"ok\n" if ok else b"sweep loop stalled\n")
@@ -163,9 +193,7 @@ class MetricsServer:
             user, _, password = base64.b64decode(encoded.strip(), validate=True).decode().partition(":")
         except (binascii.Error, UnicodeDecodeError):
             return False
-        import hmac  # only with basic auth: it loads OpenSSL's libcrypto (about 3 MiB of RSS)
-
         # compare both in constant time, so neither the user nor the password leaks through timing
-        ok_user = hmac.compare_digest(user.encode(), expected[0].encode())
-        ok_password = hmac.compare_digest(password.encode(), expected[1].encode())
+        ok_user = self._compare(user.encode(), expected[0].encode())
+        ok_password = self._compare(password.encode(), expected[1].encode())
         return ok_user and ok_password

@@ -41,32 +41,43 @@ class _State:
     """Module state: the hook and the built-in series handles (no-ops until instrument())."""
 
     def __init__(self) -> None:
+        # What the hot paths touch comes first: CPython keeps an object's attributes in the order they are first
+        # set, so these share a cache line or two (right after a torch step, each line the step path touches is
+        # a miss: benchmarks/step_cpu.py)
         self.hook: Any = None
+        self.explicit = False  # the user times steps: framework hooks stop counting them
+        self.n = 0
+        self.begin = 0.0
+        self.loop_tid = 0  # native id of the thread that completes steps (the training loop's), once one has
+        # The training thread's autograd sequence number, read by a C function set by the torch integration at the
+        # first step's end after each flush asked for it (want_ops): a C call less on every other step, and called
+        # here rather than through a listener, which would be one more Python frame per step
+        self.want_ops = False
+        self.ops_reader: Callable[[], int] | None = None
+        self.ops = 0
+        self.sample_sum = 0
+        self.token_sum = 0
+        self.nw = 0
+        self.step_listeners: list[Callable[[], None]] = []
+        # Step and data-wait rings: the hot path stores raw numbers and bumps a count; the publisher thread drains
+        # them into the histograms and counters once a flush. Written by one training thread. Counts (steps,
+        # samples, tokens) are running totals, exact however far the ring laps; only durations can be lost.
+        # Each entry is a (begin, end) pair side by side, [2i] and [2i + 1]: one cache line for both. A step's
+        # begin is 0.0 unless timed explicitly (its duration then runs from the previous step's end).
+        self.steps = [0.0] * (2 * RING)
+        # Data waits: when each began and ended (the wrapper's or a DataLoader iterator's __next__); the publisher
+        # observes their durations and places them in the loop's iterations (hook/loop.py).
+        self.waits = [0.0] * (2 * RING)
         self.step_h: Any = NOOP
         self.samples_c: Any = NOOP
         self.tokens_c: Any = NOOP
         self.data_wait_h: Any = NOOP
         self.first_step_g: Any = NOOP
         self.batch_h: Any = NOOP
-        self.begin = 0.0
         self.last_end = 0.0
-        self.explicit = False  # the user times steps: framework hooks stop counting them
         self.process_start_s = 0.0
-        self.step_listeners: list[Callable[[], None]] = []
-        # The training thread's autograd sequence number at each step's end, read by a C function set by the torch
-        # integration: called here rather than through a listener, which would be one more Python frame per step
-        self.ops_reader: Callable[[], int] | None = None
-        self.ops = 0
         self.cached: dict[tuple[str, str, tuple[tuple[str, str], ...], bool], Any] = {}
-        # Step and data-wait rings: the hot path stores raw numbers and bumps a count; the publisher thread drains
-        # them into the histograms and counters once a flush. Written by one training thread. Counts (steps,
-        # samples, tokens) are running totals, exact however far the ring laps; only durations can be lost.
-        self.ends = [0.0] * RING
-        self.begins = [0.0] * RING
-        self.n = 0
         self.drained = 0
-        self.sample_sum = 0
-        self.token_sum = 0
         # Samples the DataLoaders yielded (hook/torch_data.batch_size), published as the samples counted until the
         # user counts them (step(samples=), count_samples(): samples_given): samples/s with zero configuration
         self.batch_samples = 0
@@ -74,11 +85,6 @@ class _State:
         self.samples_given = False
         self.samples_drained = 0
         self.tokens_drained = 0
-        # Data waits: when each began and ended (the wrapper's or a DataLoader iterator's __next__); the publisher
-        # observes their durations and places them in the loop's iterations (hook/loop.py).
-        self.wait_b = [0.0] * RING
-        self.wait_e = [0.0] * RING
-        self.nw = 0
         self.drained_w = 0
         # Collectives (hook/torch_distributed.py): (begin, end, op, blocking) appended by whichever thread saw one
         # finish; deque appends and pops are atomic, and the publisher pops.
@@ -88,7 +94,6 @@ class _State:
         # thread, popped by the publisher into the loop's accounting.
         self.checkpoints: collections.deque[tuple[float, float]] = collections.deque(maxlen=RING)
         self.loop = LoopAccount()
-        self.loop_tid = 0  # native id of the thread that completes steps (the training loop's), once one has
         self.loader_used = False  # a data-loader wrapper was iterated: a training process
         self.served = False  # a request was recorded: a service
         # Request series by the caller's raw (route, status, method, scheme): a hit costs one dict lookup; the
@@ -193,7 +198,7 @@ def _attach_torch() -> None:
         return
     from outrider.hook.torch_integration import attach
 
-    S.torch = attach(S.hook, S, _step_done, MASK)
+    S.torch = attach(S.hook, S, _optimizer_step_hook, MASK)
 
 
 class _AfterTorchImport:
@@ -286,39 +291,96 @@ def flush() -> None:
 # --- training steps --------------------------------------------------------------------------------------------
 
 def step_begin() -> None:
-    S.explicit = True
+    if not S.explicit:
+        _going_explicit()
     S.begin = perf_counter()
 
 
 def step_end(samples: int | None = None, tokens: int | None = None) -> None:
     """Marks a step done. Its duration runs from step_begin(), or else from the previous step's end."""
-    S.explicit = True
+    if not S.explicit:
+        _going_explicit()
     _step_done(samples, tokens)
 
 
+def _going_explicit() -> None:
+    """The user times steps: framework hooks stop counting them, and the optimizer's hook leaves torch's step (it
+    would only return at once). Called on the user's thread, outside any optimizer step, so torch's hook table is
+    not being iterated while it changes."""
+    S.explicit = True
+    if S.torch is not None:
+        S.torch.stop_counting()
+
+
 def _step_done(samples: int | None = None, tokens: int | None = None) -> None:
-    """The hot path of a step: the time and the counts into the ring; the publisher does the arithmetic."""
-    if S.hook is None:
+    """The hot path of a step: the time and the counts into the ring; the publisher does the arithmetic. The
+    optimizer hook (_optimizer_step_hook) writes the same in its own frame."""
+    end = perf_counter()
+    s = S
+    if s.hook is None:
         return
     try:
-        i = S.n & MASK
-        S.ends[i] = perf_counter()
-        if not S.loop_tid:
-            S.loop_tid = threading.get_native_id()
-        S.begins[i] = S.begin
+        n = s.n
+        j = (n & MASK) << 1
+        ring = s.steps
+        ring[j] = s.begin
+        ring[j + 1] = end
+        s.begin = 0.0
         if samples:
-            S.sample_sum += samples
-            S.samples_given = True
+            s.sample_sum += samples
+            s.samples_given = True
         if tokens:
-            S.token_sum += tokens
-        S.begin = 0.0
-        S.n += 1
-        if S.ops_reader is not None:
-            S.ops = S.ops_reader()
-        for listener in S.step_listeners:
-            listener()
+            s.token_sum += tokens
+        s.n = n + 1
+        if not s.loop_tid:
+            s.loop_tid = threading.get_native_id()
+        if s.want_ops:
+            s.want_ops = False
+            s.ops = s.ops_reader()  # type: ignore[misc]  # want_ops is only set with a reader
+        if s.step_listeners:
+            for listener in s.step_listeners:
+                listener()
     except Exception:
-        S.hook.drop("step_error")
+        s.hook.drop("step_error")
+
+
+def _optimizer_step_hook(state: _State, first: list[Any], claim: Callable[[Any], bool]) \
+        -> Callable[[Any, Any, Any], None]:
+    """The optimizer step post hook (hook/torch_integration.py registers it; first[0] is a weak reference to the
+    optimizer whose steps count, claim(optimizer) the integration's decision when that is unset or gone): a step
+    recorded as _step_done records one, in this one frame, with everything it touches bound as a default argument.
+    It runs right after every optimizer step, when the caches hold torch's work: each Python frame or module
+    lookup less is measurable there (hook/api.py's step ring, benchmarks/step_cpu.py)."""
+
+    def on_optimizer_step(optimizer: Any, args: Any, kwargs: Any, _s: _State = state, _first: list[Any] = first,
+                          _claim: Callable[[Any], bool] = claim, _ring: list[float] = state.steps,
+                          _listeners: list[Callable[[], None]] = state.step_listeners,
+                          _clock: Callable[[], float] = perf_counter,
+                          _native_id: Callable[[], int] = threading.get_native_id) -> None:
+        end = _clock()
+        if _s.explicit or _s.hook is None:
+            return
+        try:
+            ref = _first[0]
+            if (ref is None or ref() is not optimizer) and not _claim(optimizer):
+                return  # another optimizer (a GAN's second): one step is counted once
+            n = _s.n
+            # the end only: the begin stays 0.0 (not timed explicitly: from the previous step's end; a process
+            # that times steps explicitly has this hook taken out of torch's step)
+            _ring[((n & MASK) << 1) + 1] = end
+            _s.n = n + 1
+            if not _s.loop_tid:
+                _s.loop_tid = _native_id()
+            if _s.want_ops:
+                _s.want_ops = False
+                _s.ops = _s.ops_reader()  # type: ignore[misc]  # want_ops is only set with a reader
+            if _listeners:
+                for listener in _listeners:
+                    listener()
+        except Exception:
+            _s.hook.drop("torch_hook_error")
+
+    return on_optimizer_step
 
 
 def _drain() -> None:
@@ -332,9 +394,10 @@ def _drain() -> None:
     if nw - start_w > RING:
         hook.drop("wait_ring_overflow")
         start_w = nw - RING
+    waits = S.waits
     for k in range(start_w, nw):
-        i = k & MASK
-        b, e = S.wait_b[i], S.wait_e[i]
+        j = (k & MASK) << 1
+        b, e = waits[j], waits[j + 1]
         S.data_wait_h.observe(e - b)
         loop.add_wait(b, e)
     S.drained_w = nw  # (a DataLoader alone does not make a training process: batch inference iterates them too)
@@ -355,13 +418,15 @@ def _drain() -> None:
         prev = S.last_end if start == done else 0.0
         durations: list[float] = []
         parts = [0.0, 0.0, 0.0, 0.0, 0.0]  # data wait, step, other, checkpoint; collective wait
+        ring = S.steps
         for k in range(start, n):
-            i = k & MASK
-            end, begin = S.ends[i], S.begins[i] or prev
+            j = (k & MASK) << 1
+            marked, end = ring[j], ring[j + 1]
+            begin = marked or prev
             if begin:
                 durations.append(end - begin)
                 S.step_h.observe(end - begin)
-            it = loop.step(S.begins[i], end)
+            it = loop.step(marked, end)
             if it is not None:
                 parts[0] += it.data_wait
                 parts[1] += it.step
@@ -370,7 +435,7 @@ def _drain() -> None:
                 parts[4] += it.collective_wait
             prev = end
         if done == 0:
-            S.first_step_g.set(time() - (perf_counter() - S.ends[start & MASK]) - S.process_start_s)
+            S.first_step_g.set(time() - (perf_counter() - ring[((start & MASK) << 1) + 1]) - S.process_start_s)
         hook.progress.record_steps(n - done, prev, durations)
         S.last_end = prev
         S.drained = n
@@ -429,8 +494,10 @@ class step:
         self.tokens = tokens
 
     def __enter__(self) -> step:
-        S.explicit = True
-        S.begin = perf_counter()
+        s = S
+        if not s.explicit:
+            _going_explicit()
+        s.begin = perf_counter()
         return self
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
@@ -461,9 +528,9 @@ class dataloader:
             except StopIteration:
                 return
             n = S.nw
-            i = n & MASK
-            S.wait_b[i] = t0
-            S.wait_e[i] = perf_counter()
+            j = (n & MASK) << 1
+            S.waits[j] = t0
+            S.waits[j + 1] = perf_counter()
             S.nw = n + 1
             S.batch_samples += batch_size(batch)
             yield batch

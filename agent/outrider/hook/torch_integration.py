@@ -2,7 +2,7 @@
 user's `import torch` has run (hook/api.py: a one-shot import hook; torch is never imported by Outrider).
 
 - Steps: a global optimizer step post hook counts steps (the first optimizer that steps, so a GAN's two
-  optimizers count one step), unless the user times steps explicitly.
+  optimizers count one step), unless the user times steps explicitly: the first explicit step removes it.
 - CUDA allocator statistics (allocated, reserved, active, inactive split, peak, alloc retries, OOMs and the step
   of the last OOM) are sampled by the publisher thread, off the hot path, and only once CUDA is initialised
   (Outrider never initialises CUDA itself).
@@ -21,10 +21,11 @@ user's `import torch` has run (hook/api.py: a one-shot import hook; torch is nev
 - Checkpoints: torch.save and the like on the loop's thread are timed as checkpoints (hook/torch_checkpoint.py).
 - The intra-op pool's size (torch.get_num_threads()), for the per-thread CPU attribution (hook/threads.py).
 - Operations per step: the training thread's autograd sequence number (one per differentiable operation run
-  with grad enabled), read at each step end (about 0.1 us). Main-thread CPU per operation tells many small
-  operations (framework overhead: host-bound) from few large ones (the math: compute-bound) where the intra-op
-  pool's CPU cannot: libgomp's workers spin after every parallel region (GOMP_SPINCOUNT), so a pool that one small
-  parallel operation per step keeps spinning looks as busy as one doing matrix products.
+  with grad enabled), read at the first step end after each flush (a C call right after a step costs about
+  0.5 us: not on every step). Main-thread CPU per operation tells many small operations (framework overhead:
+  host-bound) from few large ones (the math: compute-bound) where the intra-op pool's CPU cannot: libgomp's
+  workers spin after every parallel region (GOMP_SPINCOUNT), so a pool that one small parallel operation per step
+  keeps spinning looks as busy as one doing matrix products.
 
 Each part that cannot attach to this torch (a future version) says so once; the others work on.
 """
@@ -36,6 +37,7 @@ import functools
 import logging
 import os
 import sys
+import threading
 import weakref
 from collections.abc import Callable
 from time import perf_counter
@@ -46,6 +48,7 @@ from outrider.hook.gpu_pacing import GpuPacing
 
 LOG = logging.getLogger("outrider.hook")
 MAX_PENDING_EVENTS = 1024
+StepHook = Callable[[Any, list[Any], Callable[[Any], bool]], Callable[[Any, Any, Any], None]]
 # The integration attached to torch in this process. A new one (a hook built again: tests, a re-instrumented
 # process) first detaches it: two would count every optimizer step twice and time every batch into a dead state.
 ACTIVE: list[TorchIntegration] = []
@@ -57,19 +60,24 @@ MEMORY_KINDS = {
 }
 
 
+def _not_counted(optimizer: Any, args: Any, kwargs: Any) -> None:
+    """The optimizer hook of an integration that counts no steps (tests of its other parts)."""
+
+
 class TorchIntegration:
-    def __init__(self, hook: Any, state: Any, torch: Any, step_done: Callable[[], None], mask: int = 0,
+    def __init__(self, hook: Any, state: Any, torch: Any, step_hook: StepHook | None = None, mask: int = 0,
                  clock: Callable[[], float] = perf_counter) -> None:
         """state: the hook API's module state (whether the user times steps, the step listeners, the wait ring);
-        step_done: the hook's step path, called once per counted optimizer step; mask: the wait ring's index mask
-        (0: DataLoaders and collectives are not timed); clock: the host clock step-end markers are read on."""
+        step_hook: builds the optimizer step post hook that records a step of the optimizer claim() chose (hook/
+        api.py; None: steps are not counted); mask: the wait ring's index mask (0: DataLoaders and collectives are
+        not timed); clock: the host clock step-end markers are read on."""
         for previous in list(ACTIVE):
             previous.detach()
         self.hook = hook
         self.state = state
         self.torch = torch
         self.clock = clock
-        self.first_optimizer: weakref.ref[Any] | None = None
+        self.first: list[weakref.ref[Any] | None] = [None]  # the optimizer whose steps count (the first to step)
         # Step-end markers not yet complete, and the host time each was recorded at (appended together: the two
         # drop their oldest together when full)
         self.pending: collections.deque[Any] = collections.deque(maxlen=MAX_PENDING_EVENTS)
@@ -82,9 +90,12 @@ class TorchIntegration:
         # torch.optim loads this module but does not keep it as an attribute: take it from sys.modules (never
         # imported here; torch is the user's)
         optimizer_module = sys.modules.get("torch.optim.optimizer") or torch.optim.optimizer
-        self.handle = optimizer_module.register_optimizer_step_post_hook(self.on_optimizer_step)
+        self.on_optimizer_step = (step_hook(state, self.first, self._claim) if step_hook is not None
+                                  else _not_counted)
+        self.handle: Any = None
+        if not state.explicit:
+            self.handle = optimizer_module.register_optimizer_step_post_hook(self.on_optimizer_step)
         ACTIVE.append(self)
-        self._step_done = step_done
         self.listening = False  # on_step joins the step path only once CUDA is initialised (never on CPU)
         self._sequence_nr = _autograd_sequence_nr(torch) if mask else None
         if self._sequence_nr is not None:
@@ -99,7 +110,7 @@ class TorchIntegration:
         """Remove every patch and hook from torch (tests; a replaced hook). Idempotent."""
         if self in ACTIVE:
             ACTIVE.remove(self)
-        self.handle.remove()
+        self.stop_counting()
         if self._sequence_nr is not None and self.state.ops_reader is self._sequence_nr:
             self.state.ops_reader = None
         if self.data is not None:
@@ -110,19 +121,22 @@ class TorchIntegration:
         if self.checkpoints is not None:
             self.checkpoints.detach()
 
-    # hot-ish path: once per optimizer step
-    def on_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        try:
-            if self.state.explicit:
-                return
-            first = self.first_optimizer() if self.first_optimizer is not None else None
-            if first is None:  # the first optimizer to step, or it was freed and another took over
-                self.first_optimizer = weakref.ref(optimizer)
-            elif first is not optimizer:
-                return
-            self._step_done()
-        except Exception:
-            self.hook.drop("torch_hook_error")
+    # once per optimizer step: the hook itself is hook/api.py's (on_optimizer_step)
+    def _claim(self, optimizer: Any) -> bool:
+        """Whether this optimizer's steps count, asked when the one that counted is unset or gone: the first to
+        step counts, so a GAN's two optimizers count one step."""
+        ref = self.first[0]
+        if ref is not None and ref() is not None:
+            return False
+        self.first[0] = weakref.ref(optimizer)
+        return True
+
+    def stop_counting(self) -> None:
+        """The user times steps (or this integration is detached): the optimizer hook leaves torch's step. Called
+        on the user's thread outside any optimizer step (hook/api.py), never while torch iterates its hooks."""
+        if self.handle is not None:
+            self.handle.remove()
+            self.handle = None
 
     def on_step(self) -> None:
         cuda = self.torch.cuda
@@ -144,6 +158,10 @@ class TorchIntegration:
         self.setup.poll()
         if self.checkpoints is not None:
             self.checkpoints.sample(self.hook)
+        if self._sequence_nr is not None:
+            if self.state.loop_tid == threading.get_native_id():  # the final flush, on the loop's thread: now
+                self.state.ops = self._sequence_nr()
+            self.state.want_ops = True  # read by the loop's next step end
         if self.state.ops:
             self.hook.series("counter", "outrider_train_autograd_ops_total", builtin=True).set_total(self.state.ops)
         if self.distributed is not None:
@@ -290,11 +308,11 @@ def _autograd_sequence_nr(torch: Any) -> Callable[[], int] | None:
     return fn  # type: ignore[no-any-return]
 
 
-def attach(hook: Any, state: Any, step_done: Callable[[], None], mask: int) -> TorchIntegration | None:
+def attach(hook: Any, state: Any, step_hook: StepHook, mask: int) -> TorchIntegration | None:
     """Attach to the torch the user already imported (never imported here: the hook imports no third-party
     package)."""
     try:
-        return TorchIntegration(hook, state, sys.modules["torch"], step_done, mask)
+        return TorchIntegration(hook, state, sys.modules["torch"], step_hook, mask)
     except Exception as e:
         LOG.warning("outrider: PyTorch integration unavailable: %s", e)
         return None

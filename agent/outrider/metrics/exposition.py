@@ -97,7 +97,7 @@ class Renderer:
 
     def __init__(self, openmetrics: bool) -> None:
         self.openmetrics = openmetrics
-        self._kept: dict[str, tuple[MetricDef, Samples, str]] = {}
+        self._kept: dict[str, tuple[MetricDef, Samples, str, str]] = {}  # definition, samples, text, its header
 
     def render(self, families: Iterable[Family]) -> bytes:
         merged: dict[str, Family] = {}
@@ -115,12 +115,14 @@ class Renderer:
         out: list[str] = []
         for name, fam in merged.items():
             last = kept.get(name)
-            if last is not None and last[0] is fam.defn and last[1] == fam.samples:
-                text = last[2]
+            if last is not None and last[0] is fam.defn:
+                header = last[3]  # HELP and TYPE: half the text of most families that changed (one sample)
+                text = last[2] if last[1] == fam.samples else header + _samples_text(fam)
             else:
-                text = _family_text(fam, self.openmetrics)
+                header = _header(fam.defn, self.openmetrics)
+                text = header + _samples_text(fam)
             # a copy: a collector that kept its Family and changed it would otherwise compare equal to itself
-            self._kept[name] = (fam.defn, list(fam.samples), text)
+            self._kept[name] = (fam.defn, list(fam.samples), text, header)
             out.append(text)
         if self.openmetrics:
             out.append("# EOF\n")
@@ -135,9 +137,9 @@ def _header(d: MetricDef, openmetrics: bool) -> str:
     return text
 
 
-def _family_text(fam: Family, openmetrics: bool) -> str:
+def _samples_text(fam: Family) -> str:
     d = fam.defn
-    out = [_header(d, openmetrics)]
+    out: list[str] = []
     name, names = d.name, d.label_names
     samples = fam.samples
     if len(samples) > 1 and len({values for values, _ in samples}) < len(samples):
