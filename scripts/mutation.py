@@ -24,6 +24,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -220,22 +221,41 @@ def run_module(mod: Module, jobs: int, deadline: float | None, rerun: bool) -> d
 
 def changed_modules(modules: dict[str, Module], base: str | None) -> list[Module]:
     """Modules whose source file differs between the base and the work tree. The base: the one given, else the
-    merge base with main, else (on main itself, as in CI's clone) the first parent: what the last commit or merge
-    brought in."""
-    def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, check=False).stdout.strip()
+    merge base with main (or origin/main), else (on main itself, as in CI's clone, or where there is no main) the
+    first parent: what the last commit or merge brought in. Where none can be found (a shallow clone, no git),
+    nothing is run, and that is said: a guess would either run every module or none without saying so."""
+    def git(*args: str) -> tuple[int, str]:
+        r = subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, check=False)
+        return r.returncode, r.stdout.strip()
 
     if base is None:
-        head = git("rev-parse", "HEAD")
-        base = git("merge-base", "HEAD", "main") or None
-        if base is None or base == head:
-            base = git("rev-parse", "HEAD^1") or None
+        base = find_base(git)
     if base is None:
-        return list(modules.values())
-    changed = set(git("diff", "--name-only", base, "--", "agent/outrider").splitlines())
-    changed |= set(git("diff", "--name-only", "--", "agent/outrider").splitlines())
+        print("cannot tell which module sources changed: no merge base with main and no parent commit (a shallow "
+              "clone? `git fetch --unshallow`, or name the modules); none run")
+        return []
+    rc, committed = git("diff", "--name-only", base, "--", "agent/outrider")
+    rc_tree, uncommitted = git("diff", "--name-only", "--", "agent/outrider")
+    if rc or rc_tree:
+        print(f"cannot tell which module sources changed: `git diff {base}` failed; none run")
+        return []
+    changed = set(committed.splitlines()) | set(uncommitted.splitlines())
     print(f"changed against {base[:12]}: {', '.join(sorted(changed)) or 'no module source'}")
     return [m for m in modules.values() if str(m.source) in changed]
+
+
+def find_base(git: Callable[..., tuple[int, str]]) -> str | None:
+    rc, head = git("rev-parse", "--verify", "-q", "HEAD")
+    if rc:
+        return None
+    for ref in ("main", "origin/main"):
+        rc, merge_base = git("merge-base", "HEAD", ref)
+        if rc == 0 and merge_base and merge_base != head:
+            return merge_base
+        if rc == 0 and merge_base == head:
+            break  # on main: what the last commit or merge brought in
+    rc, parent = git("rev-parse", "--verify", "-q", "HEAD^1")
+    return parent if rc == 0 and parent else None
 
 
 def show(mod: Module) -> None:

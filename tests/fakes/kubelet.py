@@ -3,7 +3,8 @@ generated code (outrider.k8s.podresources), on a unix socket in the test's own d
 
 It stands in for the kubelet, which cannot run here. Its faults are the ones an agent meets on a node: `delay_s`
 answers late (past the client's deadline), `garbage` answers List with bytes that are not a ListPodResourcesResponse,
-and `serve_nothing` runs a gRPC server without the PodResources service (an old kubelet: UNIMPLEMENTED).
+`serve_nothing` runs a gRPC server without the PodResources service (an old kubelet: UNIMPLEMENTED), and `refuse`
+answers List with that gRPC status (a kubelet that denies the agent, say).
 """
 
 from __future__ import annotations
@@ -40,10 +41,11 @@ def short_socket_dir() -> tempfile.TemporaryDirectory[str]:
 
 class FakeKubelet(api_pb2_grpc.PodResourcesListerServicer):
     def __init__(self, socket_path: str, pods: Iterable[Any] = (), delay_s: float = 0.0, garbage: bool = False,
-                 serve_nothing: bool = False) -> None:
+                 serve_nothing: bool = False, refuse: grpc.StatusCode | None = None) -> None:
         self.socket_path = socket_path
         self.pods = list(pods)
         self.delay_s = delay_s
+        self.refuse = refuse
         self.requests = 0
         self._release = threading.Event()
         self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
@@ -59,6 +61,8 @@ class FakeKubelet(api_pb2_grpc.PodResourcesListerServicer):
 
     def List(self, request: Any, context: Any) -> Any:  # the generated servicer's method name
         self.requests += 1
+        if self.refuse is not None:
+            context.abort(self.refuse, "the kubelet says no")
         if self.delay_s:
             self._release.wait(self.delay_s)
         return api_pb2.ListPodResourcesResponse(pod_resources=self.pods)

@@ -1,8 +1,12 @@
 """Faults around the real agent: SIGKILL at arbitrary points (mid-sweep, mid-evaluation, mid-write) and restart,
-the outbox's disk full, and planted secrets that must appear nowhere but at their receiver."""
+the outbox's disk full, and planted secrets that must appear nowhere but at their receiver: the receivers' secrets,
+the OTLP endpoint's password and headers, and a watched command line's credentials, looked for in the logs, /metrics,
+`config show`, the OTLP exports, the alerts API and the notifications."""
 
 from __future__ import annotations
 
+import base64
+import json
 import os
 import random
 import re
@@ -15,7 +19,8 @@ from pathlib import Path
 import pytest
 
 from tests.faults.tmpfs import fill, small_tmpfs
-from tests.helpers import REPO, AgentProcess, after_more, outrider_cmd, sleeper, wait_until
+from tests.helpers import REPO, AgentProcess, after_more, http_get, outrider_cmd, sleeper, wait_until
+from tests.integration.servers import OtlpGrpcReceiver, OtlpHttpReceiver
 from tests.notify.receivers import PAGERDUTY_SCHEMA, WEBHOOK_SCHEMA, ScriptedReceiver
 
 pytestmark = pytest.mark.integration
@@ -159,3 +164,68 @@ def test_planted_secrets_appear_nowhere_but_at_their_receivers(tmp_path: Path) -
     for secret in (ROUTING_KEY, SLACK_TOKEN, BEARER):  # ...and appear in no log, metric or shown config
         assert secret not in output and secret not in metrics and secret not in show
     assert "rejected" in output and "delivery failed" in output  # the failures were logged, without them
+
+
+CMD_KEY = "PLANTEDcmdlineAPIkey0042"
+CMD_PASSWORD = "PLANTEDdbPASSWORD0042"
+OTLP_PASSWORD = "PLANTEDotlpPASSWORD0042"
+OTLP_HEADER = "PLANTEDotlpHEADERkey0042"
+OTLP_BASIC = base64.b64encode(f"otlp:{OTLP_PASSWORD}".encode()).decode()
+
+PROCESS_RULE = """
+groups:
+  - name: faults
+    rules:
+      - alert: WatchedProcess
+        expr: outrider_process_info == 1
+        labels: {severity: warning}
+        annotations: {summary: "{{ $labels.command }} runs"}
+"""
+
+
+@pytest.mark.parametrize("protocol", ["http/protobuf", "grpc"])
+def test_planted_secrets_stay_out_of_otlp_the_alerts_api_and_notifications(tmp_path: Path, protocol: str) -> None:
+    """A watched command line with an API key and a URL's password, alerted on (its command label goes into the
+    alert, its annotation and the page); OTLP export to an endpoint with a password, with a secret header."""
+    rules, receivers = tmp_path / "r.yaml", tmp_path / "receivers.yaml"
+    rules.write_text(PROCESS_RULE)
+    otlp = OtlpHttpReceiver() if protocol == "http/protobuf" else OtlpGrpcReceiver()
+    workload = sleeper(60, extra=[f"--api-key={CMD_KEY}", "--db", f"postgres://train:{CMD_PASSWORD}@db/x"])
+    try:
+        with ScriptedReceiver(WEBHOOK_SCHEMA) as hook:
+            receivers.write_text(f"receivers:\n  - {{name: hook, type: webhook, url: '{hook.url}/'}}\n")
+            env = {"OUTRIDER_RULE_FILES": str(rules), "OUTRIDER_RULE_INTERVAL_S": "0.3",
+                   "OUTRIDER_RECEIVERS_FILE": str(receivers), "OUTRIDER_LOG_LEVEL": "debug",
+                   "OUTRIDER_OTLP_ENDPOINT": f"http://otlp:{OTLP_PASSWORD}@127.0.0.1:{otlp.port}",
+                   "OUTRIDER_OTLP_PROTOCOL": protocol, "OUTRIDER_OTLP_INTERVAL_S": "0.3",
+                   "OTEL_EXPORTER_OTLP_HEADERS": f"api-key={OTLP_HEADER}"}
+            with AgentProcess("--pid", str(workload.pid), "--no-collector.gpu", env=env, interval_s=0.3) as agent:
+                wait_until(lambda: hook.accepted(), timeout_s=30, what="the page")
+                wait_until(lambda: len(otlp.requests) >= 2, timeout_s=30, what="two OTLP exports")
+                status, _, body = http_get(agent.url + "/api/v1/alerts")
+                assert status == 200
+                alerts = body.decode()
+                metrics = agent.metrics()
+                show = subprocess.run(outrider_cmd("config", "show"), capture_output=True, text=True,
+                                      env={**os.environ, **env}).stdout
+                output = agent.output
+    finally:
+        workload.kill()
+        workload.wait()
+        otlp.stop()
+    exports = "\n".join(str(r) for r in otlp.requests)
+    pages = json.dumps(hook.accepted())
+    # what is looked in is what it must be: the command line (redacted) in the exports, the alert and the page
+    assert "--api-key=<redacted>" in exports and "train:<redacted>@db" in exports
+    assert '"alertname":"WatchedProcess"' in alerts.replace(" ", "") and "--api-key=<redacted>" in alerts
+    assert "--api-key=<redacted>" in pages and "train:<redacted>@db" in pages
+    assert "otlp:<secret>@127.0.0.1" in show
+    if isinstance(otlp, OtlpHttpReceiver):
+        headers = {k.lower(): v for k, v in otlp.headers[0].items()}
+        assert headers["api-key"] == OTLP_HEADER, "the header reached its receiver"
+        assert headers["authorization"] == f"Basic {OTLP_BASIC}", "and the password, as basic auth"
+    places = {"exports": exports, "alerts API": alerts, "notifications": pages, "logs": output, "/metrics": metrics,
+              "config show": show}
+    found = [(secret, where) for secret in (CMD_KEY, CMD_PASSWORD, OTLP_PASSWORD, OTLP_HEADER, OTLP_BASIC)
+             for where, text in places.items() if secret in text]
+    assert found == []

@@ -6,6 +6,7 @@ is not read. And the OTLP/gRPC exporter's reading of the SDK's variables (endpoi
 from __future__ import annotations
 
 import contextlib
+import logging
 import socket
 import threading
 import time
@@ -188,6 +189,22 @@ def test_the_exporter_takes_headers_and_compression_from_the_environment() -> No
         GrpcMetricExporter("http://127.0.0.1:4317", 5, env={"OTEL_EXPORTER_OTLP_COMPRESSION": "brotli"})
     with pytest.raises(ConfigError, match="certificates"):
         GrpcMetricExporter("https://127.0.0.1:4317", 5, env={"OTEL_EXPORTER_OTLP_CERTIFICATE": "/nonexistent"})
+
+
+PASSWORD = "otlpPASSWORDplanted"
+
+
+def test_a_password_in_the_endpoint_stays_out_of_its_log_line_and_config_error(
+        caplog: pytest.LogCaptureFixture) -> None:
+    exporter = GrpcMetricExporter(f"http://outrider:{PASSWORD}@127.0.0.1:{free_port()}", 2.0, env={})
+    with caplog.at_level(logging.DEBUG, logger="outrider.exporters.otlp"):
+        assert exporter.export(MetricsData(resource_metrics=[])) == MetricExportResult.FAILURE
+    (line,) = [r.getMessage() for r in caplog.records if "failed" in r.getMessage()]
+    assert line.startswith("OTLP/gRPC export to http://outrider:<secret>@127.0.0.1:") and PASSWORD not in line
+    assert PASSWORD not in exporter.last_error
+    with pytest.raises(ConfigError, match="no host") as refused:
+        GrpcMetricExporter(f"http://outrider:{PASSWORD}@:4317", 2.0, env={})
+    assert PASSWORD not in str(refused.value) and "outrider:<secret>@" in str(refused.value)
 
 
 def test_an_export_cut_short_is_told_by_reason_as_over_http() -> None:

@@ -4,15 +4,19 @@ generated code) on a unix socket stands in for the kubelet (tests/fakes/kubelet.
 from __future__ import annotations
 
 import filecmp
+import importlib.abc
 import os
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import pytest
 
-from outrider.k8s.gpu_owners import GpuOwners, Owner, owners_from_response
+import outrider
+import outrider.k8s.podresources
+from outrider.k8s.gpu_owners import MAX_RESPONSE_BYTES, GpuOwners, Owner, owners_from_response
 from outrider.k8s.podresources import api_pb2
 from outrider.k8s.podresources.generate import GENERATED, generate
 from tests.fakes.kubelet import FakeKubelet, NotGrpcSocket, pod, short_socket_dir
@@ -65,14 +69,40 @@ def test_answers_are_cached_for_the_ttl_then_asked_again(sock: str) -> None:
         assert "GPU-0" in owners.owners() and kubelet.requests == 1, "within the TTL: the cached answer"
         clock.now += 1
         assert set(owners.owners()) == {"MIG-aaaa"} and kubelet.requests == 2, "past it: asked again"
+        assert owners.asks == 2
         owners.close()
+
+
+def test_the_cache_lasts_the_readmes_10_s_by_default(sock: str) -> None:
+    """README: "The answer is cached for 10 s": just below it the cached answer, at it asked again."""
+    clock = Clock()
+    with FakeKubelet(sock, PODS[:1]) as kubelet:
+        owners = GpuOwners(sock, timeout_s=5, clock=clock)
+        owners.owners()
+        clock.now = 1000.0 + 9.999
+        owners.owners()
+        assert kubelet.requests == 1, "9.999 s later: still the cached answer"
+        clock.now = 1000.0 + 10
+        owners.owners()
+        assert kubelet.requests == 2, "10 s later: asked again"
 
 
 def test_missing_socket_is_counted_and_answers_no_owners(sock: str) -> None:
     owners = GpuOwners(sock, timeout_s=5)
     assert owners.owners() == {}
     assert owners.errors == {"missing": 1}
-    assert "does not exist" in owners.last_error_text
+    assert owners.last_error == "missing"
+    assert owners.last_error_text == (f"{sock} does not exist (is the kubelet's pod-resources directory mounted into "
+                                      "the agent?)"), "the warning says what to mount"
+
+
+def test_failures_of_one_reason_add_up(sock: str) -> None:
+    clock = Clock()
+    owners = GpuOwners(sock, timeout_s=5, ttl_s=10, clock=clock)
+    owners.owners()
+    clock.now += 10
+    owners.owners()
+    assert owners.errors == {"missing": 2} and owners.asks == 2
 
 
 def test_a_kubelet_slower_than_the_deadline_is_a_counted_timeout(sock: str) -> None:
@@ -81,6 +111,7 @@ def test_a_kubelet_slower_than_the_deadline_is_a_counted_timeout(sock: str) -> N
         assert owners.owners() == {}
         owners.close()
     assert owners.errors == {"timeout": 1}
+    assert owners.last_error_text.startswith("PodResources List failed: DEADLINE_EXCEEDED: ")
 
 
 def test_a_response_that_does_not_decode_is_counted(sock: str) -> None:
@@ -90,6 +121,7 @@ def test_a_response_that_does_not_decode_is_counted(sock: str) -> None:
         owners.close()
     assert kubelet.requests == 1, "the server answered; the answer was garbage"
     assert owners.errors == {"invalid_response": 1}
+    assert owners.last_error_text.startswith("PodResources List answered something unusable: ")
 
 
 def test_something_else_on_the_socket_is_unavailable(sock: str) -> None:
@@ -108,6 +140,54 @@ def test_a_kubelet_without_the_v1_api_is_unimplemented(sock: str) -> None:
     assert owners.errors == {"unimplemented": 1}
 
 
+def test_a_grpc_status_without_a_reason_of_its_own_is_counted_as_error(sock: str) -> None:
+    with FakeKubelet(sock, PODS, refuse=grpc.StatusCode.PERMISSION_DENIED):
+        owners = GpuOwners(sock, timeout_s=5)
+        assert owners.owners() == {}
+    assert owners.errors == {"error": 1}
+    assert owners.last_error_text == "PodResources List failed: PERMISSION_DENIED: the kubelet says no"
+
+
+class NoK8sExtra(importlib.abc.MetaPathFinder):
+    """An install without the 'k8s' extra: h2 and protobuf cannot be imported."""
+
+    def find_spec(self, name: str, path: object = None, target: object = None) -> None:
+        if name.split(".")[0] == "h2" or name.startswith("google.protobuf"):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+
+
+def test_without_the_k8s_extra_the_ask_is_counted_as_no_grpc_and_says_what_to_install(
+        sock: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # forget the client and what it stands on (monkeypatch puts them back), so that the ask imports them afresh
+    for name in list(sys.modules):
+        if name.split(".")[0] == "h2" or name.startswith("google.protobuf") or name in (
+                "outrider.grpc_client", "outrider.k8s.podresources.api_pb2"):
+            monkeypatch.delitem(sys.modules, name)
+    monkeypatch.delattr(outrider, "grpc_client", raising=False)
+    monkeypatch.delattr(outrider.k8s.podresources, "api_pb2", raising=False)
+    monkeypatch.setattr(sys, "meta_path", [NoK8sExtra(), *sys.meta_path])
+    with FakeKubelet(sock, PODS) as kubelet:
+        owners = GpuOwners(sock, timeout_s=5)
+        assert owners.owners() == {}
+    assert owners.errors == {"no_grpc": 1} and kubelet.requests == 0
+    assert owners.last_error_text == "the PodResources client cannot load: No module named 'h2' (pip install " \
+                                     "'outrider[k8s]')"
+
+
+def test_an_answer_larger_than_grpcs_4_mib_default_is_read(sock: str) -> None:
+    """A node with many devices of other resources: the answer passes grpcio's 4 MiB default receive limit, within
+    the agent's own 16 MiB."""
+    many = [f"nic-{i:076d}" for i in range(60_000)]
+    big = [pod("ml", "train", {"main": [("example.com/nic", many), (GPU, ["GPU-7"])]})]
+    size = api_pb2.ListPodResourcesResponse(pod_resources=big).ByteSize()
+    assert 4 << 20 < size < MAX_RESPONSE_BYTES
+    with FakeKubelet(sock, big):
+        owners = GpuOwners(sock, timeout_s=30)
+        assert owners.owners() == {"GPU-7": Owner("ml", "train", "main")}
+    assert owners.errors == {}
+
+
 def test_after_a_failure_the_next_ask_waits_for_the_ttl_then_recovers(sock: str) -> None:
     clock = Clock()
     owners = GpuOwners(sock, timeout_s=5, ttl_s=10, clock=clock)
@@ -124,6 +204,20 @@ def test_owners_from_a_response_ignore_other_resources() -> None:
     response = api_pb2.ListPodResourcesResponse(pod_resources=[
         pod("ns", "p", {"c": [("nvidia.com/gpu-not-really", ["GPU-0"]), ("amd.com/gpu", ["GPU-1"])]})])
     assert owners_from_response(response) == {}
+
+
+def test_a_containers_other_devices_listed_before_its_gpu_do_not_hide_it() -> None:
+    response = api_pb2.ListPodResourcesResponse(pod_resources=[
+        pod("ns", "p", {"c": [("example.com/fpga", ["FPGA-0"]), (GPU, ["GPU-0"]), ("example.com/nic", ["NIC-0"]),
+                              ("nvidia.com/mig-1g.10gb", ["MIG-bbbb"])]})])
+    assert owners_from_response(response) == {"GPU-0": Owner("ns", "p", "c"), "MIG-bbbb": Owner("ns", "p", "c")}
+
+
+def test_a_replica_id_names_the_device_before_its_first_separator() -> None:
+    """A time-sliced replica is `<device>::<n>`; whatever follows the first `::` is the replica's, not the device's."""
+    response = api_pb2.ListPodResourcesResponse(pod_resources=[
+        pod("ns", "p", {"c": [(GPU, ["GPU-5::3::extra", " GPU-6 "])]})])
+    assert owners_from_response(response) == {"GPU-5": Owner("ns", "p", "c"), "GPU-6": Owner("ns", "p", "c")}
 
 
 def test_the_committed_client_is_what_grpcio_tools_generates(tmp_path: Path) -> None:

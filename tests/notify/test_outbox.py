@@ -9,6 +9,7 @@ import logging
 import os
 import stat
 import time
+import tracemalloc
 from dataclasses import replace
 from pathlib import Path
 
@@ -115,6 +116,58 @@ def test_a_file_larger_than_the_byte_bound_is_unreadable(tmp_path: Path, extra: 
         assert names(again) == ["A0"] and again.dropped == {}, "a file of exactly the bound is read"
     else:
         assert names(again) == [] and again.dropped == {"unreadable": 1}
+
+
+def test_a_file_past_the_byte_bound_is_named_so_in_the_warning(tmp_path: Path,
+                                                              caplog: pytest.LogCaptureFixture) -> None:
+    d = tmp_path / "box"
+    Outbox(str(d)).put(fixed(0))
+    with caplog.at_level(logging.WARNING, logger="outrider.notify"):
+        Outbox(str(d), max_bytes=size(0) - 1)
+    assert [r.getMessage() for r in caplog.records] == [
+        f"outbox {d}: skipping unreadable {1:020d}.json: larger than the outbox's bound"]
+
+
+def test_the_byte_bound_counts_bytes_not_characters(tmp_path: Path) -> None:
+    """A queued file is bounded by its bytes on disk: one with non-ASCII text (the outbox writes ASCII escapes, a
+    hand-edited or foreign file may not) is larger than its count of characters."""
+    d = tmp_path / "box"
+    d.mkdir()
+    n = replace(fixed(0), annotations={"summary": "Überlast auf Knoten 1 — prüfen"})
+    body = json.dumps(n.to_json(), ensure_ascii=False).encode()
+    (d / f"{1:020d}.json").write_bytes(body)
+    characters = len(body.decode())
+    assert characters < len(body)
+    again = Outbox(str(d), max_bytes=len(body))
+    assert names(again) == ["A0"] and again._bytes == len(body), "at the bound in bytes: read, its bytes counted"
+    refused = Outbox(str(d), max_bytes=characters)
+    assert names(refused) == [] and refused.dropped == {"unreadable": 1}, "within it in characters, not in bytes"
+
+
+def test_a_huge_file_in_the_queue_is_refused_without_reading_it_whole(tmp_path: Path) -> None:
+    """Memory stays bounded by max_bytes whatever lies in the directory: a 256 MiB file is refused after reading
+    one byte past the bound."""
+    d = tmp_path / "box"
+    d.mkdir()
+    with open(d / f"{1:020d}.json", "wb") as fh:
+        fh.truncate(256 << 20)  # sparse: no disk taken
+    tracemalloc.start()
+    try:
+        box = Outbox(str(d), max_bytes=64 << 10)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert box.dropped == {"unreadable": 1} and on_disk(d) == []
+    assert peak < 16 << 20, f"loading took {peak} bytes"
+
+
+def test_a_directory_where_a_queued_file_would_be_is_skipped_and_the_rest_loads(tmp_path: Path) -> None:
+    d = tmp_path / "box"
+    filled(d, 2)
+    (d / f"{0:020d}.json").mkdir()  # cannot be read, cannot be unlinked
+    box = Outbox(str(d))
+    assert names(box) == ["A0", "A1"] and box.dropped == {"unreadable": 1}
+    assert (d / f"{0:020d}.json").is_dir(), "left where it is: the outbox removes files only"
 
 
 def test_the_byte_bound_keeps_the_newest_within_it_and_warns_once(tmp_path: Path,
@@ -225,7 +278,11 @@ def test_each_warning_says_what_happened_and_where_it_is_counted(tmp_path: Path,
         monkeypatch.setattr(os, "write", full)
         box.put(alert("A4", "firing"))
     messages = [r.getMessage() for r in caplog.records]
-    assert messages[0].startswith(f"outbox {d}: skipping unreadable 2.json: "), messages
+    try:
+        json.loads("{not json")
+    except ValueError as e:
+        why = str(e)
+    assert messages[0] == f"outbox {d}: skipping unreadable 2.json: {why}", "it says why"
     assert messages[1] == (f"outbox {d} is full (1 notifications, {MAX_BYTES} bytes at most): dropping the oldest "
                            "(counted in outrider_notify_dropped_total)")
     assert len(messages) == 3, "a memory-only outbox's single entry is never dropped, so it never warns"
@@ -279,3 +336,20 @@ def test_every_refused_write_is_counted_and_what_is_written_later_is_what_was_co
         box.persist_pending()
     assert box.write_errors == 2 and box.in_memory_only() == 0
     assert box._bytes == disk_bytes(d), "written out in the same compact form as counted"
+
+
+def test_a_refused_write_whose_temporary_file_is_already_gone_is_held_in_memory(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Cleaning up after a refused write finds nothing to remove (another process's sweep of the directory took the
+    temporary file): the notification is held in memory all the same, nothing raised into the caller."""
+    d = tmp_path / "box"
+    box = Outbox(str(d))
+
+    def full_and_swept(fd: int, data: bytes) -> int:
+        for f in d.iterdir():
+            f.unlink()
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "write", full_and_swept)
+    box.put(alert("A0", "firing"))
+    assert names(box) == ["A0"] and box.write_errors == 1 and box.in_memory_only() == 1

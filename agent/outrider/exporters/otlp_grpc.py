@@ -23,7 +23,7 @@ from opentelemetry.sdk.metrics.export import MetricExportResult, MetricsData
 from opentelemetry.util.re import parse_env_headers
 
 from outrider import grpc_client
-from outrider.config import ConfigError
+from outrider.config import ConfigError, redact_url_password
 
 LOG = logging.getLogger("outrider.exporters.otlp")
 EXPORT = "/opentelemetry.proto.collector.metrics.v1.MetricsService/Export"
@@ -50,7 +50,7 @@ def target_from(endpoint: str, env: Mapping[str, str]) -> grpc_client.Target:
         host = host.strip("[]")
         port = int(port_text) if port_text.isdigit() else None
     if not host:
-        raise ConfigError(f"otlp_endpoint {endpoint!r}: no host to export to")
+        raise ConfigError(f"otlp_endpoint {redact_url_password(endpoint)!r}: no host to export to")
     insecure_text = _env(env, "INSECURE")
     if scheme == "https":
         insecure = False
@@ -79,6 +79,7 @@ class GrpcMetricExporter:
         env = os.environ if env is None else env
         self.on_failure = on_failure
         self.endpoint = endpoint or _env(env, "ENDPOINT") or DEFAULT_ENDPOINT
+        self.shown_endpoint = redact_url_password(self.endpoint)  # for messages: a password in it stays out of logs
         self.target = target_from(self.endpoint, env)
         self.timeout_s = timeout_s
         self.metadata = tuple(parse_env_headers(_env(env, "HEADERS") or "", liberal=True).items())
@@ -98,7 +99,7 @@ class GrpcMetricExporter:
             self.last_error = f"{e.code}: {e.details}"
             if e.cut:
                 self.on_failure(e.cut)
-            LOG.debug("OTLP/gRPC export to %s failed: %s", self.endpoint, self.last_error)
+            LOG.debug("OTLP/gRPC export to %s failed: %s", self.shown_endpoint, self.last_error)
             return MetricExportResult.FAILURE
         try:
             partial = ExportMetricsServiceResponse.FromString(answer).partial_success

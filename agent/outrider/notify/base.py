@@ -260,7 +260,7 @@ class Notifier:
             if 300 <= e.code < 400:
                 return Outcome("retry", f"HTTP {e.code}: the receiver redirects, and redirects are not followed "
                                         f"(they would carry its credentials elsewhere): fix its URL")
-            detail = self.scrub(f"HTTP {e.code}: {text[:200]}")
+            detail = self.scrub(one_line(f"HTTP {e.code}: {text[:200]}"))
             if e.code == 429 or e.code >= 500:
                 return Outcome("retry", detail, _retry_after(e.headers.get("Retry-After")))
             return Outcome("rejected", detail)
@@ -274,7 +274,13 @@ class Notifier:
         """An exception as one line with the secrets scrubbed (urllib wraps the cause in URLError.reason)."""
         reason = getattr(e, "reason", None) if isinstance(e, urllib.error.URLError) else None
         cause = reason if isinstance(reason, BaseException) else e
-        return self.scrub(f"{type(cause).__name__}: {cause}")
+        return self.scrub(one_line(f"{type(cause).__name__}: {cause}"))
+
+
+def one_line(text: str) -> str:
+    """A receiver's words as one log line: what it sent after a line break would read as a line of the agent's own.
+    Breaks are written as \\r and \\n (no secret has one: each is scrubbed afterwards, whole)."""
+    return text.strip().replace("\r", "\\r").replace("\n", "\\n")
 
 
 def _retry_after(value: str | None) -> float:
