@@ -243,7 +243,7 @@ class HttpServer:
         while not self._stop.is_set():
             try:
                 # asleep until the next deadline (or the end of an accept pause), or until a socket, a worker or
-                # stop() wakes it: an idle server (one kept-alive connection, scraped every 15 s) never wakes for nothing
+                # stop() wakes it: an idle server (one kept-alive connection, scraped every 15 s) never wakes idly
                 wake_at = min(self._next_expiry, self._paused_until or math.inf)
                 timeout = None if wake_at == math.inf else max(0.0, wake_at - time.monotonic())
                 for key, _ in self._selector.select(timeout):
