@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from outrider.clock import Clock
 from outrider.collectors.base import CollectorContext
 from outrider.collectors.hook import HookCollector
 from outrider.config import Config
@@ -125,14 +126,13 @@ def test_stall_dumps_python_stacks_once_and_clears_on_progress(tmp_path: Path) -
     assert value(parsed, "outrider_hook_stalled", rank="") == 0
 
 
-def test_a_wall_clock_jump_neither_retires_a_live_process_nor_stalls_it(tmp_path: Path,
-                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    import outrider.hook.runtime as runtime
+def test_a_wall_clock_jump_neither_retires_a_live_process_nor_stalls_it(tmp_path: Path) -> None:
+    def jumped() -> int:  # the node's clock jumped two hours back
+        return time.time_ns() - 2 * 3600 * 10**9
 
-    real = time.time_ns
-    monkeypatch.setattr(runtime.time, "time_ns", lambda: real() - 2 * 3600 * 10**9)  # the node's clock jumped
     # a pid the agent cannot see: only the heartbeat tells it the process lives
-    h = hook(tmp_path, Identity(pid=2**22 + 777), flush_interval_s=0.05)
+    h = Hook(HookSettings(spool_dir=str(tmp_path), standalone=False, flush_interval_s=0.05),
+             Identity(pid=2**22 + 777, start_ns=jumped()), wall_ns=jumped)
     h.series("counter", "work_total").inc(1)
     h.flush()
     c, _ = agent_view(tmp_path, flush_s=0.05)
@@ -300,7 +300,7 @@ def test_data_waits_no_step_places_are_dropped_and_counted(tmp_path: Path, flush
     assert value(parsed, "outrider_hook_dropped_total", reason="wait_ring_overflow") is None
 
 
-def test_retired_series_of_dead_processes_are_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_retired_series_of_dead_processes_are_bounded(tmp_path: Path) -> None:
     import outrider.collectors.hook as hook_collector
 
     c = HookCollector(CollectorContext(Config(spool_dir=str(tmp_path)), hold_spool_lock=False))
@@ -314,13 +314,12 @@ def test_retired_series_of_dead_processes_are_bounded(tmp_path: Path, monkeypatc
     parsed = samples(render(c.collect()).decode())
     assert value(parsed, "outrider_hook_retired_series") == hook_collector.MAX_RETIRED
     later = time.monotonic() + hook_collector.RETIRED_TTL_S + 1
-    monkeypatch.setattr(hook_collector.time, "monotonic", lambda: later)
+    c.ctx.clock = Clock(monotonic=lambda: later)  # the agent two hours on
     c.collect()
     assert len(c._retired) == 0, "no live process shares them: they expire"
 
 
-def test_a_retired_counter_a_live_process_shares_never_expires(tmp_path: Path,
-                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_retired_counter_a_live_process_shares_never_expires(tmp_path: Path) -> None:
     import outrider.collectors.hook as hook_collector
 
     c = HookCollector(CollectorContext(Config(spool_dir=str(tmp_path)), hold_spool_lock=False))
@@ -332,7 +331,7 @@ def test_a_retired_counter_a_live_process_shares_never_expires(tmp_path: Path,
     live.series("counter", "work_total").inc(2)
     live.flush()
     later = time.monotonic() + hook_collector.RETIRED_TTL_S + 1
-    monkeypatch.setattr(hook_collector.time, "monotonic", lambda: later)
+    c.ctx.clock = Clock(monotonic=lambda: later)  # the agent two hours on
     parsed = samples(render(c.collect()).decode())
     assert value(parsed, "work_total") == 7, "dropping the 5 would make the merged counter go backwards"
 def test_the_closing_flush_is_the_last_word_even_beside_a_slow_periodic_one(tmp_path: Path) -> None:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from outrider.clock import ManualClock
 from outrider.metrics.family import Family, HistogramValue
 from outrider.metrics.rate import CounterHistory, intervals
 from outrider.runs.compare import compare_all
@@ -111,21 +112,19 @@ def step_families(steps: float, loop_s: float) -> list[Family]:
 
 
 def test_the_record_and_compare_say_the_true_rate_of_a_hook_flushing_slower_than_the_sweeps(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path) -> None:
     """The demo's case end to end through the recorder and the run store: sweeps every 0.5 s, the hook publishing
     every second."""
-    clock = {"t": 0.0}
-    monkeypatch.setattr("outrider.runs.recorder.time.monotonic", lambda: clock["t"])
-    monkeypatch.setattr("outrider.runs.recorder.time.time", lambda: 1000.0 + clock["t"])
-    store = RunStore(tmp_path)
+    clock = ManualClock(epoch=1000.0)
+    store = RunStore(tmp_path, clock=clock.clock())
     try:
         records = []
         for _ in range(2):
             run_id = store.start_run(["train.py"])
-            rec = RunRecorder(store, run_id, window_s=4.0)
+            rec = RunRecorder(store, run_id, window_s=4.0, clock=clock.clock())
             for i in range(120):
-                clock["t"] = i * 0.5
-                steps = published(clock["t"], 1.0, 0.23)
+                clock.now = i * 0.5
+                steps = published(clock.now, 1.0, 0.23)
                 rec(step_families(steps, steps / TRUE))
             records.append(store.load(run_id))
     finally:

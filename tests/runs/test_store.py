@@ -4,17 +4,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
+from outrider.clock import ManualClock
 from outrider.runs.store import RunStore
 
 
-def test_runs_started_in_the_same_second_by_one_process_get_ids_of_their_own(tmp_path: Path,
-                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("outrider.runs.store.time.strftime", lambda fmt: "20261201-120000")
-    store = RunStore(tmp_path)
+def test_runs_started_in_the_same_second_by_one_process_get_ids_of_their_own(tmp_path: Path) -> None:
+    clock = ManualClock(now=0.25, epoch=1_796_126_400.0)  # three runs within the same second
+    store = RunStore(tmp_path, clock=clock.clock())
     try:
-        ids = [store.start_run([f"train-{i}.py"]) for i in range(3)]
+        ids = []
+        for i in range(3):
+            ids.append(store.start_run([f"train-{i}.py"]))
+            clock.now += 0.25
         base = ids[0]
         assert ids == [base, f"{base}-2", f"{base}-3"]
         assert {run_id: command for run_id, _, _, _, command in store.list_runs()} == {

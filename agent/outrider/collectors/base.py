@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+from outrider.clock import SYSTEM, Clock
 from outrider.config import Config, ConfigError
 from outrider.logs import LogOnce
 from outrider.metrics.catalog import CATALOG, K8S_OWNER, MetricDef, with_enrichment
@@ -55,6 +56,8 @@ class CollectorContext:
     reporters: dict[str, list[Reporter]] = field(default_factory=dict)
     # The stack dumps of processes the hook collector saw stalled in its last sweep (for stall pages).
     stalled_stacks: list[StackDump] = field(default_factory=list)
+    # The clocks collectors read (deadlines, ages, timestamps): the system's, or a test's own.
+    clock: Clock = SYSTEM
 
     def reports(self, collector: str) -> list[Family]:
         out: list[Family] = []

@@ -33,7 +33,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import time
 from dataclasses import dataclass
 
 from outrider import spool
@@ -140,7 +139,7 @@ class HookCollector(Collector):
         process it claims to be, when that process is one this agent watches."""
         if uid in self._trusted_uids:
             return True
-        now = time.monotonic()
+        now = self.ctx.clock.monotonic()
         hit = self._trust.get((uid, pid))
         if hit is not None and now - hit[1] < TRUST_TTL_S:
             return hit[0]
@@ -246,7 +245,7 @@ class HookCollector(Collector):
             self._lock_fd = fd
 
     def collect(self) -> list[Family]:
-        started_ns = time.time_ns()  # before the listing: what a reader's mark promises the owner it has seen
+        started_ns = self.ctx.clock.wall_ns()  # before the listing: what a reader's mark promises the owner it has seen
         self._keep_lock()
         merged: dict[SeriesKey, list[float]] = {}
         processes: list[ProcessState] = []
@@ -291,7 +290,7 @@ class HookCollector(Collector):
                 self._retire(entries, path)
                 self._heartbeats.pop(path, None)
                 self.reader.forget(path)  # final: no descriptor kept for it
-                finished[path] = Finished(snap.identity, time.time_ns(), time.monotonic())
+                finished[path] = Finished(snap.identity, self.ctx.clock.wall_ns(), self.ctx.clock.monotonic())
                 continue
             processes.append(proc)
             live.append((proc, entries))
@@ -404,7 +403,7 @@ class HookCollector(Collector):
             return "exited"
         # The heartbeat's age on the agent's monotonic clock (since the value last changed), so a wall-clock jump
         # on the node neither retires a live process nor keeps a dead one.
-        now = time.monotonic()
+        now = self.ctx.clock.monotonic()
         seen = self._heartbeats.get(path)
         if seen is None or seen[0] != h.heartbeat_ns:
             seen = self._heartbeats[path] = (h.heartbeat_ns, now)
@@ -436,7 +435,7 @@ class HookCollector(Collector):
                 except OSError as e:  # a sticky shared spool where it is not ours to delete
                     self.drop("cleanup", e)
                 continue
-            seen[path] = time.monotonic()
+            seen[path] = self.ctx.clock.monotonic()
         self._strays = seen
 
     def _quiet_helpers(self, live: list[tuple[ProcessState, dict[SeriesKey, list[float]]]]) -> None:
@@ -476,7 +475,7 @@ class HookCollector(Collector):
         return False
 
     def _retire(self, entries: dict[SeriesKey, list[float]], path: str) -> None:
-        now = time.monotonic()
+        now = self.ctx.clock.monotonic()
         kept: dict[SeriesKey, list[float]] = {}
         for key, values in entries.items():
             if key[1] not in ("counter", "histogram"):  # a gone process's gauges go with it
@@ -500,7 +499,7 @@ class HookCollector(Collector):
         not): its cumulative values include what was retired for it, which is taken back out. Returns what was
         retired (the values its series may not fall below)."""
         hit = self._retired_by_path.pop(path, None)
-        if hit is None or time.monotonic() - hit[1] > RETIRED_TTL_S:
+        if hit is None or self.ctx.clock.monotonic() - hit[1] > RETIRED_TTL_S:
             return None
         for key, values in hit[0].items():
             have = self._retired.get(key)
@@ -512,7 +511,7 @@ class HookCollector(Collector):
         """Bounded memory: a retired series no live process shares goes after RETIRED_TTL_S (its final value has
         been scraped many times by then), the oldest first beyond MAX_RETIRED. One a live process shares stays,
         or the merged counter would go backwards."""
-        now = time.monotonic()
+        now = self.ctx.clock.monotonic()
         orphans = [(r.at, key) for key, r in self._retired.items() if key not in live]
         expired = {key for at, key in orphans if now - at > RETIRED_TTL_S}
         excess = len(self._retired) - len(expired) - MAX_RETIRED
@@ -528,7 +527,7 @@ class HookCollector(Collector):
         if not waiting:
             return
         readers = spool.live_readers(self.spool)
-        now = time.monotonic()
+        now = self.ctx.clock.monotonic()
         for path, f in waiting:
             if all(swept > f.seen_ns for swept in readers) or now - f.seen_s > spool.READER_GRACE_S:
                 try:

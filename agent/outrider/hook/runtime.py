@@ -101,7 +101,8 @@ class Hook:
     """One per process (renewed in a forked child). Thread-safe registration; lock-free recording."""
 
     def __init__(self, settings: HookSettings | None = None, identity: Identity | None = None,
-                 max_series: int = 2000) -> None:
+                 max_series: int = 2000, wall_ns: Callable[[], int] = time.time_ns) -> None:
+        self._wall_ns = wall_ns  # the heartbeats' clock: the system's, or a test's own
         self.settings = s = settings or HookSettings()
         self.identity = identity or Identity(training_job=s.training_job)
         explicit = bool(s.spool_dir)
@@ -201,7 +202,7 @@ class Hook:
         flags = (spool.FLAG_CLOSED if closing else 0) | (spool.FLAG_STALLED if stall else 0)
         ident = self.identity
         self.publisher.publish(ident.pid, ident.start_ns, ident.meta(), entries, values, flags=flags,
-                               stalls=p.stalls, heartbeat_ns=time.time_ns(), last_step_ns=p.last_step_wall_ns(),
+                               stalls=p.stalls, heartbeat_ns=self._wall_ns(), last_step_ns=p.last_step_wall_ns(),
                                steps=p.steps, stalled_since_ns=p.stalled_since_ns)
         if stall is not None and stall.newly:
             self.publisher.dump_stacks(f"# outrider: pid {ident.pid} rank {ident.rank or '-'}: {stall.message}\n")

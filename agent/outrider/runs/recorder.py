@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from outrider.clock import SYSTEM, Clock
 from outrider.diagnosis.signals import signals, snapshot
 from outrider.diagnosis.window import VerdictWindow
 from outrider.metrics.family import Family, HistogramValue, merged_histogram
@@ -66,8 +66,9 @@ def _errors(families: list[Family]) -> dict[str, float]:
 
 
 class RunRecorder:
-    def __init__(self, store: RunStore | None, run_id: str, window_s: float = 30.0) -> None:
+    def __init__(self, store: RunStore | None, run_id: str, window_s: float = 30.0, clock: Clock = SYSTEM) -> None:
         self.store = store
+        self.clock = clock
         self.run_id = run_id
         self.window = VerdictWindow(window_s)
         self.tally = VerdictTally()
@@ -90,7 +91,7 @@ class RunRecorder:
             self._sweep(families)
 
     def _sweep(self, families: list[Family]) -> None:
-        now, t = time.monotonic(), time.time()
+        now, t = self.clock.monotonic(), self.clock.wall()
         snap = snapshot(families)
         hists = {name: merged_histogram(families, name) for name in HISTOGRAMS}
         errors = _errors(families)
@@ -199,7 +200,7 @@ class RunRecorder:
                     self._write(RunStore.alert_fired, n.fingerprint, dict(n.labels), summary, n.firing_since,
                                 n.starts_at)
                 elif n.event == "resolved":
-                    ended = n.ends_at or time.time()
+                    ended = n.ends_at or self.clock.wall()
                     at = self._open.pop(n.fingerprint, None)
                     if at is None:  # it fired before this run (the agent's saved state)
                         self.alerts.append(AlertRecord(n.alertname, dict(n.labels), summary, n.firing_since, ended,

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from outrider.clock import SYSTEM, Clock
 from outrider.metrics import units
 from outrider.runs.verdict import RunVerdict, Segment, from_timeline
 
@@ -118,7 +119,8 @@ class RunRecord:
 
 
 class RunStore:
-    def __init__(self, directory: str | Path | None = None) -> None:
+    def __init__(self, directory: str | Path | None = None, clock: Clock = SYSTEM) -> None:
+        self.clock = clock
         self.directory = Path(directory) if directory else default_runs_dir()
         self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.path = self.directory / "runs.db"
@@ -127,7 +129,8 @@ class RunStore:
         self._lock = threading.Lock()
 
     def start_run(self, command: list[str]) -> str:
-        base = time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid() % 10000:04d}"
+        now = self.clock.wall()
+        base = time.strftime("%Y%m%d-%H%M%S", time.localtime(now)) + f"-{os.getpid() % 10000:04d}"
         with self._lock, self._db:
             # the same process starting two runs within a second (or a PID reused within one): -2, -3, ... after
             # the second's id, so that no run is refused or overwritten
@@ -139,7 +142,7 @@ class RunStore:
                 n += 1
                 run_id = f"{base}-{n}"
             self._db.execute("INSERT INTO runs (id, command, started) VALUES (?, ?, ?)",
-                             (run_id, json.dumps(command), time.time()))
+                             (run_id, json.dumps(command), now))
         return run_id
 
     def add_samples(self, run_id: str, t: float, values: dict[str, float]) -> None:
@@ -189,7 +192,7 @@ class RunStore:
     def finish_run(self, run_id: str, exit_code: int, summary: dict[str, Any]) -> None:
         with self._lock, self._db:
             self._db.execute("UPDATE runs SET ended = ?, exit_code = ?, summary = ? WHERE id = ?",
-                             (time.time(), exit_code, json.dumps(summary), run_id))
+                             (self.clock.wall(), exit_code, json.dumps(summary), run_id))
 
     def list_runs(self) -> list[tuple[str, float, float | None, int | None, list[str]]]:
         rows = self._db.execute("SELECT id, started, ended, exit_code, command FROM runs ORDER BY started").fetchall()
