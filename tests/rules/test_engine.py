@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from outrider.alerting import rule_groups
+from outrider.clock import Clock as SystemClock
 from outrider.config import Config
 from outrider.metrics.catalog import CATALOG, Label, MetricDef
 from outrider.metrics.family import Family, HistogramValue
@@ -201,15 +202,17 @@ def test_histograms_are_stored_as_buckets_sum_and_count() -> None:
     assert "outrider_request_duration_seconds_sum" not in engine.retention_ms  # no rule reads it
 
 
-def test_the_evaluation_clock_ignores_wall_clock_jumps(monkeypatch: pytest.MonkeyPatch) -> None:
-    clock = EvalClock()
+def test_the_evaluation_clock_ignores_wall_clock_jumps() -> None:
+    offset = [0.0]
+    clock = EvalClock(SystemClock(wall=lambda: time.time() + offset[0]))
     before = clock.now_ms()
-    real = time.time
-    monkeypatch.setattr(time, "time", lambda: real() - 3600)  # the wall clock stepped back an hour
+    offset[0] = -3600  # the wall clock stepped back an hour
     after = clock.now_ms()
-    monkeypatch.setattr(time, "time", lambda: real() + 86400)
+    offset[0] = 86400
     later = clock.now_ms()
     assert 0 <= after - before < 5000 and 0 <= later - after < 5000
+    assert abs(EvalClock(SystemClock(wall=lambda: time.time() + offset[0])).now_ms() - later - 86400_000) < 5000, \
+        "anchored to the wall clock when made"
 
 
 def test_the_builtin_rules_take_the_tunables(tmp_path: Path) -> None:
@@ -237,7 +240,7 @@ def test_an_unusable_state_dir_degrades_instead_of_stopping_the_agent(tmp_path: 
     alerting.stop(1.0)
 
 
-def test_wall_clock_jumps_change_neither_for_durations_nor_rates(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_wall_clock_jumps_change_neither_for_durations_nor_rates() -> None:
     """The real evaluation clock, the wall clock stepped back an hour and then forward a day while alerts are
     pending: `for` runs on monotonic time, and rates see no gap or reordering."""
     sent: list[Notification] = []
@@ -247,12 +250,12 @@ def test_wall_clock_jumps_change_neither_for_durations_nor_rates(monkeypatch: py
         {"alert": "RateOff", "expr": "(rate(test_value[1s]) < 4 or rate(test_value[1s]) > 25) "
                                      "and count_over_time(test_value[1s]) >= 8"},
         interval="50ms")
-    engine = RuleEngine(rules, 0.05, None, notify=sent.append)  # clock: EvalClock
-    real = time.time
-    offsets = iter([-3600.0] * 8 + [86400.0] * 30)
+    offset = [0.0]
+    wall = SystemClock(wall=lambda: time.time() + offset[0])
+    engine = RuleEngine(rules, 0.05, None, notify=sent.append, clock=EvalClock(wall).now_ms)
     value = 0.0
-    for offset in offsets:
-        monkeypatch.setattr(time, "time", lambda o=offset: real() + o)
+    for step in [-3600.0] * 8 + [86400.0] * 30:
+        offset[0] = step
         value += 1.0  # a counter growing 10/s of monotonic time
         engine.on_sweep(fam({"0": value}))
         time.sleep(0.1)

@@ -68,3 +68,15 @@ def test_a_process_of_another_test_or_session_is_not_ours_to_kill() -> None:
     finally:
         p.kill()
         p.wait()
+
+
+def test_no_test_patches_the_clock_into_the_time_module() -> None:
+    """A clock is passed in (outrider/clock.py): patching time.monotonic or time.time moves it for every module and
+    thread of the test process, the agent's own included."""
+    import re
+
+    patched = re.compile(r"setattr\([^\n]*\btime\b[\"']?\s*,\s*[\"'](monotonic|time|time_ns|perf_counter|strftime)"
+                         r"[\"']|setattr\([\"'][\w.]*\.time\.(monotonic|time|time_ns|perf_counter|strftime)[\"']")
+    offenders = [f"{path.relative_to(REPO)}:{n}" for path in sorted((REPO / "tests").rglob("test_*.py"))
+                 for n, line in enumerate(path.read_text().splitlines(), 1) if patched.search(line)]
+    assert not offenders, offenders

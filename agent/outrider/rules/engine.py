@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 
+from outrider.clock import SYSTEM, Clock
 from outrider.metrics.catalog import CATALOG, Label
 from outrider.metrics.exposition import format_le
 from outrider.metrics.family import Family, HistogramValue
@@ -44,11 +45,12 @@ StackDumps = Callable[[], list[tuple[int, str, str, str]]]
 class EvalClock:
     """Milliseconds since the epoch, anchored to the wall clock once and advanced by the monotonic clock."""
 
-    def __init__(self) -> None:
-        self._wall, self._mono = time.time(), time.monotonic()
+    def __init__(self, clock: Clock = SYSTEM) -> None:
+        self._monotonic = clock.monotonic
+        self._wall, self._mono = clock.wall(), clock.monotonic()
 
     def now_ms(self) -> int:
-        return int((self._wall + time.monotonic() - self._mono) * 1000)
+        return int((self._wall + self._monotonic() - self._mono) * 1000)
 
 
 class RuleEngine:
