@@ -60,6 +60,7 @@ def test_the_code_keeps_every_contract() -> None:
     ("outrider.kernel.procfs", "outrider.hook.threads"),  # the kernel's readers serve the hook and the agent alike
     ("outrider.kernel.cgroupfs", "outrider.collectors.base"),
     ("outrider.kernel.kmsg", "re2"),  # the hook imports them: the standard library only
+    ("outrider.rules.engine", "outrider.kernel.procfs"),  # /proc is read by the hook, collectors and commands only
 ])
 def test_an_import_the_design_rules_out_breaks_a_contract(importer: str, imported: str) -> None:
     assert _broken_by(importer, imported)
