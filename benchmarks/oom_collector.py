@@ -27,11 +27,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "agent"))
 
 from tests.fakes.cgroup_node import Node
 
-from outrider.collectors import cgroupfs
 from outrider.collectors.base import CollectorContext
 from outrider.collectors.host import HostCollector
 from outrider.collectors.oom import OomCollector
 from outrider.config import Config
+from outrider.kernel import cgroupfs
 from outrider.sampler import SweepStats
 
 PODS = 110  # the kubelet's default maximum per node

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from outrider.collectors import procfs
+from outrider.kernel import procfs
 
 if TYPE_CHECKING:
     from outrider.config import Config

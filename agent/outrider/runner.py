@@ -31,10 +31,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 
 from outrider.agent import Agent
-from outrider.collectors import cgroupfs, procfs
-from outrider.collectors.kmsg import KernelLog
-from outrider.collectors.oom import within
 from outrider.config import Config, hook_environment
+from outrider.kernel import cgroupfs, procfs
+from outrider.kernel.cgroupfs import within
+from outrider.kernel.kmsg import KernelLog
 from outrider.metrics import units
 from outrider.metrics.family import Family
 from outrider.rules.notification import Notification

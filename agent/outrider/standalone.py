@@ -34,8 +34,8 @@ from collections.abc import Callable, Sequence
 
 from outrider import lifecycle, spool
 from outrider.agent import Agent
-from outrider.collectors import procfs
 from outrider.config import Config, LoadedConfig, load
+from outrider.kernel import procfs
 from outrider.logs import setup_logging
 from outrider.metrics.family import Family
 

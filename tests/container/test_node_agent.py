@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from outrider.collectors import procfs
 from outrider.config import Config
+from outrider.kernel import procfs
 from tests.conftest import need_binary
 from tests.container.chart import configmaps, pod_spec, render
 from tests.container.conftest import FIGURES

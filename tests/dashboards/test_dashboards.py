@@ -20,8 +20,8 @@ import pytest
 import yaml
 
 from outrider import links
-from outrider.collectors import cgroupfs
 from outrider.dashboards import render_all
+from outrider.kernel import cgroupfs
 from outrider.metrics.catalog import CATALOG
 from tests.fakes.kubelet import FakeKubelet, short_socket_dir
 from tests.gpu.conftest import Scenario

@@ -25,7 +25,7 @@ from outrider import spool
 from outrider.collectors.base import CollectorContext
 from outrider.collectors.hook import HookCollector
 from outrider.config import Config
-from outrider.hook.runtime import start_ticks
+from outrider.kernel.procfs import start_ticks
 from outrider.metrics.exposition import render
 from tests.helpers import AgentProcess, release, samples, value, wait_until
 
@@ -179,7 +179,7 @@ def test_a_reused_pid_is_not_taken_for_the_dead_rank(tmp_path: Path) -> None:
     # A live process now holds the pid a dead rank had: same pid, another start.
     other = subprocess.Popen(["sleep", "300"])
     try:
-        ticks = wait_until(lambda: start_ticks(f"/proc/{other.pid}/stat"), what="the process's start")
+        ticks = wait_until(lambda: start_ticks("/proc", other.pid), what="the process's start")
         with open("/proc/stat") as fh:
             boot = next(int(line.split()[1]) for line in fh if line.startswith("btime "))
         started_ns = int((boot + ticks / os.sysconf("SC_CLK_TCK")) * 1e9)

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import pytest
 
-from outrider.collectors import cgroupfs
+from outrider.kernel import cgroupfs
 from tests.helpers import outrider_cmd, wait_until
 from tests.integration.servers import WebhookReceiver
 

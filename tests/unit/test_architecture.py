@@ -57,6 +57,10 @@ def test_the_code_keeps_every_contract() -> None:
     ("outrider.diagnosis.signals", "outrider.config"),  # libraries take values
     ("outrider.metrics.family", "outrider.regex"),  # leaves import nothing of outrider
     ("outrider.config", "outrider.collectors"),  # one way down
+    ("outrider.kernel.procfs", "outrider.hook.threads"),  # the kernel's readers serve the hook and the agent alike
+    ("outrider.kernel.cgroupfs", "outrider.collectors.base"),
+    ("outrider.kernel.kmsg", "re2"),  # the hook imports them: the standard library only
+    ("outrider.rules.engine", "outrider.kernel.procfs"),  # /proc is read by the hook, collectors and commands only
 ])
 def test_an_import_the_design_rules_out_breaks_a_contract(importer: str, imported: str) -> None:
     assert _broken_by(importer, imported)
@@ -66,8 +70,10 @@ def test_an_import_the_design_rules_out_breaks_a_contract(importer: str, importe
     ("outrider.hook.api", "json"),
     ("outrider.hook.series", "outrider.spool"),
     ("outrider.spool", "xml.etree"),
+    ("outrider.hook.threads", "outrider.kernel.procfs"),  # one /proc reader for the hook and the agent
+    ("outrider.kernel.cgroupfs", "outrider.kernel.procfs"),
 ])
-def test_the_hook_may_import_the_standard_library_and_the_spool(importer: str, imported: str) -> None:
+def test_the_hook_may_import_the_stdlib_the_spool_and_the_kernel_readers(importer: str, imported: str) -> None:
     assert _broken_by(importer, imported) == []
 
 

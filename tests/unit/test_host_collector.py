@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from outrider.collectors import procfs
 from outrider.collectors.base import CollectorContext
 from outrider.collectors.host import HostCollector
 from outrider.config import Config
+from outrider.kernel import procfs
 from outrider.metrics.exposition import render
 from outrider.metrics.family import Family
 from outrider.sampler import SweepStats
@@ -176,7 +176,7 @@ def test_host_root_reports_host_paths_as_the_host_mounts_them(proc_fixture: Path
 
 
 def test_mount_paths_with_escaped_spaces(proc_fixture: Path) -> None:
-    from outrider.collectors.procfs import mount_of, read_mounts
+    from outrider.kernel.procfs import mount_of, read_mounts
 
     mounts = read_mounts(str(proc_fixture))
     assert mounts[3].mountpoint == "/mnt/check points"
@@ -213,7 +213,7 @@ def test_disk_latency_inputs(proc_fixture: Path) -> None:
 
 
 def test_kept_open_reader_rereads_live_procfs() -> None:
-    from outrider.collectors.procfs import KeptOpenReader
+    from outrider.kernel.procfs import KeptOpenReader
 
     def ctxt(text: str) -> int:
         return next(int(line.split()[1]) for line in text.splitlines() if line.startswith("ctxt"))

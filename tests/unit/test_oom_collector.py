@@ -13,9 +13,9 @@ import yaml
 
 from outrider.collectors import oom as oom_module
 from outrider.collectors.base import CollectorContext
-from outrider.collectors.kmsg import KernelLog, parse_killed_process, parse_oom_kill_summary, split_records
 from outrider.collectors.oom import OomCollector
 from outrider.k8s.cgroup_owners import CgroupIdentity, PodDirectory, identity
+from outrider.kernel.kmsg import KernelLog, parse_killed_process, parse_oom_kill_summary, split_records
 from outrider.metrics.exposition import render
 from outrider.metrics.family import Family
 from outrider.rules.promtest import parse_series

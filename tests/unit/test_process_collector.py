@@ -260,8 +260,8 @@ def test_identity_of_a_shown_process_user_command_and_start_time() -> None:
 
     import psutil
 
-    from outrider.collectors import procfs
     from outrider.collectors.process_identity import MAX_COMMAND, ProcessIdentities
+    from outrider.kernel import procfs
 
     me = os.getpid()
     key = (me, procfs.read_proc_stat("/proc", me).start_ticks)

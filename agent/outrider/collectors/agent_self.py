@@ -6,9 +6,9 @@ from __future__ import annotations
 import os
 import time
 
-from outrider.collectors import procfs
 from outrider.collectors.base import Collector, CollectorContext
 from outrider.config import k8s_identity
+from outrider.kernel import procfs
 from outrider.metrics.family import Family
 from outrider.version import __version__
 
@@ -37,7 +37,7 @@ class SelfCollector(Collector):
     def collect(self) -> list[Family]:
         stats = self.ctx.stats
         pid = os.getpid()  # in the path, so a forked child never reads its parent's descriptor
-        me = procfs.parse_proc_stat(self._reader.read(f"{pid}/stat"), pid)
+        me = procfs.parse_proc_stat(self._reader.read_bytes(f"{pid}/stat"), pid)
         fams = [
             *self._static,
             Family("outrider_agent_cpu_seconds_total").add(me.user_s, "user").add(me.system_s, "system"),

@@ -13,14 +13,13 @@ label names; where the kubelet cannot be asked, the series stay, without those l
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from outrider.collectors.base import Collector, CollectorContext, owner_definitions
-from outrider.collectors.procfs import read_proc_stat, read_text
 from outrider.k8s.gpu_owners import GpuOwners, Owner
+from outrider.kernel.procfs import read_nspid, read_proc_stat
 from outrider.metrics.catalog import CATALOG, MetricDef
 from outrider.metrics.family import Family
 from outrider.nvml import NA, GpuLost, Nvml, percent
@@ -440,9 +439,6 @@ class GpuCollector(Collector):
 
 def _nspid(root: str, pid: str) -> list[int]:
     try:
-        for line in read_text(os.path.join(root, pid, "status")).splitlines():
-            if line.startswith("NSpid:"):
-                return [int(x) for x in line.split()[1:]]
+        return read_nspid(root, pid)
     except (OSError, ValueError):
-        pass
-    return []
+        return []

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 
 from outrider import spool
 from outrider.collectors.base import Collector, CollectorContext, StackDump
+from outrider.kernel import procfs
 from outrider.metrics.catalog import CATALOG, CUSTOM_HELP, MetricDef, custom_definition
 from outrider.metrics.family import Family, HistogramValue
 
@@ -150,14 +151,12 @@ class HookCollector(Collector):
         return ok
 
     def _process_uid(self, pid: int) -> int | None:
+        """The uid the process's shard would be owned by: its effective uid (a file gets the creator's filesystem
+        uid, which follows the effective one), not the real uid of a setuid process."""
         try:
-            with open(f"{self.ctx.config.proc_root}/{pid}/status", "rb") as fh:
-                for line in fh:
-                    if line.startswith(b"Uid:"):
-                        return int(line.split()[2])  # the effective uid, the one a new file gets
-        except (OSError, ValueError, IndexError):
+            return procfs.read_proc_uids(self.ctx.config.proc_root, pid).effective
+        except (OSError, ValueError):
             return None
-        return None
 
     def _watched(self, pid: int) -> bool:
         roots = self.ctx.roots
@@ -166,12 +165,10 @@ class HookCollector(Collector):
         for _ in range(MAX_ANCESTRY):
             if pid in roots:
                 return True
-            try:
-                with open(f"{self.ctx.config.proc_root}/{pid}/stat", "rb") as fh:
-                    text = fh.read()
-                pid = int(text[text.rindex(b")") + 2:].split()[1])
-            except (OSError, ValueError, IndexError):
+            ppid = procfs.parent_pid(self.ctx.config.proc_root, pid)
+            if ppid is None:
                 return False
+            pid = ppid
             if pid <= 1:
                 return pid in roots
         return False
@@ -332,21 +329,13 @@ class HookCollector(Collector):
     # --- identity ----------------------------------------------------------------------------------------------
     def _start_ticks(self, pid: int) -> int | None:
         """The start time of the live process `pid` (clock ticks after boot, /proc/PID/stat field 22)."""
-        try:
-            with open(f"{self.ctx.config.proc_root}/{pid}/stat", "rb") as fh:
-                text = fh.read()
-            return int(text[text.rindex(b")") + 2:].split()[19])
-        except (OSError, ValueError, IndexError):
-            return None
+        return procfs.start_ticks(self.ctx.config.proc_root, pid)
 
     def _boot_time_s(self) -> float:
         if self._boot_s is None:
             self._boot_s = 0.0
-            with contextlib.suppress(OSError, ValueError, IndexError), \
-                    open(f"{self.ctx.config.proc_root}/stat", "rb") as fh:
-                for line in fh:
-                    if line.startswith(b"btime "):
-                        self._boot_s = float(line.split()[1])
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                self._boot_s = procfs.read_boot_time(self.ctx.config.proc_root)
         return self._boot_s
 
     def _same_process(self, pid: int, meta: dict[str, object], start_ns: int) -> bool:
@@ -462,12 +451,10 @@ class HookCollector(Collector):
         others = {q.header.pid for q in procs if q is not p}
         pid = p.header.pid
         for _ in range(MAX_ANCESTRY):
-            try:
-                with open(f"{self.ctx.config.proc_root}/{pid}/stat", "rb") as fh:
-                    text = fh.read()
-                pid = int(text[text.rindex(b")") + 2:].split()[1])
-            except (OSError, ValueError, IndexError):
+            ppid = procfs.parent_pid(self.ctx.config.proc_root, pid)
+            if ppid is None:
                 return False
+            pid = ppid
             if pid in others:
                 return True
             if pid <= 1:

@@ -7,8 +7,8 @@ import os
 import time
 
 from outrider import regex
-from outrider.collectors import cgroupfs, procfs
 from outrider.collectors.base import Collector, CollectorContext
+from outrider.kernel import cgroupfs, procfs
 from outrider.metrics.family import Family
 
 BUSY_EXCLUDED = ("idle", "iowait")

@@ -31,26 +31,16 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from outrider.collectors import cgroupfs, procfs
 from outrider.collectors.base import Collector, CollectorContext, owner_definitions
-from outrider.collectors.kmsg import KernelLog, OomKillRecord
 from outrider.k8s.cgroup_owners import PodDirectory, identity
+from outrider.kernel import cgroupfs, procfs
+from outrider.kernel.cgroupfs import parent, within
+from outrider.kernel.kmsg import KernelLog, OomKillRecord
 from outrider.metrics.family import Family
 
 MAX_VICTIMS = 100
 VICTIM_TTL_S = 3600.0
 Errors = Callable[[str, BaseException], None]  # (kind of failure, the error): counted and logged once per kind
-
-
-def parent(path: str) -> str:
-    """The parent of a cgroup path relative to its hierarchy's root ("/" has none: "")."""
-    if path == "/":
-        return ""
-    return path.rsplit("/", 1)[0] or "/"
-
-
-def within(path: str, scope: str) -> bool:
-    return path == scope or path.startswith(scope.rstrip("/") + "/")
 
 
 class CgroupCounters:

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from outrider.collectors import procfs
 from outrider.collectors.base import Collector, CollectorContext
 from outrider.collectors.process_identity import ProcessIdentities
+from outrider.kernel import procfs
 from outrider.metrics.family import Family
 
 OTHER = "other"

@@ -11,8 +11,8 @@ from __future__ import annotations
 import pwd
 from collections.abc import Iterable, Mapping
 
-from outrider.collectors import procfs
 from outrider.collectors.cmdline import command_label
+from outrider.kernel import procfs
 from outrider.metrics.family import Family
 
 MAX_COMMAND = 128  # a label value, not a log line: the first characters say which script it is
@@ -47,7 +47,8 @@ class ProcessIdentities:
         known = self._known.get(key)
         if known is None:
             try:
-                user = self._user(procfs.read_proc_uid(self._root, key[0]))
+                # the real uid: who started it, also where a setuid program runs with another's rights
+                user = self._user(procfs.read_proc_uids(self._root, key[0]).real)
                 argv = procfs.read_proc_argv(self._root, key[0])
             except (OSError, ValueError, IndexError):
                 return None  # gone meanwhile, or not ours to read: shown without its identity

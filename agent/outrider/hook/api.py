@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 from outrider.hook.loop import LoopAccount
 from outrider.hook.series import DURATION_BOUNDS, NoopSeries
 from outrider.hook.torch_data import TIMED_MARK, batch_size
+from outrider.kernel import procfs
 
 LOG = logging.getLogger("outrider.hook")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -262,12 +263,7 @@ def _after_fork_in_child() -> None:
 def _process_start_time() -> float | None:
     """Wall-clock start of this process (for time to first step), from /proc."""
     try:
-        with open("/proc/self/stat", "rb") as fh:
-            text = fh.read().decode()
-        start_ticks = int(text[text.rindex(")") + 2:].split()[19])
-        with open("/proc/uptime", "rb") as fh:
-            uptime = float(fh.read().split()[0])
-        return time() - (uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
+        return time() - procfs.age_s("/proc", "self")
     except (OSError, ValueError, IndexError):
         return None
 

@@ -33,12 +33,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from time import perf_counter
 
+from outrider.kernel import procfs
+
 RECENT = 32
 CHECKPOINT_FACTOR = 3.0  # a checkpoint is stalled past this many times the longest earlier one
 WRITING_BYTES_PER_S = 1 << 20  # write rate to storage (between two looks) that counts as writing: a checkpoint's,
 # not a logger's (a hung job whose logger writes on must still stall)
 WRITE_LOOK_S = 0.5  # the shortest interval a write rate is taken over
-IO_PATH = "/proc/self/io"
 MAX_PHASES = 100  # phase names are user input: more distinct ones are timed only while open
 
 
@@ -227,14 +228,10 @@ class Progress:
         return waited, limit, what
 
 
-def written_bytes(path: str = IO_PATH) -> int | None:
+def written_bytes() -> int | None:
     """Bytes this process caused to be written to storage (page cache included), or None where the kernel does
-    not say (no task I/O accounting)."""
+    not say (no task I/O accounting: no /proc/self/io)."""
     try:
-        with open(path, "rb") as fh:
-            for line in fh:
-                if line.startswith(b"write_bytes:"):
-                    return int(line.split()[1])
-    except (OSError, ValueError, IndexError):
+        return procfs.read_proc_io("/proc", "self")[1]
+    except (OSError, ValueError):
         return None
-    return None

@@ -36,6 +36,7 @@ from outrider.hook.publisher import WRITER_RETRY_S, ShardPublisher
 from outrider.hook.registry import Registry
 from outrider.hook.series import DURATION_BOUNDS, SIZE_BOUNDS, Counter, Gauge
 from outrider.hook.settings import HookSettings
+from outrider.kernel import procfs
 
 LOG = logging.getLogger("outrider.hook")
 
@@ -52,23 +53,13 @@ class Identity:
     training_job: str = ""
     argv0: str = field(default_factory=lambda: os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "python")
     # With the pid, who this process is: a pid reused by another process is never taken for this one.
-    starttime: int = field(default_factory=lambda: start_ticks("/proc/self/stat"))
+    starttime: int = field(default_factory=lambda: procfs.start_ticks("/proc", "self") or 0)  # 0: unknown
     role: str = ""  # "worker": a helper of a rank (a spawned child that never stepped), never paged as the rank
 
     def meta(self) -> dict[str, Any]:
         return {"pid": self.pid, "rank": self.rank, "local_rank": self.local_rank, "world_size": self.world_size,
                 "training_job": self.training_job, "argv0": self.argv0, "start_ns": self.start_ns,
                 "starttime": self.starttime, "role": self.role}
-
-
-def start_ticks(stat_path: str) -> int:
-    """A process's start in clock ticks after boot (field 22 of /proc/PID/stat); 0 when unknown."""
-    try:
-        with open(stat_path, "rb") as fh:
-            text = fh.read()
-        return int(text[text.rindex(b")") + 2:].split()[19])
-    except (OSError, ValueError, IndexError):
-        return 0
 
 
 def spawned_child() -> bool:

@@ -51,6 +51,8 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from outrider.kernel.procfs import parent_pid, read_cpu, read_schedstat, read_task, read_task_children
+
 ROLES = ("main", "intra_op", "data_workers", "other", "outrider")
 MAX_DESCENDANTS = 256
 # A flush reads about this many descendant processes on average: a tree of n is read every n // 32 + 1 flushes
@@ -65,89 +67,12 @@ LOOKS_PER_FLUSH = 24
 # unlisted by the process clock at the next listing
 LIST_EVERY = 8
 MAX_DEPTH = 4
-CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 Key = tuple[int, int, int]  # (pid, tid, start ticks): a reused tid is a new thread
 
 
 def python_threads() -> dict[int, str]:
     """Native id -> name of the threads Python started (threading's view)."""
     return {tid: t.name for t in threading.enumerate() if (tid := t.native_id) is not None}
-
-
-def _read(path: str) -> bytes:
-    """A /proc file of one short record (stat, schedstat) in one read, without a file object (half the CPU of
-    open())."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        return os.read(fd, 4096)
-    finally:
-        os.close(fd)
-
-
-def _read_all(path: str) -> bytes:
-    """A /proc file of many records (seq_file hands out whole records: a read may stop short of the end)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        chunks = [os.read(fd, 65536)]
-        while chunks[-1]:
-            chunks.append(os.read(fd, 65536))
-        return b"".join(chunks)
-    finally:
-        os.close(fd)
-
-
-def _stat_fields(raw: bytes) -> tuple[str, list[bytes]]:
-    """(name, the fields after it) of a stat file's text."""
-    close = raw.rindex(b")")
-    return raw[raw.index(b"(") + 1:close].decode("utf-8", "replace"), raw[close + 2:].split()
-
-
-def read_stat(path: str) -> tuple[str, float, float] | None:
-    """(name, own CPU seconds, reaped children's CPU seconds) from a process's or a task's stat; None if gone."""
-    try:
-        name, fields = _stat_fields(_read(path))
-        return (name, (int(fields[11]) + int(fields[12])) / CLK_TCK,
-                (int(fields[13]) + int(fields[14])) / CLK_TCK)
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def reaped_children_cpu(proc_dir: str) -> float:
-    """CPU seconds of the process's children that have exited and been waited for (cutime + cstime)."""
-    stat = read_stat(f"{proc_dir}/stat")
-    return stat[2] if stat is not None else 0.0
-
-
-def _parent(proc_dir: str) -> int | None:
-    """The parent process of a process (its stat's ppid); None when it is gone."""
-    try:
-        return int(_stat_fields(_read(f"{proc_dir}/stat"))[1][1])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def read_schedstat(task_dir: str) -> tuple[float, float] | None:
-    """(seconds on a CPU, seconds runnable but waiting for one) of a task; None when the kernel keeps no
-    schedstats or the task is gone."""
-    try:
-        run_ns, wait_ns = _read(f"{task_dir}/schedstat").split()[:2]
-        return int(run_ns) / 1e9, int(wait_ns) / 1e9
-    except (OSError, ValueError):
-        return None
-
-
-def read_task(task_dir: str) -> tuple[str, int, float, float | None] | None:
-    """(name, start ticks, CPU seconds, run delay seconds or None) of one task; None when it is gone."""
-    try:
-        name, fields = _stat_fields(_read(f"{task_dir}/stat"))
-        cpu = (int(fields[11]) + int(fields[12])) / CLK_TCK
-        start = int(fields[19])
-    except (OSError, ValueError, IndexError):
-        return None
-    sched = read_schedstat(task_dir)
-    if sched is None:  # a kernel without schedstats: CPU from stat, no run delay
-        return name, start, cpu, None
-    return name, start, sched[0], sched[1]  # nanoseconds: finer than the ticks of stat
 
 
 class Clocks(Protocol):
@@ -199,7 +124,7 @@ class ProcClocks:
         return task[2] if task is not None else None
 
     def process_cpu(self, pid: int) -> float | None:
-        stat = read_stat(f"{self.root}/{pid}/stat")
+        stat = read_cpu(f"{self.root}/{pid}/stat")
         return stat[1] if stat is not None else None
 
 
@@ -294,7 +219,7 @@ class ThreadSampler:
     def _own(self, pid: int, count: dict[str, int]) -> None:
         process_cpu = self.clocks.process_cpu(pid)  # before the threads: what they add meanwhile is theirs
         base = f"{self.root}/{pid}/task"
-        leader = read_stat(f"{self.root}/{pid}/stat")
+        leader = read_cpu(f"{self.root}/{pid}/stat")
         main_name = leader[0] if leader is not None else ""
         main = self.loop_tid() or pid
         python = self.threads()
@@ -376,7 +301,7 @@ class ThreadSampler:
             self._unexplained = 0.0
 
     def _name(self, base: str, tid: int) -> str:
-        stat = read_stat(f"{base}/{tid}/stat")
+        stat = read_cpu(f"{base}/{tid}/stat")
         return stat[0] if stat is not None else ""
 
     def _look(self, base: str, main: int) -> None:
@@ -430,7 +355,8 @@ class ThreadSampler:
             count["data_workers"] = self._workers
             return
         seen: dict[Key, tuple[float, float]] = {}
-        workers_cpu = reaped_children_cpu(f"{self.root}/{pid}")
+        leader = read_cpu(f"{self.root}/{pid}/stat")
+        workers_cpu = leader[2] if leader is not None else 0.0  # those exited and reaped
         children = self._descendants(pid)
         for child in children:
             for tid, (_, start, cpu, delay) in self._tasks(child).items():
@@ -468,7 +394,7 @@ class ThreadSampler:
         out: list[int] = []
         level: list[tuple[int, list[int]]] = []
         for child in list(self.children):
-            tids = self._tasks_ids(child) if _parent(f"{self.root}/{child}") == pid else []
+            tids = self._tasks_ids(child) if parent_pid(self.root, child) == pid else []
             if not tids:
                 del self.children[child]
                 continue
@@ -489,7 +415,7 @@ class ThreadSampler:
 
     def _children(self, pid: int, tid: int) -> list[int]:
         try:
-            return [int(x) for x in _read_all(f"{self.root}/{pid}/task/{tid}/children").split()]
+            return read_task_children(self.root, pid, tid)
         except (OSError, ValueError):
             return []
 

@@ -1,7 +1,9 @@
-"""Parsers for the procfs files the host and process collectors read.
+"""Parsers for the procfs files the host and process collectors, the agent's lifecycle, `outrider run` and the hook
+read: the one reader of each file of /proc.
 
 Every function takes the procfs root as a parameter, so tests point it at fixture trees. Parsers read one file
-each and return plain values; deciding what to export is the collectors' business.
+each and return plain values; deciding what to export is the callers' business. Standard library only: the hook
+imports it in the workload's process.
 """
 
 from __future__ import annotations
@@ -62,9 +64,13 @@ class KeptOpenReader:
         self._fds: dict[str, int] = {}
 
     def read(self, rel: str) -> str:
+        return self.read_bytes(rel).decode("utf-8", "replace")
+
+    def read_bytes(self, rel: str) -> bytes:
         path = f"{self.root}/{rel}"
         if not self._keep:
-            return read_text(path)
+            with open(path, "rb") as fh:
+                return fh.read()
         fd = self._fds.get(rel)
         if fd is None:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
@@ -77,7 +83,7 @@ class KeptOpenReader:
                     break
                 chunks.append(chunk)
                 offset += len(chunk)
-            return b"".join(chunks).decode("utf-8", "replace")
+            return b"".join(chunks)
         except OSError:
             self._fds.pop(rel, None)
             os.close(fd)
@@ -293,6 +299,40 @@ def mount_of(path: str, mounts: list[Mount]) -> Mount | None:
 
 
 # --- processes -------------------------------------------------------------------------------------------------
+# `pid` may be "self" where the reader is the process itself (the hook).
+
+def read_record(path: str) -> bytes:
+    """A /proc file of one short record (stat, schedstat) in one read, without a file object (half the CPU of
+    open(): the hook reads these every flush)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return os.read(fd, 4096)
+    finally:
+        os.close(fd)
+
+
+def read_records(path: str) -> bytes:
+    """A /proc file of many records (seq_file hands out whole records: a read may stop short of the end)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        chunks = [os.read(fd, 65536)]
+        while chunks[-1]:
+            chunks.append(os.read(fd, 65536))
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+# The fields of a stat file after the name, as stat_fields returns them: index i is field i + 3 of proc(5).
+STATE, PPID, UTIME, STIME, CUTIME, CSTIME, NUM_THREADS, STARTTIME, RSS = 0, 1, 11, 12, 13, 14, 17, 19, 21
+
+
+def stat_fields(raw: bytes) -> tuple[str, list[bytes]]:
+    """(name, the fields after it) of a process's or a task's stat (/proc/PID/stat, /proc/PID/task/TID/stat). The
+    name (comm) is in parentheses and may itself hold spaces and parentheses: it ends at the last ')'."""
+    close = raw.rindex(b")")
+    return raw[raw.index(b"(") + 1:close].decode("utf-8", "replace"), raw[close + 2:].split()
+
 
 class ProcStat(NamedTuple):
     pid: int
@@ -307,18 +347,93 @@ class ProcStat(NamedTuple):
 
 
 def read_proc_stat(root: str, pid: int) -> ProcStat:
-    return parse_proc_stat(read_text(f"{root}/{pid}/stat"), pid)
+    return parse_proc_stat(read_record(f"{root}/{pid}/stat"), pid)
 
 
-def parse_proc_stat(text: str, pid: int) -> ProcStat:
-    """/proc/PID/stat's text (read by the caller, perhaps through a kept-open descriptor)."""
-    # comm is in parentheses and may itself contain spaces and parentheses: split at the last ')'
-    lpar, rpar = text.index("("), text.rindex(")")
-    name = text[lpar + 1:rpar]
-    f = text[rpar + 2:].split()
-    # f[0] is field 3 (state) of proc(5)
-    return ProcStat(pid, name, f[0], int(f[1]), int(f[11]) / CLOCK_TICKS, int(f[12]) / CLOCK_TICKS, int(f[17]),
-                    int(f[19]), int(f[21]) * PAGE_SIZE)
+def parse_proc_stat(raw: bytes, pid: int) -> ProcStat:
+    """/proc/PID/stat's content (read by the caller, perhaps through a kept-open descriptor)."""
+    name, f = stat_fields(raw)
+    return ProcStat(pid, name, f[STATE].decode(), int(f[PPID]), int(f[UTIME]) / CLOCK_TICKS,
+                    int(f[STIME]) / CLOCK_TICKS, int(f[NUM_THREADS]), int(f[STARTTIME]), int(f[RSS]) * PAGE_SIZE)
+
+
+def start_ticks(root: str, pid: int | str) -> int | None:
+    """The process's start in clock ticks after boot (stat field 22), which with its pid identifies it across pid
+    reuse; None when it is gone or unreadable."""
+    try:
+        return int(stat_fields(read_record(f"{root}/{pid}/stat"))[1][STARTTIME])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def parent_pid(root: str, pid: int | str) -> int | None:
+    """The process's parent (stat's ppid); None when it is gone or unreadable."""
+    try:
+        return int(stat_fields(read_record(f"{root}/{pid}/stat"))[1][PPID])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def read_cpu(stat_path: str) -> tuple[str, float, float] | None:
+    """(name, own CPU seconds, reaped children's CPU seconds: cutime + cstime) from a process's or a task's stat
+    file; None when it is gone."""
+    try:
+        name, f = stat_fields(read_record(stat_path))
+        return (name, (int(f[UTIME]) + int(f[STIME])) / CLOCK_TICKS, (int(f[CUTIME]) + int(f[CSTIME])) / CLOCK_TICKS)
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def read_schedstat(task_dir: str) -> tuple[float, float] | None:
+    """(seconds on a CPU, seconds runnable but waiting for one) of a task (a /proc/PID/task/TID directory); None
+    when the kernel keeps no schedstats or the task is gone."""
+    try:
+        run_ns, wait_ns = read_record(f"{task_dir}/schedstat").split()[:2]
+        return int(run_ns) / 1e9, int(wait_ns) / 1e9
+    except (OSError, ValueError):
+        return None
+
+
+def read_task(task_dir: str) -> tuple[str, int, float, float | None] | None:
+    """(name, start ticks, CPU seconds, run delay seconds or None) of one task; None when it is gone. The CPU is
+    schedstat's nanoseconds where the kernel keeps them (finer than stat's ticks), else stat's, with no delay."""
+    try:
+        name, f = stat_fields(read_record(f"{task_dir}/stat"))
+        cpu = (int(f[UTIME]) + int(f[STIME])) / CLOCK_TICKS
+        start = int(f[STARTTIME])
+    except (OSError, ValueError, IndexError):
+        return None
+    sched = read_schedstat(task_dir)
+    if sched is None:
+        return name, start, cpu, None
+    return name, start, sched[0], sched[1]
+
+
+def read_task_children(root: str, pid: int, tid: int) -> list[int]:
+    """The processes the task forked that live (/proc/PID/task/TID/children). Raises FileNotFoundError where the
+    task is gone or the kernel lacks the file (before 4.2 or without CONFIG_PROC_CHILDREN)."""
+    return [int(c) for c in read_records(f"{root}/{pid}/task/{tid}/children").split()]
+
+
+def read_uptime(root: str) -> float:
+    """Seconds since boot (/proc/uptime), to the hundredth: with start ticks, how long ago a process started."""
+    return float(read_record(f"{root}/uptime").split()[0])
+
+
+def age_s(root: str, pid: int | str) -> float:
+    """Seconds since the process started (uptime less its start ticks), to the clock tick; raises OSError,
+    ValueError or IndexError where a file is unreadable or malformed."""
+    ticks = int(stat_fields(read_record(f"{root}/{pid}/stat"))[1][STARTTIME])
+    return read_uptime(root) - ticks / CLOCK_TICKS
+
+
+def _status_line(root: str, pid: int | str, key: str) -> list[str] | None:
+    """The fields after `key:` in /proc/PID/status (None: no such line)."""
+    head = key + ":"
+    for line in read_text(f"{root}/{pid}/status").splitlines():
+        if line.startswith(head):
+            return line.split()[1:]
+    return None
 
 
 def read_proc_ctx_switches(root: str, pid: int) -> tuple[int, int]:
@@ -331,7 +446,34 @@ def read_proc_ctx_switches(root: str, pid: int) -> tuple[int, int]:
     return vol, invol
 
 
-def read_proc_io(root: str, pid: int) -> tuple[int, int]:
+class Uids(NamedTuple):
+    """A process's user ids (the Uid line of /proc/PID/status). Callers pick the one their question asks for:
+    - real: the user who started the process, whom a setuid program acts for (psutil's username(), `ps -o ruser`);
+    - effective: whose permissions it has; a file it creates gets its filesystem uid, which follows the effective
+      uid unless the process calls setfsuid (nothing a workload does).
+    They differ only in a setuid or setresuid process."""
+
+    real: int
+    effective: int
+    saved: int
+    filesystem: int
+
+
+def read_proc_uids(root: str, pid: int | str) -> Uids:
+    fields = _status_line(root, pid, "Uid")
+    if fields is None or len(fields) < 4:
+        raise ValueError(f"{root}/{pid}/status has no Uid line")
+    return Uids(int(fields[0]), int(fields[1]), int(fields[2]), int(fields[3]))
+
+
+def read_nspid(root: str, pid: int | str) -> list[int]:
+    """The process's pid in each pid namespace it is in, the outermost (the procfs mount's) first (the NSpid line of
+    /proc/PID/status, Linux 4.1 and later); [] where the line is missing."""
+    fields = _status_line(root, pid, "NSpid")
+    return [int(x) for x in fields] if fields is not None else []
+
+
+def read_proc_io(root: str, pid: int | str) -> tuple[int, int]:
     """(read_bytes, write_bytes): bytes the process caused to be fetched from / sent to storage."""
     rd = wr = 0
     for line in read_text(f"{root}/{pid}/io").splitlines():
@@ -361,11 +503,11 @@ def children_of(root: str, pid: int) -> list[int] | None:
     found_file = False
     for tid in tids:
         try:
-            text = read_text(f"{root}/{pid}/task/{tid}/children")
+            kids = read_task_children(root, pid, int(tid))
         except FileNotFoundError:
             continue
         found_file = True
-        out.extend(int(c) for c in text.split())
+        out.extend(kids)
     if not found_file and tids:
         return None
     return out
@@ -415,14 +557,6 @@ def read_boot_time(root: str) -> float:
         if line.startswith("btime "):
             return float(line.split()[1])
     raise ValueError(f"{root}/stat has no btime line")
-
-
-def read_proc_uid(root: str, pid: int) -> int:
-    """The process's real uid (the user it runs as, as `ps` shows it)."""
-    for line in read_text(f"{root}/{pid}/status").splitlines():
-        if line.startswith("Uid:"):
-            return int(line.split()[1])
-    raise ValueError(f"{root}/{pid}/status has no Uid line")
 
 
 def read_proc_argv(root: str, pid: int) -> list[str]:

@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from outrider.collectors.procfs import Reader, pick, read_text
+from outrider.kernel.procfs import Reader, pick, read_text
 
 # cgroup v1 reports "no limit" as the page counter's maximum (2^63 - 1 rounded down to a page): anything this large
 # is no limit at all.
@@ -98,6 +98,20 @@ def read_memory(cg: MemoryCgroup, read: Reader = None) -> CgroupMemory:
     # total_inactive_file counts the cgroup's children too, as usage_in_bytes does
     inactive = stat.get("total_inactive_file", stat.get("inactive_file", 0))
     return CgroupMemory(None if raw_limit >= V1_UNLIMITED else raw_limit, usage, inactive, oom.get("oom_kill"))
+
+
+# --- cgroup paths, relative to the hierarchy's root (as /proc/PID/cgroup and the kernel log write them) ---------
+
+def parent(path: str) -> str:
+    """The parent of a cgroup path relative to its hierarchy's root ("/" has none: "")."""
+    if path == "/":
+        return ""
+    return path.rsplit("/", 1)[0] or "/"
+
+
+def within(path: str, scope: str) -> bool:
+    """Whether the cgroup `path` is `scope` or below it."""
+    return path == scope or path.startswith(scope.rstrip("/") + "/")
 
 
 # --- OOM kills per cgroup, for the oom collector and `outrider run` -------------------------------------------
