@@ -46,6 +46,8 @@ from outrider.runs.verdict import RunVerdict, Segment, timeline_text
 LOG = logging.getLogger("outrider.run")
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+# taken by sigtimedwait on the main thread, blocked on every other
+WAITED = frozenset({*FORWARDED, signal.SIGCHLD})
 PR_SET_CHILD_SUBREAPER = 36
 
 
@@ -288,9 +290,6 @@ def run(cmd: Sequence[str], config: Config, on_exit: Callable[[list[Family]], No
             _finish_record(store, summary)
         _report(summary, quiet, summary_json)
         return summary.exit_code, summary
-
-
-WAITED = frozenset({*FORWARDED, signal.SIGCHLD})  # taken by sigtimedwait on the main thread, blocked on every other
 
 
 def _with_spool(config: Config, undo: contextlib.ExitStack) -> Config:
