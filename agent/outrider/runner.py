@@ -29,6 +29,7 @@ import textwrap
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from outrider.agent import Agent
 from outrider.collectors import cgroupfs, procfs
@@ -282,7 +283,7 @@ def run(cmd: Sequence[str], config: Config, on_exit: Callable[[list[Family]], No
         if on_exit is not None:
             on_exit(final)
         agent.stop()
-        usage = _Usage.of(before, resource.getrusage(resource.RUSAGE_CHILDREN), tree)
+        usage = _usage(before, resource.getrusage(resource.RUSAGE_CHILDREN), tree)
         summary = _summary(cmd, child, status, wall, usage, agent.server.url, started_unix, oom.finish(child.pid),
                            measure(final, recorder.waiting(), recorder.hooked), recorder)
         if store is not None:
@@ -370,30 +371,18 @@ class Command:
         self.status = status
 
 
-@dataclass(frozen=True)
-class _Usage:
-    """What CMD's tree cost: the kernel's accounting of the reaped children (getrusage), and the sweeps' peaks
+def _usage(before: resource.struct_rusage, after: resource.struct_rusage, tree: TreeTotals) -> dict[str, Any]:
+    """RunSummary's cost fields: the kernel's accounting of the reaped children (getrusage), and the sweeps' peaks
     and totals, which also see the descendants still running or never reaped by the runner."""
-
-    cpu_user_s: float
-    cpu_system_s: float
-    peak_tree_rss_bytes: int
-    peak_process_rss_bytes: int
-    read_bytes: int
-    written_bytes: int
-    max_processes: int
-
-    @classmethod
-    def of(cls, before: resource.struct_rusage, after: resource.struct_rusage, tree: TreeTotals) -> _Usage:
-        return cls(cpu_user_s=after.ru_utime - before.ru_utime, cpu_system_s=after.ru_stime - before.ru_stime,
-                   peak_tree_rss_bytes=max(tree.peak_rss, after.ru_maxrss * 1024),
-                   peak_process_rss_bytes=after.ru_maxrss * 1024,
-                   read_bytes=max((after.ru_inblock - before.ru_inblock) * 512, tree.io.get("read", 0)),
-                   written_bytes=max((after.ru_oublock - before.ru_oublock) * 512, tree.io.get("write", 0)),
-                   max_processes=max(tree.max_processes, 1))
+    return dict(cpu_user_s=after.ru_utime - before.ru_utime, cpu_system_s=after.ru_stime - before.ru_stime,
+                peak_tree_rss_bytes=max(tree.peak_rss, after.ru_maxrss * 1024),
+                peak_process_rss_bytes=after.ru_maxrss * 1024,
+                read_bytes=max((after.ru_inblock - before.ru_inblock) * 512, tree.io.get("read", 0)),
+                written_bytes=max((after.ru_oublock - before.ru_oublock) * 512, tree.io.get("write", 0)),
+                max_processes=max(tree.max_processes, 1))
 
 
-def _summary(cmd: Sequence[str], child: Command, status: int, wall_s: float, usage: _Usage, url: str,
+def _summary(cmd: Sequence[str], child: Command, status: int, wall_s: float, usage: dict[str, Any], url: str,
              started_unix: float, oom: tuple[int, str, str, list[str]], measured: Measured,
              recorder: RunRecorder) -> RunSummary:
     """The run's summary from what its parts made: CMD's ending, its cost, the OOM watch, the hook's
@@ -405,7 +394,7 @@ def _summary(cmd: Sequence[str], child: Command, status: int, wall_s: float, usa
     oom_kills, oom_scope, oom_counter, oom_victims = oom
     return RunSummary(
         command=list(cmd), pid=child.pid, exit_code=code, signal=ended_by, wall_s=wall_s,
-        **asdict(usage), signals_forwarded=child.forwarded, metrics_url=url + "/metrics", started=started_unix,
+        **usage, signals_forwarded=child.forwarded, metrics_url=url + "/metrics", started=started_unix,
         measured=measured, oom_kills=oom_kills, oom_scope=oom_scope, oom_counter=oom_counter,
         oom_victims=oom_victims, alerts=sorted(recorder.alerts, key=lambda a: a.fired), verdict=recorder.verdict(),
         timeline=recorder.timeline(),
