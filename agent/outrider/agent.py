@@ -74,7 +74,7 @@ class Agent:
 
             self.otlp = OtlpExporter(config, lambda: self.sampler.families)
             ctx.reporters["self"].append(self.otlp.families)
-        self._stopped = False
+        self._started = self._stopped = False
 
     def _endpoints(self) -> Endpoints:
         sampler, engine = self.sampler, self.alerting.engine if self.alerting is not None else None
@@ -87,6 +87,7 @@ class Agent:
                          rendered=lambda openmetrics, gzip: sampler.rendered(openmetrics, compressed=gzip))
 
     def start(self) -> None:
+        self._started = True
         if self.alerting is not None:
             self.alerting.start()
         self.server.start()
@@ -97,18 +98,20 @@ class Agent:
                  self.config.interval_s, ", ".join(c.name for c in self.sampler.collectors))
 
     def stop(self) -> None:
-        """Final sweep and flush, bounded by shutdown_timeout_s; a stuck exporter is abandoned, not waited on."""
+        """Final sweep and flush, bounded by shutdown_timeout_s; a stuck exporter is abandoned, not waited on. An
+        agent never started (`outrider run` whose command could not start) only lets go: no sweep, no export."""
         if self._stopped:
             return
         self._stopped = True
         deadline = time.monotonic() + self.config.shutdown_timeout_s
 
         def finish() -> None:
-            self.sampler.stop(timeout_s=max(0.1, (deadline - time.monotonic()) / 2))
-            if self.alerting is not None or self.otlp is not None:
+            self.sampler.halt(timeout_s=max(0.1, (deadline - time.monotonic()) / 2))
+            if self._started and (self.alerting is not None or self.otlp is not None):
                 # The latest values: the rules evaluate them (a last notification is queued before the
                 # notifiers' final flush below), and the final OTLP export carries them.
                 self.sampler.sweep()
+            self.sampler.close()  # after the last sweep, which would take the spool's lock again
             if self.alerting is not None:
                 self.alerting.stop(timeout_s=max(0.1, (deadline - time.monotonic()) / 4))
             if self.otlp is not None:

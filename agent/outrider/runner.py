@@ -29,6 +29,7 @@ import textwrap
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from outrider.agent import Agent
 from outrider.config import Config, hook_environment
@@ -46,6 +47,8 @@ from outrider.runs.verdict import RunVerdict, Segment, timeline_text
 LOG = logging.getLogger("outrider.run")
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+# taken by sigtimedwait on the main thread, blocked on every other
+WAITED = frozenset({*FORWARDED, signal.SIGCHLD})
 PR_SET_CHILD_SUBREAPER = 36
 
 
@@ -236,109 +239,182 @@ def run(cmd: Sequence[str], config: Config, on_exit: Callable[[list[Family]], No
         summary_json: str | None = None, quiet: bool = False,
         listeners: Sequence[Callable[[list[Family]], None]] = ()) -> tuple[int, RunSummary | None]:
     """Run CMD under watch. Returns (exit code, summary). on_exit gets a final sweep taken after CMD ended (its
-    hooked processes' closing flushes included); listeners get every sweep."""
+    hooked processes' closing flushes included); listeners get every sweep.
+
+    Whatever way run() is left (CMD cannot start, the runner fails while CMD runs, an exception after it ended),
+    what it started is undone in reverse order: CMD (ended and reaped if still running), the run record, the
+    kernel log, the agent (its threads, its port, its hold on the spool), the signal mask, the run's own spool."""
     if not cmd:
         raise ValueError("no command given: outrider run [options] -- CMD [ARGS...]")
-    subreaper = _become_subreaper()
-    if not subreaper:
+    if not _become_subreaper():
         LOG.warning("could not become a child subreaper: orphaned descendants will leave the watched tree")
     me = os.getpid()
-    own_spool = None
-    if not config.spool_dir:  # a spool of this run's own, so the command's hooked processes publish to us
-        own_spool = tempfile.mkdtemp(prefix="outrider-run-")
-        config = dataclasses.replace(config, spool_dir=own_spool)
-    # the hook's settings from this configuration (a file's flush_interval_s reaches the children), and the spool
-    env = {**os.environ, **hook_environment(config), "OUTRIDER_SPOOL_DIR": config.spool_dir}
-    waited = set(FORWARDED) | {signal.SIGCHLD}
-    old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, waited)
-    try:
+    with contextlib.ExitStack() as undo:
+        config = _with_spool(config, undo)
+        old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, WAITED)
+        undo.callback(signal.pthread_sigmask, signal.SIG_SETMASK, old_mask)
         agent = Agent(config, roots=(me,), exclude_pids=frozenset({me}), listen_fallback=True)
+        undo.callback(agent.stop)
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         oom = OomWatch(config)
+        undo.callback(oom.close)
         started = time.monotonic()
         try:
-            child = _spawn(cmd, env)
-        except FileNotFoundError:
-            print(f"outrider run: command not found: {cmd[0]}", file=sys.stderr)
-            agent.server.stop()
-            oom.close()
-            return 127, None
-        except PermissionError:
-            print(f"outrider run: permission denied: {cmd[0]}", file=sys.stderr)
-            agent.server.stop()
-            oom.close()
-            return 126, None
-        agent.sampler.listeners.extend(listeners)
+            child = Command(_spawn(cmd, _child_environment(config)))
+        except OSError as e:
+            return _not_started(cmd[0], e), None
+        undo.callback(child.end, config.shutdown_timeout_s)
         store, run_id = _open_run_record(config, cmd)
+        if store is not None:
+            undo.callback(store.close)
+            undo.callback(agent.stop)  # before the record closes: the agent's last sweep reaches the recorder
         recorder = RunRecorder(store, run_id, config.diagnosis_window_s)
-        agent.sampler.listeners.append(recorder)
+        tree = TreeTotals()
+        agent.sampler.listeners.extend([*listeners, recorder, tree.note_sweep])
         _record_alerts(agent, recorder)
         started_unix = time.time()
         agent.start()
         if not quiet:
-            print(f"outrider: watching {cmd[0]} (pid {child}); metrics at {agent.server.url}/metrics",
+            print(f"outrider: watching {cmd[0]} (pid {child.pid}); metrics at {agent.server.url}/metrics",
                   file=sys.stderr)
-        tree = TreeTotals()
-        agent.sampler.listeners.append(tree.note_sweep)
-        status: int | None = None
-        forwarded: list[str] = []
-        while status is None:
-            info = signal.sigtimedwait(waited, 0.5)
-            if info is not None and info.si_signo != signal.SIGCHLD:
-                sig = info.si_signo
-                # si_pid 0: sent by the kernel, i.e. typed at the terminal; the child's process group got it too.
-                from_terminal = info.si_pid == 0 and os.getpgid(0) == _pgid(child)
-                if not (sig == signal.SIGINT and from_terminal):
-                    try:
-                        os.kill(child, sig)
-                        forwarded.append(_signal_name(sig))
-                    except ProcessLookupError:
-                        pass
-                continue
-            status = _reap(child)
+        status = child.wait()
         wall = time.monotonic() - started
         final = agent.sampler.sweep()  # after CMD ended: its hooked processes' closing flushes included
         if on_exit is not None:
             on_exit(final)
         agent.stop()
-        after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
-        if own_spool:
-            shutil.rmtree(own_spool, ignore_errors=True)
+        usage = _usage(before, resource.getrusage(resource.RUSAGE_CHILDREN), tree)
+        summary = _summary(cmd, child, status, wall, usage, agent.server.url, started_unix, oom.finish(child.pid),
+                           measure(final, recorder.waiting(), recorder.hooked), recorder)
+        if store is not None:
+            summary.run_id = run_id
+            _finish_record(store, summary)
+        _report(summary, quiet, summary_json)
+        return summary.exit_code, summary
+
+
+def _with_spool(config: Config, undo: contextlib.ExitStack) -> Config:
+    """The configuration with a spool: the configured one, else one of this run's own (removed on the way out), so
+    the command's hooked processes publish to this runner."""
+    if config.spool_dir:
+        return config
+    own = tempfile.mkdtemp(prefix="outrider-run-")
+    undo.callback(shutil.rmtree, own, ignore_errors=True)
+    return dataclasses.replace(config, spool_dir=own)
+
+
+def _child_environment(config: Config) -> dict[str, str]:
+    """CMD's environment: this one, with the hook's settings from this configuration (a file's flush_interval_s
+    reaches the children) and the spool."""
+    return {**os.environ, **hook_environment(config), "OUTRIDER_SPOOL_DIR": config.spool_dir}
+
+
+def _not_started(program: str, e: OSError) -> int:
+    """The exit code a shell gives a command it cannot start (127: not found, 126: found but not runnable), after
+    saying why."""
+    if isinstance(e, FileNotFoundError):
+        print(f"outrider run: command not found: {program}", file=sys.stderr)
+        return 127
+    if isinstance(e, PermissionError):
+        print(f"outrider run: permission denied: {program}", file=sys.stderr)
+        return 126
+    print(f"outrider run: cannot run {program}: {e.strerror or e}", file=sys.stderr)
+    return 126
+
+
+class Command:
+    """CMD's process while the runner watches it: its pid, the signals forwarded to it, its wait status once
+    reaped."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.forwarded: list[str] = []
+        self.status: int | None = None
+
+    def wait(self) -> int:
+        """Forward the signals the runner receives until CMD ends; its wait status. Exited children are reaped on
+        every SIGCHLD, and every half second in case one was coalesced."""
+        while self.status is None:
+            info = signal.sigtimedwait(WAITED, 0.5)
+            if info is not None and info.si_signo != signal.SIGCHLD:
+                self._forward(info)
+            else:
+                self.status = _reap(self.pid)
+        return self.status
+
+    def _forward(self, info: signal.struct_siginfo) -> None:
+        sig = info.si_signo
+        # si_pid 0: sent by the kernel, i.e. typed at the terminal; the child's process group got it too.
+        if sig == signal.SIGINT and info.si_pid == 0 and os.getpgid(0) == _pgid(self.pid):
+            return
+        try:
+            os.kill(self.pid, sig)
+            self.forwarded.append(_signal_name(sig))
+        except ProcessLookupError:
+            pass
+
+    def end(self, grace_s: float) -> None:
+        """On a way out of run() before CMD ended (the runner itself failed): SIGTERM, grace_s to exit, then
+        SIGKILL; reaped either way, so CMD is never left running unwatched."""
+        if self.status is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        while (status := _reap(self.pid)) is None and time.monotonic() < deadline:
+            signal.sigtimedwait({signal.SIGCHLD}, 0.05)
+        if status is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)
+            with contextlib.suppress(ChildProcessError):
+                status = os.waitpid(self.pid, 0)[1]
+        self.status = status
+
+
+def _usage(before: resource.struct_rusage, after: resource.struct_rusage, tree: TreeTotals) -> dict[str, Any]:
+    """RunSummary's cost fields: the kernel's accounting of the reaped children (getrusage), and the sweeps' peaks
+    and totals, which also see the descendants still running or never reaped by the runner."""
+    return dict(cpu_user_s=after.ru_utime - before.ru_utime, cpu_system_s=after.ru_stime - before.ru_stime,
+                peak_tree_rss_bytes=max(tree.peak_rss, after.ru_maxrss * 1024),
+                peak_process_rss_bytes=after.ru_maxrss * 1024,
+                read_bytes=max((after.ru_inblock - before.ru_inblock) * 512, tree.io.get("read", 0)),
+                written_bytes=max((after.ru_oublock - before.ru_oublock) * 512, tree.io.get("write", 0)),
+                max_processes=max(tree.max_processes, 1))
+
+
+def _summary(cmd: Sequence[str], child: Command, status: int, wall_s: float, usage: dict[str, Any], url: str,
+             started_unix: float, oom: tuple[int, str, str, list[str]], measured: Measured,
+             recorder: RunRecorder) -> RunSummary:
+    """The run's summary from what its parts made: CMD's ending, its cost, the OOM watch, the hook's
+    measurements and the recorder's alerts and verdict."""
     code = os.waitstatus_to_exitcode(status)
-    oom_kills, oom_scope, oom_counter, oom_victims = oom.finish(child)
     ended_by = _signal_name(-code) if code < 0 else None
     if code < 0:  # killed by a signal: report it as a shell would
         code = 128 - code
-    summary = RunSummary(
-        command=list(cmd), pid=child, exit_code=code, signal=ended_by, wall_s=wall,
-        cpu_user_s=after.ru_utime - before.ru_utime, cpu_system_s=after.ru_stime - before.ru_stime,
-        peak_tree_rss_bytes=max(tree.peak_rss, after.ru_maxrss * 1024),
-        peak_process_rss_bytes=after.ru_maxrss * 1024,
-        read_bytes=max((after.ru_inblock - before.ru_inblock) * 512, tree.io.get("read", 0)),
-        written_bytes=max((after.ru_oublock - before.ru_oublock) * 512, tree.io.get("write", 0)),
-        max_processes=max(tree.max_processes, 1), signals_forwarded=forwarded,
-        metrics_url=agent.server.url + "/metrics", started=started_unix,
-        measured=measure(final, recorder.waiting(), recorder.hooked), oom_kills=oom_kills, oom_scope=oom_scope,
-        oom_counter=oom_counter, oom_victims=oom_victims,
-        alerts=sorted(recorder.alerts, key=lambda a: a.fired), verdict=recorder.verdict(),
+    oom_kills, oom_scope, oom_counter, oom_victims = oom
+    return RunSummary(
+        command=list(cmd), pid=child.pid, exit_code=code, signal=ended_by, wall_s=wall_s,
+        **usage, signals_forwarded=child.forwarded, metrics_url=url + "/metrics", started=started_unix,
+        measured=measured, oom_kills=oom_kills, oom_scope=oom_scope, oom_counter=oom_counter,
+        oom_victims=oom_victims, alerts=sorted(recorder.alerts, key=lambda a: a.fired), verdict=recorder.verdict(),
         timeline=recorder.timeline(),
     )
-    if store is not None:
-        summary.run_id = run_id
-        try:
-            store.finish_run(run_id, code, asdict(summary))
-        except Exception as e:  # a record is a convenience: never fail the run over it
-            LOG.warning("could not finish the run record: %s", e)
-    if store is not None:
-        store.close()
+
+
+def _report(summary: RunSummary, quiet: bool, summary_json: str | None) -> None:
+    """The summary on stderr (unless quiet), and as JSON where asked."""
     if not quiet:
         print(summary.text(), file=sys.stderr)
     if summary_json:
         with open(summary_json, "w", encoding="utf-8") as fh:
             json.dump(asdict(summary), fh, indent=2)
-    return code, summary
+
+
+def _finish_record(store: RunStore, summary: RunSummary) -> None:
+    try:
+        store.finish_run(summary.run_id, summary.exit_code, asdict(summary))
+    except Exception as e:  # a record is a convenience: never fail the run over it
+        LOG.warning("could not finish the run record: %s", e)
 
 
 class TreeTotals:

@@ -226,9 +226,18 @@ class Sampler:
         return time.monotonic() - self.stats.last_sweep_monotonic <= 3 * self.config.interval_s + 1
 
     def stop(self, timeout_s: float = 5.0) -> None:
+        """Stop sweeping (waiting for the thread at most timeout_s) and close the collectors."""
+        self.halt(timeout_s)
+        self.close()
+
+    def halt(self, timeout_s: float = 5.0) -> None:
+        """Stop the sweeping thread, waiting for it at most timeout_s; the collectors stay open for a last sweep."""
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout_s)
+
+    def close(self) -> None:
+        """Close the collectors (the hook collector lets go of the spool): no sweep after this one."""
         for c in self.collectors:
             try:
                 c.close()

@@ -24,126 +24,165 @@ SEP = "\t"  # joins (training_job, rank, field) in a snapshot's per-rank keys
 
 def snapshot(families: list[Family]) -> dict[str, float]:
     """The scalars of one sweep the diagnosis uses (sums over ranks and GPUs, means or maxima where so named)."""
-    out: dict[str, float] = {}
-    gpu_util: list[float] = []
-    gpm: dict[str, list[float]] = {}
-    mem_used: dict[str, float] = {}
-    mem_total: dict[str, float] = {}
-    intra_op: list[float] = []
-    thermal = power = 0.0
-
-    def add(key: str, value: float) -> None:
-        out[key] = out.get(key, 0.0) + value
-
-    def by_rank(lab: dict[str, str], what: str, value: float) -> None:
-        add(SEP.join(("rank", lab.get("training_job", ""), lab.get("rank", ""), what)), value)
-
+    readings = _Readings()
     for fam in families:
         name = fam.defn.name
-        labels = fam.defn.label_names
         for values, v in fam.samples:
-            lab = dict(zip(labels, values))
+            lab = dict(zip(fam.defn.label_names, values))
             if isinstance(v, HistogramValue):
-                if name == "outrider_train_step_duration_seconds":
-                    add("step_sum", v.sum)
-                    add("step_count", v.count)
-                    by_rank(lab, "steps", v.count)
-                elif name == "outrider_train_data_wait_seconds":
-                    add("wait_sum", v.sum)
-                elif name == "outrider_train_gpu_step_duration_seconds":
-                    out["cuda_used"] = 1.0
-                continue
-            if name == "outrider_samples_total":
-                add("samples", v)
-            elif name == "outrider_tokens_total":
-                add("tokens", v)
-            elif name == "outrider_requests_total":
-                add("requests", v)
-            elif name == "outrider_watched_cpu_seconds_total":
-                add("process_cpu", v)
-            elif name == "outrider_watched_io_bytes_total":
-                add(f"tree_io_{lab.get('direction', '')}", v)
-            elif name == "outrider_host_pressure_stalled_seconds_total" and lab.get("resource") == "io" \
-                    and lab.get("kind") == "some":
-                out["io_pressure"] = v
-            elif name == "outrider_train_loop_seconds_total":
-                add(f"loop_{lab.get('part', '')}", v)
-                add("loop_wall", v)
-                by_rank(lab, lab.get("part", ""), v)
-                by_rank(lab, "wall", v)
-            elif name == "outrider_train_collective_wait_seconds_total":
-                add("collective_wait", v)
-                by_rank(lab, "collective_wait", v)
-            elif name == "outrider_train_collective_seconds_total":
-                add("collective", v)
-            elif name == "outrider_train_gpu_busy_seconds_total":
-                add("gpu_busy", v)
-            elif name == "outrider_train_gpu_observed_seconds_total":
-                add("gpu_observed", v)
-            elif name == "outrider_train_autograd_ops_total":
-                add("autograd_ops", v)
-            elif name == "outrider_train_loop_samples_total":
-                where = lab.get("where", "")
-                add(f"prof_{where}", v)
-                add("prof_total", v)
-                by_rank(lab, f"prof_{where}", v)
-                by_rank(lab, "prof_total", v)
-            elif name == "outrider_train_loop_frame_samples_total":
-                add(SEP.join(("frame", lab.get("where", ""), lab.get("frame", ""))), v)
-            elif name == "outrider_thread_cpu_seconds_total":
-                add(f"cpu_{lab.get('role', '')}", v)
-            elif name == "outrider_thread_run_delay_seconds_total":
-                add(f"delay_{lab.get('role', '')}", v)
-                out["has_run_delay"] = 1.0
-            elif name == "outrider_threads" and lab.get("role") == "main":
-                add("main_threads", v)
-            elif name == "outrider_threads" and lab.get("role") == "data_workers":
-                add("worker_threads", v)
-            elif name == "outrider_torch_intra_op_threads":
-                intra_op.append(v)
-            elif name == "outrider_host_cpu_utilization_ratio":
-                out["host_cpu_util"] = v
-            elif name == "outrider_host_logical_cpus":
-                out["cpus"] = v
-            elif name == "outrider_host_memory_available_bytes":
-                out["host_mem_avail"] = v
-            elif name == "outrider_host_memory_limit_bytes":
-                out["host_mem_total"] = v
-            elif name == "outrider_cgroup_memory_working_set_bytes":
-                out["cgroup_mem_working_set"] = v
-            elif name == "outrider_cgroup_memory_limit_bytes":
-                out["cgroup_mem_limit"] = v
-            elif name == "outrider_gpu_utilization_ratio" and lab.get("task") == "general":
-                gpu_util.append(v)
-            elif name in ("outrider_gpu_sm_activity_ratio", "outrider_gpu_tensor_activity_ratio",
-                          "outrider_gpu_dram_activity_ratio"):
-                gpm.setdefault(name, []).append(v)
-            elif name == "outrider_gpu_memory_used_bytes":
-                mem_used[lab["gpu"]] = v
-            elif name == "outrider_gpu_memory_total_bytes":
-                mem_total[lab["gpu"]] = v
-            elif name == "outrider_gpu_clock_event_active" and v:
-                reason = lab.get("reason", "")
-                if "thermal" in reason:
-                    thermal = 1.0
-                elif reason in ("hw_power_brake_slowdown", "hw_slowdown", "sw_power_cap"):
-                    power = 1.0
-            elif name == "outrider_torch_cuda_alloc_retries_total":
-                add("alloc_retries", v)
-            if name.startswith("outrider_torch_cuda_") or name == "outrider_train_gpu_step_duration_seconds":
-                out["cuda_used"] = 1.0
-    if gpu_util:
-        out["gpu_util"] = sum(gpu_util) / len(gpu_util)
-        out["gpus"] = len(gpu_util)
-    if intra_op:
-        out["intra_op_threads"] = min(intra_op)
-    for name, vals in gpm.items():
-        out[name.replace("outrider_gpu_", "").replace("_ratio", "")] = sum(vals) / len(vals)
-    ratios = [mem_used[g] / mem_total[g] for g in mem_used if mem_total.get(g)]
-    if ratios:
-        out["gpu_mem_ratio"] = max(ratios)
-    out["throttle_thermal"], out["throttle_power"] = thermal, power
-    return out
+                readings.note_histogram(name, lab, v)
+            else:
+                readings.note(name, lab, v)
+    return readings.scalars()
+
+
+# Counters summed over all their series, under one key
+SUMMED = {
+    "outrider_samples_total": "samples",
+    "outrider_tokens_total": "tokens",
+    "outrider_requests_total": "requests",
+    "outrider_watched_cpu_seconds_total": "process_cpu",
+    "outrider_train_collective_seconds_total": "collective",
+    "outrider_train_gpu_busy_seconds_total": "gpu_busy",
+    "outrider_train_gpu_observed_seconds_total": "gpu_observed",
+    "outrider_train_autograd_ops_total": "autograd_ops",
+    "outrider_torch_cuda_alloc_retries_total": "alloc_retries",
+}
+# Counters summed per value of one label: (key prefix, label)
+SUMMED_BY = {
+    "outrider_watched_io_bytes_total": ("tree_io_", "direction"),
+    "outrider_thread_cpu_seconds_total": ("cpu_", "role"),
+    "outrider_thread_run_delay_seconds_total": ("delay_", "role"),
+}
+# Gauges of the host or the container, one series each
+LATEST = {
+    "outrider_host_cpu_utilization_ratio": "host_cpu_util",
+    "outrider_host_logical_cpus": "cpus",
+    "outrider_host_memory_available_bytes": "host_mem_avail",
+    "outrider_host_memory_limit_bytes": "host_mem_total",
+    "outrider_cgroup_memory_working_set_bytes": "cgroup_mem_working_set",
+    "outrider_cgroup_memory_limit_bytes": "cgroup_mem_limit",
+}
+GPM = ("outrider_gpu_sm_activity_ratio", "outrider_gpu_tensor_activity_ratio", "outrider_gpu_dram_activity_ratio")
+POWER_REASONS = ("hw_power_brake_slowdown", "hw_slowdown", "sw_power_cap")
+
+
+class _Readings:
+    """One sweep's samples as the snapshot adds them up: the job's sums (whole, per label value and per rank) and
+    the GPUs' readings, whose means and maxima are taken once all are in (`scalars`)."""
+
+    def __init__(self) -> None:
+        self.out: dict[str, float] = {}
+        self.gpu_util: list[float] = []
+        self.gpm: dict[str, list[float]] = {}
+        self.mem_used: dict[str, float] = {}
+        self.mem_total: dict[str, float] = {}
+        self.intra_op: list[float] = []
+        self.thermal = self.power = 0.0
+        self._special: dict[str, Callable[[dict[str, str], float], None]] = {
+            "outrider_train_loop_seconds_total": self._loop_part,
+            "outrider_train_collective_wait_seconds_total": self._collective_wait,
+            "outrider_train_loop_samples_total": self._loop_samples,
+            "outrider_train_loop_frame_samples_total": self._frame_samples,
+            "outrider_threads": self._threads,
+            "outrider_torch_intra_op_threads": lambda lab, v: self.intra_op.append(v),
+            "outrider_host_pressure_stalled_seconds_total": self._io_pressure,
+            "outrider_gpu_utilization_ratio": self._gpu_util,
+            "outrider_gpu_memory_used_bytes": lambda lab, v: self.mem_used.update({lab["gpu"]: v}),
+            "outrider_gpu_memory_total_bytes": lambda lab, v: self.mem_total.update({lab["gpu"]: v}),
+            "outrider_gpu_clock_event_active": self._clock_event,
+        }
+
+    def add(self, key: str, value: float) -> None:
+        self.out[key] = self.out.get(key, 0.0) + value
+
+    def by_rank(self, lab: dict[str, str], what: str, value: float) -> None:
+        self.add(SEP.join(("rank", lab.get("training_job", ""), lab.get("rank", ""), what)), value)
+
+    def note_histogram(self, name: str, lab: dict[str, str], v: HistogramValue) -> None:
+        if name == "outrider_train_step_duration_seconds":
+            self.add("step_sum", v.sum)
+            self.add("step_count", v.count)
+            self.by_rank(lab, "steps", v.count)
+        elif name == "outrider_train_data_wait_seconds":
+            self.add("wait_sum", v.sum)
+        elif name == "outrider_train_gpu_step_duration_seconds":
+            self.out["cuda_used"] = 1.0
+
+    def note(self, name: str, lab: dict[str, str], v: float) -> None:
+        if name in SUMMED:
+            self.add(SUMMED[name], v)
+        elif name in SUMMED_BY:
+            prefix, label = SUMMED_BY[name]
+            self.add(prefix + lab.get(label, ""), v)
+        elif name in LATEST:
+            self.out[LATEST[name]] = v
+        elif name in GPM:
+            self.gpm.setdefault(name, []).append(v)
+        elif name in self._special:
+            self._special[name](lab, v)
+        if name == "outrider_thread_run_delay_seconds_total":
+            self.out["has_run_delay"] = 1.0
+        if name.startswith("outrider_torch_cuda_"):
+            self.out["cuda_used"] = 1.0
+
+    def _loop_part(self, lab: dict[str, str], v: float) -> None:
+        part = lab.get("part", "")
+        self.add(f"loop_{part}", v)
+        self.add("loop_wall", v)
+        self.by_rank(lab, part, v)
+        self.by_rank(lab, "wall", v)
+
+    def _collective_wait(self, lab: dict[str, str], v: float) -> None:
+        self.add("collective_wait", v)
+        self.by_rank(lab, "collective_wait", v)
+
+    def _loop_samples(self, lab: dict[str, str], v: float) -> None:
+        keys = (f"prof_{lab.get('where', '')}", "prof_total")
+        for key in keys:
+            self.add(key, v)
+        for key in keys:
+            self.by_rank(lab, key, v)
+
+    def _frame_samples(self, lab: dict[str, str], v: float) -> None:
+        self.add(SEP.join(("frame", lab.get("where", ""), lab.get("frame", ""))), v)
+
+    def _threads(self, lab: dict[str, str], v: float) -> None:
+        key = {"main": "main_threads", "data_workers": "worker_threads"}.get(lab.get("role", ""))
+        if key is not None:
+            self.add(key, v)
+
+    def _io_pressure(self, lab: dict[str, str], v: float) -> None:
+        if lab.get("resource") == "io" and lab.get("kind") == "some":
+            self.out["io_pressure"] = v
+
+    def _gpu_util(self, lab: dict[str, str], v: float) -> None:
+        if lab.get("task") == "general":
+            self.gpu_util.append(v)
+
+    def _clock_event(self, lab: dict[str, str], v: float) -> None:
+        reason = lab.get("reason", "") if v else ""
+        if "thermal" in reason:
+            self.thermal = 1.0
+        elif reason in POWER_REASONS:
+            self.power = 1.0
+
+    def scalars(self) -> dict[str, float]:
+        """The sums, with the means over GPUs (utilisation, activity), the fullest GPU's memory, the pool's
+        smallest intra-op thread count and whether any GPU throttled."""
+        out = self.out
+        if self.gpu_util:
+            out["gpu_util"] = sum(self.gpu_util) / len(self.gpu_util)
+            out["gpus"] = len(self.gpu_util)
+        if self.intra_op:
+            out["intra_op_threads"] = min(self.intra_op)
+        for name, vals in self.gpm.items():
+            out[name.replace("outrider_gpu_", "").replace("_ratio", "")] = sum(vals) / len(vals)
+        ratios = [self.mem_used[g] / self.mem_total[g] for g in self.mem_used if self.mem_total.get(g)]
+        if ratios:
+            out["gpu_mem_ratio"] = max(ratios)
+        out["throttle_thermal"], out["throttle_power"] = self.thermal, self.power
+        return out
 
 
 @dataclass(frozen=True)
