@@ -36,7 +36,7 @@ def _disabled() -> bool:
 
 
 LOOP_PARTS = ("data_wait", "step", "other", "checkpoint")
-S = HookState()
+S = HookState()  # the module state, one typed part per concern (hook/state.py says who writes which)
 
 
 def instrument(spool_dir: str | None = None, standalone: bool | None = None) -> bool:
