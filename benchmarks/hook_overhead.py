@@ -123,7 +123,7 @@ def data_wait(n: int) -> dict[str, float]:
 
     trivial_module = type("M", (), {"_BaseDataLoaderIter": Trivial, "_MultiProcessingDataLoaderIter":
                                     type("Multi", (), {"__init__": lambda self: None})})
-    patch = DataLoaderTimer(api.S, trivial_module, api.MASK)
+    patch = DataLoaderTimer(api.S.waits, trivial_module)
     timed_next = Trivial.__next__
     patch.detach()  # Trivial keeps its own __next__; timed_next is the patched one, around it
 
@@ -148,7 +148,7 @@ def data_wait(n: int) -> dict[str, float]:
     real_n = max(2000, n // 50)
 
     def real(mode: str) -> float:
-        timer = DataLoaderTimer(api.S, dl_module, api.MASK) if mode == "automatic" else None
+        timer = DataLoaderTimer(api.S.waits, dl_module) if mode == "automatic" else None
         try:
             it = iter(outrider.dataloader(loader) if mode == "wrapper" else loader)
             next(it)
@@ -184,25 +184,25 @@ def rest_of_zero_config(n: int) -> dict[str, float]:
     from outrider.hook.torch_distributed import CollectiveTimer
 
     seq = torch._C._autograd._get_sequence_nr
-    listeners, api.S.step_listeners[:] = list(api.S.step_listeners), []
+    listeners, api.S.steps.listeners[:] = list(api.S.steps.listeners), []
 
     def step_path(ask: bool) -> float:
         """ns per step end; ask: every one reads the operation counter (as the first after a flush does)."""
         t = time.thread_time_ns()
         for _ in range(n):
-            api.S.want_ops = ask
+            api.S.steps.want_ops = ask
             api._step_done()
         return (time.thread_time_ns() - t) / n
 
-    api.S.ops_reader = seq
+    api.S.steps.ops_reader = seq
     steps = interleaved({"bare": lambda: step_path(False), "ops": lambda: step_path(True)}, rounds=7)
-    api.S.step_listeners[:] = listeners
+    api.S.steps.listeners[:] = listeners
     store = dist.HashStore()
     dist.init_process_group("gloo", store=store, rank=0, world_size=1)
     try:
         t1 = torch.ones(1)
         original = dist.all_reduce
-        timer = CollectiveTimer(api.S, torch, api.S.hook.drop)
+        timer = CollectiveTimer(api.S.loop, torch, api.S.hook.drop)
         timed = dist.all_reduce
         timer.detach()
         k = max(500, n // 200)
@@ -214,7 +214,7 @@ def rest_of_zero_config(n: int) -> dict[str, float]:
             return (time.thread_time_ns() - t) / k
 
         coll = interleaved({"plain": lambda: calls(original), "timed": lambda: calls(timed)}, rounds=9)
-        api.S.collectives.clear()
+        api.S.loop.collectives.clear()
     finally:
         dist.destroy_process_group()
     api.S.hook.progress.steps = max(api.S.hook.progress.steps, 1)

@@ -100,7 +100,7 @@ def child(workload: str, seconds: float, out: str) -> None:
     prof: list[LoopProfiler] = []
 
     def reset() -> None:
-        while api.S.n < WARM_STEPS:
+        while api.S.steps.ring.n < WARM_STEPS:
             time.sleep(0.05)
         time.sleep(1.5)  # the publisher starts the profiler at its next flush
         for s in api.S.hook.samplers:

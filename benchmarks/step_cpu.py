@@ -74,19 +74,20 @@ def _clock_hook(optimizer: Any, args: Any, kwargs: Any, _clock: Any = time.perf_
 
 
 class PreviousHook:
-    """The optimizer hook and step path as they were at 70e45bd, over rings of their own (the comparison)."""
+    """The optimizer hook and step path as they were at 70e45bd, over rings of their own (the comparison); the
+    step state's fields are where hook/state.py keeps them now."""
 
     def __init__(self, state: Any, mask: int) -> None:
-        self.s, self.mask = state, mask
+        self.s, self.steps, self.mask = state, state.steps, mask
         self.first: Any = None
         self.ends, self.begins = [0.0] * (mask + 1), [0.0] * (mask + 1)
 
     def _step_done(self, samples: int | None = None, tokens: int | None = None) -> None:
-        s = self.s
-        if s.hook is None:
+        if self.s.hook is None:
             return
+        s = self.steps
         try:
-            i = s.n & self.mask
+            i = s.ring.n & self.mask
             self.ends[i] = time.perf_counter()
             if not s.loop_tid:
                 s.loop_tid = threading.get_native_id()
@@ -96,17 +97,17 @@ class PreviousHook:
             if tokens:
                 s.token_sum += tokens
             s.begin = 0.0
-            s.n += 1
+            s.ring.n += 1
             if s.ops_reader is not None:
                 s.ops = s.ops_reader()
-            for listener in s.step_listeners:
+            for listener in s.listeners:
                 listener()
         except Exception:
-            s.hook.drop("step_error")
+            self.s.hook.drop("step_error")
 
     def on_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         try:
-            if self.s.explicit:
+            if self.steps.explicit:
                 return
             first = self.first() if self.first is not None else None
             if first is None:
@@ -151,7 +152,7 @@ class Loop:
             return _original(self)
 
         self.empty_next = empty_next
-        self.previous = PreviousHook(api.S, api.MASK)
+        self.previous = PreviousHook(api.S, api.S.steps.ring.mask)
         self.extra: tuple[str, Any] | None = None  # (variant, handle) of a comparison hook registered now
         torch.manual_seed(0)
         self.model = torch.nn.Sequential(torch.nn.Linear(width, 2 * width), torch.nn.ReLU(),
@@ -174,7 +175,7 @@ class Loop:
         if comparison is not None and self.extra is None:
             self.extra = (variant, self.optimizer_module.register_optimizer_step_post_hook(comparison))
         self.base.__next__ = {"bare": self.plain_next, "empty_next": self.empty_next}.get(variant, self.timed_next)
-        self.api.S.explicit = variant == "explicit"
+        self.api.S.steps.explicit = variant == "explicit"
         self.it = iter(self.loader)  # a fresh epoch's iterator under the variant's __next__
 
     def batch_(self) -> Any:
@@ -242,7 +243,7 @@ def run(args: argparse.Namespace) -> int:
     figures: dict[str, Any] = {
         "cpu_hog_beside": bool(args.hog), "rounds": args.rounds, "block_steps": args.block,
         "step_cpu_us_bare": {"q1": bare[0] / 1e3, "median": bare[1] / 1e3, "q3": bare[2] / 1e3},
-        "steps_counted": loop.api.S.n, "added_cpu_us": {},
+        "steps_counted": loop.api.S.steps.ring.n, "added_cpu_us": {},
     }
     low = {v: statistics.quantiles(per_step[v], n=10)[0] for v in VARIANTS}  # each variant's 10th percentile
     for name, variant, less in PARTS:

@@ -65,7 +65,7 @@ def run(tmp_path: Path, host_s: float, gpu_s: float, steps: int = 400) -> dict[s
                                  synchronize=lambda: pytest.fail("the hook must never synchronise the device"))
     fake = types.SimpleNamespace(cuda=cuda, optim=torch.optim, get_num_threads=lambda: 1)
     hook = Hook(HookSettings(spool_dir=str(tmp_path), standalone=False))
-    integ = TorchIntegration(hook, api._State(), fake, clock=lambda: stream.now)
+    integ = TorchIntegration(hook, api.HookState(), fake, clock=lambda: stream.now)
     try:
         for k in range(steps):
             stream.now += host_s
@@ -115,7 +115,7 @@ def test_real_gpu_busy_share_tells_matmuls_from_tiny_kernels(tmp_path: Path) -> 
 
     def measure(step: Any, steps: int) -> float:
         hook = Hook(HookSettings(spool_dir=str(tmp_path), standalone=False))
-        integ = TorchIntegration(hook, api._State(), torch)
+        integ = TorchIntegration(hook, api.HookState(), torch)
         try:
             for k in range(steps):
                 step()

@@ -104,7 +104,7 @@ def test_cuda_events_and_allocator_on_a_real_gpu(tmp_path) -> None:  # type: ign
     from outrider.hook.torch_integration import TorchIntegration
 
     hook = Hook(spool_dir=str(tmp_path), standalone=False)
-    state = api._State()
+    state = api.HookState()
     state.hook = hook
     integ = TorchIntegration(hook, state, torch)
     try:

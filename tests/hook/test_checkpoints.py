@@ -35,7 +35,7 @@ pytestmark = pytest.mark.skipif(progress.written_bytes() is None, reason="no tas
 @pytest.fixture
 def hooked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Hook]:
     """instrument() with torch imported: a stall floor of 1 s, so a save of a few seconds outlasts it."""
-    monkeypatch.setattr(api, "S", api._State())
+    monkeypatch.setattr(api, "S", api.HookState())
     monkeypatch.setenv("OUTRIDER_SPOOL_DIR", str(tmp_path / "spool"))
     monkeypatch.setenv("OUTRIDER_STANDALONE", "false")
     monkeypatch.setenv("OUTRIDER_STALL_FLOOR_S", "1")

@@ -260,7 +260,7 @@ def flushed_by_hand(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator
     import outrider
     from outrider.hook import api
 
-    monkeypatch.setattr(api, "S", api._State())
+    monkeypatch.setattr(api, "S", api.HookState())
     monkeypatch.setenv("OUTRIDER_SPOOL_DIR", str(tmp_path))
     monkeypatch.setenv("OUTRIDER_STANDALONE", "false")
     monkeypatch.setenv("OUTRIDER_FLUSH_INTERVAL_S", "3600")
@@ -286,6 +286,19 @@ def test_the_step_ring_counts_every_step_even_when_it_laps(tmp_path: Path, flush
     assert value(parsed, "outrider_hook_dropped_total", reason="step_ring_overflow") == 1
 
 
+def test_the_wait_ring_counts_every_batch_even_when_it_laps(tmp_path: Path, flushed_by_hand: Any) -> None:
+    import outrider
+
+    with outrider.step():
+        for _ in outrider.dataloader([[1, 2]] * 5000):  # more waits than the ring holds between two flushes
+            pass
+    flushed_by_hand.S.hook.flush()
+    _, parsed = agent_view(tmp_path)
+    assert value(parsed, "outrider_train_data_wait_seconds_count") == 4096, "only durations are lost"
+    assert value(parsed, "outrider_hook_dropped_total", reason="wait_ring_overflow") == 1
+    assert flushed_by_hand.S.waits.ring.drained == 5000
+
+
 def test_data_waits_no_step_places_are_dropped_and_counted(tmp_path: Path, flushed_by_hand: Any) -> None:
     import outrider
 
@@ -294,7 +307,7 @@ def test_data_waits_no_step_places_are_dropped_and_counted(tmp_path: Path, flush
             pass
         flushed_by_hand.S.hook.flush()
     _, parsed = agent_view(tmp_path)
-    lost = flushed_by_hand.S.loop.lost
+    lost = flushed_by_hand.S.loop.account.lost
     assert lost > 0
     assert value(parsed, "outrider_hook_dropped_total", reason="loop_backlog") == lost
     assert value(parsed, "outrider_hook_dropped_total", reason="wait_ring_overflow") is None

@@ -32,7 +32,7 @@ from tests.helpers import samples, value
 @pytest.fixture
 def live_hook(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
     """A fresh hook publishing to tmp_path, installed as the process's hook for the test's duration."""
-    monkeypatch.setattr(api, "S", api._State())
+    monkeypatch.setattr(api, "S", api.HookState())
     monkeypatch.setenv("OUTRIDER_SPOOL_DIR", str(tmp_path))
     monkeypatch.setenv("OUTRIDER_STANDALONE", "false")
     assert outrider.instrument()
@@ -136,7 +136,7 @@ def test_latency_helpers(tmp_path: Path, live_hook: Hook) -> None:
 
 
 def test_disabled_makes_every_call_a_noop(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(api, "S", api._State())
+    monkeypatch.setattr(api, "S", api.HookState())
     monkeypatch.setenv("OUTRIDER_DISABLED", "1")
     assert outrider.instrument() is False
     with outrider.step(samples=3):
@@ -184,7 +184,7 @@ def test_cuda_allocator_and_event_timing_without_synchronising(tmp_path: Path) -
 
     torch.optim = real_torch.optim  # type: ignore[attr-defined]
     hook = Hook(HookSettings(spool_dir=str(tmp_path), standalone=False))
-    state = api._State()
+    state = api.HookState()
     state.hook = hook
     integ = TorchIntegration(hook, state, torch)
     try:
@@ -215,7 +215,7 @@ def test_no_event_is_recorded_during_cuda_graph_capture(tmp_path: Path) -> None:
                                  Event=lambda **kw: pytest.fail("recorded an event inside a graph capture"))
     import torch as real_torch
 
-    integ = TorchIntegration(Hook(HookSettings(spool_dir=str(tmp_path), standalone=False)), api._State(),
+    integ = TorchIntegration(Hook(HookSettings(spool_dir=str(tmp_path), standalone=False)), api.HookState(),
                              types.SimpleNamespace(cuda=cuda, optim=real_torch.optim))
     try:
         integ.on_step()
@@ -232,7 +232,7 @@ def torch_hook(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
     torch = pytest.importorskip("torch")
     for name in ("TORCHELASTIC_RUN_ID", "OUTRIDER_ROLE"):
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setattr(api, "S", api._State())
+    monkeypatch.setattr(api, "S", api.HookState())
     monkeypatch.setenv("OUTRIDER_SPOOL_DIR", str(tmp_path))
     monkeypatch.setenv("OUTRIDER_STANDALONE", "false")
     monkeypatch.setenv("OUTRIDER_FIRST_STEP_TIMEOUT_S", "60")
@@ -288,7 +288,7 @@ def test_a_process_group_initialised_before_instrument_is_seen(tmp_path: Path,
     dist = torch.distributed
     dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
     try:
-        monkeypatch.setattr(api, "S", api._State())
+        monkeypatch.setattr(api, "S", api.HookState())
         monkeypatch.setenv("OUTRIDER_SPOOL_DIR", str(tmp_path))
         monkeypatch.setenv("OUTRIDER_STANDALONE", "false")
         assert outrider.instrument()
@@ -345,7 +345,8 @@ def test_instrument_before_import_torch_attaches_once_torch_is_imported(tmp_path
             model(x).sum().backward()
             opt.step()
         finders = [f for f in sys.meta_path if type(f).__name__ == "_AfterTorchImport"]
-        print(api.S.torch is not None, api.S.n, api.S.nw, api.S.hook.progress.evidence, len(finders), sep="|")
+        print(api.S.torch is not None, api.S.steps.ring.n, api.S.waits.ring.n, api.S.hook.progress.evidence,
+              len(finders), sep="|")
     """
     env = {k: v for k, v in os.environ.items() if not k.startswith("OUTRIDER_")}
     env.update({"OUTRIDER_SPOOL_DIR": str(tmp_path), "OUTRIDER_STANDALONE": "false"})

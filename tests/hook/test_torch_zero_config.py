@@ -36,7 +36,7 @@ class Squares(torch.utils.data.Dataset):  # type: ignore[misc]
 @pytest.fixture
 def hooked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Hook]:
     """instrument() with torch imported, publishing to tmp_path; torch's classes are put back afterwards."""
-    monkeypatch.setattr(api, "S", api._State())
+    monkeypatch.setattr(api, "S", api.HookState())
     monkeypatch.setenv("OUTRIDER_SPOOL_DIR", str(tmp_path))
     monkeypatch.setenv("OUTRIDER_STANDALONE", "false")
     assert outrider.instrument()
@@ -127,7 +127,7 @@ def test_multi_worker_loaders_are_timed_and_their_workers_stay_silent(tmp_path: 
     assert value(parsed, "outrider_train_data_wait_seconds_count", rank="") == steps == 6
     shards = list(tmp_path.glob("*.shard"))
     assert len(shards) == 1, f"the forked workers publish nothing of their own: {shards}"
-    assert not api.S.dormant, "the parent is measuring again once its workers are started"
+    assert not api.S.waits.starting_workers, "the parent is measuring again once its workers are started"
 
 
 def our_optimizer_hooks() -> list[Any]:
@@ -209,9 +209,9 @@ def test_a_torch_without_dataloader_internals_is_said_once_and_the_hook_runs_on(
     future = types.SimpleNamespace(optim=torch.optim, cuda=torch.cuda, get_num_threads=lambda: 4,
                                    utils=types.SimpleNamespace(data=types.SimpleNamespace(dataloader=object())),
                                    distributed=types.SimpleNamespace(is_available=lambda: False))
-    state = api._State()
+    state = api.HookState()
     hook = Hook(HookSettings(spool_dir=str(tmp_path), standalone=False))
-    integ = TorchIntegration(hook, state, future, mask=api.MASK)
+    integ = TorchIntegration(hook, state, future, timing=True)
     try:
         assert integ.data is None and integ.distributed is None
         assert "cannot time DataLoader waits automatically" in caplog.text

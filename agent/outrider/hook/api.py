@@ -8,7 +8,6 @@ hot-path functions touch one or two series and no lock.
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import functools
 import logging
@@ -19,15 +18,14 @@ from collections.abc import Callable, Iterable, Iterator
 from time import perf_counter, time
 from typing import Any, TypeVar
 
-from outrider.hook.loop import LoopAccount
-from outrider.hook.series import DURATION_BOUNDS, NoopSeries
+from outrider.hook.series import DURATION_BOUNDS
+from outrider.hook.state import NOOP, BuiltinSeries, DataWaitState, HookState, LoopAccounting, Ring, StepState
 from outrider.hook.torch_data import TIMED_MARK, batch_size
 from outrider.kernel import procfs
 
 LOG = logging.getLogger("outrider.hook")
 F = TypeVar("F", bound=Callable[..., Any])
 T = TypeVar("T")
-NOOP = NoopSeries("noop")
 
 
 def _active() -> bool:
@@ -38,78 +36,8 @@ def _disabled() -> bool:
     return os.environ.get("OUTRIDER_DISABLED", "").strip().lower() in ("1", "true", "yes", "on")
 
 
-class _State:
-    """Module state: the hook and the built-in series handles (no-ops until instrument())."""
-
-    def __init__(self) -> None:
-        # What the hot paths touch comes first: CPython keeps an object's attributes in the order they are first
-        # set, so these share a cache line or two (right after a torch step, each line the step path touches is
-        # a miss: benchmarks/step_cpu.py)
-        self.hook: Any = None
-        self.explicit = False  # the user times steps: framework hooks stop counting them
-        self.n = 0
-        self.begin = 0.0
-        self.loop_tid = 0  # native id of the thread that completes steps (the training loop's), once one has
-        # The training thread's autograd sequence number, read by a C function set by the torch integration at the
-        # first step's end after each flush asked for it (want_ops): a C call less on every other step, and called
-        # here rather than through a listener, which would be one more Python frame per step
-        self.want_ops = False
-        self.ops_reader: Callable[[], int] | None = None
-        self.ops = 0
-        self.sample_sum = 0
-        self.token_sum = 0
-        self.nw = 0
-        self.step_listeners: list[Callable[[], None]] = []
-        # Step and data-wait rings: the hot path stores raw numbers and bumps a count; the publisher thread drains
-        # them into the histograms and counters once a flush. Written by one training thread. Counts (steps,
-        # samples, tokens) are running totals, exact however far the ring laps; only durations can be lost.
-        # Each entry is a (begin, end) pair side by side, [2i] and [2i + 1]: one cache line for both. A step's
-        # begin is 0.0 unless timed explicitly (its duration then runs from the previous step's end).
-        self.steps = [0.0] * (2 * RING)
-        # Data waits: when each began and ended (the wrapper's or a DataLoader iterator's __next__); the publisher
-        # observes their durations and places them in the loop's iterations (hook/loop.py).
-        self.waits = [0.0] * (2 * RING)
-        self.step_h: Any = NOOP
-        self.samples_c: Any = NOOP
-        self.tokens_c: Any = NOOP
-        self.data_wait_h: Any = NOOP
-        self.first_step_g: Any = NOOP
-        self.batch_h: Any = NOOP
-        self.last_end = 0.0
-        self.process_start_s = 0.0
-        self.cached: dict[tuple[str, str, tuple[tuple[str, str], ...], bool], Any] = {}
-        self.drained = 0
-        # Samples the DataLoaders yielded (hook/torch_data.batch_size), published as the samples counted until the
-        # user counts them (step(samples=), count_samples(): samples_given): samples/s with zero configuration
-        self.batch_samples = 0
-        self.batch_drained = 0
-        self.samples_given = False
-        self.samples_drained = 0
-        self.tokens_drained = 0
-        self.drained_w = 0
-        # Collectives (hook/torch_distributed.py): (begin, end, op, blocking) appended by whichever thread saw one
-        # finish; deque appends and pops are atomic, and the publisher pops.
-        self.collectives: collections.deque[tuple[float, float, str, bool]] = collections.deque(maxlen=RING)
-        self.collectives_seen = False
-        # Recognised checkpoints on the loop's thread (hook/torch_checkpoint.py): (begin, end), appended by that
-        # thread, popped by the publisher into the loop's accounting.
-        self.checkpoints: collections.deque[tuple[float, float]] = collections.deque(maxlen=RING)
-        self.loop = LoopAccount()
-        self.loader_used = False  # a data-loader wrapper was iterated: a training process
-        self.served = False  # a request was recorded: a service
-        # Request series by the caller's raw (route, status, method, scheme): a hit costs one dict lookup; the
-        # label normalisation runs once per distinct key (bounded: MAX_HTTP_KEYS, then uncached).
-        self.http: dict[tuple[str, object, str, str], tuple[Any, Any]] = {}
-        self.http_in_flight: dict[tuple[str, str, str], Any] = {}
-        self.torch: Any = None  # the PyTorch integration, when torch was imported before instrument()
-        self.dormant = False  # a DataLoader worker forked from an instrumented process: measures nothing
-        self.setting_up = False  # instrument() is running (in the thread that holds _SETTING_UP)
-
-
 LOOP_PARTS = ("data_wait", "step", "other", "checkpoint")
-RING = 4096  # more steps (or batches) than this between two flushes (1 s) lose their durations, never their count
-MASK = RING - 1
-S = _State()
+S = HookState()  # the module state, one typed part per concern (hook/state.py says who writes which)
 
 
 def instrument(spool_dir: str | None = None, standalone: bool | None = None) -> bool:
@@ -168,21 +96,22 @@ def _instrument(spool_dir: str | None, standalone: bool | None) -> bool:
         hook = Hook(config)
         handles = {key: hook.series(kind, name, bounds=bounds or DURATION_BOUNDS, builtin=True)
                    for key, (kind, name, bounds) in BUILTIN.items()}
-        S.step_h = handles["step"]
-        S.samples_c, S.tokens_c = handles["samples"], handles["tokens"]
-        S.data_wait_h, S.first_step_g, S.batch_h = handles["data_wait"], handles["first_step"], handles["batch_size"]
-        S.process_start_s = _process_start_time() or time()
+        series = S.series
+        series.step, series.samples, series.tokens = handles["step"], handles["samples"], handles["tokens"]
+        series.data_wait, series.first_step = handles["data_wait"], handles["first_step"]
+        series.batch_size = handles["batch_size"]
+        S.identity.process_start_s = _process_start_time() or time()
         S.hook = hook
         register_exit(lambda: S.hook)
         os.register_at_fork(after_in_child=_after_fork_in_child)
         hook.samplers.append(_drain)
         from outrider.hook.threads import ThreadSampler
 
-        threads = ThreadSampler(hook, lambda: S.loop_tid)
+        threads = ThreadSampler(hook, lambda: S.steps.loop_tid)
         hook.samplers.append(threads.sample)
         from outrider.hook.profiler import LoopProfiler
 
-        hook.samplers.append(LoopProfiler(hook, lambda: S.loop_tid, config.profile_hz).sample)
+        hook.samplers.append(LoopProfiler(hook, lambda: S.steps.loop_tid, config.profile_hz).sample)
         if "torch" in sys.modules:
             _attach_torch()
         else:  # torch imported later: attach once its import has run, on the importing thread
@@ -195,11 +124,11 @@ def _instrument(spool_dir: str | None, standalone: bool | None) -> bool:
 
 
 def _attach_torch() -> None:
-    if S.hook is None or S.torch is not None or S.dormant:
+    if S.hook is None or S.torch is not None or S.identity.dormant:
         return
     from outrider.hook.torch_integration import attach
 
-    S.torch = attach(S.hook, S, _optimizer_step_hook, MASK)
+    S.torch = attach(S.hook, S, _optimizer_step_hook)
 
 
 class _AfterTorchImport:
@@ -243,21 +172,17 @@ class _AfterTorchImport:
 def _after_fork_in_child() -> None:
     if S.hook is None:
         return
-    if S.dormant:
+    if S.waits.starting_workers:
         # A DataLoader worker (forked while torch's iterator started its workers): it publishes nothing, so its
         # parent's rank gets no second shard, no first-step-pending and no stall of a process that never steps.
         S.hook.election.after_fork_in_child()
         S.hook = None
+        S.identity.dormant = True
         return
-    S.drained, S.drained_w = S.n, S.nw  # the parent's steps and waits are the parent's
-    S.samples_drained, S.tokens_drained = S.sample_sum, S.token_sum
-    S.batch_drained = S.batch_samples
-    S.collectives.clear()
-    S.checkpoints.clear()
-    S.loop = LoopAccount()
-    S.loop_tid = 0
+    S.steps.after_fork_in_child()  # the parent's steps, waits and intervals are the parent's
+    S.waits.after_fork_in_child()
+    S.loop.after_fork_in_child()
     S.hook.after_fork_in_child()
-    S.begin = S.last_end = 0.0
 
 
 def _process_start_time() -> float | None:
@@ -287,14 +212,15 @@ def flush() -> None:
 # --- training steps --------------------------------------------------------------------------------------------
 
 def step_begin() -> None:
-    if not S.explicit:
+    steps = S.steps
+    if not steps.explicit:
         _going_explicit()
-    S.begin = perf_counter()
+    steps.begin = perf_counter()
 
 
 def step_end(samples: int | None = None, tokens: int | None = None) -> None:
     """Marks a step done. Its duration runs from step_begin(), or else from the previous step's end."""
-    if not S.explicit:
+    if not S.steps.explicit:
         _going_explicit()
     _step_done(samples, tokens)
 
@@ -303,73 +229,78 @@ def _going_explicit() -> None:
     """The user times steps: framework hooks stop counting them, and the optimizer's hook leaves torch's step (it
     would only return at once). Called on the user's thread, outside any optimizer step, so torch's hook table is
     not being iterated while it changes."""
-    S.explicit = True
+    S.steps.explicit = True
     if S.torch is not None:
         S.torch.stop_counting()
 
 
 def _step_done(samples: int | None = None, tokens: int | None = None) -> None:
-    """The hot path of a step: the time and the counts into the ring; the publisher does the arithmetic. The
-    optimizer hook (_optimizer_step_hook) writes the same in its own frame."""
+    """The hot path of a step: the time and the counts into the steps ring (hook/state.py); the publisher does the
+    arithmetic. The optimizer hook (_optimizer_step_hook) writes the same in its own frame."""
     end = perf_counter()
     s = S
     if s.hook is None:
         return
     try:
-        n = s.n
-        j = (n & MASK) << 1
-        ring = s.steps
-        ring[j] = s.begin
-        ring[j + 1] = end
-        s.begin = 0.0
+        st = s.steps
+        ring = st.ring
+        n = ring.n
+        j = (n & ring.mask) << 1
+        slots = ring.slots
+        slots[j] = st.begin
+        slots[j + 1] = end
+        st.begin = 0.0
         if samples:
-            s.sample_sum += samples
-            s.samples_given = True
+            st.sample_sum += samples
+            st.samples_given = True
         if tokens:
-            s.token_sum += tokens
-        s.n = n + 1
-        if not s.loop_tid:
-            s.loop_tid = threading.get_native_id()
-        if s.want_ops:
-            s.want_ops = False
-            s.ops = s.ops_reader()  # type: ignore[misc]  # want_ops is only set with a reader
-        if s.step_listeners:
-            for listener in s.step_listeners:
+            st.token_sum += tokens
+        ring.n = n + 1
+        if not st.loop_tid:
+            st.loop_tid = threading.get_native_id()
+        if st.want_ops:
+            st.want_ops = False
+            st.ops = st.ops_reader()  # type: ignore[misc]  # want_ops is only set with a reader
+        if st.listeners:
+            for listener in st.listeners:
                 listener()
     except Exception:
         s.hook.drop("step_error")
 
 
-def _optimizer_step_hook(state: _State, first: list[Any], claim: Callable[[Any], bool]) \
+def _optimizer_step_hook(state: HookState, first: list[Any], claim: Callable[[Any], bool]) \
         -> Callable[[Any, Any, Any], None]:
     """The optimizer step post hook (hook/torch_integration.py registers it; first[0] is a weak reference to the
     optimizer whose steps count, claim(optimizer) the integration's decision when that is unset or gone): a step
     recorded as _step_done records one, in this one frame, with everything it touches bound as a default argument.
     It runs right after every optimizer step, when the caches hold torch's work: each Python frame or module
-    lookup less is measurable there (hook/api.py's step ring, benchmarks/step_cpu.py)."""
+    lookup less is measurable there (the steps ring: hook/state.py; benchmarks/step_cpu.py)."""
+    steps = state.steps
 
-    def on_optimizer_step(optimizer: Any, args: Any, kwargs: Any, _s: _State = state, _first: list[Any] = first,
-                          _claim: Callable[[Any], bool] = claim, _ring: list[float] = state.steps,
-                          _listeners: list[Callable[[], None]] = state.step_listeners,
+    def on_optimizer_step(optimizer: Any, args: Any, kwargs: Any, _s: HookState = state, _steps: StepState = steps,
+                          _first: list[Any] = first, _claim: Callable[[Any], bool] = claim,
+                          _ring: Ring = steps.ring, _slots: list[float] = steps.ring.slots,
+                          _mask: int = steps.ring.mask,
+                          _listeners: list[Callable[[], None]] = steps.listeners,
                           _clock: Callable[[], float] = perf_counter,
                           _native_id: Callable[[], int] = threading.get_native_id) -> None:
         end = _clock()
-        if _s.explicit or _s.hook is None:
+        if _steps.explicit or _s.hook is None:
             return
         try:
             ref = _first[0]
             if (ref is None or ref() is not optimizer) and not _claim(optimizer):
                 return  # another optimizer (a GAN's second): one step is counted once
-            n = _s.n
+            n = _ring.n
             # the end only: the begin stays 0.0 (not timed explicitly: from the previous step's end; a process
             # that times steps explicitly has this hook taken out of torch's step)
-            _ring[((n & MASK) << 1) + 1] = end
-            _s.n = n + 1
-            if not _s.loop_tid:
-                _s.loop_tid = _native_id()
-            if _s.want_ops:
-                _s.want_ops = False
-                _s.ops = _s.ops_reader()  # type: ignore[misc]  # want_ops is only set with a reader
+            _slots[((n & _mask) << 1) + 1] = end
+            _ring.n = n + 1
+            if not _steps.loop_tid:
+                _steps.loop_tid = _native_id()
+            if _steps.want_ops:
+                _steps.want_ops = False
+                _steps.ops = _steps.ops_reader()  # type: ignore[misc]  # want_ops is only set with a reader
             if _listeners:
                 for listener in _listeners:
                     listener()
@@ -382,46 +313,34 @@ def _optimizer_step_hook(state: _State, first: list[Any], claim: Callable[[Any],
 def _drain() -> None:
     """Publisher thread: turns the rings' new entries into step durations, counts, data waits, and the loop's
     decomposition (hook/loop.py). Steps are read before waits: every wait of a drained step is then visible."""
-    hook = S.hook
-    n, done = S.n, S.drained
-    nw, start_w = S.nw, S.drained_w
-    loop = S.loop
+    hook, steps, waits, series = S.hook, S.steps, S.waits, S.series
+    done = steps.ring.drained
+    start, n = steps.ring.pending()
+    loop = S.loop.account
     lost = loop.lost
-    if nw - start_w > RING:
+    wait_ring = waits.ring
+    start_w, nw = wait_ring.pending()
+    if start_w > wait_ring.drained:
         hook.drop("wait_ring_overflow")
-        start_w = nw - RING
-    waits = S.waits
-    for k in range(start_w, nw):
-        j = (k & MASK) << 1
-        b, e = waits[j], waits[j + 1]
-        S.data_wait_h.observe(e - b)
+    for b, e in wait_ring.entries(start_w, nw):
+        series.data_wait.observe(e - b)
         loop.add_wait(b, e)
-    S.drained_w = nw  # (a DataLoader alone does not make a training process: batch inference iterates them too)
-    _drain_collectives(hook, loop)
-    while S.checkpoints:
-        try:
-            loop.add_checkpoint(*S.checkpoints.popleft())
-        except IndexError:
-            break
+    wait_ring.drained = nw  # (a DataLoader alone does not make a training process: batch inference iterates them)
+    _drain_intervals(hook, S.loop)
     if loop.lost > lost:  # intervals that waited for a step past MAX_PENDING (a loader iterated outside training)
         hook.drop("loop_backlog", loop.lost - lost)
     if n > done:
-        start = done
-        if n - done > RING:
+        if start > done:
             hook.drop("step_ring_overflow")  # the oldest durations were overwritten; the count stays exact
-            start = n - RING
             loop.restart()
-        prev = S.last_end if start == done else 0.0
+        prev = steps.last_end if start == done else 0.0
         durations: list[float] = []
         parts = [0.0, 0.0, 0.0, 0.0, 0.0]  # data wait, step, other, checkpoint; collective wait
-        ring = S.steps
-        for k in range(start, n):
-            j = (k & MASK) << 1
-            marked, end = ring[j], ring[j + 1]
+        for marked, end in steps.ring.entries(start, n):
             begin = marked or prev
             if begin:
                 durations.append(end - begin)
-                S.step_h.observe(end - begin)
+                series.step.observe(end - begin)
             it = loop.step(marked, end)
             if it is not None:
                 parts[0] += it.data_wait
@@ -431,53 +350,63 @@ def _drain() -> None:
                 parts[4] += it.collective_wait
             prev = end
         if done == 0:
-            S.first_step_g.set(time() - (perf_counter() - ring[((start & MASK) << 1) + 1]) - S.process_start_s)
+            series.first_step.set(time() - (perf_counter() - steps.ring.end_of(start)) - S.identity.process_start_s)
         hook.progress.record_steps(n - done, prev, durations)
-        S.last_end = prev
-        S.drained = n
+        steps.last_end = prev
+        steps.ring.drained = n
         if any(parts):
             for part, seconds in zip(LOOP_PARTS, parts):
                 if seconds or part != "checkpoint":  # the checkpoint part appears with the first checkpoint
                     hook.series("counter", "outrider_train_loop_seconds_total", {"part": part},
                                 builtin=True).inc(seconds)
-        if parts[4] or S.collectives_seen:
+        if parts[4] or S.loop.collectives_seen:
             hook.series("counter", "outrider_train_collective_wait_seconds_total", builtin=True).inc(parts[4])
-    sample_sum, token_sum = S.sample_sum, S.token_sum
-    if sample_sum != S.samples_drained:
-        S.samples_c.inc(sample_sum - S.samples_drained)
-        S.samples_drained = sample_sum
-    batched = S.batch_samples
-    if S.n and not S.samples_given and batched != S.batch_drained:
-        # steps are completed and none counts its samples: the DataLoaders' batches say how many (once the first
-        # step ended, so a first step that counts them itself is never counted twice)
-        S.samples_c.inc(batched - S.batch_drained)
-        S.batch_drained = batched
-    if token_sum != S.tokens_drained:
-        S.tokens_c.inc(token_sum - S.tokens_drained)
-        S.tokens_drained = token_sum
+    _drain_counts(steps, waits, series)
     progress = hook.progress
-    if S.explicit or S.loader_used:
+    if steps.explicit or S.identity.loader_used:
         progress.training_seen = True
-    if S.served:
+    if S.identity.served:
         progress.serving_seen = True
 
 
-def _drain_collectives(hook: Any, loop: LoopAccount) -> None:
-    """Collectives finished since the last flush: their time by operation, and their intervals for the loop."""
-    queue = S.collectives
-    if not queue:
-        return
-    S.collectives_seen = True
-    totals: dict[str, float] = {}
-    while queue:
+def _drain_counts(steps: StepState, waits: DataWaitState, series: BuiltinSeries) -> None:
+    """The running totals' growth since the last flush into the samples and tokens counters."""
+    sample_sum, token_sum = steps.sample_sum, steps.token_sum
+    if sample_sum != steps.samples_drained:
+        series.samples.inc(sample_sum - steps.samples_drained)
+        steps.samples_drained = sample_sum
+    batched = waits.batch_samples
+    if steps.ring.n and not steps.samples_given and batched != waits.batch_drained:
+        # steps are completed and none counts its samples: the DataLoaders' batches say how many (once the first
+        # step ended, so a first step that counts them itself is never counted twice)
+        series.samples.inc(batched - waits.batch_drained)
+        waits.batch_drained = batched
+    if token_sum != steps.tokens_drained:
+        series.tokens.inc(token_sum - steps.tokens_drained)
+        steps.tokens_drained = token_sum
+
+
+def _drain_intervals(hook: Any, intervals: LoopAccounting) -> None:
+    """Collectives finished since the last flush (their time by operation) and checkpoints, into the loop's
+    accounting."""
+    loop, queue = intervals.account, intervals.collectives
+    if queue:
+        intervals.collectives_seen = True
+        totals: dict[str, float] = {}
+        while queue:
+            try:
+                begin, end, op, blocking = queue.popleft()
+            except IndexError:
+                break
+            totals[op] = totals.get(op, 0.0) + (end - begin)
+            loop.add_collective(begin, end, blocking)
+        for op, seconds in totals.items():
+            hook.series("counter", "outrider_train_collective_seconds_total", {"op": op}, builtin=True).inc(seconds)
+    while intervals.checkpoints:
         try:
-            begin, end, op, blocking = queue.popleft()
+            loop.add_checkpoint(*intervals.checkpoints.popleft())
         except IndexError:
             break
-        totals[op] = totals.get(op, 0.0) + (end - begin)
-        loop.add_collective(begin, end, blocking)
-    for op, seconds in totals.items():
-        hook.series("counter", "outrider_train_collective_seconds_total", {"op": op}, builtin=True).inc(seconds)
 
 
 class step:
@@ -490,17 +419,17 @@ class step:
         self.tokens = tokens
 
     def __enter__(self) -> step:
-        s = S
-        if not s.explicit:
+        steps = S.steps
+        if not steps.explicit:
             _going_explicit()
-        s.begin = perf_counter()
+        steps.begin = perf_counter()
         return self
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
         if exc_type is None:
             _step_done(self.samples, self.tokens)
         else:
-            S.begin = 0.0
+            S.steps.begin = 0.0
 
 
 class dataloader:
@@ -513,22 +442,24 @@ class dataloader:
 
     def __iter__(self) -> Iterator[Any]:
         it = iter(self._iterable)
-        S.loader_used = True
+        S.identity.loader_used = True
         if getattr(getattr(type(it), "__next__", None), TIMED_MARK, False):
             yield from it  # a DataLoader iterator the torch integration already times: never count a wait twice
             return
+        waits = S.waits
+        ring, slots, mask = waits.ring, waits.ring.slots, waits.ring.mask
         while True:
             t0 = perf_counter()
             try:
                 batch = next(it)
             except StopIteration:
                 return
-            n = S.nw
-            j = (n & MASK) << 1
-            S.waits[j] = t0
-            S.waits[j + 1] = perf_counter()
-            S.nw = n + 1
-            S.batch_samples += batch_size(batch)
+            n = ring.n
+            j = (n & mask) << 1
+            slots[j] = t0
+            slots[j + 1] = perf_counter()
+            ring.n = n + 1
+            waits.batch_samples += batch_size(batch)
             yield batch
 
     def __len__(self) -> int:
@@ -580,16 +511,16 @@ class phase:
 # --- counters ----------------------------------------------------------------------------------------------------
 
 def count_samples(n: int = 1) -> None:
-    S.samples_given = True
-    S.samples_c.inc(n)
+    S.steps.samples_given = True
+    S.series.samples.inc(n)
 
 
 def count_tokens(n: int = 1) -> None:
-    S.tokens_c.inc(n)
+    S.series.tokens.inc(n)
 
 
 def record_batch_size(n: int) -> None:
-    S.batch_h.observe(n)
+    S.series.batch_size.observe(n)
 
 
 # --- latency -----------------------------------------------------------------------------------------------------
@@ -680,7 +611,7 @@ def record_request(seconds: float, route: str = "", status: int | str = 200, met
                    scheme: str = "") -> None:
     """One finished request: its duration and the request count, by route template, method (GET, POST, ... else
     _OTHER), scheme (http, https), status code and status class."""
-    S.served = True
+    S.identity.served = True
     key = (route, status, method, scheme)
     series = S.http.get(key)
     if series is None:

@@ -29,6 +29,8 @@ from collections.abc import Callable
 from time import perf_counter
 from typing import Any
 
+from outrider.hook.state import LoopAccounting, StepState
+
 LOG = logging.getLogger("outrider.hook")
 CHECKPOINT = "checkpoint"
 # (module, [inner functions the public ones call, else the public ones]): the first that exists is patched
@@ -42,11 +44,12 @@ OPENERS: tuple[tuple[str, str], ...] = (("torch.serialization", "_open_zipfile_w
 
 
 class CheckpointWatch:
-    def __init__(self, state: Any, progress: Any, drop: Callable[[str], None],
+    def __init__(self, steps: StepState, loop: LoopAccounting, progress: Any, drop: Callable[[str], None],
                  clock: Callable[[], float] = perf_counter) -> None:
-        """state: the hook API's module state (the loop's thread id, the checkpoint interval queue); progress:
-        the hook's Progress (the stall rule)."""
-        self.state = state
+        """steps: the hook's step state (the loop's thread id); loop: its loop accounting (the checkpoint interval
+        queue); progress: the hook's Progress (the stall rule)."""
+        self.steps = steps
+        self.loop = loop
         self.progress = progress
         self.drop = drop
         self.clock = clock
@@ -124,7 +127,7 @@ class CheckpointWatch:
         return opener
 
     def _on_loop_thread(self) -> bool:
-        tid = self.state.loop_tid
+        tid = self.steps.loop_tid
         if tid:
             return bool(threading.get_native_id() == tid)
         return threading.current_thread() is threading.main_thread()  # before the first step: the main thread
@@ -152,7 +155,7 @@ class CheckpointWatch:
             end = self.clock()
             if self.owned:
                 self.progress.checkpoint_end()
-            self.state.checkpoints.append((self.begin, end))
+            self.loop.checkpoints.append((self.begin, end))
             self.durations.append(end - self.begin)
         except Exception:
             self.drop("checkpoint_error")
@@ -206,9 +209,10 @@ def _initializing(module: Any) -> bool:
     return bool(getattr(spec, "_initializing", False))
 
 
-def attach(state: Any, progress: Any, drop: Callable[[str], None]) -> CheckpointWatch | None:
+def attach(steps: StepState, loop: LoopAccounting, progress: Any, drop: Callable[[str], None]) \
+        -> CheckpointWatch | None:
     try:
-        return CheckpointWatch(state, progress, drop)
+        return CheckpointWatch(steps, loop, progress, drop)
     except Exception as e:
         LOG.warning("outrider: checkpoints are not recognised automatically in this process (%s)", e)
         return None

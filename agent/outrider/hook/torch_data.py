@@ -1,7 +1,8 @@
 """Data wait with zero configuration: every DataLoader iterator's `__next__` is timed, for every loader of the
 torch the user imported (single-process and multi-worker alike: both inherit `_BaseDataLoaderIter.__next__`).
 
-The patched `__next__` stores when the wait began and ended in the hook's wait ring (the same ring the explicit
+The patched `__next__` stores when the wait began and ended in the hook's data-wait ring (hook/state.DataWaitState:
+the same ring the explicit
 `outrider.dataloader()` wrapper writes) and adds the batch's size to a running total (`batch_size`: the first
 dimension of its first tensor), from which samples/s is published with zero configuration until the user counts
 samples (`outrider.step(samples=)`, `count_samples()`); nothing else: no lock, no allocation. A call
@@ -9,8 +10,8 @@ that raises (StopIteration at the end of an epoch, an error in the dataset) reco
 reaches the user unchanged. The wrapper sees the mark on the patched method and leaves the timing to it, so a
 wrapped DataLoader is never counted twice.
 
-While a multi-worker iterator starts its workers, the hook's module state says so: the forked workers then go
-dormant (hook/api.py) instead of each publishing a shard for their parent's rank.
+While a multi-worker iterator starts its workers, the data-wait state says so (starting_workers): the forked workers
+then go dormant (hook/api.py) instead of each publishing a shard for their parent's rank.
 
 A torch whose DataLoader has not these classes (a future version) is said once and left alone: the wrapper still
 works.
@@ -23,6 +24,8 @@ import logging
 from collections.abc import Callable
 from time import perf_counter
 from typing import Any
+
+from outrider.hook.state import DataWaitState, Ring
 
 LOG = logging.getLogger("outrider.hook")
 TIMED_MARK = "__outrider_timed__"
@@ -50,11 +53,11 @@ def batch_size(batch: Any) -> int:
 
 
 class DataLoaderTimer:
-    def __init__(self, state: Any, dataloader_module: Any, mask: int,
+    def __init__(self, waits: DataWaitState, dataloader_module: Any,
                  clock: Callable[[], float] = perf_counter) -> None:
-        """state: the hook API's module state (its wait ring); dataloader_module: torch.utils.data.dataloader."""
-        self.state = state
-        self.mask = mask
+        """waits: the hook's data-wait state (its ring, the batches' samples, the workers' start);
+        dataloader_module: torch.utils.data.dataloader."""
+        self.waits = waits
         self.clock = clock
         self.base = dataloader_module._BaseDataLoaderIter
         self.multi = dataloader_module._MultiProcessingDataLoaderIter
@@ -66,37 +69,37 @@ class DataLoaderTimer:
         self.multi.__init__ = self._marking_init()
 
     def _timed_next(self) -> Callable[[Any], Any]:
-        state = self.state
+        waits = self.waits
 
         # Everything it touches is bound as a default argument: local loads, the cheapest there are (this runs
         # once per batch of every loader)
         @functools.wraps(self.original_next)
-        def __next__(self: Any, _original: Callable[[Any], Any] = self.original_next, _state: Any = state,
-                     _ring: list[float] = state.waits, _mask: int = self.mask,
+        def __next__(self: Any, _original: Callable[[Any], Any] = self.original_next, _waits: DataWaitState = waits,
+                     _ring: Ring = waits.ring, _slots: list[float] = waits.ring.slots, _mask: int = waits.ring.mask,
                      _clock: Callable[[], float] = self.clock, _size: Callable[[Any], int] = batch_size) -> Any:
             t0 = _clock()
             batch = _original(self)
-            n = _state.nw
+            n = _ring.n
             j = (n & _mask) << 1  # the wait's (begin, end) side by side: one cache line
-            _ring[j] = t0
-            _ring[j + 1] = _clock()
-            _state.nw = n + 1
-            _state.batch_samples += _size(batch)
+            _slots[j] = t0
+            _slots[j + 1] = _clock()
+            _ring.n = n + 1
+            _waits.batch_samples += _size(batch)
             return batch
 
         setattr(__next__, TIMED_MARK, True)
         return __next__
 
     def _marking_init(self) -> Callable[..., None]:
-        original, state = self.original_init, self.state
+        original, waits = self.original_init, self.waits
 
         @functools.wraps(original)
         def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-            state.dormant = True  # a process forked now is a DataLoader worker
+            waits.starting_workers = True  # a process forked now is a DataLoader worker
             try:
                 original(self, *args, **kwargs)
             finally:
-                state.dormant = False
+                waits.starting_workers = False
 
         return __init__
 
@@ -107,10 +110,10 @@ class DataLoaderTimer:
             self.multi.__init__ = self.original_init
 
 
-def attach(state: Any, torch: Any, mask: int) -> DataLoaderTimer | None:
+def attach(waits: DataWaitState, torch: Any) -> DataLoaderTimer | None:
     try:
         module = torch.utils.data.dataloader
-        return DataLoaderTimer(state, module, mask)
+        return DataLoaderTimer(waits, module)
     except Exception as e:
         LOG.warning("outrider: cannot time DataLoader waits automatically in this torch (%s); wrap loaders in "
                     "outrider.dataloader() to measure them", e)

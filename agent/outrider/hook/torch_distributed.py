@@ -15,10 +15,10 @@ gradient buckets, timed where they run.
   timed. A built-in C++ hook (`_register_builtin_comm_hook`) cannot be wrapped: its buckets are not timed (said
   once).
 
-Finished collectives go into the hook state's `collectives` deque as (begin, end, op, blocking) on the host clock;
-appending is atomic, from whichever thread saw the collective finish (gloo runs DDP's callbacks on its own thread).
-Nothing here raises into user code: a failing measurement is counted in outrider_hook_dropped_total, and the
-collective's own result or exception reaches the caller unchanged.
+Finished collectives go into the loop accounting's `collectives` deque (hook/state.LoopAccounting) as (begin, end,
+op, blocking) on the host clock; appending is atomic, from whichever thread saw the collective finish (gloo runs
+DDP's callbacks on its own thread). Nothing here raises into user code: a failing measurement is counted in
+outrider_hook_dropped_total, and the collective's own result or exception reaches the caller unchanged.
 """
 
 from __future__ import annotations
@@ -31,6 +31,8 @@ from collections.abc import Callable
 from time import perf_counter
 from typing import Any
 
+from outrider.hook.state import LoopAccounting
+
 LOG = logging.getLogger("outrider.hook")
 COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "reduce_scatter",
                "reduce_scatter_tensor", "broadcast", "broadcast_object_list", "reduce", "all_to_all",
@@ -40,9 +42,9 @@ MAX_PENDING_EVENTS = 1024
 
 
 class CollectiveTimer:
-    def __init__(self, state: Any, torch: Any, drop: Callable[[str], None],
+    def __init__(self, loop: LoopAccounting, torch: Any, drop: Callable[[str], None],
                  clock: Callable[[], float] = perf_counter) -> None:
-        self.state = state
+        self.loop = loop
         self.torch = torch
         self.drop = drop
         self.clock = clock
@@ -116,7 +118,7 @@ class CollectiveTimer:
     def _done(self, op: str, t0: float, t1: float, before: Any) -> None:
         try:
             if before is None:
-                self.state.collectives.append((t0, t1, op, True))
+                self.loop.collectives.append((t0, t1, op, True))
             else:
                 after = self.torch.cuda.Event(enable_timing=True)
                 after.record()
@@ -134,7 +136,7 @@ class CollectiveTimer:
             fut = hook(state, bucket)
 
             def finished(f: Any) -> Any:
-                timer.state.collectives.append((t0, timer.clock(), DDP_OP, False))
+                timer.loop.collectives.append((t0, timer.clock(), DDP_OP, False))
                 return f.value()
 
             try:
@@ -215,11 +217,11 @@ class CollectiveTimer:
             hook.series("counter", "outrider_train_collective_seconds_total", {"op": op}, builtin=True).inc(seconds)
 
 
-def attach(state: Any, torch: Any, drop: Callable[[str], None]) -> CollectiveTimer | None:
+def attach(loop: LoopAccounting, torch: Any, drop: Callable[[str], None]) -> CollectiveTimer | None:
     try:
         if not torch.distributed.is_available():
             return None
-        return CollectiveTimer(state, torch, drop)
+        return CollectiveTimer(loop, torch, drop)
     except Exception as e:
         LOG.warning("outrider: cannot time torch.distributed collectives in this torch (%s)", e)
         return None

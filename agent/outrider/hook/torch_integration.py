@@ -45,10 +45,11 @@ from typing import Any
 
 from outrider.hook import torch_checkpoint, torch_data, torch_distributed
 from outrider.hook.gpu_pacing import GpuPacing
+from outrider.hook.state import HookState
 
 LOG = logging.getLogger("outrider.hook")
 MAX_PENDING_EVENTS = 1024
-StepHook = Callable[[Any, list[Any], Callable[[Any], bool]], Callable[[Any, Any, Any], None]]
+StepHook = Callable[[HookState, list[Any], Callable[[Any], bool]], Callable[[Any, Any, Any], None]]
 # The integration attached to torch in this process. A new one (a hook built again: tests, a re-instrumented
 # process) first detaches it: two would count every optimizer step twice and time every batch into a dead state.
 ACTIVE: list[TorchIntegration] = []
@@ -65,16 +66,18 @@ def _not_counted(optimizer: Any, args: Any, kwargs: Any) -> None:
 
 
 class TorchIntegration:
-    def __init__(self, hook: Any, state: Any, torch: Any, step_hook: StepHook | None = None, mask: int = 0,
-                 clock: Callable[[], float] = perf_counter) -> None:
-        """state: the hook API's module state (whether the user times steps, the step listeners, the wait ring);
-        step_hook: builds the optimizer step post hook that records a step of the optimizer claim() chose (hook/
-        api.py; None: steps are not counted); mask: the wait ring's index mask (0: DataLoaders and collectives are
-        not timed); clock: the host clock step-end markers are read on."""
+    def __init__(self, hook: Any, state: HookState, torch: Any, step_hook: StepHook | None = None,
+                 timing: bool = False, clock: Callable[[], float] = perf_counter) -> None:
+        """state: the hook API's module state, whose parts this hands on (hook/state.py): the steps (whether the
+        user times them, the step listeners, the operation counter) kept here, the data waits to the DataLoader
+        timer, the loop accounting to the collective timer and the checkpoint watch; step_hook: builds the
+        optimizer step post hook that records a step of the optimizer claim() chose (hook/api.py; None: steps are
+        not counted); timing: whether DataLoaders, collectives and checkpoints are timed, and operations counted
+        (False: tests of the other parts); clock: the host clock step-end markers are read on."""
         for previous in list(ACTIVE):
             previous.detach()
         self.hook = hook
-        self.state = state
+        self.steps = state.steps
         self.torch = torch
         self.clock = clock
         self.first: list[weakref.ref[Any] | None] = [None]  # the optimizer whose steps count (the first to step)
@@ -93,17 +96,18 @@ class TorchIntegration:
         self.on_optimizer_step = (step_hook(state, self.first, self._claim) if step_hook is not None
                                   else _not_counted)
         self.handle: Any = None
-        if not state.explicit:
+        if not self.steps.explicit:
             self.handle = optimizer_module.register_optimizer_step_post_hook(self.on_optimizer_step)
         ACTIVE.append(self)
         self.listening = False  # on_step joins the step path only once CUDA is initialised (never on CPU)
-        self._sequence_nr = _autograd_sequence_nr(torch) if mask else None
+        self._sequence_nr = _autograd_sequence_nr(torch) if timing else None
         if self._sequence_nr is not None:
-            state.ops_reader = self._sequence_nr
-        self.data = torch_data.attach(state, torch, mask) if mask else None
-        self.distributed = torch_distributed.attach(state, torch, hook.drop) if mask else None
+            self.steps.ops_reader = self._sequence_nr
+        self.data = torch_data.attach(state.waits, torch) if timing else None
+        self.distributed = torch_distributed.attach(state.loop, torch, hook.drop) if timing else None
         self.setup = TrainingSetup(torch, hook.progress, hook.drop)
-        self.checkpoints = torch_checkpoint.attach(state, hook.progress, hook.drop) if mask else None
+        self.checkpoints = (torch_checkpoint.attach(state.steps, state.loop, hook.progress, hook.drop) if timing
+                            else None)
         hook.samplers.append(self.sample)
 
     def detach(self) -> None:
@@ -111,8 +115,8 @@ class TorchIntegration:
         if self in ACTIVE:
             ACTIVE.remove(self)
         self.stop_counting()
-        if self._sequence_nr is not None and self.state.ops_reader is self._sequence_nr:
-            self.state.ops_reader = None
+        if self._sequence_nr is not None and self.steps.ops_reader is self._sequence_nr:
+            self.steps.ops_reader = None
         if self.data is not None:
             self.data.detach()
         if self.distributed is not None:
@@ -159,11 +163,11 @@ class TorchIntegration:
         if self.checkpoints is not None:
             self.checkpoints.sample(self.hook)
         if self._sequence_nr is not None:
-            if self.state.loop_tid == threading.get_native_id():  # the final flush, on the loop's thread: now
-                self.state.ops = self._sequence_nr()
-            self.state.want_ops = True  # read by the loop's next step end
-        if self.state.ops:
-            self.hook.series("counter", "outrider_train_autograd_ops_total", builtin=True).set_total(self.state.ops)
+            if self.steps.loop_tid == threading.get_native_id():  # the final flush, on the loop's thread: now
+                self.steps.ops = self._sequence_nr()
+            self.steps.want_ops = True  # read by the loop's next step end
+        if self.steps.ops:
+            self.hook.series("counter", "outrider_train_autograd_ops_total", builtin=True).set_total(self.steps.ops)
         if self.distributed is not None:
             self.distributed.poll(self.hook)
         cuda = self.torch.cuda
@@ -171,7 +175,7 @@ class TorchIntegration:
             return
         if not self.listening:
             self.listening = True
-            self.state.step_listeners.append(self.on_step)
+            self.steps.listeners.append(self.on_step)
         self._poll_events()
         for device in range(cuda.device_count()):
             stats = cuda.memory_stats(device)
@@ -308,11 +312,11 @@ def _autograd_sequence_nr(torch: Any) -> Callable[[], int] | None:
     return fn  # type: ignore[no-any-return]
 
 
-def attach(hook: Any, state: Any, step_hook: StepHook, mask: int) -> TorchIntegration | None:
+def attach(hook: Any, state: HookState, step_hook: StepHook) -> TorchIntegration | None:
     """Attach to the torch the user already imported (never imported here: the hook imports no third-party
     package)."""
     try:
-        return TorchIntegration(hook, state, sys.modules["torch"], step_hook, mask)
+        return TorchIntegration(hook, state, sys.modules["torch"], step_hook, timing=True)
     except Exception as e:
         LOG.warning("outrider: PyTorch integration unavailable: %s", e)
         return None
