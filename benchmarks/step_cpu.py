@@ -8,6 +8,8 @@ in blocks of --block steps; the variants take turns, in a rotating order:
 
 - bare: torch untouched (no optimizer post hook, DataLoader's own __next__);
 - data: the patched DataLoader __next__ alone (it times the batch's wait);
+- data_unsized: the same __next__ with its batch_size() (the count of the batch's samples) swapped for a function
+  that returns 0: what counting the samples costs;
 - zero configuration: what instrument() installs: the patched __next__, and the optimizer step post hook that
   counts the step (reading the autograd operation counter at the first step after each flush asks);
 - explicit: the patched __next__, and the step timed with `with outrider.step(samples=...)` (the first explicit
@@ -30,7 +32,8 @@ Not a test: it prints figures (and writes them as JSON with --json).
 
     python benchmarks/step_cpu.py [--rounds 6000] [--block 10] [--hog] [--json out.json]
 
-About 12 minutes on 2 shared cores at the default 6,000 rounds (9 variants x 10 steps of about 0.4 ms each).
+About 13 minutes on 2 quiet cores at the default 6,000 rounds (10 variants x 10 steps of about 0.4 ms each); with 9
+variants it took 17 minutes on 2 cores whose other jobs took the load average from 4 to 190.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ import sys
 import tempfile
 import threading
 import time
+import types
 import weakref
 from typing import Any
 
@@ -54,10 +58,11 @@ import outrider  # after the spool is chosen
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.common import beside_hog, save_json, with_hog_and_json
 
-VARIANTS = ("bare", "empty_next", "data", "empty_hook", "clock_hook", "zero_config", "previous_hook", "empty_with",
-            "explicit")
+VARIANTS = ("bare", "empty_next", "data", "data_unsized", "empty_hook", "clock_hook", "zero_config", "previous_hook",
+            "empty_with", "explicit")
 # (name, variant, less variant): what each figure is the difference of
 PARTS = (("dataloader_timing", "data", "bare"), ("  of which a wrapper's frame", "empty_next", "bare"),
+         ("  of which counting its samples", "data", "data_unsized"),
          ("optimizer_hook", "zero_config", "data"), ("  of which a post hook's call", "empty_hook", "data"),
          ("  a post hook that reads the clock", "clock_hook", "data"),
          ("  the previous optimizer hook", "previous_hook", "data"),
@@ -67,6 +72,23 @@ PARTS = (("dataloader_timing", "data", "bare"), ("  of which a wrapper's frame",
 
 def _empty_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
     pass
+
+
+def _no_size(batch: Any) -> int:
+    return 0
+
+
+def _unsized(timed_next: Any) -> Any:
+    """The patched __next__ itself (its code, bound state and rings), with its batch_size default swapped for
+    _no_size."""
+    defaults = timed_next.__defaults__
+    names = timed_next.__code__.co_varnames[1:1 + len(defaults)]
+    swapped = tuple(_no_size if name == "_size" else d for name, d in zip(names, defaults, strict=True))
+    assert _no_size in swapped, names
+    f = types.FunctionType(timed_next.__code__, timed_next.__globals__, timed_next.__name__, swapped,
+                           timed_next.__closure__)
+    f.__dict__.update(timed_next.__dict__)
+    return f
 
 
 def _clock_hook(optimizer: Any, args: Any, kwargs: Any, _clock: Any = time.perf_counter) -> None:
@@ -152,6 +174,7 @@ class Loop:
             return _original(self)
 
         self.empty_next = empty_next
+        self.unsized_next = _unsized(self.timed_next)
         self.previous = PreviousHook(api.S, api.S.steps.ring.mask)
         self.extra: tuple[str, Any] | None = None  # (variant, handle) of a comparison hook registered now
         torch.manual_seed(0)
@@ -174,7 +197,8 @@ class Loop:
                       "previous_hook": self.previous.on_optimizer_step}.get(variant)
         if comparison is not None and self.extra is None:
             self.extra = (variant, self.optimizer_module.register_optimizer_step_post_hook(comparison))
-        self.base.__next__ = {"bare": self.plain_next, "empty_next": self.empty_next}.get(variant, self.timed_next)
+        self.base.__next__ = {"bare": self.plain_next, "empty_next": self.empty_next,
+                              "data_unsized": self.unsized_next}.get(variant, self.timed_next)
         self.api.S.steps.explicit = variant == "explicit"
         self.it = iter(self.loader)  # a fresh epoch's iterator under the variant's __next__
 
