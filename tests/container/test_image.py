@@ -11,7 +11,7 @@ import pytest
 from tests.conftest import need_binary
 from tests.container.podman import Podman
 from tests.helpers import free_port, samples, value, wait_until
-from tests.integration.servers import OtlpGrpcReceiver, otlp_points
+from tests.servers import OtlpGrpcReceiver, otlp_points
 
 pytestmark = pytest.mark.container
 

@@ -21,7 +21,7 @@ from tests.container.conftest import FIGURES
 from tests.container.kubelet import Kubelet, Override
 from tests.container.podman import Podman
 from tests.helpers import free_port, http_get, samples, value, wait_until
-from tests.integration.servers import OtlpHttpReceiver, otlp_points
+from tests.servers import OtlpHttpReceiver, otlp_points
 
 pytestmark = pytest.mark.container
 STEPS = 40

@@ -27,7 +27,7 @@ from tests.fakes.kubelet import FakeKubelet, short_socket_dir
 from tests.gpu.conftest import Scenario
 from tests.gpu.test_gpu_attribution import PODS, SCENARIO
 from tests.helpers import REPO, AgentProcess, reap, wait_until
-from tests.integration.servers import OtlpHttpReceiver, PrometheusServer
+from tests.servers import OtlpHttpReceiver, PrometheusServer
 
 SCHEMAS = REPO.parent / "shared" / "grafana-schema"
 DASHBOARDS = {name: json.loads(text) for name, text in render_all().items()}
@@ -39,7 +39,8 @@ NOT_ON_A_DASHBOARD: dict[str, str] = {}
 # Series that exist only where the machine has what they report on: queried, but allowed to be empty when it lacks it.
 ABSENT_WITHOUT_A_LIMIT = {
     "outrider_cgroup_memory_limit_bytes": "absent by design where the agent's cgroup has no memory limit (a test "
-                                          "machine); tests/unit/test_host_collector.py reads limits from fixture trees",
+                                          "machine); tests/collectors/test_host_collector.py reads limits from "
+                                          "fixture trees",
 }
 # Series that exist only once what they count happened: queried, but allowed to be empty here.
 ABSENT_WITHOUT_AN_EVENT = {

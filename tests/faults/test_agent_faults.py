@@ -20,8 +20,8 @@ import pytest
 
 from tests.faults.tmpfs import fill, small_tmpfs
 from tests.helpers import REPO, AgentProcess, after_more, http_get, outrider_cmd, sleeper, wait_until
-from tests.integration.servers import OtlpGrpcReceiver, OtlpHttpReceiver
 from tests.notify.receivers import PAGERDUTY_SCHEMA, WEBHOOK_SCHEMA, ScriptedReceiver
+from tests.servers import OtlpGrpcReceiver, OtlpHttpReceiver
 
 pytestmark = pytest.mark.integration
 

@@ -211,7 +211,7 @@ while not hold.exists():
 @needs_root
 def test_a_shard_that_cannot_grow_on_a_full_volume_keeps_publishing_its_steps_then_grows(tmp_path: Path) -> None:
     pause, grown, hold = tmp_path / "pause", tmp_path / "grown", tmp_path / "hold"
-    with small_tmpfs(tmp_path / "spool", "1m", "tests/hook/test_shard_growth.py covers leaving series out") as volume:
+    with small_tmpfs(tmp_path / "spool", "1m", "tests/spool/test_shard_growth.py covers leaving series out") as volume:
         p = subprocess.Popen([sys.executable, "-c", GROWING, str(pause), str(grown), str(hold)], env=_env(volume),
                              stderr=subprocess.PIPE)
         c = HookCollector(CollectorContext(Config(spool_dir=str(volume), flush_interval_s=0.1),

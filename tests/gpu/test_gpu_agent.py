@@ -11,7 +11,7 @@ import pytest
 from tests.gpu.conftest import Scenario
 from tests.gpu.test_gpu_collector import FULL
 from tests.helpers import AgentProcess
-from tests.integration.servers import PrometheusServer
+from tests.servers import PrometheusServer
 
 pytestmark = pytest.mark.integration
 

@@ -18,7 +18,7 @@ from tests.fakes.kubelet import FakeKubelet, NotGrpcSocket, pod, short_socket_di
 from tests.gpu.conftest import Scenario, _open, sweep
 from tests.gpu.test_gpu_collector import FULL, G0, G1
 from tests.helpers import AgentProcess, samples, value, wait_until
-from tests.integration.servers import OtlpHttpReceiver, attributes, otlp_points
+from tests.servers import OtlpHttpReceiver, attributes, otlp_points
 
 # GPU 0 whole to a training pod; GPU 1 in MIG mode, one MIG device to a serving pod, the other unallocated.
 SCENARIO = FULL.replace("gpu 1 util_mem 0", "gpu 1 util_mem 0\ngpu 1 mig_mode 1") + """

@@ -24,7 +24,7 @@ from tests.helpers import (
     value,
     wait_until,
 )
-from tests.integration.servers import PrometheusServer
+from tests.servers import PrometheusServer
 
 pytestmark = pytest.mark.integration
 WORKLOAD = str(REPO / "tests" / "hook" / "workload.py")

@@ -26,7 +26,7 @@ from tests.fakes.kubelet import FakeKubelet, short_socket_dir
 from tests.gpu.conftest import fake_nvml  # noqa: F401 - the session's fake libnvidia-ml.so.1
 from tests.gpu.test_gpu_attribution import PODS, SCENARIO
 from tests.helpers import REPO, AgentProcess, free_port, samples, value, wait_until
-from tests.integration.servers import HostilePeer, OtlpHttpReceiver, otlp_points
+from tests.servers import HostilePeer, OtlpHttpReceiver, otlp_points
 
 APPS = Path(__file__).with_name("apps")
 FASTAPI_OK = {"route": "/items/{item_id}", "method": "GET", "scheme": "http", "status_code": "200",

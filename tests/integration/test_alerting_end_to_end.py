@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import REPO, AgentProcess, outrider_cmd, wait_until
-from tests.integration.servers import AlertmanagerServer, PrometheusServer, WebhookReceiver
+from tests.servers import AlertmanagerServer, PrometheusServer, WebhookReceiver
 
 pytestmark = pytest.mark.integration
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import REPO, AgentProcess, after_more, outrider_cmd, sleeper, wait_until
-from tests.integration.servers import AlertmanagerServer, WebhookReceiver
 from tests.notify.receivers import WEBHOOK_SCHEMA, ScriptedReceiver
+from tests.servers import AlertmanagerServer, WebhookReceiver
 
 pytestmark = pytest.mark.integration
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import REPO, AgentProcess, samples, sleeper, value, wait_until
-from tests.integration.servers import OtlpHttpReceiver, otlp_points
+from tests.servers import OtlpHttpReceiver, otlp_points
 
 pytestmark = pytest.mark.integration
 WORKLOAD = REPO / "tests" / "hook" / "workload.py"

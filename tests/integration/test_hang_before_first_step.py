@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import outrider_cmd, wait_until
-from tests.integration.servers import WebhookReceiver
+from tests.servers import WebhookReceiver
 
 pytestmark = pytest.mark.integration
 pytest.importorskip("torch")

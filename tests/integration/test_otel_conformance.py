@@ -39,7 +39,7 @@ from opentelemetry.semconv.attributes import error_attributes, http_attributes, 
 
 from outrider.metrics.catalog import CATALOG
 from tests.integration.conftest import ServiceWorld
-from tests.integration.servers import attributes
+from tests.servers import attributes
 
 pytestmark = pytest.mark.integration
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import AgentProcess, free_port, samples, sleeper, value, wait_until
-from tests.integration.servers import OtlpGrpcReceiver, OtlpHttpReceiver, attributes, otlp_points
+from tests.servers import OtlpGrpcReceiver, OtlpHttpReceiver, attributes, otlp_points
 
 pytestmark = pytest.mark.integration
 

@@ -18,8 +18,8 @@ from outrider.metrics.family import Family
 from outrider.notify.webhook import WebhookNotifier
 from outrider.outbound import Deadline, ResponseTooLarge, read_capped, register_socket
 from tests.helpers import wait_until
-from tests.integration.servers import TRICKLE_BYTES, HostilePeer
 from tests.notify.test_delivery import alert, dispatcher
+from tests.servers import TRICKLE_BYTES, HostilePeer
 
 
 def _exporter(endpoint: str, timeout_s: float) -> OtlpExporter:

@@ -9,7 +9,7 @@ import pytest
 
 from tests.conftest import need_binary
 from tests.helpers import AgentProcess, http_get, samples, sleeper, wait_until
-from tests.integration.servers import PrometheusServer
+from tests.servers import PrometheusServer
 
 pytestmark = pytest.mark.integration
 

@@ -12,7 +12,7 @@ import pytest
 
 from tests.helpers import REPO, value
 from tests.integration.conftest import FASTAPI_OK, FLASK_OK, ServiceWorld
-from tests.integration.servers import attributes
+from tests.servers import attributes
 
 pytestmark = pytest.mark.integration
 

@@ -22,7 +22,7 @@ from outrider.config import Config, ConfigError, load
 from outrider.exporters.otlp import to_metrics_data
 from outrider.metrics.exposition import render
 from tests.helpers import AgentProcess, free_port, http_get, reap, samples, value, wait_until
-from tests.integration.servers import TRICKLE_BYTES, HostilePeer
+from tests.servers import TRICKLE_BYTES, HostilePeer
 
 pytestmark = pytest.mark.integration
 

@@ -34,7 +34,7 @@ import pytest
 
 from outrider.kernel import cgroupfs
 from tests.helpers import outrider_cmd, wait_until
-from tests.integration.servers import WebhookReceiver
+from tests.servers import WebhookReceiver
 
 pytestmark = pytest.mark.integration
 LIMIT = 512 << 20

@@ -1,4 +1,4 @@
-"""The metric table: conventions hold (its generated reference is checked by tests/unit/test_generated.py)."""
+"""The metric table: conventions hold (its generated reference is checked by tests/house/test_generated.py)."""
 
 from __future__ import annotations
 

@@ -151,7 +151,7 @@ def test_a_heading_gets_githubs_anchor(heading: str, anchor: str) -> None:
     ("#every-alert", True),
     ("../alerts/runbooks/meta.md#watchdog", True),
     ("../alerts/runbooks/", True),
-    ("../tests/unit/test_doc_links.py", True),
+    ("../tests/house/test_doc_links.py", True),
     ("https://pypi.org/project/mutmut/", True),
     ("instrumenting.md#no-such-heading", False),
     ("no-such-page.md", False),

@@ -17,7 +17,7 @@ import pytest
 
 from outrider import spool
 from tests.helpers import REPO, AgentProcess, after_more, samples, value, wait_until
-from tests.integration.servers import PrometheusServer
+from tests.servers import PrometheusServer
 
 pytestmark = pytest.mark.integration
 WORKLOAD = str(REPO / "tests" / "hook" / "workload.py")
