@@ -152,8 +152,7 @@ def test_planted_secrets_appear_nowhere_but_at_their_receivers(tmp_path: Path) -
                 wait_until(lambda: all(len(r.received) >= 2 for r in (pd, slack, hook)), timeout_s=30,
                            what="failed deliveries to all three")
                 metrics = agent.metrics()
-                show = subprocess.run(outrider_cmd("config", "show"), capture_output=True, text=True,
-                                      env={**os.environ, **env}).stdout
+                show = config_show(env)
                 output = agent.output
         finally:
             workload.kill()
@@ -206,8 +205,7 @@ def test_planted_secrets_stay_out_of_otlp_the_alerts_api_and_notifications(tmp_p
                 assert status == 200
                 alerts = body.decode()
                 metrics = agent.metrics()
-                show = subprocess.run(outrider_cmd("config", "show"), capture_output=True, text=True,
-                                      env={**os.environ, **env}).stdout
+                show = config_show(env)
                 output = agent.output
     finally:
         workload.kill()
@@ -229,3 +227,9 @@ def test_planted_secrets_stay_out_of_otlp_the_alerts_api_and_notifications(tmp_p
     found = [(secret, where) for secret in (CMD_KEY, CMD_PASSWORD, OTLP_PASSWORD, OTLP_HEADER, OTLP_BASIC)
              for where, text in places.items() if secret in text]
     assert found == []
+
+
+def config_show(env: dict[str, str]) -> str:
+    """What `outrider config show` prints under the agent's environment."""
+    return subprocess.run(outrider_cmd("config", "show"), capture_output=True, text=True,
+                          env={**os.environ, **env}).stdout

@@ -27,7 +27,7 @@ from outrider.collectors.hook import HookCollector
 from outrider.config import Config
 from outrider.kernel.procfs import start_ticks
 from outrider.metrics.exposition import render
-from tests.helpers import AgentProcess, release, samples, value, wait_until
+from tests.helpers import AgentProcess, reap, release, samples, value, wait_until
 
 FLUSH_S = 0.1
 
@@ -383,9 +383,5 @@ def test_a_helper_process_of_a_rank_that_never_steps_never_pages_the_rank(tmp_pa
         assert pages and max(pages) == 0.0, "the rank, which steps, is never paged for its helper"
     finally:
         stop.touch()
-        try:
-            p.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
+        reap([p], timeout_s=30)
         c.close()

@@ -22,7 +22,7 @@ from outrider.collectors.base import CollectorContext
 from outrider.collectors.hook import HookCollector
 from outrider.config import Config
 from outrider.metrics.exposition import render
-from tests.helpers import samples, value, wait_until
+from tests.helpers import reap, samples, value, wait_until
 
 ROOT = os.geteuid() == 0
 needs_root = pytest.mark.skipif(not ROOT, reason="changing a file's owner needs root (CI runs as root)")
@@ -286,13 +286,7 @@ def test_a_custom_name_with_two_shapes_shows_the_first_publishers_while_it_lives
     finally:
         stop_first.touch()
         stop_second.touch()
-        for p in (first, second):
-            if p is not None:
-                try:
-                    p.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-                    p.wait()
+        reap([p for p in (first, second) if p is not None], timeout_s=30)
         c.close()
 
 
