@@ -180,7 +180,7 @@ def rest_of_zero_config(n: int) -> dict[str, float]:
     import torch.distributed as dist
 
     from outrider.hook import api
-    from outrider.hook.threads import ThreadSampler
+    from outrider.hook.threads import ThreadCpuAccounting
     from outrider.hook.torch_distributed import CollectiveTimer
 
     seq = torch._C._autograd._get_sequence_nr
@@ -218,7 +218,7 @@ def rest_of_zero_config(n: int) -> dict[str, float]:
     finally:
         dist.destroy_process_group()
     api.S.hook.progress.steps = max(api.S.hook.progress.steps, 1)
-    sampler = ThreadSampler(api.S.hook, lambda: 0)
+    sampler = ThreadCpuAccounting(api.S.hook, lambda: 0)
     reads = []
     for _ in range(50):
         t = time.perf_counter_ns()

@@ -109,9 +109,9 @@ def main() -> int:
     for n in args.threads:
         pool = Pool(n)
         try:
-            samplers = {"now": current.ThreadSampler(hook, lambda: main_tid)}
+            samplers = {"now": current.ThreadCpuAccounting(hook, lambda: main_tid)}
             if old is not None:
-                samplers["baseline"] = old.ThreadSampler(hook, lambda: main_tid)
+                samplers["baseline"] = old.ThreadCpuAccounting(hook, lambda: main_tid)
             for s in samplers.values():
                 s.read()  # first read: every thread is new
             for workload in ("idle", "busy"):

@@ -12,7 +12,7 @@ import pytest
 
 from outrider.hook.runtime import Hook
 from outrider.hook.settings import HookSettings
-from outrider.hook.threads import OwnClocks, ThreadSampler
+from outrider.hook.threads import OwnClocks, ThreadCpuAccounting
 
 TCK = os.sysconf("SC_CLK_TCK")
 PID = 100
@@ -58,11 +58,11 @@ def tree(root: Path, main_cpu: float = 5.0, pool_cpu: float = 3.0, worker_cpu: f
         write_task(root, 200, 200, "pt_data_worker", worker_cpu, 0.3)
 
 
-def sampler(root: Path, tmp_path: Path) -> tuple[ThreadSampler, Hook]:
+def sampler(root: Path, tmp_path: Path) -> tuple[ThreadCpuAccounting, Hook]:
     hook = Hook(HookSettings(spool_dir=str(tmp_path / "spool"), standalone=False))
     hook.progress.steps = 1
     python = {PID: "MainThread", 103: "loader-prefetch", 104: "outrider-hook"}
-    return ThreadSampler(hook, lambda: 0, str(root), lambda: dict(python), lambda: PID), hook
+    return ThreadCpuAccounting(hook, lambda: 0, str(root), lambda: dict(python), lambda: PID), hook
 
 
 def published(hook: Hook, name: str) -> dict[str, float]:
@@ -133,7 +133,7 @@ def test_this_process_threads_by_role(tmp_path: Path) -> None:
         while not done.is_set():
             x += 1
 
-    s = ThreadSampler(hook, threading.get_native_id)
+    s = ThreadCpuAccounting(hook, threading.get_native_id)
     s.sample()
     before = published(hook, "outrider_thread_cpu_seconds_total")
     t = threading.Thread(target=spin, name="user-thread")
@@ -154,7 +154,7 @@ def test_ended_threads_leave_nothing_behind_in_the_sampler(tmp_path: Path) -> No
     (its last reading) never outgrows the threads alive at the read."""
     hook = Hook(HookSettings(spool_dir=str(tmp_path), standalone=False))
     hook.progress.steps = 1
-    s = ThreadSampler(hook, threading.get_native_id)
+    s = ThreadCpuAccounting(hook, threading.get_native_id)
     kept = []
     for _ in range(30):
         release = threading.Event()
@@ -260,7 +260,7 @@ def test_a_flush_looks_at_a_bounded_number_of_threads_and_counts_each_delay_once
     clocks.process = 1.0 * n
     hook = Hook(HookSettings(spool_dir=str(tmp_path / "spool"), standalone=False))
     hook.progress.steps = 1
-    s = ThreadSampler(hook, lambda: 0, str(root), dict, lambda: PID, clocks)
+    s = ThreadCpuAccounting(hook, lambda: 0, str(root), dict, lambda: PID, clocks)
     looked: list[int] = []
     real = threads.read_schedstat
     monkeypatch.setattr(threads, "read_schedstat", lambda d: (looked.append(int(d.rsplit("/", 1)[1])), real(d))[1])
@@ -295,7 +295,7 @@ def test_this_process_cpu_adds_up_with_threads_that_ended_between_flushes(tmp_pa
     less, and at most what the process used until the read returned; the ended Python threads' share is other's."""
     hook = Hook(HookSettings(spool_dir=str(tmp_path), standalone=False))
     hook.progress.steps = 1
-    s = ThreadSampler(hook, threading.get_native_id)
+    s = ThreadCpuAccounting(hook, threading.get_native_id)
     assert isinstance(s.clocks, OwnClocks)
     own = ("main", "intra_op", "other", "outrider")
 
@@ -351,7 +351,7 @@ def test_a_native_thread_started_between_two_listings_is_counted_once(tmp_path: 
     clocks.process = 1.5
     hook = Hook(HookSettings(spool_dir=str(tmp_path / "spool"), standalone=False))
     hook.progress.steps = 1
-    s = ThreadSampler(hook, lambda: 0, str(root), lambda: {PID: "MainThread", 103: "worker"}, lambda: PID, clocks)
+    s = ThreadCpuAccounting(hook, lambda: 0, str(root), lambda: {PID: "MainThread", 103: "worker"}, lambda: PID, clocks)
     s.sample()
     import shutil
 
@@ -381,7 +381,7 @@ def test_the_look_queue_stays_bounded_when_threads_come_and_go(tmp_path: Path) -
         python[PID + i] = f"pool-{i}"
     hook = Hook(HookSettings(spool_dir=str(tmp_path / "spool"), standalone=False))
     hook.progress.steps = 1
-    s = ThreadSampler(hook, lambda: 0, str(root), lambda: dict(python), lambda: PID, clocks)
+    s = ThreadCpuAccounting(hook, lambda: 0, str(root), lambda: dict(python), lambda: PID, clocks)
     looked: set[int] = set()
     tid = 10_000
     for flush in range(1, 61):

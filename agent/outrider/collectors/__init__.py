@@ -13,9 +13,9 @@ from collections.abc import Sequence
 from outrider.collectors.agent_self import SelfCollector
 from outrider.collectors.alerts import AlertsCollector
 from outrider.collectors.base import Collector, CollectorContext, SweepStats
-from outrider.collectors.diagnosis import DiagnosisCollector
+from outrider.collectors.bottleneck_metrics import DiagnosisCollector
 from outrider.collectors.gpu import GpuCollector
-from outrider.collectors.hook import HookCollector
+from outrider.collectors.hooked_processes import HookCollector
 from outrider.collectors.host import HostCollector
 from outrider.collectors.oom import OomCollector
 from outrider.collectors.otlp_receiver import OtlpReceiverCollector

@@ -105,9 +105,9 @@ def _instrument(spool_dir: str | None, standalone: bool | None) -> bool:
         register_exit(lambda: S.hook)
         os.register_at_fork(after_in_child=_after_fork_in_child)
         hook.samplers.append(_drain)
-        from outrider.hook.threads import ThreadSampler
+        from outrider.hook.threads import ThreadCpuAccounting
 
-        threads = ThreadSampler(hook, lambda: S.steps.loop_tid)
+        threads = ThreadCpuAccounting(hook, lambda: S.steps.loop_tid)
         hook.samplers.append(threads.sample)
         from outrider.hook.profiler import LoopProfiler
 

@@ -146,7 +146,7 @@ class _Thread:
         self.pyname: str | None = None  # threading's name when its role was last decided (a Python thread)
 
 
-class ThreadSampler:
+class ThreadCpuAccounting:
     def __init__(self, hook: Any, loop_tid: Callable[[], int], proc_root: str = "/proc",
                  threads: Callable[[], dict[int, str]] = python_threads, getpid: Callable[[], int] = os.getpid,
                  clocks: Clocks | None = None) -> None:
