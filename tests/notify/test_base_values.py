@@ -1,0 +1,165 @@
+"""What every notifier shares, at its edges: secrets read from a variable or a file (never the config), receiver URLs
+checked with a message that never echoes them, Retry-After's bounds, timestamps, and a receiver's words on one line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from outrider.notify.base import (
+    DELIVERED,
+    Notifier,
+    NotifyConfigError,
+    Outcome,
+    _retry_after,
+    check_url,
+    one_line,
+    read_secret,
+    rfc3339,
+)
+
+
+def test_a_secret_from_a_variable_is_stripped(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TEST_BASE_KEY", "  k3y\n")
+    assert read_secret({"key_env": "TEST_BASE_KEY"}, "key", "r") == "k3y"
+
+
+def test_a_secret_from_a_file_is_stripped(tmp_path: Path) -> None:
+    p = tmp_path / "k"
+    p.write_text("\n s3cret \n")
+    assert read_secret({"key_file": str(p)}, "key", "r") == "s3cret"
+
+
+@pytest.mark.parametrize(("spec", "message"), [
+    ({"key": "x"}, "receiver 'r': put key in a file (key_file) or an environment variable (key_env), not in the "
+                   "configuration"),
+    ({"key_env": "TEST_BASE_KEY", "key_file": "/x"}, "receiver 'r': set one of key_env and key_file"),
+    ({"key_env": "TEST_BASE_UNSET"}, "receiver 'r': key_env names TEST_BASE_UNSET, which is not set"),
+    ({"key_env": "TEST_BASE_BLANK"}, "receiver 'r': key_env names TEST_BASE_BLANK, which is not set"),
+    ({}, "receiver 'r': needs key_env or key_file"),
+])
+def test_a_secret_that_cannot_be_read_says_why(spec: dict[str, str], message: str,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TEST_BASE_KEY", "k")
+    monkeypatch.setenv("TEST_BASE_BLANK", "  ")
+    monkeypatch.delenv("TEST_BASE_UNSET", raising=False)
+    with pytest.raises(NotifyConfigError) as e:
+        read_secret(spec, "key", "r")
+    assert str(e.value) == message
+
+
+def test_a_secret_file_that_is_missing_or_empty_says_so(tmp_path: Path) -> None:
+    missing = tmp_path / "missing"
+    with pytest.raises(NotifyConfigError) as e:
+        read_secret({"key_file": str(missing)}, "key", "r")
+    assert str(e.value) == f"receiver 'r': key_file: cannot read {missing}: No such file or directory"
+    empty = tmp_path / "empty"
+    empty.write_text(" \n")
+    with pytest.raises(NotifyConfigError) as e:
+        read_secret({"key_file": str(empty)}, "key", "r")
+    assert str(e.value) == f"receiver 'r': key_file {empty} is empty"
+
+
+def test_an_optional_secret_left_out_is_empty() -> None:
+    assert read_secret({}, "key", "r", required=False) == ""
+    assert read_secret({"key_env": ""}, "key", "r", required=False) == ""
+
+
+@pytest.mark.parametrize(("url", "problem"), [
+    ("", "is empty"),
+    ("https://h/a b", "contains whitespace or a control character (percent-encode it)"),
+    ("https://h/a\x1fb", "contains whitespace or a control character (percent-encode it)"),
+    ("https://h/a\x7fb", "contains whitespace or a control character (percent-encode it)"),
+    ("https://h/\u00e9", "contains non-ASCII characters (percent-encode them, or use the host's punycode form)"),
+    ("https://h:99999/", "is malformed (a bad port or IPv6 address)"),
+    ("https://[::1/", "is malformed (a bad port or IPv6 address)"),
+    ("ftp://h/", "must start with http:// or https://"),
+    ("h/x", "must start with http:// or https://"),
+    ("https:///x", "has no host"),
+])
+def test_a_bad_receiver_url_is_named_by_its_key_never_echoed(url: str, problem: str) -> None:
+    with pytest.raises(NotifyConfigError) as e:
+        check_url(url, "r", "url")
+    assert str(e.value) == f"receiver 'r': url {problem}"
+
+
+@pytest.mark.parametrize("url", ["http://h", "HTTPS://h:443/p?q", "https://h/~!$&'()*+,;=:@%20"])
+def test_a_good_receiver_url_is_split(url: str) -> None:
+    assert check_url(url, "r", "url").hostname == "h"
+
+
+@pytest.mark.parametrize(("header", "seconds"), [
+    (None, 0.0), ("", 0.0), ("7", 7.0), ("0.5", 0.5), ("-3", 0.0), ("3600", 3600.0), ("3601", 3600.0),
+    ("Wed, 21 Oct 2015 07:28:00 GMT", 0.0),
+])
+def test_retry_after_in_seconds_from_none_to_an_hour(header: str | None, seconds: float) -> None:
+    assert _retry_after(header) == seconds
+
+
+def test_timestamps_are_rfc3339_utc_to_the_millisecond() -> None:
+    assert rfc3339(0) == "1970-01-01T00:00:00.000Z"
+    assert rfc3339(1_700_000_000.1234) == "2023-11-14T22:13:20.123Z"
+
+
+def test_a_receivers_line_breaks_are_written_out_and_its_ends_stripped() -> None:
+    assert one_line("  a\r\nb\n ") == "a\\r\\nb"
+
+
+def test_only_a_delivered_outcome_is_delivered() -> None:
+    assert DELIVERED.delivered and DELIVERED.kind == "delivered"
+    assert not Outcome("retry").delivered and not Outcome("rejected").delivered
+    assert (DELIVERED.detail, DELIVERED.retry_after_s, DELIVERED.reason) == ("", 0.0, "")
+
+
+def test_a_notifier_with_an_empty_secret_scrubs_nothing_else() -> None:
+    n = Notifier("r", {}, secrets=["", "tok3n"])
+    assert n.scrub("a tok3n b") == "a <secret> b"
+    assert n.refresh([]) is None
+    with pytest.raises(NotImplementedError):
+        n.send([])
+
+
+def test_a_password_without_a_username_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TEST_BASE_PW", "pw")
+    n = Notifier("r", {"basic_auth_password_env": "TEST_BASE_PW"})
+    with pytest.raises(NotifyConfigError) as e:
+        n.http_options()
+    assert str(e.value) == "receiver 'r': basic_auth_password needs basic_auth_username"
+
+
+def test_basic_auth_and_a_bearer_token_together_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TEST_BASE_PW", "pw")
+    monkeypatch.setenv("TEST_BASE_TOKEN", "tok")
+    n = Notifier("r", {"basic_auth_username": "u", "basic_auth_password_env": "TEST_BASE_PW",
+                       "bearer_token_env": "TEST_BASE_TOKEN"})
+    with pytest.raises(NotifyConfigError) as e:
+        n.http_options()
+    assert str(e.value) == "receiver 'r': set one of bearer_token and basic_auth"
+
+
+def test_http_options_set_the_authorization_header_and_its_secrets(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TEST_BASE_PW", "pw")
+    monkeypatch.setenv("TEST_BASE_TOKEN", "tok")
+    n = Notifier("r", {"bearer_token_env": "TEST_BASE_TOKEN"})
+    n.http_options()
+    assert n.headers == {"Authorization": "Bearer tok"} and n.secrets == ["tok"] and n.context is None
+    n = Notifier("r", {"basic_auth_username": "u", "basic_auth_password_env": "TEST_BASE_PW"})
+    n.http_options()
+    assert n.headers == {"Authorization": "Basic dTpwdw=="} and n.secrets == ["pw", "dTpwdw=="]
+    n = Notifier("r", {})
+    n.http_options()
+    assert n.headers == {} and n.secrets == []
+
+
+def test_credentials_in_a_url_become_basic_auth_and_leave_the_url() -> None:
+    n = Notifier("r", {})
+    n.http_options()
+    assert n.http_url("https://h:1/p?q") == "https://h:1/p?q" and n.secrets == []
+    url = "https://us%40r:p%3Aw@h:1/p?q#f"
+    assert n.http_url(url) == "https://h:1/p?q#f"
+    assert n.headers["Authorization"] == "Basic dXNAcjpwOnc="  # base64 of us@r:p:w, decoded from the URL
+    assert url in n.secrets and "p%3Aw" in n.secrets and "p:w" in n.secrets
+    n = Notifier("r", {})
+    n.http_options()
+    assert n.http_url("https://:pw@h/") == "https://h/" and n.headers["Authorization"] == "Basic OnB3"
