@@ -163,3 +163,38 @@ def test_credentials_in_a_url_become_basic_auth_and_leave_the_url() -> None:
     n = Notifier("r", {})
     n.http_options()
     assert n.http_url("https://:pw@h/") == "https://h/" and n.headers["Authorization"] == "Basic OnB3"
+
+
+def test_a_bad_url_is_named_by_the_key_it_came_from() -> None:
+    n = Notifier("r", {})
+    n.http_options()
+    with pytest.raises(NotifyConfigError) as e:
+        n.http_url("ftp://h/", key="webhook_url")
+    assert str(e.value) == "receiver 'r': webhook_url must start with http:// or https://"
+
+
+def test_a_username_alone_in_a_url_is_taken_out_and_sent_as_basic_auth() -> None:
+    n = Notifier("r", {})
+    n.http_options()
+    assert n.http_url("https://u@h/p") == "https://h/p"
+    assert n.headers["Authorization"] == "Basic dTo="  # base64 of "u:"
+
+
+def test_a_urls_secrets_are_added_to_those_the_notifier_already_scrubs() -> None:
+    n = Notifier("r", {}, secrets=["r0uting-key"])
+    n.http_options()
+    n.http_url("https://u:pw@h/")
+    assert "r0uting-key" in n.secrets and "pw" in n.secrets
+
+
+def test_an_exception_is_described_in_its_own_words_unless_urllib_wrapped_it() -> None:
+    class Odd(Exception):
+        reason = ValueError("not me")
+
+    n = Notifier("r", {})
+    assert n.describe(Odd("me")) == "Odd: me", "a reason is urllib's wrapped cause only on a URLError"
+    import urllib.error
+
+    assert n.describe(urllib.error.URLError(ConnectionRefusedError(111, "refused"))) == \
+        "ConnectionRefusedError: [Errno 111] refused"
+    assert n.describe(urllib.error.URLError("no host")) == "URLError: <urlopen error no host>"
