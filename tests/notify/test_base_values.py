@@ -198,3 +198,10 @@ def test_an_exception_is_described_in_its_own_words_unless_urllib_wrapped_it() -
     assert n.describe(urllib.error.URLError(ConnectionRefusedError(111, "refused"))) == \
         "ConnectionRefusedError: [Errno 111] refused"
     assert n.describe(urllib.error.URLError("no host")) == "URLError: <urlopen error no host>"
+
+
+def test_the_last_at_sign_ends_a_urls_credentials() -> None:
+    n = Notifier("r", {})
+    n.http_options()
+    assert n.http_url("https://u:p@w@h:1/p") == "https://h:1/p"
+    assert n.headers["Authorization"] == "Basic dTpwQHc="  # base64 of "u:p@w"
