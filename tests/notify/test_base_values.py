@@ -3,7 +3,11 @@ checked with a message that never echoes them, Retry-After's bounds, timestamps,
 
 from __future__ import annotations
 
+import socket
+import ssl
+import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -18,6 +22,7 @@ from outrider.notify.base import (
     read_secret,
     rfc3339,
 )
+from tests.helpers import self_signed
 
 
 def test_a_secret_from_a_variable_is_stripped(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -205,3 +210,97 @@ def test_the_last_at_sign_ends_a_urls_credentials() -> None:
     n.http_options()
     assert n.http_url("https://u:p@w@h:1/p") == "https://h:1/p"
     assert n.headers["Authorization"] == "Basic dTpwQHc="  # base64 of "u:p@w"
+
+
+# --- the opener: TLS with the receiver's own CA, and the whole call bounded on both schemes ----------------------
+
+class Trickle:
+    """A receiver on 127.0.0.1 (TLS with `tls`) that answers 200 and then its body one byte each `gap_s`: every
+    read is quick, the whole answer slow (`total` bytes). `fast` sends the body at once."""
+
+    def __init__(self, tls: ssl.SSLContext | None = None, total: int = 40, gap_s: float = 0.1) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.listener.settimeout(0.1)
+        self.stop = threading.Event()
+        self.tls, self.total, self.gap_s = tls, total, gap_s
+        self.sent = 0  # body bytes sent before the client closed (or all of them)
+        self.thread = threading.Thread(target=self.serve, daemon=True)
+        self.thread.start()
+        scheme = "https" if tls else "http"
+        self.url = f"{scheme}://127.0.0.1:{self.listener.getsockname()[1]}/hook"
+
+    def serve(self) -> None:
+        while not self.stop.is_set():
+            try:
+                conn, _ = self.listener.accept()
+            except (TimeoutError, OSError):
+                continue
+            try:
+                conn.settimeout(5)
+                if self.tls:
+                    conn = self.tls.wrap_socket(conn, server_side=True)
+                request = b""
+                while b"\r\n\r\n" not in request:
+                    request += conn.recv(65536) or b"\r\n\r\n"
+                head, _, body = request.partition(b"\r\n\r\n")
+                length = int(next((ln.split(b":")[1] for ln in head.split(b"\r\n")
+                                   if ln.lower().startswith(b"content-length:")), b"0"))
+                while len(body) < length:
+                    body += conn.recv(65536) or b"." * length
+                conn.sendall(f"HTTP/1.1 200 OK\r\nContent-Length: {self.total}\r\n\r\n".encode())
+                for _ in range(self.total):
+                    if self.stop.wait(self.gap_s):
+                        break
+                    conn.sendall(b"x")
+                    self.sent += 1
+            except OSError:
+                pass
+            finally:
+                conn.close()
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(5)
+        self.listener.close()
+
+
+@pytest.fixture
+def tls_server(tmp_path: Path) -> tuple[ssl.SSLContext, Path]:
+    cert, key = self_signed(tmp_path / "tls")
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    return context, cert
+
+
+def post(url: str, **spec: Any) -> Outcome:
+    n = Notifier("r", spec, timeout_s=float(spec.pop("timeout_s", 5.0)))
+    n.http_options()
+    return n.post_json(n.http_url(url), {"a": 1})
+
+
+def test_a_receiver_behind_tls_with_its_own_ca_is_delivered_to(tls_server: tuple[ssl.SSLContext, Path]) -> None:
+    context, cert = tls_server
+    server = Trickle(context, total=2, gap_s=0.0)
+    try:
+        assert post(server.url, ca_file=str(cert)) == DELIVERED
+        refused = post(server.url)  # the default CAs do not know it
+        assert refused.kind == "retry" and "CERTIFICATE_VERIFY_FAILED" in refused.detail, refused
+    finally:
+        server.close()
+
+
+@pytest.mark.parametrize("scheme", ["http", "https"])
+def test_an_answer_trickling_past_the_timeout_is_cut_at_the_deadline(
+        scheme: str, tls_server: tuple[ssl.SSLContext, Path]) -> None:
+    """Each byte comes well within timeout_s, the whole reply (4 s) far past it: the deadline ends the call (its
+    socket shut down), not each read's timeout, on both schemes; a call bounded only by each read would read the
+    whole reply before returning."""
+    context, cert = tls_server
+    server = Trickle(context if scheme == "https" else None, total=40, gap_s=0.1)
+    try:
+        outcome = post(server.url, ca_file=str(cert), timeout_s=0.5)
+        sent = server.sent
+    finally:
+        server.close()
+    assert outcome == DELIVERED, "the receiver answered 200: the rest of its reply is not needed"
+    assert sent < server.total, f"the call returned before the reply ended ({sent} of {server.total} bytes)"
