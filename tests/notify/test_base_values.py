@@ -325,3 +325,10 @@ def test_the_request_is_compact_json_with_its_headers(monkeypatch: pytest.Monkey
     for header in ("Content-Type: application/json", "User-Agent: outrider", "Authorization: Bearer tok",
                    "X-Extra: e", f"Content-Length: {len(body)}"):
         assert header in lines, (header, lines)
+
+
+def test_a_username_without_a_password_names_the_receiver() -> None:
+    n = Notifier("r", {"basic_auth_username": "u"})
+    with pytest.raises(NotifyConfigError) as e:
+        n.http_options()
+    assert str(e.value) == "receiver 'r': needs basic_auth_password_env or basic_auth_password_file"
