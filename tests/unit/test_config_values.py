@@ -261,3 +261,53 @@ def test_show_writes_lists_and_numbers_as_yaml_with_their_sources() -> None:
     assert "spool_trusted_uids: []  # default" in lines
     assert "training_job: ''  # default" in lines
     assert text.endswith("\n") and not text.endswith("\n\n")
+
+
+# The converters of CONVERTERS are built when config is imported; these build them again, so that what they do is
+# tested on the code as it is now (a mutation tool switches a mutant on only after the import).
+
+def test_a_number_converter_gives_integers_for_integer_keys_and_floats_for_the_rest() -> None:
+    from outrider.config import _number
+
+    top_n = _number("process_top_n", integer=True)
+    assert top_n(" 5 ") == 5 and type(top_n(" 5 ")) is int
+    interval = _number("interval_s")
+    assert interval("2") == 2.0 and type(interval("2")) is float
+    assert interval(0.05) == 0.05
+    for bad, what in ((lambda: top_n("x"), "a whole number from 0 to 10000"),
+                      (lambda: top_n(None), "a whole number from 0 to 10000"),
+                      (lambda: interval("0.04"), "a number from 0.05 to 3600")):
+        with pytest.raises(ValueError) as e:
+            bad()
+        assert str(e.value) == what
+
+
+def test_a_choice_converter_matches_without_case_or_blanks_and_names_the_choices() -> None:
+    from outrider.config import _choice
+
+    convert = _choice(("grpc", "http/protobuf"))
+    assert convert(" GRPC ") == "grpc" and convert("http/protobuf") == "http/protobuf"
+    with pytest.raises(ValueError) as e:
+        convert("udp")
+    assert str(e.value) == "one of grpc, http/protobuf"
+    with pytest.raises(ValueError, match="a string"):
+        convert(None)
+
+
+def test_an_ipv6_address_may_be_written_in_upper_case() -> None:
+    assert parse_listen("[FE80::AB]:9477") == ("FE80::AB", 9477)
+
+
+def test_without_an_environment_given_the_processs_own_is_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    from outrider.config import HANDED_TO_HOOK
+
+    for key in HANDED_TO_HOOK:
+        monkeypatch.delenv("OUTRIDER_" + key.upper(), raising=False)
+    monkeypatch.setenv("POD_NAME", "p-1")
+    monkeypatch.setenv("OUTRIDER_STALL_FACTOR", "10")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://x:4318")
+    monkeypatch.delenv("OTEL_METRICS_EXPORTER", raising=False)
+    c = Config(k8s_labels=("pod",))
+    assert k8s_identity(c) == {"pod": "p-1"}
+    assert hook_environment(Config()) == {"OUTRIDER_STALL_FACTOR": "10.0"}
+    assert otlp_enabled(Config())
