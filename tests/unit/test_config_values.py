@@ -311,3 +311,22 @@ def test_without_an_environment_given_the_processs_own_is_read(monkeypatch: pyte
     assert k8s_identity(c) == {"pod": "p-1"}
     assert hook_environment(Config()) == {"OUTRIDER_STALL_FACTOR": "10.0"}
     assert otlp_enabled(Config())
+
+
+def test_load_reads_the_processs_environment_when_given_none(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OUTRIDER_LOG_LEVEL", "error")
+    monkeypatch.delenv("OUTRIDER_CONFIG", raising=False)
+    loaded = load()
+    assert loaded.config.log_level == "error" and loaded.sources["log_level"] == "environment OUTRIDER_LOG_LEVEL"
+
+
+def test_a_port_past_65535_says_the_range_exactly() -> None:
+    with pytest.raises(ValueError) as e:
+        parse_listen("h:65536")
+    assert str(e.value) == "a port from 0 to 65535"
+
+
+def test_a_url_in_the_query_does_not_hide_the_password_before_it() -> None:
+    from outrider.config import redact_url_password
+
+    assert redact_url_password("https://u:pw@h/cb?next=http://x/") == "https://u:<secret>@h/cb?next=http://x/"
