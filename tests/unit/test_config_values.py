@@ -223,7 +223,7 @@ def test_an_empty_config_file_is_the_defaults(tmp_path: Path) -> None:
     assert load(file=str(p), env={}).config == Config()
 
 
-def test_a_yaml_error_without_a_position_still_says_what_is_wrong(tmp_path: Path) -> None:
+def test_a_tag_safe_load_refuses_is_said_with_its_position(tmp_path: Path) -> None:
     p = tmp_path / "c.yaml"
     p.write_text("a: !!python/object:os.system x\n")
     with pytest.raises(ConfigError, match=r"file .*c\.yaml: not valid YAML at line 1, column 4: "):
@@ -330,3 +330,35 @@ def test_a_url_in_the_query_does_not_hide_the_password_before_it() -> None:
     from outrider.config import redact_url_password
 
     assert redact_url_password("https://u:pw@h/cb?next=http://x/") == "https://u:<secret>@h/cb?next=http://x/"
+
+
+def test_a_file_exactly_at_the_cap_is_read_to_its_last_byte(tmp_path: Path) -> None:
+    p = tmp_path / "c.yaml"
+    tail = b"\nlog_level: debug"
+    p.write_bytes(b"#" * (MAX_CONFIG_BYTES - len(tail)) + tail)
+    assert os.path.getsize(p) == MAX_CONFIG_BYTES
+    assert read_yaml_file(str(p)) == {"log_level": "debug"}
+
+
+def test_what_is_wrong_with_a_config_file_is_said_exactly(tmp_path: Path) -> None:
+    def error(path: Path) -> str:
+        with pytest.raises(ConfigError) as e:
+            read_yaml_file(str(path))
+        return str(e.value)
+
+    assert error(tmp_path) == f"file {tmp_path}: not a regular file"
+    missing = tmp_path / "missing.yaml"
+    assert error(missing) == f"file {missing}: cannot read: No such file or directory"
+    p = tmp_path / "c.yaml"
+    p.write_text("interval_s: 2\nlisten: [unclosed\n")
+    assert error(p) == f"file {p}: not valid YAML at line 3, column 1: expected ',' or ']', but got '<stream end>'"
+    p.write_text("a: \x07\n")  # the reader's error has no position mark and no `problem`: its own words
+    assert error(p) == (f"file {p}: not valid YAML: unacceptable character #x0007: special characters are not "
+                        f"allowed\n  in \"<unicode string>\", position 3")
+    p.write_text("- a\n- b\n")
+    assert error(p) == f"file {p}: expected a mapping of keys to values at the top level, got list"
+
+
+def test_a_flag_is_named_as_the_command_line_spells_it() -> None:
+    loaded = load(env={}, flags={"interval_s": 2}, flag_names={"interval_s": "--interval"})
+    assert loaded.sources["interval_s"] == "flag --interval"
