@@ -5,6 +5,7 @@ ALERTS_FOR_STATE, a failed evaluation, label sets that collide, durations, and w
 from __future__ import annotations
 
 import hashlib
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -305,3 +306,58 @@ def test_a_bug_in_evaluation_is_an_internal_error_not_the_end() -> None:
     rec = rule(record="r", expr="x")
     rec.evaluate(Broken(SeriesStore(None)), SeriesStore(None), T0)
     assert rec.last_error == "internal error: ZeroDivisionError: boom"
+
+
+def test_a_promql_error_is_said_in_the_evaluators_own_words() -> None:
+    from outrider.rules.promql import PromQLError
+
+    w, r = World(), rule(alert="A", expr="x * on(a) y")
+    w.x(T0, one=1)
+    w.store.add((("__name__", "y"), ("a", "one"), ("b", "1")), T0, 1.0)
+    w.store.add((("__name__", "y"), ("a", "one"), ("b", "2")), T0, 1.0)
+    with pytest.raises(PromQLError) as e:
+        w.ev.vector(r.expr, T0)
+    r.evaluate(w.ev, T0)
+    assert r.last_error == str(e.value) and r.last_error
+
+
+def test_a_recording_rules_empty_label_is_left_out_of_what_it_writes() -> None:
+    w, r = World(), rule(record="r", expr="x", labels={"team": ""})
+    w.x(T0, one=1)
+    r.evaluate(w.ev, w.store, T0)
+    assert [labels for labels, _ in w.store.candidates("r")] == [(("__name__", "r"), ("a", "one"))]
+
+
+def test_a_recording_rule_whose_labels_collide_marks_what_it_wrote_before_stale() -> None:
+    w, r = World(), rule(record="r", expr="x", labels={"a": "same"})
+    w.x(T0, one=1)
+    r.evaluate(w.ev, w.store, T0)
+    w.x(T0 + 1000, one=1, two=2)
+    r.evaluate(w.ev, w.store, T0 + 1000)
+    assert r.last_error == "vector contains metrics with the same labelset after applying rule labels"
+    ((_, series),) = w.store.candidates("r")
+    assert list(series.times) == [T0, T0 + 1000] and is_stale(series.values[-1])
+
+
+def test_rule_files_load_with_their_path_settings_and_default_interval(tmp_path: Path) -> None:
+    from outrider.rules.rule import load_groups
+
+    p = tmp_path / "r.yaml"
+    p.write_text("groups: [{name: g, rules: [{alert: A, expr: x}]}]\n")
+    (g,) = load_groups([p])
+    assert (g.file, g.interval_ms, g.rules[0].hold_ms) == (str(p), 60_000, 0)
+    (g,) = load_groups([str(p)], 5000, settings=["A.for=2m"])
+    assert (g.file, g.interval_ms, g.rules[0].hold_ms) == (str(p), 5000, 120_000)
+    p.write_text("groups: [")
+    with pytest.raises(RuleLoadError) as e:
+        load_groups([p])
+    assert str(e.value) == (f"file {p}: not valid YAML at line 1, column 10: expected the node content, but found "
+                            "'<stream end>'")
+
+
+def test_fingerprints_are_hashed_by_the_builtin_sha256_not_openssls() -> None:
+    from outrider.rules.rule import _sha256_without_openssl
+
+    sha256 = _sha256_without_openssl()
+    assert sha256.__module__ in ("_sha2", "_sha256"), sha256.__module__
+    assert sha256(b"x").hexdigest() == hashlib.sha256(b"x").hexdigest()
