@@ -361,3 +361,32 @@ def test_fingerprints_are_hashed_by_the_builtin_sha256_not_openssls() -> None:
     sha256 = _sha256_without_openssl()
     assert sha256.__module__ in ("_sha2", "_sha256"), sha256.__module__
     assert sha256(b"x").hexdigest() == hashlib.sha256(b"x").hexdigest()
+
+
+def test_a_store_that_keeps_only_alerts_gets_alerts() -> None:
+    store = SeriesStore({"x": 60_000, "ALERTS": 60_000})
+    r = rule(alert="A", expr="x > 0")
+    store.add((("__name__", "x"), ("a", "one")), T0, 1.0)
+    r.evaluate(Evaluator(store), T0)
+    r.write_alerts_series(store, T0)
+    assert sorted(store.names()) == ["ALERTS", "x"]
+
+
+def test_a_resolved_alert_does_not_keep_the_others_out_of_alerts() -> None:
+    w, r = World(), rule(alert="A", expr="x > 0")
+    w.step(r, T0, one=1)
+    w.step(r, T0 + 1000, two=1)  # `one` resolved (remembered, inactive) ahead of `two` in the rule's alerts
+    live = {labels for labels, s in w.store.candidates("ALERTS") if not is_stale(s.values[-1])}
+    assert live == {(("__name__", "ALERTS"), ("a", "two"), ("alertname", "A"), ("alertstate", "firing"))}
+
+
+def test_a_group_evaluates_its_rules_with_the_external_labels_and_writes_their_alerts() -> None:
+    (g,) = parse_groups({"groups": [{"name": "g", "rules": [
+        {"record": "x:copy", "expr": "x"},
+        {"alert": "A", "expr": "x > 0", "labels": {"cluster": "{{ $externalLabels.cluster }}"}}]}]}, "test")
+    w = World()
+    w.x(T0, one=1)
+    g.evaluate(w.ev, w.store, T0, {"cluster": "c1"})
+    assert [labels for labels, _ in w.store.candidates("x:copy")] == [(("__name__", "x:copy"), ("a", "one"))]
+    ((labels, series),) = w.store.candidates("ALERTS")
+    assert ("cluster", "c1") in labels and list(series.times) == [T0]
