@@ -390,3 +390,17 @@ def test_a_group_evaluates_its_rules_with_the_external_labels_and_writes_their_a
     assert [labels for labels, _ in w.store.candidates("x:copy")] == [(("__name__", "x:copy"), ("a", "one"))]
     ((labels, series),) = w.store.candidates("ALERTS")
     assert ("cluster", "c1") in labels and list(series.times) == [T0]
+
+
+def test_alert_labels_are_rendered_from_the_samples_labels_value_and_external_labels() -> None:
+    w = World()
+    r = rule(alert="A", expr="x > 0", labels={"what": "{{ $labels.a }} at {{ $value }} in {{ $externalLabels.c }}"})
+    w.x(T0, one=3)
+    r.evaluate(w.ev, T0, {"c": "eu"})
+    assert list(r.active) == [(("a", "one"), ("alertname", "A"), ("what", "one at 3 in eu"))]
+
+
+def test_a_new_alert_starts_with_nothing_fired_resolved_or_held() -> None:
+    a = Alert((("alertname", "A"),), {}, T0, 1.0)
+    assert a.to_json() == {"active_at": T0, "annotations": {}, "fired_at": 0, "keep_firing_since": 0,
+                           "labels": {"alertname": "A"}, "resolved_at": 0, "state": "pending", "value": 1.0}
