@@ -404,3 +404,40 @@ def test_a_new_alert_starts_with_nothing_fired_resolved_or_held() -> None:
     a = Alert((("alertname", "A"),), {}, T0, 1.0)
     assert a.to_json() == {"active_at": T0, "annotations": {}, "fired_at": 0, "keep_firing_since": 0,
                            "labels": {"alertname": "A"}, "resolved_at": 0, "state": "pending", "value": 1.0}
+
+
+def test_keep_firing_for_of_one_millisecond_holds_and_none_leaves_no_hold_behind() -> None:
+    w, r = World(), rule(alert="A", expr="x > 0", keep_firing_for="1ms")
+    w.step(r, T0, one=1)
+    assert w.step(r, T0 + 1000) == [("firing", T0, T0, 0)], "held for its one millisecond"
+    w, r = World(), rule(alert="A", expr="x > 0")
+    w.step(r, T0, one=1)
+    w.step(r, T0 + 1000)
+    assert r.active[(("a", "one"), ("alertname", "A"))].keep_firing_since == 0
+
+
+def test_every_result_becomes_an_alert_whatever_was_active_before_it() -> None:
+    w, r = World(), rule(alert="A", expr="x > 0", **{"for": "1s"})
+    w.step(r, T0, one=1)
+    w.step(r, T0 + 1000, one=1, two=1)
+    assert w.step(r, T0 + 2000, two=1, three=1) == [
+        ("inactive", T0, T0 + 1000, T0 + 2000), ("firing", T0 + 1000, T0 + 2000, 0), ("pending", T0 + 2000, 0, 0)]
+
+
+def test_annotations_see_the_external_labels() -> None:
+    w, r = World(), rule(alert="A", expr="x > 0", annotations={"where": "{{ $externalLabels.c }}"})
+    w.x(T0, one=1)
+    r.evaluate(w.ev, T0, {"c": "eu"})
+    assert [a.annotations for a in r.active.values()] == [{"where": "eu"}]
+
+
+def test_a_rule_outside_the_subset_is_refused_in_exact_words() -> None:
+    with pytest.raises(RuleLoadError) as e:
+        rule(alert="A", expr="x @ 1700000000")
+    assert str(e.value).startswith("test: group 'g', alert 'A': uses ")
+    assert str(e.value).endswith(", which the agent's embedded evaluator does not support; the rule still works in "
+                                 "Prometheus (evaluate it there, or leave it out of the agent's rule_files)")
+    with pytest.raises(RuleLoadError) as e:
+        rule(alert="A", expr='x{a=~"("}')
+    assert str(e.value) == "test: group 'g', alert 'A': cannot parse: illegal regex for ("
+    assert rule(record="r", expr=" x * 2 ").expr_text == "x * 2"
