@@ -90,6 +90,8 @@ def prepare(mod: Module) -> None:
     shutil.copytree(REPO / "agent", mod.work / "src", ignore=ignore)
     shutil.copytree(REPO / "tests", mod.work / "tests", ignore=ignore)
     shutil.copytree(REPO / "alerts", mod.work / "alerts", symlinks=True, ignore=ignore)
+    if (REPO / "docs").is_dir():  # boundary tests read the documented bounds (a repository may have no docs)
+        shutil.copytree(REPO / "docs", mod.work / "docs", ignore=ignore)
     pytest_opts = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
     markers = pytest_opts.get("markers", [])
     (mod.work / "pyproject.toml").write_text(
@@ -99,7 +101,7 @@ def prepare(mod: Module) -> None:
         f'only_mutate = [{json.dumps("src/" + str(mod.source.relative_to("agent")))}]\n'
         f"pytest_add_cli_args_test_selection = {toml_list(mod.tests)}\n"
         'pytest_add_cli_args = ["-p", "no:cacheprovider", "-q", "-x"]\n'
-        'also_copy = ["alerts"]\n'
+        'also_copy = ["alerts", "docs"]\n'
         'process_isolation = "forkserver"\n'
         "use_git_change_detection = false\n"
         "\n[tool.pytest.ini_options]\n"

@@ -107,7 +107,8 @@ def read_capped(read: Any, max_bytes: int) -> bytes:
 # --- http.client (the notifiers' urllib opener) -----------------------------------------------------------------
 def connection_classes() -> tuple[type[Any], type[Any]]:
     """HTTPConnection and HTTPSConnection subclasses whose sockets are registered with the current deadline as soon
-    as they exist (before a TLS handshake) and again on every request (a kept-alive connection under a new call)."""
+    as they exist, once connected (for HTTPS, the TLS socket) and again on every request (a kept-alive connection
+    under a new call)."""
     import http.client
 
     def create(address: Any, *args: Any, **kwargs: Any) -> socket.socket:
@@ -117,6 +118,13 @@ def connection_classes() -> tuple[type[Any], type[Any]]:
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             self._create_connection = create
+
+        def connect(self) -> None:
+            super().connect()
+            # HTTPS: the TLS socket that wrapped the one registered at creation (wrapping detached that one, so
+            # shutting it down would no longer reach the connection). The handshake itself, in between, is bounded
+            # by the socket timeout alone.
+            register_socket(self.sock)
 
         def request(self, *args: Any, **kwargs: Any) -> None:
             register_socket(self.sock)

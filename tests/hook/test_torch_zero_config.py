@@ -5,6 +5,7 @@ operations per step, and times torch.distributed collectives (gloo, in this proc
 from __future__ import annotations
 
 import os
+import time
 import types
 from collections.abc import Iterator
 from pathlib import Path
@@ -78,6 +79,46 @@ def test_every_dataloader_is_timed_without_a_wrapper(tmp_path: Path, hooked: Hoo
     assert wait + step + other == pytest.approx(wall, rel=1e-6), "the parts add up to the steps' wall time"
     ops = value(parsed, "outrider_train_autograd_ops_total", rank="")
     assert ops is not None and ops >= 12 * 3, "linear, cross_entropy's parts: several operations per step"
+
+
+class Slow(torch.utils.data.Dataset):  # type: ignore[misc]
+    """Each item takes at least SLOW_S to load: a DataLoader wait of a known length."""
+
+    def __len__(self) -> int:
+        return 6
+
+    def __getitem__(self, i: int) -> Any:
+        time.sleep(SLOW_S)
+        return torch.full((4,), float(i)), torch.tensor(i % 2)
+
+
+SLOW_S = 0.05
+
+
+def test_a_dataloader_wait_is_measured_as_its_length_on_torchs_own_path(tmp_path: Path, hooked: Hook) -> None:
+    """A loader of batch 1 whose items take 50 ms each, iterated by torch's own DataLoader with zero configuration,
+    and a loop body that takes 50 ms too: every wait is at least the 50 ms the item took (load can only lengthen
+    it), and all of them together at most the loop's measured wall time less its bodies' sleeps (a wait stamped
+    after the batch arrived measures ~0; one that ran on into the body measures the body too)."""
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    t0 = time.perf_counter()
+    n = 0
+    for x, y in torch.utils.data.DataLoader(Slow(), batch_size=1, num_workers=0):
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        time.sleep(SLOW_S)
+        opt.step()
+        n += 1
+    wall = time.perf_counter() - t0
+    parsed = read(tmp_path, hooked)
+    assert value(parsed, "outrider_train_data_wait_seconds_count", rank="") == n == 6
+    total = value(parsed, "outrider_train_data_wait_seconds_sum", rank="")
+    assert total is not None
+    assert value(parsed, "outrider_train_data_wait_seconds_bucket", rank="", le="0.025") == 0, \
+        "no wait shorter than half the item's 50 ms"
+    assert total >= n * SLOW_S, f"{n} waits of at least {SLOW_S} s each: {total}"
+    assert total <= wall - n * SLOW_S, f"the waits ({total} s) fit in the loop's {wall} s less its bodies' sleeps"
 
 
 def test_the_explicit_wrapper_never_counts_a_wait_twice(tmp_path: Path, hooked: Hook) -> None:
