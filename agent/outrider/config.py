@@ -563,6 +563,9 @@ def to_yaml(loaded: LoadedConfig) -> str:
         if isinstance(value, tuple):
             value = [redact_url_password(v) if isinstance(v, str) else v for v in value]
         text = yaml.safe_dump({name: value}, default_flow_style=True, width=1000).strip()
+        if "\n" in text:  # a value with a line break: one line still, escaped, so the source comment stays beside it
+            text = yaml.safe_dump({name: value}, default_flow_style=True, width=1000, default_style='"').strip()
+            text = text.replace(f'"{name}": ', f"{name}: ", 1)
         if text.startswith("{") and text.endswith("}"):
             text = text[1:-1]
         lines.append(f"{text}  # {loaded.sources[name]}")

@@ -271,3 +271,17 @@ def test_a_bound_holds_just_inside_and_is_refused_just_outside(key: str) -> None
         with pytest.raises(ConfigError, match=re.escape(f"key '{key}': expected ") + ".*" +
                            re.escape(f"from {low:g} to {high:g}")):
             load(env={env: repr(v)})
+
+
+def test_show_keeps_a_value_with_a_line_break_on_its_own_line_beside_its_source() -> None:
+    import yaml
+
+    text = to_yaml(load(env={"OUTRIDER_ALERT_JOB": "train\njob: evil", "OUTRIDER_SPOOL_DIR": "/a\n/b"}))
+    lines = text.splitlines()
+    job = next(ln for ln in lines if ln.startswith("alert_job:"))
+    assert job == 'alert_job: "train\\njob: evil"  # environment OUTRIDER_ALERT_JOB', job
+    assert not any(ln.startswith("job:") for ln in lines), "a line break cannot forge a key"
+    assert len(lines) == len([ln for ln in lines if "  # " in ln]), "every key on one line, with its source"
+    assert yaml.safe_load(job.split("  # ")[0]) == {"alert_job": "train\njob: evil"}
+    assert yaml.safe_load(next(ln for ln in lines if ln.startswith("spool_dir:")).split("  # ")[0]) == {
+        "spool_dir": "/a\n/b"}
