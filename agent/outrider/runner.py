@@ -275,8 +275,7 @@ def run(cmd: Sequence[str], config: Config, on_exit: Callable[[list[Family]], No
         started_unix = time.time()
         agent.start()
         if not quiet:
-            print(f"outrider: watching {cmd[0]} (pid {child.pid}); metrics at {agent.server.url}/metrics",
-                  file=sys.stderr)
+            _say(f"outrider: watching {cmd[0]} (pid {child.pid}); metrics at {agent.server.url}/metrics")
         status = child.wait()
         wall = time.monotonic() - started
         final = agent.sampler.sweep()  # after CMD ended: its hooked processes' closing flushes included
@@ -401,10 +400,18 @@ def _summary(cmd: Sequence[str], child: Command, status: int, wall_s: float, usa
     )
 
 
+def _say(text: str) -> None:
+    """A line for the person at the terminal. A stderr that went away (a closed terminal, a pipe whose reader left)
+    loses the line, never the run: the command goes on, watched, and its exit code is still the run's."""
+    # BrokenPipeError, EIO from a hung-up terminal; ValueError: stderr closed
+    with contextlib.suppress(OSError, ValueError):
+        print(text, file=sys.stderr, flush=True)
+
+
 def _report(summary: RunSummary, quiet: bool, summary_json: str | None) -> None:
     """The summary on stderr (unless quiet), and as JSON where asked."""
     if not quiet:
-        print(summary.text(), file=sys.stderr)
+        _say(summary.text())
     if summary_json:
         with open(summary_json, "w", encoding="utf-8") as fh:
             json.dump(asdict(summary), fh, indent=2)

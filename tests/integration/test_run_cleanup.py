@@ -44,6 +44,13 @@ DRIVER = textwrap.dedent("""
         r, w = os.pipe()
         os.close(r)
         sys.stderr = os.fdopen(w, "w", buffering=1)
+        cmd = [sys.executable, "-c", "import time; time.sleep(1); raise SystemExit(3)"]
+    elif case == "runner-fails":
+        import outrider.runner as runner
+
+        def failing_wait(self):
+            raise RuntimeError("injected")
+        runner.Command.wait = failing_wait  # the runner fails while CMD runs
         cmd = sleeper
     elif case == "exits":
         cmd = quick
@@ -53,7 +60,7 @@ DRIVER = textwrap.dedent("""
         cmd = quick
     out = {"returned": None, "raised": None}
     try:
-        out["returned"] = run(cmd, config, on_exit=on_exit, quiet=case != "stderr-broken")[0]
+        out["returned"] = run(cmd, config, on_exit=on_exit, quiet=case not in ("stderr-broken", "runner-fails"))[0]
     except Exception as e:
         out["raised"] = type(e).__name__
     sys.stderr = sys.__stderr__
@@ -107,9 +114,17 @@ def test_a_command_that_cannot_start_leaves_nothing_running(tmp_path: Path, case
 
 
 def test_a_runner_that_fails_while_the_command_runs_ends_the_command_and_the_agent(tmp_path: Path) -> None:
-    out = drive(tmp_path, "stderr-broken")
-    assert out["raised"] == "BrokenPipeError"
+    out = drive(tmp_path, "runner-fails")
+    assert out["raised"] == "RuntimeError"
     assert out["children"] == [], "CMD was left running (or unreaped) when the runner failed"
+    assert_nothing_left(out)
+
+
+def test_a_stderr_that_went_away_costs_the_lines_not_the_run(tmp_path: Path) -> None:
+    """The job never pays for its monitor: a closed terminal or a pipe whose reader left loses outrider's lines,
+    while CMD runs to its end and its exit code is the run's."""
+    out = drive(tmp_path, "stderr-broken")
+    assert (out["raised"], out["returned"]) == (None, 3), "CMD ran to its end: its own exit code"
     assert_nothing_left(out)
 
 
