@@ -199,9 +199,10 @@ def test_no_verdict_while_a_busy_process_is_still_starting() -> None:
     w = VerdictWindow(5.0)
     w.add(sweep(0.0, 0), now=0.0)
     assert w.add(sweep(4.0, 0), now=5.0) is None, "busy importing torch: nothing to diagnose yet"
-    v = w.add(sweep(8.0, 100), now=10.0)
-    assert v is not None and v.cls != "idle"
-    assert w.add(sweep(12.0, 100), now=15.0) is not None, "after the job was active, every window has a verdict"
+    assert w.add(sweep(8.0, 100), now=10.0) is None, "the first steps, in a window that began before them"
+    v = w.add(sweep(12.0, 200), now=15.0)
+    assert v is not None and v.cls != "idle", "a window that begins with the job at work"
+    assert w.add(sweep(16.0, 200), now=20.0) is not None, "after the job was active, every window has a verdict"
     idle = VerdictWindow(5.0)
     idle.add(sweep(0.0, 0), now=0.0)
     v = idle.add(sweep(0.0, 0), now=5.0)

@@ -1,9 +1,11 @@
 """The bottleneck verdict over a sliding window of sweeps: what the diagnosis collector reports and what a run
 records, each with a window of its own.
 
-Until the first window with steps or requests, a busy process is starting (the interpreter, imports, loading a
-model or a dataset): there is nothing to diagnose yet, so no verdict is given (idle excepted). Once the job has
-been active, every window gets one, `not_judged` where the evidence its rule needs is missing.
+Until a window begins with the job at work (steps or requests already counted at its start), a busy process is
+starting (the interpreter, imports, loading a model or a dataset, the first batch): there is nothing to diagnose
+yet, so no verdict is given (idle excepted); a window that holds the job's first steps and the start before them
+is not judged either (its first second once read input_bound on a checkpoint-heavy loop). Once the job has been
+active, every window gets one, `not_judged` where the evidence its rule needs is missing.
 
 A window is judged from the oldest of its sweeps that already had every measurement the newest one has (per-thread
 CPU, operations counted, the loop's stack samples): the hook publishes those from its first step on, and a counter
@@ -40,7 +42,13 @@ class VerdictWindow:
             (t0, old), (t1, new) = self.start(), self._snaps[-1]
             s = signals(old, new, t1 - t0)
             verdict = classify(s)
-            self.active_seen = self.active_seen or s.steps_per_s > 0 or s.requests_per_s > 0
+            active = s.steps_per_s > 0 or s.requests_per_s > 0
+            had_work = bool(old.get("step_count", 0) or old.get("requests", 0))
+            if active and not self.active_seen and not had_work:
+                # the job's first steps: this window still begins before them (the imports, the first batch,
+                # the workers' start); judged from the next sweep on, a window that begins with the job at work
+                return self.verdict
+            self.active_seen = self.active_seen or active or had_work
             if self.active_seen or verdict.cls == "idle":
                 self.verdict = verdict
         return self.verdict
