@@ -5,9 +5,11 @@ operations per step, and times torch.distributed collectives (gloo, in this proc
 from __future__ import annotations
 
 import os
+import sys
+import threading
 import time
 import types
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -294,6 +296,49 @@ def test_blocking_collectives_are_timed_async_ones_and_nested_ones_are_not(tmp_p
     ops = collectives(tmp_path, hooked)
     assert set(ops) == {"all_reduce", "broadcast", "all_gather_object"}, ops
     assert torch.equal(t, torch.ones(8)), "results untouched"
+
+
+def gil_turn_during(call: Callable[[], None]) -> bool:
+    """Whether a thread waiting for the GIL got it during call(), this thread keeping the GIL otherwise (a switch
+    interval longer than the test, no blocking call)."""
+    ran: list[bool] = []
+    started = threading.Event()
+
+    def waiting() -> None:
+        started.set()
+        time.sleep(0.02)  # then it waits for the GIL, which the busy loop below keeps
+        ran.append(True)
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(100.0)
+    thread = threading.Thread(target=waiting)
+    try:
+        thread.start()
+        started.wait()
+        end = time.perf_counter() + 0.1
+        while time.perf_counter() < end:
+            pass
+        before = bool(ran)
+        call()
+        got = bool(ran)
+    finally:
+        sys.setswitchinterval(interval)
+        thread.join()
+    assert not before, "the waiting thread ran before the call: the test cannot tell"
+    return got
+
+
+def test_a_process_that_ran_a_collective_lets_torchs_threads_have_the_gil_before_it_finalises(hooked: Hook,
+                                                                                               gloo: Any) -> None:
+    """torch's gloo threads free a finished collective's work after the caller has its result, and need the GIL
+    for it; at interpreter finalisation that aborts the process (SIGABRT, seen in CI's torchrun tests). The timer's
+    atexit pause is their turn; a process without collectives exits without it."""
+    timer = api.S.torch.distributed
+    timer.ran_collective = False
+    assert not gil_turn_during(timer.settle_at_exit), "no collective: no pause"
+    gloo.all_reduce(torch.ones(4))
+    assert timer.ran_collective
+    assert gil_turn_during(timer.settle_at_exit), "a thread waiting for the GIL runs during the exit pause"
 
 
 def test_ddp_buckets_are_timed_through_a_comm_hook(tmp_path: Path, hooked: Hook, gloo: Any) -> None:
