@@ -398,3 +398,68 @@ def test_iterating_a_dataloader_alone_does_not_make_a_training_process(tmp_path:
     hooked.flush()
     assert not hooked.progress.training
     assert value(read(tmp_path, hooked), "outrider_train_data_wait_seconds_count", rank="") == 6
+
+
+# --- samples counted without looking at every batch ----------------------------------------------------------------
+
+class Sized(torch.utils.data.Dataset):  # type: ignore[misc]
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> Any:
+        return torch.full((4,), float(i)), torch.tensor(i % 2)
+
+
+class Uneven(torch.utils.data.Sampler):  # type: ignore[misc]
+    """A batch sampler of its own: batches of 1, 2, 3, ... indices."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __iter__(self) -> Iterator[list[int]]:
+        i, k = 0, 1
+        while i < self.n:
+            yield list(range(i, min(i + k, self.n)))
+            i, k = i + k, k + 1
+
+
+def packed(items: list[Any]) -> Any:
+    """A collate whose first dimension is not the samples' count, nor the same from batch to batch: sample i packs
+    i % 3 + 1 rows (as sequences packed into one batch do)."""
+    rows = [x.repeat(int(x[0]) % 3 + 1, 1) for x, _ in items]
+    x = torch.cat(rows)
+    return x, torch.zeros(len(x), dtype=torch.long)
+
+
+@pytest.mark.parametrize(("loader", "per_epoch"), [
+    (lambda: torch.utils.data.DataLoader(Sized(100), batch_size=32), 100),  # a short last batch of 4
+    (lambda: torch.utils.data.DataLoader(Sized(100), batch_size=32, drop_last=True), 96),
+    (lambda: torch.utils.data.DataLoader(Sized(100), batch_size=32, shuffle=True), 100),
+    (lambda: torch.utils.data.DataLoader(Sized(100), batch_size=32, num_workers=2, persistent_workers=True), 100),
+    (lambda: torch.utils.data.DataLoader(Sized(100), batch_size=32, num_workers=2, in_order=False), 100),
+    (lambda: torch.utils.data.DataLoader(Sized(100), batch_sampler=Uneven(100)), 100),
+    (lambda: torch.utils.data.DataLoader(Sized(100), batch_size=32, collate_fn=packed), 199),
+])
+def test_the_samples_of_every_batch_count_exactly_when_only_some_are_looked_at(
+        tmp_path: Path, hooked: Hook, loader: Callable[[], Any], per_epoch: int) -> None:
+    """An iterator's first and last batches are measured, those between them known from torch's BatchSampler: a
+    short last batch, a dropped one, persistent workers across epochs count exactly; a batch sampler of its own,
+    out-of-order workers and a collate that changes the first dimension have every batch measured."""
+    train(loader(), epochs=3)
+    assert value(read(tmp_path, hooked), "outrider_samples_total", rank="") == 3 * per_epoch
+
+
+def test_only_the_first_and_last_batches_of_a_fixed_size_sampler_are_looked_at(
+        hooked: Hook, monkeypatch: pytest.MonkeyPatch) -> None:
+    from outrider.hook import torch_data
+
+    looked: list[int] = []
+    real = torch_data.batch_size
+    monkeypatch.setattr(torch_data, "batch_size", lambda b: looked.append(1) or real(b))
+    api.S.torch.data.detach()
+    api.S.torch.data = torch_data.attach(api.S.waits, torch)  # __next__ binds the function it calls
+    train(torch.utils.data.DataLoader(Sized(100), batch_size=8), epochs=2)
+    assert len(looked) == 2 * 2, "the first and the last batch of each of two epochs (13 batches each)"
