@@ -9,7 +9,8 @@ in blocks of --block steps; the variants take turns, in a rotating order:
 - bare: torch untouched (no optimizer post hook, DataLoader's own __next__);
 - data: the patched DataLoader __next__ alone (it times the batch's wait);
 - data_unsized: the same __next__ with its batch_size() (the count of the batch's samples) swapped for a function
-  that returns 0: what counting the samples costs;
+  that returns 0 (every batch then goes through that function: a first batch of 0 samples fixes no size): what
+  counting the samples costs;
 - zero configuration: what instrument() installs: the patched __next__, and the optimizer step post hook that
   counts the step (reading the autograd operation counter at the first step after each flush asks);
 - explicit: the patched __next__, and the step timed with `with outrider.step(samples=...)` (the first explicit
