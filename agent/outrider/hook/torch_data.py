@@ -60,7 +60,7 @@ def batch_size(batch: Any) -> int:
         return 0
 
 
-def fixed_batches(iterator: Any, measured: int, batch_sampler: type) -> tuple[int, int] | bool:
+def fixed_batches(iterator: Any, measured: int, batch_sampler: Any) -> tuple[int, int] | bool:
     """(batch size, batches) of an iterator whose batches but the last hold exactly the batch size, given its first
     batch's measured size; False where that is not known (then every batch is measured). Never raises."""
     try:
@@ -100,8 +100,8 @@ class DataLoaderTimer:
         def __next__(self: Any, _original: Callable[[Any], Any] = self.original_next, _waits: DataWaitState = waits,
                      _ring: Ring = waits.ring, _slots: list[float] = waits.ring.slots, _mask: int = waits.ring.mask,
                      _clock: Callable[[], float] = self.clock, _size: Callable[[Any], int] = batch_size,
-                     _fixed: Callable[[Any, int, type], tuple[int, int] | bool] = fixed_batches,
-                     _sampler: type = self.batch_sampler, _key: str = FIXED) -> Any:
+                     _fixed: Callable[[Any, int, Any], tuple[int, int] | bool] = fixed_batches,
+                     _sampler: Any = self.batch_sampler, _key: str = FIXED) -> Any:
             t0 = _clock()
             batch = _original(self)
             n = _ring.n
