@@ -314,6 +314,8 @@ def _drain() -> None:
     """Publisher thread: turns the rings' new entries into step durations, counts, data waits, and the loop's
     decomposition (hook/loop.py). Steps are read before waits: every wait of a drained step is then visible."""
     hook, steps, waits, series = S.hook, S.steps, S.waits, S.series
+    if hook is None:  # a dormant worker's state, or a state replaced under a running publisher
+        return
     done = steps.ring.drained
     start, n = steps.ring.pending()
     loop = S.loop.account

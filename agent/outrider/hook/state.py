@@ -34,10 +34,14 @@ from __future__ import annotations
 
 import collections
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from outrider.hook.loop import LoopAccount
 from outrider.hook.series import NoopSeries
+
+if TYPE_CHECKING:  # for the annotations only: both modules import this one
+    from outrider.hook.runtime import Hook
+    from outrider.hook.torch_integration import TorchIntegration
 
 RING = 4096  # more steps (or batches) than this between two flushes (1 s) lose their durations, never their count
 MASK = RING - 1
@@ -226,13 +230,13 @@ class HookState:
     )
 
     def __init__(self) -> None:
-        self.hook: Any = None  # the Hook (hook/runtime.py) once instrument() ran; None again in a dormant worker
+        self.hook: Hook | None = None  # once instrument() ran; None again in a dormant worker
         self.steps = StepState()
         self.waits = DataWaitState()
         self.loop = LoopAccounting()
         self.identity = Identity()
         self.series = BuiltinSeries()
-        self.torch: Any = None  # the PyTorch integration, when torch was imported before instrument()
+        self.torch: TorchIntegration | None = None  # when torch was imported before instrument()
         self.setting_up = False  # instrument() is running (in the thread that holds api._SETTING_UP)
         # api._cached's series by (kind, name, labels, builtin)
         self.cached: dict[tuple[str, str, tuple[tuple[str, str], ...], bool], Any] = {}

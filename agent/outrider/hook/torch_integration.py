@@ -41,11 +41,14 @@ import threading
 import weakref
 from collections.abc import Callable
 from time import perf_counter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from outrider.hook import torch_checkpoint, torch_data, torch_distributed
 from outrider.hook.gpu_pacing import GpuPacing
 from outrider.hook.state import HookState
+
+if TYPE_CHECKING:
+    from outrider.hook.runtime import Hook
 
 LOG = logging.getLogger("outrider.hook")
 MAX_PENDING_EVENTS = 1024
@@ -66,7 +69,7 @@ def _not_counted(optimizer: Any, args: Any, kwargs: Any) -> None:
 
 
 class TorchIntegration:
-    def __init__(self, hook: Any, state: HookState, torch: Any, step_hook: StepHook | None = None,
+    def __init__(self, hook: Hook, state: HookState, torch: Any, step_hook: StepHook | None = None,
                  timing: bool = False, clock: Callable[[], float] = perf_counter) -> None:
         """state: the hook API's module state, whose parts this hands on (hook/state.py): the steps (whether the
         user times them, the step listeners, the operation counter) kept here, the data waits to the DataLoader
@@ -312,7 +315,7 @@ def _autograd_sequence_nr(torch: Any) -> Callable[[], int] | None:
     return fn  # type: ignore[no-any-return]
 
 
-def attach(hook: Any, state: HookState, step_hook: StepHook) -> TorchIntegration | None:
+def attach(hook: Hook, state: HookState, step_hook: StepHook) -> TorchIntegration | None:
     """Attach to the torch the user already imported (never imported here: the hook imports no third-party
     package)."""
     try:
