@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -88,3 +89,151 @@ def test_config_and_receivers_refuse_what_re2_refuses(tmp_path: Path) -> None:
     routes = parse_receivers({"receivers": [{"name": "oncall", "type": "log",
                                              "match_re": {"severity": "critical|warning"}}]}, "receivers.yaml")
     assert routes[0][1].match_re["severity"].fullmatch("warning")
+
+
+# --- the linear subset, matched with Python's re: the same answers as RE2, and linear by construction -----------------
+
+def builtin_patterns() -> list[tuple[str, bool]]:
+    """Every regex the agent compiles on its defaults: those of the built-in rules (matchers and label_replace, as
+    the rule loader compiles them) and the host collector's default filters."""
+    from outrider.rules.files import load_rules
+
+    seen: set[tuple[str, bool]] = {(Config().disk_exclude, False), (Config().network_exclude, False)}
+    real = regex.compile
+
+    def spy(pattern: str, *, dotall: bool = False) -> regex.Pattern:
+        seen.add((pattern, dotall))
+        return real(pattern, dotall=dotall)
+
+    regex.compile = spy  # type: ignore[assignment]
+    try:
+        parse_groups(load_rules(), "outrider.rules.yaml")
+    finally:
+        regex.compile = real  # type: ignore[assignment]
+    assert len(seen) > 10
+    return sorted(seen)
+
+
+def re2_of(pattern: str, dotall: bool) -> regex.Pattern:
+    return regex._re2(pattern, dotall)
+
+
+@pytest.mark.parametrize(("pattern", "dotall"), builtin_patterns())
+def test_every_pattern_of_the_defaults_is_in_the_linear_subset(pattern: str, dotall: bool) -> None:
+    compiled = regex.compile(pattern, dotall=dotall)
+    assert isinstance(compiled, regex.LinearPattern), pattern
+
+
+def test_the_agent_on_its_defaults_does_not_load_re2(tmp_path: Path) -> None:
+    """RE2 (its binding and libstdc++: 2.5 MiB of RSS) is loaded by the first pattern outside the subset only."""
+    script = tmp_path / "defaults.py"
+    script.write_text(textwrap.dedent("""
+        import sys
+        from outrider.collectors.host import NameFilter
+        from outrider.config import Config
+        from outrider.rules.files import load_rules
+        from outrider.rules.rule import parse_groups
+
+        groups = parse_groups(load_rules(), "outrider.rules.yaml")
+        assert sum(len(g.rules) for g in groups) > 30
+        NameFilter(Config().disk_exclude), NameFilter(Config().network_exclude)
+        print("re2" in sys.modules)
+        from outrider import regex
+        regex.compile("([a-z_]+)+_slow")
+        print("re2" in sys.modules)
+    """))
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["False", "True"]
+
+
+@pytest.mark.parametrize("pattern", [
+    BACKTRACKS,  # a repeated group
+    "(a|a)(a|a)(a|a)x",  # groups whose branches start alike, more after them
+    "[a-z]+[a-z]+x",  # two repeats that overlap what follows
+    ".*a.*a.*b",
+    ".*a[a-z]+",  # an overlapping repeat followed by another repeat
+    "(.*)-[0-9]+",  # a repeat that overlaps what follows, in a group
+    "(a|)b*",  # a group with a branch that matches nothing
+    "x(a|ab)(c|bcd)",
+    "(?i)abc", "(?P<n>a)", r"a\b", r"\pL", "a*?", "a++", "[[:alpha:]]", r"(a)\1",
+])
+def test_patterns_outside_the_subset_go_to_re2(pattern: str) -> None:
+    assert regex.linear_subset(pattern, True) is None
+    assert regex.linear_subset(pattern, False) is None
+
+
+def test_a_free_repeat_needs_a_tail_that_cannot_fail() -> None:
+    assert regex.linear_subset(".*outrider.*", dotall=True) is not None
+    assert regex.linear_subset(".*outrider.*", dotall=False) is None, "`.` stops at a newline: the tail can fail"
+    assert regex.linear_subset(".*outrider", dotall=False) is not None
+
+
+ALPHABET = "ab0-\n9:/_`Z"  # with the neighbours of the classes' ends (\d, \w)
+ATOMS = ["a", "b", "0", "-", ".", "[ab]", "[^a]", r"\d", r"\w", "[a-]", r"\-"]
+
+
+def random_pattern(rnd: Any, depth: int = 0) -> str:
+    parts = []
+    for _ in range(rnd.randint(1, 4)):
+        roll = rnd.random()
+        if roll < 0.15 and depth < 2:
+            branches = [random_pattern(rnd, depth + 1) for _ in range(rnd.randint(1, 3))]
+            parts.append(("(" if rnd.random() < 0.7 else "(?:") + "|".join(branches) + ")")
+        elif roll < 0.2:
+            parts.append(rnd.choice(["^", "$"]))
+        else:
+            parts.append(rnd.choice(ATOMS) + rnd.choice(["", "", "", "*", "+", "?", "{1,2}", "{2}"]))
+    return "".join(parts) if depth else "|".join(
+        ["".join(parts)] + ([random_pattern(rnd, 1)] if rnd.random() < 0.3 else []))
+
+
+def test_the_subset_answers_as_re2_on_generated_patterns_and_texts() -> None:
+    """A differential test: patterns generated from the subset's grammar (and beyond it), texts from the same
+    small alphabet, every text up to three characters and random longer ones; fullmatch and match, their spans
+    and groups, with and without dotall."""
+    import itertools
+    import random
+
+    rnd = random.Random(20261202)
+    texts = ["".join(t) for n in range(4) for t in itertools.product(ALPHABET, repeat=n)]
+    linear = 0
+    for _ in range(1500):
+        pattern, dotall = random_pattern(rnd), rnd.random() < 0.5
+        python = regex.linear_subset(pattern, dotall)
+        if python is None:
+            continue
+        linear += 1
+        ours, theirs = regex.compile(pattern, dotall=dotall), re2_of(pattern, dotall)
+        sample = texts if linear % 10 == 0 else rnd.sample(texts, 60)
+        sample = sample + ["".join(rnd.choice(ALPHABET) for _ in range(rnd.randint(5, 12))) for _ in range(20)]
+        for text in sample:
+            for how in ("fullmatch", "match"):
+                a, b = getattr(ours, how)(text), getattr(theirs, how)(text)
+                assert (a is None) == (b is None), (pattern, dotall, python, text, how)
+                if a is not None:
+                    assert a.group(0) == b.group(0) and a.groups() == b.groups(), (pattern, text, how)
+        assert ours.search("xx" + sample[-1]) is not None or theirs.search("xx" + sample[-1]) is None
+    assert linear > 300, f"the grammar reached the subset {linear} times only"
+
+
+def test_a_subset_pattern_matches_a_long_value_in_linear_time(tmp_path: Path) -> None:
+    """Values of 200,000 characters that almost match, for each shape of the subset (a free repeat, repeats whose
+    followers differ, overlapping top-level branches): a backtracking engine on a pattern outside the subset would
+    take hours; run in a subprocess under a generous timeout, no wall-clock assertion."""
+    script = tmp_path / "long.py"
+    script.write_text(textwrap.dedent(r"""
+        from outrider import regex
+        from outrider.config import Config
+        cases = [(".*outrider.*", True, "outride" * 30000), ("[a-z]+[0-9]+x", False, "a" * 100000 + "1" * 100000),
+                 (Config().disk_exclude, False, "sd" + "a" * 200000), ("crc_flit|crc_data|crc_.*x", False,
+                 "crc_" + "y" * 200000), (Config().network_exclude, False, "veth" + "z" * 200000 + "\n")]
+        for pattern, dotall, value in cases:
+            p = regex.compile(pattern, dotall=dotall)
+            assert isinstance(p, regex.LinearPattern), pattern
+            print(p.fullmatch(value) is not None, p.match(value) is not None)
+    """))
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["False", "False", "False", "False", "False", "False", "False", "False",
+                                "False", "False"]
