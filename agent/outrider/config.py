@@ -265,7 +265,7 @@ def _pid_list(raw: Any) -> tuple[int, ...]:
 
 
 def _regex(raw: Any) -> str:
-    """A pattern the collectors compile with RE2 (outrider.regex: linear time, Prometheus's syntax)."""
+    """A pattern the collectors compile through outrider.regex (linear time, RE2's syntax: Prometheus's)."""
     text = _str(raw)
     try:
         regex.compile(text)

@@ -159,7 +159,7 @@ class PromQLRegexError(PromQLError):
 
 
 def _check_regex(pattern: str) -> None:
-    """The evaluator matches with RE2 (outrider.regex, linear time, as Prometheus): what RE2 cannot compile is
+    """The evaluator matches in linear time, as Prometheus's RE2 does (outrider.regex): what RE2 cannot compile is
     refused when the rule loads rather than failing every evaluation."""
     try:
         regex.compile(pattern, dotall=True)
@@ -237,7 +237,7 @@ def _matcher(m: Any) -> Callable[[str], bool]:
         return lambda v: v == value
     if m.op == pp.MatchOp.NotEqual:
         return lambda v: v != value
-    pattern = regex.compile(value, dotall=True)  # RE2: linear in the label value whatever the pattern
+    pattern = regex.compile(value, dotall=True)  # linear in the label value whatever the pattern
     if m.op == pp.MatchOp.Re:
         return lambda v: pattern.fullmatch(v) is not None
     return lambda v: pattern.fullmatch(v) is None
