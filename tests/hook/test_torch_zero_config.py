@@ -153,6 +153,11 @@ def test_samples_the_user_counts_replace_the_batches_and_are_never_added_to_them
     ((torch.zeros(6, 2), torch.zeros(6)), 6),
     ({"input_ids": torch.zeros(7, 128), "attention_mask": torch.zeros(7, 128)}, 7),
     ({"text": ["a", "b"], "input_ids": torch.zeros(2, 16)}, 2),  # the first tensor, after a list of strings
+    ([torch.zeros(5, 3), "a label"], 5),  # the first tensor, not the last item
+    ((torch.zeros(3, 2), torch.zeros(7)), 3),
+    ([None] * 7 + [torch.zeros(4, 1)], 4),  # the eighth item is looked at (LOOKED_AT)
+    ([None] * 8 + [torch.zeros(4, 1)], 0),  # the ninth is not
+    (types.SimpleNamespace(shape=("dynamic",)), 0),  # a shape that is no number
     (["a", "b", "c"], 0),  # no tensor: no count
     (torch.tensor(3.0), 0),  # a 0-d tensor has no batch dimension
     (object(), 0),
@@ -257,7 +262,9 @@ def test_a_torch_without_dataloader_internals_is_said_once_and_the_hook_runs_on(
     integ = TorchIntegration(hook, state, future, timing=True)
     try:
         assert integ.data is None and integ.distributed is None
-        assert "cannot time DataLoader waits automatically" in caplog.text
+        assert "outrider: cannot time DataLoader waits automatically in this torch (" in caplog.text
+        assert "'object' object has no attribute '_BaseDataLoaderIter'); wrap loaders in outrider.dataloader() to " \
+               "measure them" in caplog.text, caplog.text
         assert list(outrider.dataloader([1, 2])) == [1, 2]
     finally:
         integ.detach()
@@ -463,3 +470,53 @@ def test_only_the_first_and_last_batches_of_a_fixed_size_sampler_are_looked_at(
     api.S.torch.data = torch_data.attach(api.S.waits, torch)  # __next__ binds the function it calls
     train(torch.utils.data.DataLoader(Sized(100), batch_size=8), epochs=2)
     assert len(looked) == 2 * 2, "the first and the last batch of each of two epochs (13 batches each)"
+
+
+class SlowMiddle(Sized):
+    """Its third batch of 32 (items 64-95) is slow to load, its short last batch fast: out of order, the short one
+    arrives before it."""
+
+    def __getitem__(self, i: int) -> Any:
+        if 64 <= i < 96:
+            time.sleep(0.01)
+        return super().__getitem__(i)
+
+
+def test_out_of_order_workers_have_every_batch_measured(tmp_path: Path, hooked: Hook) -> None:
+    """in_order=False: the short batch can come before a full one, so no size is known from the sampler."""
+    loader = torch.utils.data.DataLoader(SlowMiddle(100), batch_size=32, num_workers=2, in_order=False)
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    sizes = []
+    for _ in range(2):
+        for x, y in loader:
+            sizes.append(len(x))
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+    assert sizes.index(4) < len(sizes) // 2 - 1, f"the short batch came before the last full one: {sizes}"
+    assert value(read(tmp_path, hooked), "outrider_samples_total", rank="") == 200
+
+
+def test_dataloaders_are_not_timed_twice_and_detach_leaves_a_later_patch(hooked: Hook,
+                                                                         caplog: pytest.LogCaptureFixture) -> None:
+    from outrider.hook import torch_data
+
+    base = torch.utils.data.dataloader._BaseDataLoaderIter
+    timed = base.__dict__["__next__"]
+    assert torch_data.attach(api.S.waits, torch) is None, "a second timer on the same torch is refused"
+    assert "cannot time DataLoader waits automatically in this torch (DataLoader iterators are already timed by " \
+           "another Outrider hook); wrap" in caplog.text, caplog.text
+    assert base.__dict__["__next__"] is timed
+    timer = api.S.torch.data
+    assert timer is not None
+
+    def theirs(self: Any) -> Any:  # another library's patch, made after the hook's
+        return timed(self)
+
+    base.__next__ = theirs
+    try:
+        timer.detach()
+        assert base.__dict__["__next__"] is theirs, "detach puts torch's back only over its own"
+    finally:
+        base.__next__ = timer.original_next

@@ -51,7 +51,7 @@ def batch_size(batch: Any) -> int:
             shape = None
             for n, item in enumerate(batch.values() if isinstance(batch, dict) else batch):
                 shape = getattr(item, "shape", None)
-                if shape is not None or n >= LOOKED_AT:
+                if shape is not None or n + 1 >= LOOKED_AT:
                     break
         else:
             shape = getattr(batch, "shape", None)
@@ -66,7 +66,7 @@ def fixed_batches(iterator: Any, measured: int, batch_sampler: Any) -> tuple[int
     try:
         sampler = iterator._index_sampler
         if (type(sampler) is batch_sampler and iterator._dataset_kind == MAP_DATASET and iterator._auto_collation
-                and getattr(iterator, "_in_order", True) is True and measured > 0 and measured == sampler.batch_size
+                and getattr(iterator, "_in_order", True) is True and measured == sampler.batch_size
                 and isinstance(iterator._num_yielded, int)):
             return measured, len(sampler)
     except Exception:
