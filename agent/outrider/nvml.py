@@ -32,6 +32,9 @@ from typing import Any
 
 from outrider.logs import LogOnce
 
+SONAME = "libnvidia-ml.so.1"  # what pynvml loads on Linux; found through LD_LIBRARY_PATH and the loader's cache
+LIBRARY_NOT_FOUND = f"{SONAME} was not found (no NVIDIA driver, or it is not mounted into this container)"
+
 LOG = logging.getLogger("outrider.nvml")
 
 
@@ -251,6 +254,10 @@ class Nvml:
         with self._lock:
             try:
                 if self.lib is None:
+                    if not self.library_path:
+                        # the driver's library first: pynvml (nvidia-ml-py, one 5,000-line module: 1 MiB of RSS)
+                        # is imported only where there is one to call, so a node without GPUs never pays for it
+                        ctypes.CDLL(SONAME)
                     import pynvml
 
                     if self.library_path:  # load a specific library (a test fake, an unusual install path)
@@ -270,6 +277,8 @@ class Nvml:
                 return True
             except ImportError as e:
                 reason = f"nvidia-ml-py is not installed ({e})"
+            except OSError as e:  # an explicit path says why; the soname not found is pynvml's LibraryNotFound
+                reason = _describe(e) if self.library_path else LIBRARY_NOT_FOUND
             except Exception as e:  # NVMLError (no driver, no library) or OSError
                 reason = _describe(e)
             self._retry_at = now + self._backoff
@@ -503,7 +512,7 @@ def _describe(error: Exception) -> str:
     if "DriverNotLoaded" in name or "Driver Not Loaded" in text:
         return "the NVIDIA driver is not loaded (no GPU on this node, or the container lacks the NVIDIA runtime)"
     if "LibraryNotFound" in name or "Library Not Found" in text:
-        return "libnvidia-ml.so.1 was not found (no NVIDIA driver, or it is not mounted into this container)"
+        return LIBRARY_NOT_FOUND
     if "NoPermission" in name:
         return "no permission to access the GPU devices"
     return text

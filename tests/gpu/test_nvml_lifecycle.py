@@ -5,8 +5,12 @@ sets live, waits in flight, a set freed or NVML shut down under a waiter, calls 
 from __future__ import annotations
 
 import ctypes
+import os
+import subprocess
+import sys
 import threading
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -125,3 +129,25 @@ def test_a_double_memory_temperature_is_read_as_a_double(fake_nvml: dict[str, st
     scenario.write(FULL.replace("gpu 0 field 82 78", "gpu 0 field 82 78.5 d"))
     c = make_collector(fake_nvml["full"])
     assert value(sweep(c), "outrider_gpu_temperature_celsius", **G0, sensor="memory") == 78.5
+
+
+def test_without_the_drivers_library_nvidia_ml_py_is_not_imported(fake_nvml: dict[str, str], tmp_path: Path) -> None:
+    """A node without GPUs: NVML unavailable for the reason pynvml would give, and pynvml (1 MiB of RSS) never
+    imported; with the fake driver's library found by its soname, it is."""
+    script = "\n".join([
+        "import sys",
+        "from outrider.nvml import LIBRARY_NOT_FOUND, Nvml",
+        "n = Nvml()",
+        "print(n.init(), n.unavailable_reason == LIBRARY_NOT_FOUND, 'pynvml' in sys.modules)",
+    ])
+    env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, env=env)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["False", "True", "False"], r.stdout
+    assert "libnvidia-ml.so.1 was not found" in r.stderr
+    scenario = tmp_path / "scenario.txt"
+    scenario.write_text("device_count 1\n")
+    env.update(LD_LIBRARY_PATH=os.path.dirname(fake_nvml["full"]), FAKE_NVML_SCENARIO=str(scenario))
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, env=env)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["True", "False", "True"], (r.stdout, r.stderr)

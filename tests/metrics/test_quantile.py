@@ -20,3 +20,19 @@ def test_inf_bucket_gives_the_highest_finite_bound_and_empty_gives_none() -> Non
     h = HistogramValue(bounds=(0.1, 1.0), counts=(1, 1, 8), sum=50.0)
     assert histogram_quantile(0.99, h) == 1.0
     assert histogram_quantile(0.5, HistogramValue((0.1,), (0, 0), 0.0)) is None
+
+
+def test_the_median_is_statistics_median() -> None:
+    """statistics (the oracle here) is not imported by the agent: its median is metrics/quantile.median."""
+    import random
+    import statistics
+
+    from outrider.metrics.quantile import median
+
+    rnd = random.Random(7)
+    for n in range(1, 40):
+        values = [rnd.choice([rnd.random(), rnd.randint(-3, 3), 0.5]) for _ in range(n)]
+        assert median(values) == statistics.median(values), values
+        assert median(iter(values)) == statistics.median(values)
+    with pytest.raises(ValueError):
+        median([])

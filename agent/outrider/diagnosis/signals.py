@@ -8,11 +8,11 @@ or on what else runs on it; run delay says how much the neighbours (or the job's
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, fields
 
 from outrider.metrics.family import Family, HistogramValue
+from outrider.metrics.quantile import median
 
 ROLE_SIGNALS = ("main", "intra_op", "data_workers", "other")  # the outrider role is the monitor, not the job
 # Where the loop thread's stack samples were (hook/profiler.py WHERE)
@@ -444,23 +444,23 @@ def _ranks(s: Signals, old: dict[str, float], new: dict[str, float]) -> None:
         hungry = max(group, key=lambda r: r.data_wait_fraction)
         fed = [r for r in group if r is not hungry]
         if hungry.data_wait_fraction >= STARVED_WAIT \
-                and statistics.median(r.data_wait_fraction for r in fed) < STARVED_FED * hungry.data_wait_fraction \
-                and statistics.median(r.wait_fraction for r in fed) >= STARVED_WAITED * hungry.data_wait_fraction:
+                and median(r.data_wait_fraction for r in fed) < STARVED_FED * hungry.data_wait_fraction \
+                and median(r.wait_fraction for r in fed) >= STARVED_WAITED * hungry.data_wait_fraction:
             s.starved = hungry
             s.starved_rank = _number(hungry.rank)
             s.starved_data_wait_fraction = hungry.data_wait_fraction
-            s.others_wait_fraction = statistics.median(r.wait_fraction for r in fed)
+            s.others_wait_fraction = median(r.wait_fraction for r in fed)
         slow = max(group, key=lambda r: r.compute_s)
         others = [r for r in group if r is not slow]
-        typical = statistics.median(r.compute_s for r in others)
+        typical = median(r.compute_s for r in others)
         if typical <= 0:
             continue
         ratio = slow.compute_s / typical
         extra = slow.compute_s - typical  # seconds per step the others would wait for it
-        waited = statistics.median(r.wait_s for r in others) - slow.wait_s
+        waited = median(r.wait_s for r in others) - slow.wait_s
         if s.straggler_compute_ratio is None or ratio > s.straggler_compute_ratio:
             s.straggler_compute_ratio = ratio
-            s.others_wait_fraction = statistics.median(r.wait_fraction for r in others)
+            s.others_wait_fraction = median(r.wait_fraction for r in others)
             if ratio >= STRAGGLER_RATIO and extra >= STRAGGLER_SHARE * slow.wall_s \
                     and waited >= STRAGGLER_WAITED * extra:
                 s.straggler = slow

@@ -1,9 +1,23 @@
 """Quantiles from bucketed histograms, as Prometheus's histogram_quantile() computes them: linear interpolation
-inside the bucket that holds the rank; the highest finite bound when the rank falls in the +Inf bucket."""
+inside the bucket that holds the rank; the highest finite bound when the rank falls in the +Inf bucket. And the
+median of a few values, as `statistics.median` computes it (that module, with the `fractions` and `decimal` it
+imports, is 0.4 MiB of the agent's RSS for one function)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from outrider.metrics.family import HistogramValue
+
+
+def median(values: Iterable[float]) -> float:
+    """The middle value, or the mean of the two middle ones; ValueError when there is none."""
+    data = sorted(values)
+    n = len(data)
+    if not n:
+        raise ValueError("no values to take the median of")
+    mid = n // 2
+    return data[mid] if n % 2 else (data[mid - 1] + data[mid]) / 2
 
 
 def histogram_quantile(q: float, h: HistogramValue) -> float | None:

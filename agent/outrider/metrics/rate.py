@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import collections
 import itertools
-import statistics
 from collections.abc import Iterable, Mapping, Sequence
+
+from outrider.metrics.quantile import median
 
 SPAN_UPDATES = 4  # a rate spans at least this many updates of its counter
 RECENT = 16  # updates whose median interval is the counter's usual one
@@ -118,7 +119,7 @@ def window(changes: Sequence[float], now: float) -> tuple[int, int] | None:
 def usual_interval(changes: Sequence[float]) -> float:
     """The median interval between a counter's recent updates."""
     recent = changes[-RECENT - 1:]
-    return statistics.median(b - a for a, b in itertools.pairwise(recent))
+    return median(b - a for a, b in itertools.pairwise(recent))
 
 
 def intervals(points: Iterable[tuple[float, float]], whole: Iterable[tuple[float, float]] | None = None,
