@@ -34,14 +34,21 @@ from __future__ import annotations
 
 import collections
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from outrider.hook.loop import LoopAccount
 from outrider.hook.series import NoopSeries
 
-if TYPE_CHECKING:  # for the annotations only: both modules import this one
+if TYPE_CHECKING:  # for the annotation only
     from outrider.hook.runtime import Hook
-    from outrider.hook.torch_integration import TorchIntegration
+
+
+class TorchPart(Protocol):
+    """What the state asks of the PyTorch integration (hook/torch_integration.TorchIntegration, which imports this
+    module: named by what it does, not imported)."""
+
+    def stop_counting(self) -> None: ...
+    def detach(self) -> None: ...
 
 RING = 4096  # more steps (or batches) than this between two flushes (1 s) lose their durations, never their count
 MASK = RING - 1
@@ -236,7 +243,7 @@ class HookState:
         self.loop = LoopAccounting()
         self.identity = Identity()
         self.series = BuiltinSeries()
-        self.torch: TorchIntegration | None = None  # when torch was imported before instrument()
+        self.torch: TorchPart | None = None  # when torch was imported before instrument()
         self.setting_up = False  # instrument() is running (in the thread that holds api._SETTING_UP)
         # api._cached's series by (kind, name, labels, builtin)
         self.cached: dict[tuple[str, str, tuple[tuple[str, str], ...], bool], Any] = {}
