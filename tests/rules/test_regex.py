@@ -237,3 +237,36 @@ def test_a_subset_pattern_matches_a_long_value_in_linear_time(tmp_path: Path) ->
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["False", "False", "False", "False", "False", "False", "False", "False",
                                 "False", "False"]
+
+
+@pytest.mark.parametrize(("pattern", "text"), [
+    ("a{01}", "a{01}"),  # RE2 reads a count with a leading zero as text
+    (r"\d{04}", "1234"),
+    ("a{\u0663}", "aaa"),  # a digit that is not ASCII: text too
+    ("a{1,\uff12}", "aa"),
+])
+def test_counts_re2_reads_as_text_are_left_to_re2(pattern: str, text: str) -> None:
+    assert regex.linear_subset(pattern) is None
+    ours, theirs = regex.compile(pattern), re2_of(pattern, False)
+    assert (ours.fullmatch(text) is None) == (theirs.fullmatch(text) is None)
+
+
+def test_what_re2_would_refuse_is_refused_at_load_not_matched_by_the_subset() -> None:
+    large = r"[^\w\s]{100}\d" * 292  # linear, but past RE2's program size
+    assert regex.linear_subset(large) is None
+    with pytest.raises(regex.RegexError, match="RE2"):
+        regex.compile(large)
+    assert regex.linear_subset("a\ud800") is None, "a lone surrogate: RE2 takes UTF-8 only"
+    with pytest.raises(regex.RegexError):
+        regex.compile("a\ud800")
+    at_most = "[a-c]{100}d" * 9 + "[a-c]{91}"  # 1,000 characters written out: MAX_EXPANDED
+    assert regex.MAX_EXPANDED == 1000
+    assert regex.linear_subset(at_most) is not None
+    assert regex.linear_subset(at_most + "d") is None
+
+
+def test_patterns_past_max_pattern_go_to_re2() -> None:
+    longest = "|".join(f"e{i:03d}" for i in range(205))[:regex.MAX_PATTERN]
+    assert regex.MAX_PATTERN == 1024 and len(longest) == 1024
+    assert regex.linear_subset(longest) is not None
+    assert regex.linear_subset(longest + "x") is None
