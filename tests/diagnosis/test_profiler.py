@@ -53,9 +53,9 @@ def top(p: LoopProfiler) -> tuple[str, str]:
     return max(p.frames, key=p.frames.__getitem__)
 
 
-def pure_python() -> None:
+def pure_python(n: int = 20_000) -> None:
     acc = 0
-    for i in range(20_000):
+    for i in range(n):
         acc = (acc * 31 + i) % 1_000_003
 
 
@@ -99,7 +99,10 @@ class Slow(torch.utils.data.Dataset):  # type: ignore[misc]
         return 1_000_000
 
     def __getitem__(self, i: int) -> object:
-        pure_python()  # decoding in the loop's own process (num_workers=0): still the loop waiting for data
+        # decoding in the loop's own process (num_workers=0): still the loop waiting for data. Longer than the GIL's
+        # switch interval (5 ms) on any machine: a sampler let in only where the loop releases the GIL (collate's
+        # torch.stack) would never see the dataset's frames (CI saw that once, with 20,000 iterations)
+        pure_python(200_000)
         return torch.zeros(4)
 
 
