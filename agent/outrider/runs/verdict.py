@@ -194,16 +194,17 @@ class VerdictTally:
             cls = IDLE
         else:
             return RunVerdict("", "", {}, dict(self._seconds))
-        sums, weights = self._weighted.get(cls, {}), self._weight.get(cls, {})
+        # every class with seconds was add()ed, which set each of its tables; one that held has held > 0 s
+        sums, weights = self._weighted[cls], self._weight[cls]
         evidence = {k: round(sums[k] / weights[k], 4) if weights[k] else sums[k] for k in sums}
         evidence.update(self._latest.get(cls, {}))
-        grown = self._counted.get(cls, {})
+        grown = self._counted[cls]
         for key, (part, whole) in COUNTED_SHARES.items():
             if grown.get(whole, 0.0) > 0:
                 evidence[key] = round(grown.get(part, 0.0) / grown[whole], 4)
-        held = self._seconds.get(cls, 0.0)
-        frames = [(w, f, n / held) for (w, f), n in self._frames.get(cls, {}).items()] if held else []
-        reason = self._reason.get(cls, "")
+        held = self._seconds[cls]
+        frames = [(w, f, n / held) for (w, f), n in self._frames[cls].items()]
+        reason = self._reason[cls]
         explained = classify(Signals.from_evidence(evidence, frames))
         if explained.cls == cls:
             reason = explained.reason
