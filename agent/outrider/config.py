@@ -163,6 +163,23 @@ class Config:
     pod_annotations_file: str = field(default="", metadata={
         "help": "the pod's annotations as a Downward API volume file (metadata.annotations; the chart mounts one "
                 "for the sidecar), read every sweep for outrider.dev/metrics-port and outrider.dev/metrics-path"})
+    scrape_annotated_pods: bool = field(default=False, metadata={
+        "help": "node agent: scrape the Running pods of this node (k8s_node_name) that carry the annotation "
+                "outrider.dev/metrics-port, at their pod IP, each sweep (all at once, the whole within "
+                "collector_timeout_s, at most 8 MiB each), their series labelled with the pod's namespace, pod and "
+                "container (the k8s_owner_*_label names); the pods come from the API server (pods: list), asked "
+                "every pod_discovery_interval_s"})
+    pod_discovery_interval_s: float = field(default=30.0, metadata={
+        "help": "seconds between two asks of the API server for this node's pods (scrape_annotated_pods); after a "
+                "failed ask the last list is kept for 10 intervals"})
+    k8s_node_name: str = field(default="", metadata={
+        "help": "this node's name, whose pods scrape_annotated_pods scrapes (NODE_NAME, which the chart sets from "
+                "the Downward API's spec.nodeName, sets the default)"})
+    k8s_api_server: str = field(default="", metadata={
+        "help": "base URL of the Kubernetes API server; empty: https://KUBERNETES_SERVICE_HOST:"
+                "KUBERNETES_SERVICE_PORT, as every pod has it"})
+    k8s_service_account_dir: str = field(default="/var/run/secrets/kubernetes.io/serviceaccount", metadata={
+        "help": "where the service account's token (read again at each ask) and ca.crt are mounted"})
     otlp_receiver_listen: str = field(default="", metadata={
         "help": "host:port of a local OTLP/HTTP receiver (POST /v1/metrics) for the application's own OpenTelemetry "
                 "metrics, exported beside the agent's; empty: none (e.g. 127.0.0.1:4318)"})
@@ -213,6 +230,7 @@ BOUNDS: dict[str, hook_settings.Bounds] = {
     "rule_interval_s": hook_settings.Bounds(0.1, 86400.0),
     "resend_interval_s": hook_settings.Bounds(0.1, 86400.0),
     "k8s_pod_resources_timeout_s": hook_settings.Bounds(0.05, 60.0),
+    "pod_discovery_interval_s": hook_settings.Bounds(1.0, 3600.0),
     "startup_grace_s": hook_settings.Bounds(0.0, 2_592_000.0),
     **hook_settings.BOUNDS,
 }
@@ -292,6 +310,21 @@ def _http_path(raw: Any) -> str:
     text = _str(raw).strip()
     if not text.startswith("/") or not all("!" <= c <= "~" for c in text):
         raise ValueError("a URL path starting with / (printable ASCII, no spaces)")
+    return text
+
+
+def _http_url(raw: Any) -> str:
+    """An http:// or https:// URL with a host (the API server's: no query, no fragment)."""
+    import urllib.parse
+
+    text = _str(raw).strip()
+    parts = urllib.parse.urlsplit(text)
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment:
+        raise ValueError("an http(s) URL with a host, e.g. https://10.96.0.1:443")
+    try:
+        parts.port  # noqa: B018  (a port that is not a number raises here)
+    except ValueError:
+        raise ValueError("an http(s) URL with a numeric port") from None
     return text
 
 
@@ -393,6 +426,11 @@ CONVERTERS: dict[str, Callable[[Any], Any]] = {
     "workload_metrics_path": lambda raw: _http_path(raw) if _str(raw).strip() else "/metrics",
     "pod_annotations_file": _str,
     "otlp_receiver_listen": lambda raw: _listen(raw) if _str(raw) else "",
+    "scrape_annotated_pods": _bool,
+    "pod_discovery_interval_s": _number("pod_discovery_interval_s"),
+    "k8s_node_name": lambda raw: _str(raw).strip(),
+    "k8s_api_server": lambda raw: _http_url(raw) if _str(raw).strip() else "",
+    "k8s_service_account_dir": _str,
     "kmsg_path": _str,
     "host_root": _str,
 }
@@ -418,11 +456,14 @@ def _set(values: dict[str, Any], sources: dict[str, str], key: str, raw: Any, so
 
 
 def _otel_defaults(env: Mapping[str, str], values: dict[str, Any], sources: dict[str, str]) -> None:
-    """The standard OpenTelemetry variables (and prometheus_client's multiprocess directory) set defaults;
-    Outrider's own settings override them."""
+    """The standard OpenTelemetry variables (and prometheus_client's multiprocess directory, and the Downward API's
+    NODE_NAME) set defaults; Outrider's own settings override them."""
     multiproc = env.get("PROMETHEUS_MULTIPROC_DIR")
     if multiproc:
         _set(values, sources, "prometheus_multiproc_dir", multiproc, "environment PROMETHEUS_MULTIPROC_DIR")
+    node = env.get(K8S_ENV["node"])
+    if node:
+        _set(values, sources, "k8s_node_name", node, f"environment {K8S_ENV['node']}")
     proto = env.get("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL") or env.get("OTEL_EXPORTER_OTLP_PROTOCOL")
     if proto:
         name = ("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL" if env.get("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL")

@@ -161,8 +161,8 @@ def test_show_lists_every_key_with_its_source(tmp_path: Path) -> None:
     text = to_yaml(resolve(load(file=f, env={"OUTRIDER_LOG_LEVEL": "debug"})))
     assert f"interval_s: 2.0  # file {f}" in text
     assert "log_level: debug  # environment OUTRIDER_LOG_LEVEL" in text
-    assert ("collectors: [host, oom, process, gpu, hook, prometheus_multiproc, workload_metrics, otlp_receiver, "
-            "diagnosis, alerts, self]  # default") in text
+    assert ("collectors: [host, oom, process, gpu, hook, prometheus_multiproc, workload_metrics, annotated_pods, "
+            "otlp_receiver, diagnosis, alerts, self]  # default") in text
 
 
 @pytest.mark.parametrize(("key", "raw"), [
@@ -207,8 +207,8 @@ def test_cli_flag_errors_name_the_flag() -> None:
     r = subprocess.run(outrider_cmd("config", "show", "--no-collector.process", "--collector.host"),
                        capture_output=True, text=True)
     assert r.returncode == 0
-    assert ("collectors: [host, oom, gpu, hook, prometheus_multiproc, workload_metrics, otlp_receiver, diagnosis, "
-            "alerts, self]") in r.stdout
+    assert ("collectors: [host, oom, gpu, hook, prometheus_multiproc, workload_metrics, annotated_pods, otlp_receiver, "
+            "diagnosis, alerts, self]") in r.stdout
 
 
 def test_cli_config_check_loads_the_rules_and_receivers_it_names(tmp_path: Path) -> None:
@@ -238,6 +238,7 @@ STATED_BOUNDS = {
     "otlp_timeout_s": (0.1, 600.0), "shutdown_timeout_s": (0.1, 600.0), "collector_timeout_s": (0.1, 600.0),
     "workload_metrics_port": (0, 65535), "diagnosis_window_s": (0.1, 86400.0), "rule_interval_s": (0.1, 86400.0),
     "resend_interval_s": (0.1, 86400.0), "k8s_pod_resources_timeout_s": (0.05, 60.0),
+    "pod_discovery_interval_s": (1.0, 3600.0),
     "startup_grace_s": (0.0, 2_592_000.0), "flush_interval_s": (0.05, 3600.0),
     "hook_max_series_per_metric": (1, 100_000), "stall_factor": (1.0, 10_000.0),
     "stall_floor_s": (1.0, 2_592_000.0), "first_step_timeout_s": (1.0, 2_592_000.0),

@@ -99,7 +99,9 @@ def test_containers_are_hardened(values_file: str | None) -> None:
     for doc in kind(render(values_file), "DaemonSet") + kind(render(values_file), "Deployment") + \
             kind(render(values_file), "Job"):
         spec = doc["spec"]["template"]["spec"]
-        assert spec["automountServiceAccountToken"] is False
+        # A token only where the node agent lists its node's pods (pods: get, list; see the test below)
+        lists_pods = "OUTRIDER_SCRAPE_ANNOTATED_PODS" in env_of(agents(spec)[0])
+        assert spec["automountServiceAccountToken"] is lists_pods and (doc["kind"] == "DaemonSet" or not lists_pods)
         found = agents(spec)
         assert len(found) == 1
         sc = found[0]["securityContext"]
@@ -133,6 +135,35 @@ def test_node_agent_asks_the_kubelet_which_pod_owns_each_gpu_or_runs_without_roo
     assert "pod-resources" not in {v["name"] for v in spec["volumes"]}
     assert "OUTRIDER_K8S_POD_RESOURCES_SOCKET" not in env_of(agent)
     assert agent["securityContext"]["runAsUser"] == 65532 and agent["securityContext"]["runAsNonRoot"]
+
+
+def test_node_agent_lists_its_nodes_pods_with_a_role_that_may_only_get_and_list_pods() -> None:
+    from outrider.config import load
+
+    off = render(None)
+    assert not [d for d in off if d["kind"] in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding")]
+    (ds,) = kind(off, "DaemonSet")
+    assert "OUTRIDER_SCRAPE_ANNOTATED_PODS" not in env_of(agents(ds["spec"]["template"]["spec"])[0])
+    assert "serviceAccountName" not in ds["spec"]["template"]["spec"], "off by default: no token, no RBAC"
+
+    docs = render(None, {"nodeAgent": {"annotatedPods": {"enabled": True, "discoveryIntervalSeconds": 45}}})
+    (account,), (role,), (binding,) = (kind(docs, k) for k in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding"))
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]}]
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                                  "name": role["metadata"]["name"]}
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account["metadata"]["name"],
+                                    "namespace": "monitoring"}]
+    (ds,) = kind(docs, "DaemonSet")
+    spec = ds["spec"]["template"]["spec"]
+    assert spec["serviceAccountName"] == account["metadata"]["name"] and spec["automountServiceAccountToken"] is True
+    env = env_of(agents(spec)[0])
+    assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    set_here = ("OUTRIDER_SCRAPE_ANNOTATED_PODS", "OUTRIDER_POD_DISCOVERY_INTERVAL_S")
+    config = load(env={"NODE_NAME": "gpu-node-7", **{k: env[k]["value"] for k in set_here}}).config
+    assert (config.scrape_annotated_pods, config.pod_discovery_interval_s, config.k8s_node_name) == \
+        (True, 45.0, "gpu-node-7"), "the agent reads the chart's settings as the chart means them"
+    sidecar_only = render(None, {"nodeAgent": {"enabled": False, "annotatedPods": {"enabled": True}}})
+    assert not kind(sidecar_only, "ClusterRole"), "the role is the node agent's, and goes with it"
 
 
 def test_node_agent_sees_the_host_network_root_proc_and_sys() -> None:
@@ -369,6 +400,8 @@ def test_sidecar_examples_share_the_spool_and_the_process_namespace(values_file:
     ({"sidecar": {"native": "yes"}}, "native"),
     ({"nodeAgent": {"extraEnv": [{"value": "x"}]}}, "name"),
     ({"prometheusRule": {"runbookUrlBase": "wiki/runbooks"}}, "runbookUrlBase"),
+    ({"nodeAgent": {"annotatedPods": {"discoveryIntervalSeconds": 0}}}, "discoveryIntervalSeconds"),
+    ({"nodeAgent": {"annotatedPods": {"port": 8000}}}, "port"),
 ])
 def test_schema_rejects_bad_values(values: dict[str, Any], message: str) -> None:
     chart = helm.Chart.load(str(CHART))

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 from outrider.collectors.agent_self import SelfCollector
 from outrider.collectors.alerts import AlertsCollector
+from outrider.collectors.annotated_pods import AnnotatedPodsCollector
 from outrider.collectors.base import Collector, CollectorContext, SweepStats
 from outrider.collectors.bottleneck_metrics import DiagnosisCollector
 from outrider.collectors.gpu import GpuCollector
@@ -27,8 +28,8 @@ from outrider.config import ConfigError, LoadedConfig
 REGISTRY: dict[str, type[Collector]] = {
     cls.name: cls
     for cls in (HostCollector, OomCollector, ProcessCollector, GpuCollector, HookCollector,
-                PrometheusMultiprocCollector, WorkloadMetricsCollector, OtlpReceiverCollector, DiagnosisCollector,
-                AlertsCollector, SelfCollector)
+                PrometheusMultiprocCollector, WorkloadMetricsCollector, AnnotatedPodsCollector, OtlpReceiverCollector,
+                DiagnosisCollector, AlertsCollector, SelfCollector)
 }
 
 

@@ -104,16 +104,24 @@ class Collector:
 OWNER_LABEL_KEYS = ("k8s_owner_namespace_label", "k8s_owner_pod_label", "k8s_owner_container_label")
 
 
-def owner_definitions(config: Config, collector: str) -> dict[str, MetricDef]:
-    """The collector's metrics that name a Kubernetes owner (GPU series, OOM victims), with the owner labels under
-    their configured names; a name that is not distinct or that such a metric already uses is a configuration error
-    naming its key."""
+def owner_label_names(config: Config) -> dict[str, str]:
+    """The owner labels' configured names by their default ones (exported_pod -> k8s_owner_pod_label's value); two
+    keys giving one name is a configuration error naming both."""
     names = {default.prom: getattr(config, key) for default, key in zip(K8S_OWNER, OWNER_LABEL_KEYS)}
     chosen = list(names.values())
     for name in chosen:
         keys = [key for key, other in zip(OWNER_LABEL_KEYS, chosen) if other == name]
         if len(keys) > 1:
             raise ConfigError(f"{' and '.join(keys)} are both '{name}': give each owner label its own name")
+    return names
+
+
+def owner_definitions(config: Config, collector: str) -> dict[str, MetricDef]:
+    """The collector's metrics that name a Kubernetes owner (GPU series, OOM victims), with the owner labels under
+    their configured names; a name that is not distinct or that such a metric already uses is a configuration error
+    naming its key."""
+    names = owner_label_names(config)
+    chosen = list(names.values())
     defs: dict[str, MetricDef] = {}
     for defn in CATALOG.values():
         if defn.collector != collector or not defn.enrichment:

@@ -21,11 +21,17 @@ histograms are exported; summaries (quantiles no one can merge or send on OTLP a
 types are left out, counted. A family's samples that leave a label out have it empty (as Prometheus reads an
 absent label). Names the agent owns (`outrider_*`, the catalog's) are refused, and the hook's caps apply
 (hook_max_series_per_metric per metric, MAX_SERIES in all: metrics/foreign.py).
+
+The scrape (`scrape`), the page's conversion (`page_metrics`) and the annotations' reading (`annotated_endpoint`)
+are also the node agent's, which scrapes the annotated pods of its node at their pod IPs
+(collectors/annotated_pods.py): one path for both, the loopback rule the sidecar's alone.
 """
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Mapping
 
 from outrider import outbound
 from outrider.collectors.base import Collector, CollectorContext
@@ -33,7 +39,7 @@ from outrider.config import CONVERTERS
 from outrider.k8s.downward import read_annotations
 from outrider.metrics import text_format
 from outrider.metrics.family import Family
-from outrider.metrics.foreign import ForeignDefinitions, ForeignMetric
+from outrider.metrics.foreign import Drop, ForeignDefinitions, ForeignMetric
 from outrider.version import __version__
 
 MAX_BODY_BYTES = 8 << 20
@@ -45,6 +51,60 @@ PATH_ANNOTATION = "outrider.dev/metrics-path"
 
 class ScrapeError(OSError):
     """The workload's endpoint gave no page: the collector fails for this sweep (its `up` is 0)."""
+
+
+def url(host: str, port: int, path: str) -> str:
+    """The endpoint as a URL, for messages (an IPv6 pod IP in brackets)."""
+    return f"http://[{host}]:{port}{path}" if ":" in host else f"http://{host}:{port}{path}"
+
+
+@functools.lru_cache(maxsize=1)
+def _connection() -> type:
+    return outbound.connection_classes()[0]
+
+
+def scrape(host: str, port: int, path: str, timeout_s: float, max_bytes: int = MAX_BODY_BYTES) -> str:
+    """The page at http://host:port/path, whole, within timeout_s (connect, request, every byte of the answer) and
+    max_bytes (MAX_BODY_BYTES), plain HTTP, no redirect followed; ScrapeError (an OSError) naming the URL otherwise.
+    The host is the caller's to vouch for (loopback for the sidecar, a pod IP the API server gave for a node agent).
+    Safe to call from several threads at once: each call has its own connection and its own Deadline."""
+    import http.client  # only once a scrape is configured: an agent on its defaults loads no HTTP client
+
+    where = url(host, port, path)
+    with outbound.Deadline(timeout_s) as deadline:
+        conn = _connection()(host, port, timeout=timeout_s)
+        try:
+            conn.request("GET", path, headers={"Accept": ACCEPT, "Accept-Encoding": "identity",
+                                               "User-Agent": f"outrider/{__version__}"})
+            response = conn.getresponse()
+            if response.status != 200:
+                raise ScrapeError(f"{where} answered HTTP {response.status}")
+            body = outbound.read_capped(response.read, max_bytes)
+        except outbound.ResponseTooLarge:
+            raise ScrapeError(f"{where}: a page larger than {max_bytes} bytes; not read") from None
+        except ScrapeError:
+            raise
+        except (OSError, ValueError, http.client.HTTPException) as e:
+            if deadline.expired:
+                raise ScrapeError(f"{where}: no complete answer within collector_timeout_s "
+                                  f"({timeout_s:g} s)") from None
+            raise ScrapeError(f"{where}: {e or type(e).__name__}") from None
+        finally:
+            conn.close()
+    return body.decode("utf-8", "replace")
+
+
+def page_metrics(page: str, where: str, drop: Drop) -> dict[str, ForeignMetric]:
+    """A scraped page as ForeignMetrics by family name (what ForeignDefinitions.families takes): a malformed line
+    costs that line, a summary or another type the agent does not export costs that family, a histogram series
+    whose buckets are not cumulative costs that series, each told to `drop` (logged once per key, counted)."""
+    parsed = text_format.parse(page)
+    if parsed.bad_lines:
+        drop("line", f"{where}: {parsed.bad_lines} malformed lines left out ({'; '.join(parsed.errors)})")
+    metrics: dict[str, ForeignMetric] = {}
+    for fam in text_format.families(parsed):
+        _take(metrics, fam, drop)
+    return metrics
 
 
 class WorkloadMetricsCollector(Collector):
@@ -60,11 +120,10 @@ class WorkloadMetricsCollector(Collector):
         self._timeout_s = config.collector_timeout_s
         self._per_metric = config.hook_max_series_per_metric
         self._defs = ForeignDefinitions(self.name, "A metric of the workload's own /metrics endpoint.")
-        self._connection: type | None = None
 
     @property
     def url(self) -> str:
-        return f"http://{HOST}:{self._port}{self._path}"
+        return url(HOST, self._port, self._path)
 
     def _target(self) -> tuple[int, str]:
         """The configured endpoint, else the one the pod's annotations name now; port 0: none."""
@@ -75,91 +134,72 @@ class WorkloadMetricsCollector(Collector):
         except (OSError, ValueError) as e:
             self.drop("annotations", f"{self._annotations_file}: {e}")
             return 0, ""
-        port = annotations.get(PORT_ANNOTATION, "")
-        if not port:
-            return 0, ""
-        try:
-            # checked as the configuration's keys are
-            return (CONVERTERS["workload_metrics_port"](port),
-                    CONVERTERS["workload_metrics_path"](annotations.get(PATH_ANNOTATION, "")))
-        except ValueError as e:
-            self.drop("annotation", f"annotations {PORT_ANNOTATION}={port!r} / {PATH_ANNOTATION}: expected {e}")
-            return 0, ""
+        target = annotated_endpoint(annotations, self.drop)
+        return target if target is not None else (0, "")
 
     def collect(self) -> list[Family]:
         self._port, self._path = self._target()
         if not self._port:
             return []
-        page = text_format.parse(self.scrape())
-        if page.bad_lines:
-            self.drop("line", f"{self.url}: {page.bad_lines} malformed lines left out ({'; '.join(page.errors)})")
-        metrics: dict[str, ForeignMetric] = {}
-        for fam in text_format.families(page):
-            self._take(metrics, fam)
+        metrics = page_metrics(self.scrape(), self.url, self.drop)
         return self._defs.families(metrics, self._per_metric, self.drop)
 
     def scrape(self) -> str:
         """The page, whole, within the deadline and the size cap; ScrapeError (an OSError) otherwise."""
-        import http.client  # only once a scrape is configured: an agent on its defaults loads no HTTP client
+        return scrape(HOST, self._port, self._path, self._timeout_s)
 
-        if self._connection is None:
-            self._connection = outbound.connection_classes()[0]
-        with outbound.Deadline(self._timeout_s) as deadline:
-            conn = self._connection(HOST, self._port, timeout=self._timeout_s)
-            try:
-                conn.request("GET", self._path, headers={"Accept": ACCEPT, "Accept-Encoding": "identity",
-                                                         "User-Agent": f"outrider/{__version__}"})
-                response = conn.getresponse()
-                if response.status != 200:
-                    raise ScrapeError(f"{self.url} answered HTTP {response.status}")
-                body = outbound.read_capped(response.read, MAX_BODY_BYTES)
-            except outbound.ResponseTooLarge:
-                raise ScrapeError(f"{self.url}: a page larger than {MAX_BODY_BYTES} bytes; not read") from None
-            except ScrapeError:
-                raise
-            except (OSError, ValueError, http.client.HTTPException) as e:
-                if deadline.expired:
-                    raise ScrapeError(f"{self.url}: no complete answer within collector_timeout_s "
-                                      f"({self._timeout_s:g} s)") from None
-                raise ScrapeError(f"{self.url}: {e or type(e).__name__}") from None
-            finally:
-                conn.close()
-        return body.decode("utf-8", "replace")
 
-    def _take(self, metrics: dict[str, ForeignMetric], fam: text_format.ParsedFamily) -> None:
-        kind = {"counter": "counter", "gauge": "gauge", "untyped": "gauge", "unknown": "gauge",
-                "histogram": "histogram"}.get(fam.type)
-        if kind is None:
-            self.drop(f"type:{fam.name}", f"{fam.name}: a {fam.type}, which the agent does not export; left out")
-            return
-        family = fam.name[:-len("_total")] if kind == "counter" and fam.name.endswith("_total") else fam.name
-        # A family's OpenMetrics creation time is not a value of it (a 0.0.4 page's `x_created` gauges are theirs)
-        samples = [s for s in fam.samples if s.name != f"{family}_created"]
-        names = tuple(sorted({n for s in samples for n in s.labels} - ({"le"} if kind == "histogram" else set())))
-        m = metrics[family] = ForeignMetric(kind, fam.help, names)
-        if kind != "histogram":
-            for s in samples:
-                m.values[tuple(s.labels.get(n, "") for n in names)] = s.value
-            return
-        cumulative: dict[tuple[str, ...], dict[float, float]] = {}
+def annotated_endpoint(annotations: Mapping[str, str], drop: Drop, whose: str = "") -> tuple[int, str] | None:
+    """The (port, path) that `outrider.dev/metrics-port` and `outrider.dev/metrics-path` name, checked as the
+    configuration's workload_metrics_port and workload_metrics_path are (port 0: none); None without the port
+    annotation, or with a bad one (told to `drop`, never a scrape of something else). `whose` names the pod in that
+    message and its key."""
+    port = annotations.get(PORT_ANNOTATION, "")
+    if not port:
+        return None
+    try:
+        return (CONVERTERS["workload_metrics_port"](port),
+                CONVERTERS["workload_metrics_path"](annotations.get(PATH_ANNOTATION, "")))
+    except ValueError as e:
+        drop(f"annotation{':' if whose else ''}{whose}",
+             f"{whose + ': ' if whose else ''}annotations {PORT_ANNOTATION}={port!r} / {PATH_ANNOTATION}: "
+             f"expected {e}")
+        return None
+
+
+def _take(metrics: dict[str, ForeignMetric], fam: text_format.ParsedFamily, drop: Drop) -> None:
+    kind = {"counter": "counter", "gauge": "gauge", "untyped": "gauge", "unknown": "gauge",
+            "histogram": "histogram"}.get(fam.type)
+    if kind is None:
+        drop(f"type:{fam.name}", f"{fam.name}: a {fam.type}, which the agent does not export; left out")
+        return
+    family = fam.name[:-len("_total")] if kind == "counter" and fam.name.endswith("_total") else fam.name
+    # A family's OpenMetrics creation time is not a value of it (a 0.0.4 page's `x_created` gauges are theirs)
+    samples = [s for s in fam.samples if s.name != f"{family}_created"]
+    names = tuple(sorted({n for s in samples for n in s.labels} - ({"le"} if kind == "histogram" else set())))
+    m = metrics[family] = ForeignMetric(kind, fam.help, names)
+    if kind != "histogram":
         for s in samples:
-            labels = tuple(s.labels.get(n, "") for n in names)
-            if s.name == f"{fam.name}_bucket":
-                try:
-                    bound = float(s.labels.get("le", ""))
-                except ValueError:
-                    self.drop(f"bucket:{fam.name}", f"{fam.name}: bucket bound {s.labels.get('le')!r}")
-                    continue
-                cumulative.setdefault(labels, {})[bound] = s.value
-            elif s.name == f"{fam.name}_sum":
-                m.sums[labels] = s.value
-        for labels, buckets in cumulative.items():
-            own = _own_counts(buckets)
-            if own is None:
-                self.drop(f"bucket:{fam.name}", f"{fam.name}: buckets without +Inf, or not cumulative; that series "
-                                                "is left out")
+            m.values[tuple(s.labels.get(n, "") for n in names)] = s.value
+        return
+    cumulative: dict[tuple[str, ...], dict[float, float]] = {}
+    for s in samples:
+        labels = tuple(s.labels.get(n, "") for n in names)
+        if s.name == f"{fam.name}_bucket":
+            try:
+                bound = float(s.labels.get("le", ""))
+            except ValueError:
+                drop(f"bucket:{fam.name}", f"{fam.name}: bucket bound {s.labels.get('le')!r}")
                 continue
-            m.buckets[labels] = own
+            cumulative.setdefault(labels, {})[bound] = s.value
+        elif s.name == f"{fam.name}_sum":
+            m.sums[labels] = s.value
+    for labels, buckets in cumulative.items():
+        own = _own_counts(buckets)
+        if own is None:
+            drop(f"bucket:{fam.name}", f"{fam.name}: buckets without +Inf, or not cumulative; that series is left out")
+            continue
+        m.buckets[labels] = own
 
 
 def _own_counts(cumulative: dict[float, float]) -> dict[float, float] | None:

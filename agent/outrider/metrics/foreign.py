@@ -4,16 +4,18 @@ its own /metrics endpoint, its OpenTelemetry metrics), for which the catalog has
 ForeignDefinitions: one definition per (name, type, label names), cached so each sweep reuses it, and bounded: past
 MAX_DEFINITIONS the cache is cleared and rebuilt from what is still sent, so label churn cannot grow it for ever.
 `families()` turns a sweep's ForeignMetrics into families: names the agent owns (`outrider_*`, the catalog's)
-refused, and the hook's caps applied (at most `per_metric` series per metric, MAX_SERIES in all).
+refused, and the hook's caps applied (at most `per_metric` series per metric, MAX_SERIES in all). With `enrichment`
+(default owner label name -> configured name), every definition also carries the Kubernetes owner labels
+(catalog.K8S_OWNER: namespace, pod, container, on OTLP k8s.*), after its own: a node agent's series of many pods.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
 
-from outrider.metrics.catalog import CATALOG, MetricDef, custom_definition
+from outrider.metrics.catalog import CATALOG, K8S_OWNER, MetricDef, custom_definition, with_enrichment
 from outrider.metrics.family import Family, HistogramValue
 
 MAX_DEFINITIONS = 10_000
@@ -25,7 +27,7 @@ Drop = Callable[[str, str], None]  # a collector's drop(key, why): logged once p
 class ForeignMetric:
     kind: str  # counter, gauge, histogram
     help: str
-    label_names: tuple[str, ...]
+    label_names: tuple[str, ...]  # its own; with enrichment, each series' labels are these and then the owner's
     # counter/gauge: labels -> value; histogram: labels -> {upper bound: that bucket's own count} and their sums
     values: dict[tuple[str, ...], float] = field(default_factory=dict)
     stamps: dict[tuple[str, ...], float] = field(default_factory=dict)
@@ -34,9 +36,10 @@ class ForeignMetric:
 
 
 class ForeignDefinitions:
-    def __init__(self, collector: str, default_help: str) -> None:
+    def __init__(self, collector: str, default_help: str, enrichment: Mapping[str, str] | None = None) -> None:
         self.collector = collector
         self.default_help = default_help
+        self.enrichment = enrichment
         self._defs: dict[tuple[str, str, tuple[str, ...]], MetricDef] = {}
 
     def get(self, name: str, kind: str, label_names: tuple[str, ...], help_text: str = "",
@@ -46,8 +49,11 @@ class ForeignDefinitions:
         if defn is None:
             if len(self._defs) >= MAX_DEFINITIONS:
                 self._defs.clear()
-            defn = self._defs[key] = custom_definition(name, kind, label_names, self.collector,
-                                                       help_text or self.default_help, otel_name)
+            defn = custom_definition(name, kind, label_names, self.collector, help_text or self.default_help,
+                                     otel_name)
+            if self.enrichment is not None:
+                defn = with_enrichment(replace(defn, enrichment=K8S_OWNER), self.enrichment)
+            self._defs[key] = defn
         return defn
 
     def families(self, metrics: dict[str, ForeignMetric], per_metric: int, drop: Drop) -> list[Family]:

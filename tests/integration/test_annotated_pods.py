@@ -1,0 +1,537 @@
+"""A node agent's scrape of its node's annotated pods (scrape_annotated_pods): the pods from a stand-in for the
+Kubernetes API server, each pod's endpoint a real prometheus_client service bound to its own loopback address (all
+of 127/8 is loopback on Linux) as its pod IP, and prometheus_client's own parser as the oracle of every value the
+agent exports, with the pod's identity. Then what must not be scraped, a failed discovery, a pod that hangs, a label
+that collides with the identity's, and the caps shared by all pods."""
+
+from __future__ import annotations
+
+import contextlib
+import http.server
+import json
+import socket
+import ssl
+import subprocess
+import sys
+import threading
+import urllib.parse
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from opentelemetry.sdk.resources import Resource
+from prometheus_client.parser import text_string_to_metric_families
+
+from outrider.clock import ManualClock
+from outrider.collectors.annotated_pods import MAX_PAGE_BYTES, AnnotatedPodsCollector
+from outrider.collectors.base import CollectorContext
+from outrider.config import Config, ConfigError, load
+from outrider.exporters.otlp import to_metrics_data
+from outrider.k8s.node_pods import KEEP_INTERVALS, DiscoveryError, NodePods, running_pods
+from outrider.metrics.exposition import render
+from outrider.metrics.family import Family
+from tests.helpers import AgentProcess, http_get, reap, samples, self_signed, value, wait_until
+
+pytestmark = pytest.mark.integration
+
+NODE = "node-a"
+TOKEN = "eyJhbGciOiJSUzI1NiJ9.stand-in-service-account-token"
+Key = tuple[str, tuple[tuple[str, str], ...]]
+
+SERVICE = r'''
+import sys, time
+from prometheus_client import Counter, Gauge, Histogram, Summary, start_http_server
+
+addr, port, ready, n = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
+REQUESTS = Counter("shop_requests", "Requests served.", ["route"])
+LATENCY = Histogram("shop_latency_seconds", "Request latency.", ["route"], buckets=(0.01, 0.1, 1.0))
+JOBS = Gauge("shop_jobs", "Jobs by the worker pod that runs them.", ["pod", "exported_pod"])
+SIZES = Summary("shop_body_bytes", "Request body sizes.")
+for i in range(n):
+    route = "/pay" if i % 3 else "/cart"
+    REQUESTS.labels(route).inc()
+    LATENCY.labels(route).observe(0.05 * i)
+    SIZES.observe(100 * i)
+JOBS.labels(f"worker-{n}", "upstream").set(n)
+start_http_server(port, addr=addr)
+open(ready, "w").close()
+time.sleep(300)
+'''
+
+
+def free_port_on(ip: str) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((ip, 0))
+        return int(s.getsockname()[1])
+
+
+def pod(name: str, ip: str, port: int | str | None, *, namespace: str = "shop", node: str = NODE,
+        phase: str = "Running", container_port: int | None = None) -> dict[str, Any]:
+    """A pod as the API server serves it in a PodList (the fields the agent reads, and some it must not mind)."""
+    annotations = {"kubectl.kubernetes.io/default-container": "shop"}
+    if port is not None:
+        annotations["outrider.dev/metrics-port"] = str(port)
+    ports = [{"name": "metrics", "containerPort": container_port, "protocol": "TCP"}] if container_port else []
+    return {
+        "metadata": {"name": name, "namespace": namespace, "uid": f"uid-{name}", "resourceVersion": "4711",
+                     "labels": {"app": "shop"}, "annotations": annotations,
+                     "managedFields": [{"manager": "kubelet", "operation": "Update", "fieldsType": "FieldsV1"}]},
+        "spec": {"nodeName": node, "serviceAccountName": "default",
+                 "containers": [{"name": "shop", "image": "shop:1", "ports": ports},
+                                {"name": "outrider", "image": "outrider:1",
+                                 "ports": [{"containerPort": 9477, "protocol": "TCP"}]}]},
+        "status": {"phase": phase, "hostIP": "10.0.0.1", "podIP": ip, "podIPs": [{"ip": ip}],
+                   "conditions": [{"type": "Ready", "status": "True" if phase == "Running" else "False"}]},
+    }
+
+
+@dataclass
+class ApiServer:
+    """Stands in for the Kubernetes API server's HTTP contract for `GET /api/v1/pods`: TLS with a certificate the
+    service account's ca.crt verifies, a bearer token checked (401 otherwise), `fieldSelector=spec.nodeName=X`
+    honoured as the API server honours it (every pod without one), a PodList answer. `failing` makes it answer
+    503; `requests` counts the lists it served or refused."""
+
+    directory: Path
+    pods: list[dict[str, Any]] = field(default_factory=list)
+    failing: bool = False
+    answer: Any = None  # served instead of the PodList where set
+    requests: int = 0
+    queries: list[dict[str, list[str]]] = field(default_factory=list)
+    url: str = ""
+    account_dir: Path = field(init=False)
+
+    def __post_init__(self) -> None:
+        cert, key = self_signed(self.directory / "tls")
+        self.account_dir = self.directory / "serviceaccount"
+        self.account_dir.mkdir()
+        (self.account_dir / "ca.crt").write_bytes(cert.read_bytes())
+        (self.account_dir / "token").write_text(TOKEN + "\n")
+        api = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                api.requests += 1
+                parts = urllib.parse.urlsplit(self.path)
+                query = urllib.parse.parse_qs(parts.query)
+                api.queries.append(query)
+                if self.headers.get("Authorization") != f"Bearer {TOKEN}":
+                    return self._answer(401, {"kind": "Status", "status": "Failure", "reason": "Unauthorized"})
+                if api.failing:
+                    return self._answer(503, {"kind": "Status", "status": "Failure", "reason": "ServiceUnavailable"})
+                if parts.path != "/api/v1/pods":
+                    return self._answer(404, {"kind": "Status", "status": "Failure", "reason": "NotFound"})
+                items = api.pods
+                for selector in query.get("fieldSelector", []):
+                    fieldname, _, wanted = selector.partition("=")
+                    assert fieldname == "spec.nodeName", selector
+                    items = [p for p in items if p["spec"]["nodeName"] == wanted]
+                if api.answer is not None:
+                    return self._answer(200, api.answer)
+                self._answer(200, {"kind": "PodList", "apiVersion": "v1", "metadata": {"resourceVersion": "4711"},
+                                   "items": items})
+
+            def _answer(self, status: int, doc: Any) -> None:
+                body = json.dumps(doc).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(cert, key)
+        self._server.socket = context.wrap_socket(self._server.socket, server_side=True)
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        self.url = f"https://127.0.0.1:{self._server.server_address[1]}"
+
+    def settings(self, **more: Any) -> dict[str, Any]:
+        return {"scrape_annotated_pods": True, "k8s_node_name": NODE, "k8s_api_server": self.url,
+                "k8s_service_account_dir": str(self.account_dir), **more}
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+@pytest.fixture
+def api(tmp_path: Path) -> Iterator[ApiServer]:
+    server = ApiServer(tmp_path / "api")
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@dataclass
+class Service:
+    ip: str
+    port: int
+
+    def page(self) -> str:
+        status, _, body = http_get(f"http://{self.ip}:{self.port}/metrics")
+        assert status == 200
+        return body.decode()
+
+
+@pytest.fixture(scope="module")
+def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Service]]:
+    """Real prometheus_client services, one per loopback address, each with its own counts (so each pod's values
+    are its own): a, b (listed, Running, annotated), pending (annotated, not Running), plain (Running, no
+    annotation), elsewhere (annotated, on another node)."""
+    tmp = tmp_path_factory.mktemp("services")
+    script = tmp / "shop.py"
+    script.write_text(SERVICE)
+    out, procs = {}, []
+    try:
+        for n, (name, ip) in enumerate([("a", "127.0.0.2"), ("b", "127.0.0.3"), ("pending", "127.0.0.4"),
+                                        ("plain", "127.0.0.5"), ("elsewhere", "127.0.0.6")], start=4):
+            port, ready = free_port_on(ip), tmp / f"{name}.ready"
+            procs.append(subprocess.Popen([sys.executable, str(script), ip, str(port), str(ready), str(n)]))
+            out[name] = Service(ip, port)
+            wait_until(ready.exists, timeout_s=60, what=f"service {name} to serve its /metrics")
+        yield out
+    finally:
+        for p in procs:
+            p.kill()
+        reap(procs)
+
+
+def node_pods(services: dict[str, Service]) -> list[dict[str, Any]]:
+    s = services
+    return [pod("shop-a", s["a"].ip, s["a"].port, container_port=s["a"].port),  # the port is container shop's
+            pod("shop-b", s["b"].ip, s["b"].port, namespace="batch"),  # no container declares the port
+            pod("shop-pending", s["pending"].ip, s["pending"].port, phase="Pending"),
+            pod("shop-plain", s["plain"].ip, None),
+            pod("shop-misannotated", s["plain"].ip, "eighty"),
+            pod("shop-elsewhere", s["elsewhere"].ip, s["elsewhere"].port, node="node-b")]
+
+
+def oracle(page: str, identity: dict[str, str], renamed: dict[str, str]) -> dict[Key, float]:
+    """A pod's own series as prometheus_client's parser reads its page, less what the agent leaves out (summaries),
+    its labels renamed as Prometheus renames a scraped label that a target label takes, and the pod's identity
+    added. (Its process_* and python_* series are exported too, but change from one scrape to the next.)"""
+    out = {}
+    for fam in text_string_to_metric_families(page):
+        if fam.type == "summary" or not fam.name.startswith("shop_"):
+            continue
+        for s in fam.samples:
+            if s.name.endswith("_created"):
+                continue
+            labels = {renamed.get(k, k): v for k, v in s.labels.items()}
+            out[(s.name, tuple(sorted({**labels, **identity}.items())))] = s.value
+    return out
+
+
+def exported(text: str) -> dict[Key, float]:
+    return {k: v for k, v in samples(text).items() if k[0].startswith("shop_") and not k[0].endswith("_created")}
+
+
+DEFAULT_RENAMED = {"exported_pod": "exported_exported_pod"}  # the workload's own `exported_pod`; `pod` is free
+
+
+def test_the_node_agent_exports_what_each_annotated_pod_serves_with_its_identity(
+        api: ApiServer, services: dict[str, Service]) -> None:
+    api.pods = node_pods(services)
+    a, b = services["a"], services["b"]
+    want = {**oracle(a.page(), {"exported_namespace": "shop", "exported_pod": "shop-a",
+                                "exported_container": "shop"}, DEFAULT_RENAMED),
+            **oracle(b.page(), {"exported_namespace": "batch", "exported_pod": "shop-b"}, DEFAULT_RENAMED)}
+    assert want[("shop_jobs", (("exported_container", "shop"), ("exported_exported_pod", "upstream"),
+                               ("exported_namespace", "shop"), ("exported_pod", "shop-a"), ("pod", "worker-4")))] == 4
+    env = {"OUTRIDER_SCRAPE_ANNOTATED_PODS": "true", "NODE_NAME": NODE, "OUTRIDER_K8S_API_SERVER": api.url,
+           "OUTRIDER_K8S_SERVICE_ACCOUNT_DIR": str(api.account_dir)}
+    with AgentProcess(env=env) as agent:
+        def served() -> str | None:
+            text = agent.metrics()
+            return text if "shop_requests_total" in text else None
+
+        text = wait_until(served, timeout_s=30, what="the pods' series on the agent's /metrics")
+        assert exported(text) == want, "every counter, gauge and histogram sample of each pod, and no other pod's"
+        ours = samples(text)
+        assert value(ours, "outrider_collector_success", collector="annotated_pods") == 1
+        left_out = value(ours, "outrider_collector_errors_total", collector="annotated_pods")
+        assert left_out is not None and left_out >= 1, "the summary, counted"
+    assert api.requests >= 1, "the pods came from the API server"
+
+
+Make = Callable[..., AnnotatedPodsCollector]
+
+
+@pytest.fixture
+def make(api: ApiServer) -> Iterator[Make]:
+    """Collectors on the stand-in API server, with the settings given (and a test's clock), closed at the end."""
+    made: list[AnnotatedPodsCollector] = []
+
+    def build(clock: ManualClock | None = None, **settings: Any) -> AnnotatedPodsCollector:
+        ctx = CollectorContext(Config(**api.settings(**settings)))
+        if clock is not None:
+            ctx.clock = clock.clock()
+        made.append(AnnotatedPodsCollector(ctx))
+        return made[-1]
+
+    yield build
+    for c in made:
+        c.close()
+
+
+def label_values(fams: list[Family], label: str = "exported_pod") -> set[str]:
+    """The values of `label` across the families' exposition, as prometheus_client's parser reads it."""
+    return {v for _, labels in samples(render(fams).decode()) for name, v in labels if name == label}
+
+
+def scraped_pods(c: AnnotatedPodsCollector) -> set[str]:
+    return label_values(c.collect())
+
+
+def test_only_running_annotated_pods_of_this_node_at_their_listed_ips_are_scraped(
+        api: ApiServer, services: dict[str, Service], make: Make) -> None:
+    api.pods = node_pods(services)
+    c = make()
+    try:
+        assert scraped_pods(c) == {"shop-a", "shop-b"}, "not the pending pod, the unannotated one, another node's"
+        assert c.errors == 3, "the bad annotation, named by its pod; the summaries of a and b"
+        # the stand-in serves a pod of another node when not asked for this node's only; the agent leaves it out
+        shapeless = {"metadata": "not a pod's", "spec": {"nodeName": NODE},
+                     "status": {"phase": "Running", "podIP": "127.0.0.9"}}
+        pods, bad = running_pods({"kind": "PodList", "items": [*api.pods, shapeless]}, NODE)
+        assert sorted(p.name for p in pods) == ["shop-a", "shop-b", "shop-misannotated", "shop-plain"] and bad == 1
+        api.pods = [pod("shop-a", "shop-a.example", services["a"].port)]
+        assert scraped_pods(make()) == set(), "a pod IP must be an address, never a name to resolve"
+    finally:
+        c.close()
+
+
+def test_the_pods_are_asked_for_once_an_interval_and_a_failed_ask_keeps_the_last_list(
+        api: ApiServer, pages: _Pages, caplog: pytest.LogCaptureFixture, make: Make) -> None:
+    page = "# TYPE ready gauge\nready 1\n"
+    api.pods = [pod("p0", "127.0.0.14", pages.serve("127.0.0.14", page)),
+                pod("p1", "127.0.0.15", pages.serve("127.0.0.15", page))]
+    clock = ManualClock()
+    c = make(clock, pod_discovery_interval_s=30.0)
+    try:
+        assert scraped_pods(c) == {"p0", "p1"} and api.requests == 1
+        assert api.queries == [{"fieldSelector": [f"spec.nodeName={NODE}"], "resourceVersion": ["0"]}], \
+            "this node's pods only, from the API server's cache"
+        assert scraped_pods(c) == {"p0", "p1"} and api.requests == 1, "a sweep within the interval asks not"
+        api.failing = True
+        clock.now += 30.0
+        assert scraped_pods(c) == {"p0", "p1"}, "the last good list, kept"
+        assert api.requests == 2 and c.errors == 1, "the failed ask, counted"
+        clock.now += 30.0 * (KEEP_INTERVALS - 1)
+        assert scraped_pods(c) == {"p0", "p1"}, "still within KEEP_INTERVALS intervals of the last good one"
+        assert api.requests == 3 and c.errors == 2, "each failed ask counted"
+        assert sum("dropped reading discovery" in r.getMessage() for r in caplog.records) == 1, "logged once"
+        clock.now += 30.0
+        with pytest.raises(DiscoveryError, match="HTTP 503"):
+            c.collect()  # too old: no targets, the collector fails (its success 0)
+        api.failing = False
+        clock.now += 30.0
+        errors = c.errors
+        assert scraped_pods(c) == {"p0", "p1"}, "back with the next good answer"
+        assert c.errors == errors, "a good ask after failed ones is no failure"
+    finally:
+        c.close()
+
+
+def test_a_refused_token_an_unreadable_one_and_a_garbled_answer_fail_discovery_with_a_clear_message(
+        api: ApiServer, services: dict[str, Service], make: Make) -> None:
+    api.pods = node_pods(services)
+    api.answer = {"kind": "Status", "items": "no"}
+    with pytest.raises(DiscoveryError, match="not a PodList"):
+        make().collect()
+    api.answer = None
+    (api.account_dir / "token").write_text("someone-elses-token")
+    with pytest.raises(DiscoveryError, match=r"HTTP 401 \(the service-account token was refused"):
+        make().collect()
+    (api.account_dir / "token").unlink()
+    with pytest.raises(DiscoveryError, match="cannot read the service-account token"):
+        make().collect()
+    plain = NodePods("http://10.0.0.1:8080", NODE, str(api.account_dir), 1.0, 30.0)
+    with pytest.raises(DiscoveryError, match="https, or plain http to loopback only"):
+        plain.pods()  # refused before any connection: a token never crosses a network in the clear
+
+
+@dataclass
+class Rendezvous:
+    """Pod endpoints that answer only once `parties` scrapes are open at the same time (so a scrape of one pod
+    after another never gets an answer), and one that never answers at all."""
+
+    parties: int
+    hang_ip: str = "127.0.0.7"
+    servers: list[socket.socket] = field(default_factory=list)
+    stop: threading.Event = field(default_factory=threading.Event)
+    hung: list[socket.socket] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.barrier = threading.Barrier(self.parties, timeout=60)
+
+    def listen(self, ip: str, serve: Callable[[socket.socket], None]) -> int:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.bind((ip, 0))
+        sock.listen(16)
+        sock.settimeout(0.2)
+        self.servers.append(sock)
+
+        def accept() -> None:
+            while not self.stop.is_set():
+                try:
+                    conn, _ = sock.accept()
+                except OSError:
+                    continue
+                threading.Thread(target=serve, args=(conn,), daemon=True).start()
+        threading.Thread(target=accept, daemon=True).start()
+        return int(sock.getsockname()[1])
+
+    def answer_together(self, conn: socket.socket) -> None:
+        with conn, contextlib.suppress(OSError, threading.BrokenBarrierError):
+            conn.recv(65536)
+            self.barrier.wait()
+            body = b"# TYPE met_together gauge\nmet_together 1\n"
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: %d\r\n"
+                         b"Connection: close\r\n\r\n%s" % (len(body), body))
+
+    def never_answer(self, conn: socket.socket) -> None:
+        self.hung.append(conn)  # held open, unanswered, until the test ends
+
+    def close(self) -> None:
+        self.stop.set()
+        self.barrier.abort()
+        for s in [*self.servers, *self.hung]:
+            s.close()
+
+
+def test_a_hanging_pod_does_not_hold_up_the_others_beyond_the_deadline(api: ApiServer, make: Make) -> None:
+    peers = Rendezvous(parties=3)
+    try:
+        ips = ["127.0.0.8", "127.0.0.9", "127.0.0.10"]
+        api.pods = [pod(f"met-{i}", ip, peers.listen(ip, peers.answer_together)) for i, ip in enumerate(ips)]
+        api.pods.append(pod("hangs", peers.hang_ip, peers.listen(peers.hang_ip, peers.never_answer)))
+        c = make(collector_timeout_s=5.0)
+        outcome: list[Any] = []
+        t = threading.Thread(target=lambda: outcome.append(c.collect()), daemon=True)
+        t.start()
+        t.join(120)  # a bound on the test, not the assertion
+        assert not t.is_alive() and outcome, "the sweep came back although one pod never answers"
+        assert label_values(outcome[0]) == {"met-0", "met-1", "met-2"}, \
+            "the three pods were scraped at the same time (one after another, none would have been answered)"
+        assert c.errors == 1, "the pod that hangs, counted (and logged by name)"
+        c.close()
+    finally:
+        peers.close()
+
+
+class _Pages:
+    """Plain HTTP servers on given loopback addresses, each serving its page."""
+
+    def __init__(self) -> None:
+        self.servers: list[http.server.ThreadingHTTPServer] = []
+
+    def serve(self, ip: str, page: str) -> int:
+        body = page.encode()
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        server = http.server.ThreadingHTTPServer((ip, 0), Handler)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        self.servers.append(server)
+        return int(server.server_address[1])
+
+    def close(self) -> None:
+        for s in self.servers:
+            s.shutdown()
+            s.server_close()
+
+
+@pytest.fixture
+def pages() -> Iterator[_Pages]:
+    p = _Pages()
+    try:
+        yield p
+    finally:
+        p.close()
+
+
+def test_a_workload_label_named_like_an_identity_label_becomes_exported(
+        api: ApiServer, pages: _Pages, make: Make) -> None:
+    page = ('# TYPE jobs gauge\njobs{pod="worker-1",exported_pod="x",namespace="batch",route="/"} 3\n'
+            '# TYPE plain gauge\nplain{route="/"} 1\n')
+    api.pods = [pod("train-0", "127.0.0.11", pages.serve("127.0.0.11", page), namespace="ml")]
+    c = make(k8s_owner_namespace_label="namespace", k8s_owner_pod_label="pod",
+                  k8s_owner_container_label="container")
+    fams = c.collect()
+    text = render(fams).decode()
+    got = samples(text)
+    # as Prometheus resolves it: `pod` would be exported_pod, which the workload has too, so exported_exported_pod
+    assert got[("jobs", (("exported_exported_pod", "worker-1"), ("exported_namespace", "batch"), ("exported_pod", "x"),
+                         ("namespace", "ml"), ("pod", "train-0"), ("route", "/")))] == 3, text
+    assert got[("plain", (("namespace", "ml"), ("pod", "train-0"), ("route", "/")))] == 1
+    data = to_metrics_data(fams, Resource({}), 0, 1)
+    point = next(m for m in data.resource_metrics[0].scope_metrics[0].metrics if m.name == "plain").data.data_points[0]
+    assert dict(point.attributes) == {"route": "/", "k8s.namespace.name": "ml", "k8s.pod.name": "train-0"}, \
+        "on OTLP the identity is the semantic conventions' (no container: none declares the port)"
+    c.close()
+
+
+def test_all_pods_share_the_series_caps_and_a_type_clash_costs_the_second_pod(
+        api: ApiServer, pages: _Pages, make: Make) -> None:
+    def wide(n: int, kind: str = "counter") -> str:
+        return f"# TYPE wide {kind}\n" + "".join(f'wide_total{{n="{i}"}} 1\n' for i in range(n))
+
+    api.pods = [pod("p0", "127.0.0.12", pages.serve("127.0.0.12", wide(60) + "# TYPE clash counter\nclash_total 1\n")),
+                pod("p1", "127.0.0.13", pages.serve("127.0.0.13", wide(60) + "# TYPE clash gauge\nclash 2\n"))]
+    c = make(hook_max_series_per_metric=100)
+    fams = {f.defn.name: f for f in c.collect()}
+    assert len(fams["wide_total"].samples) == 100, "hook_max_series_per_metric over the pods together"
+    assert [v for _, v in fams["clash_total"].samples] == [1.0], "p0's counter; p1's gauge of that name left out"
+    assert c.errors == 2  # the cap, the clash
+    c.close()
+
+
+def test_a_pods_page_is_read_to_two_mib_and_one_larger_costs_only_that_pods_series(
+        api: ApiServer, pages: _Pages, make: Make) -> None:
+    """MAX_PAGE_BYTES bounds the node agent's memory: 16 pages in flight at most 32 MiB, where the sidecar's one
+    page may be 8 MiB."""
+    assert MAX_PAGE_BYTES == 2 << 20
+
+    def page(size: int) -> str:
+        head = "# TYPE big gauge\nbig 1\n"
+        return head + "#" * (size - len(head) - 1) + "\n"
+
+    assert len(page(MAX_PAGE_BYTES)) == MAX_PAGE_BYTES
+    api.pods = [pod("at", "127.0.0.14", pages.serve("127.0.0.14", page(MAX_PAGE_BYTES))),
+                pod("over", "127.0.0.15", pages.serve("127.0.0.15", page(MAX_PAGE_BYTES + 1)))]
+    c = make()
+    fams = {f.defn.name: f for f in c.collect()}
+    assert label_values(list(fams.values())) == {"at"}
+    assert c.errors == 1
+    c.close()
+
+
+def test_the_settings_and_what_they_need() -> None:
+    config = load(env={"OUTRIDER_SCRAPE_ANNOTATED_PODS": "yes", "NODE_NAME": "n-1",
+                       "OUTRIDER_POD_DISCOVERY_INTERVAL_S": "15"}).config
+    assert (config.scrape_annotated_pods, config.k8s_node_name, config.pod_discovery_interval_s) == (True, "n-1", 15)
+    assert load(env={"NODE_NAME": "n-1", "OUTRIDER_K8S_NODE_NAME": "n-2"}).config.k8s_node_name == "n-2"
+    for bad in ({"OUTRIDER_POD_DISCOVERY_INTERVAL_S": "0.5"}, {"OUTRIDER_K8S_API_SERVER": "10.0.0.1:443"}):
+        with pytest.raises(ConfigError, match=r"POD_DISCOVERY_INTERVAL_S|K8S_API_SERVER"):
+            load(env=bad)
+    with pytest.raises(ConfigError, match="k8s_node_name"):
+        AnnotatedPodsCollector(CollectorContext(Config(scrape_annotated_pods=True)))
+    off = AnnotatedPodsCollector(CollectorContext(Config()))
+    assert off.collect() == [], "off by default: no API server asked, nothing scraped"
