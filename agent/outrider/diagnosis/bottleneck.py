@@ -157,7 +157,9 @@ def _classify(s: Signals) -> Verdict:
     if has_gpu and (s.throttle_thermal or s.throttle_power) and gpu_util > THROTTLED_BUSY:
         why = "thermal" if s.throttle_thermal else "power"
         return Verdict("throttled", ev, f"{why} clock event reasons active on a busy GPU")
-    if (s.gpu_mem_ratio or 0) > GPU_MEMORY or s.alloc_retries > 0 or (s.host_mem_available_ratio or 1) < HOST_MEMORY:
+    # no memory available at all is the most pressure there is, not a missing measurement: tested for None
+    host_short = s.host_mem_available_ratio is not None and s.host_mem_available_ratio < HOST_MEMORY
+    if (s.gpu_mem_ratio or 0) > GPU_MEMORY or s.alloc_retries > 0 or host_short:
         return Verdict("memory_pressure", ev, "GPU memory above 95%, allocator retries, or host memory below 5%")
     if (s.container_mem_ratio or 0) > CONTAINER_MEMORY:
         return Verdict("memory_pressure", ev, f"the container's working set at {s.container_mem_ratio:.0%} of its "

@@ -1,0 +1,338 @@
+"""Each verdict's words, whole, and each threshold's line itself: the rules' tests (test_verdict_rules.py) judge
+just below and just above every line; these say which side the line itself falls on, as docs/diagnosis.md words it
+("above 95%", "30% or more"), and what a user reads for every branch of the rules, its evidence and its frames
+carried with it. A reason is what an on-call engineer reads at night: a changed word, number format or fallback
+fails here by name."""
+
+from __future__ import annotations
+
+import pytest
+
+from outrider.diagnosis.bottleneck import classify
+from outrider.diagnosis.signals import RankSignals
+from tests.diagnosis.test_verdict_rules import NEAR, THRESHOLDS, cpu, gpu, ranks
+
+WAITING = [("waiting", "train.py:40 wait_for_peer", 0.7)]
+PYTHON = [("python", "tokenise.py:12 encode", 0.6)]
+CASES = {
+    "idle": cpu(steps_per_s=0.0, process_cpu_cores=0.01),
+    # a utilisation without a GPU counted (no device of the job's): the job has no GPU to be busy
+    "idle beside a utilisation of no GPU": cpu(steps_per_s=0.0, process_cpu_cores=0.01, gpus=0, gpu_util=0.9),
+    "throttled for heat": cpu(gpus=1, gpu_util=0.9, throttle_thermal=True, throttle_power=True),
+    "throttled for power": cpu(gpus=1, gpu_util=0.9, throttle_power=True),
+    "GPU memory full": cpu(gpu_mem_ratio=0.99),
+    "one allocator retry": cpu(alloc_retries=1.0),
+    "no host memory available at all": cpu(host_mem_available_ratio=0.0),
+    "the container near its limit": cpu(container_mem_ratio=0.97),
+    "checkpoints": cpu(checkpoint_fraction=0.4, data_wait_fraction=0.1, step_fraction=0.5),
+    "checkpoints without a measured step": cpu(checkpoint_fraction=0.4),
+    "checkpoints as long as the data wait": cpu(checkpoint_fraction=0.4, data_wait_fraction=0.4),
+    "a starved rank": ranks(hungry_wait=6.0, others_coll=5.0),
+    "a starved rank without a name or others' wait": cpu(starved=RankSignals("job", "", 10, 0.1, 0.0, 0.2, 0.0, 0.6)),
+    "workers waiting for storage": cpu(data_wait_fraction=0.6, data_worker_busy=0.1, storage_read_bytes_per_s=12.3e6,
+                                       io_pressure_fraction=0.2),
+    "workers waiting for storage that reads nothing": cpu(data_wait_fraction=0.6, data_worker_busy=0.1),
+    "workers decoding": cpu(data_wait_fraction=0.6, data_worker_busy=0.9, data_workers_cpu_cores=3.5,
+                            storage_read_bytes_per_s=2.5e6),
+    "workers decoding, nothing read, cores unmeasured": cpu(data_wait_fraction=0.6, data_worker_busy=0.9),
+    "workers' cores only": cpu(data_wait_fraction=0.6, data_workers_cpu_cores=2.0),
+    "no workers measured": cpu(data_wait_fraction=0.6),
+    "waits on its own time": cpu(data_wait_fraction=0.2, data_wait_alone_fraction=0.5),
+    # 0.45 + 0.05 is 0.5 exactly: at the line the reason gives the measured wait alone
+    "waits on its own time, by 0.05 exactly": cpu(data_wait_fraction=0.45, data_wait_alone_fraction=0.5),
+    "waits on its own time, by more than 0.05": cpu(data_wait_fraction=0.45, data_wait_alone_fraction=0.51),
+    "waits on its own time, none measured on the wall": cpu(data_wait_alone_fraction=0.5),
+    "a straggler": ranks(slow_compute=2.0),
+    "a straggler without a name": cpu(straggler=RankSignals("job", "", 10, 0.2, 0.0, 0.2, 0.0)),
+    "collectives on every rank": cpu(collective_wait_fraction=0.4, data_wait_fraction=0.05),
+    "DRAM bandwidth": gpu(gpu_busy_ratio=0.5, dram_activity=0.8, sm_activity=0.3),
+    "at rest, waiting at a line": cpu(steps_per_s=1.5, main_thread_busy=0.1, intra_op_busy=0.02, top_frames=WAITING),
+    "at rest, no pool measured": cpu(steps_per_s=1.5, main_thread_busy=0.1, intra_op_busy=None,
+                                     loop_samples=500.0, profile={"waiting": 0.8, "native": 0.2}),
+    "Python-bound at a line": cpu(main_cpu_us_per_op=900.0, loop_samples=1000.0,
+                                  profile={"python": 0.6, "native": 0.4}, top_frames=PYTHON),
+    "Python-bound, no frame": cpu(main_cpu_us_per_op=900.0, loop_samples=1000.0,
+                                  profile={"python": 0.6, "native": 0.4}),
+    "GPU compute, CUDA events": gpu(gpu_busy_ratio=0.8),
+    "GPU compute, NVML": cpu(gpus=1, gpu_util=0.8),
+    "GPU waits for the host": gpu(gpu_busy_ratio=0.2),
+    "GPU busy, no steps": gpu(steps_per_s=0.0, gpu_busy_ratio=0.5),
+    "GPU balanced": gpu(gpu_busy_ratio=0.45),
+    "CPU, no steps": cpu(steps_per_s=0.0, process_cpu_cores=0.5),
+    "CPU, process cores only": cpu(main_thread_busy=None, intra_op_busy=None, process_cpu_cores=2.0),
+    "CPU, process cores only, few": cpu(main_thread_busy=None, intra_op_busy=None, process_cpu_cores=1.0),
+    "CPU, the pool unmeasured": cpu(intra_op_busy=None, process_cpu_cores=2.0),
+    "CPU, ops spinning at barriers": cpu(main_cpu_us_per_op=2000.0, intra_op_threads=2.0, intra_op_busy=0.1,
+                                         ops_per_step=120.0),
+    "CPU, large ops": cpu(main_cpu_us_per_op=900.0, ops_per_step=120.0, intra_op_busy=1.2),
+    "CPU, large ops uncounted per step": cpu(main_cpu_us_per_op=900.0),
+    "CPU, small ops": cpu(main_cpu_us_per_op=50.0, ops_per_step=300.0, main_thread_busy=0.95),
+    "CPU, middling ops": cpu(main_cpu_us_per_op=300.0, ops_per_step=40.0),
+    "CPU, ops counted, none at both ends": cpu(ops_counted=True),
+    "CPU, the pool busy": cpu(main_thread_busy=0.9, intra_op_busy=1.5),
+    "CPU, one intra-op thread": cpu(main_thread_busy=0.9, intra_op_busy=0.05, intra_op_threads=1.0),
+    "CPU, four intra-op threads idle": cpu(main_thread_busy=0.9, intra_op_busy=0.05, intra_op_threads=4.0),
+    "CPU, nothing dominates": cpu(main_thread_busy=0.5, intra_op_busy=0.1),
+    "contended": cpu(main_cpu_us_per_op=50.0, run_delay_fraction=0.3),
+    # the lines inside the rules, each met exactly (the thresholds' own rows judge 2% either side)
+    "at rest, no pool or samples measured": cpu(steps_per_s=1.5, main_thread_busy=0.1, intra_op_busy=None),
+    "at rest but the pool at its line": cpu(steps_per_s=1.5, main_thread_busy=0.1, intra_op_busy=0.2),
+    "at rest beside an idle GPU": cpu(steps_per_s=1.5, main_thread_busy=0.1, intra_op_busy=0.02, gpus=1,
+                                      gpu_util=0.01),
+    "at rest beside a GPU at the idle line": cpu(steps_per_s=1.5, main_thread_busy=0.1, intra_op_busy=0.02, gpus=1,
+                                                 gpu_util=0.05),
+    "at rest beside a busy GPU": cpu(steps_per_s=1.5, main_thread_busy=0.1, intra_op_busy=0.02, gpus=1,
+                                     gpu_util=0.5),
+    "CPU, process cores only, waiting for data at the fed line": cpu(main_thread_busy=None, intra_op_busy=None,
+                                                                     process_cpu_cores=2.0, data_wait_fraction=0.1),
+    "CPU, ops of 500 us spinning": cpu(main_cpu_us_per_op=500.0, intra_op_threads=2.0, intra_op_busy=0.1),
+    "CPU, ops of 100 ms each": cpu(main_cpu_us_per_op=100_000.0),
+    "CPU, ops of 100 ms spinning": cpu(main_cpu_us_per_op=100_000.0, intra_op_threads=2.0, intra_op_busy=0.1),
+    "CPU, ops counted, none at both ends, main at the line": cpu(ops_counted=True, main_thread_busy=0.5),
+    "CPU, the pool idle, waiting for data at the fed line": cpu(main_thread_busy=0.9, intra_op_busy=0.05,
+                                                                data_wait_fraction=0.1),
+    "workers waiting for a storage array at 60 GB/s": cpu(data_wait_fraction=0.6, data_worker_busy=0.1,
+                                                          storage_read_bytes_per_s=60e9),
+    "idle beside contention": cpu(steps_per_s=0.0, process_cpu_cores=0.01, run_delay_fraction=0.5),
+    "not judged beside contention": cpu(steps_per_s=0.0, process_cpu_cores=0.5, run_delay_fraction=0.5),
+}
+
+EXPECTED = {
+    'idle': ('idle',
+        'no steps or requests, no CPU or GPU use'),
+    'idle beside a utilisation of no GPU': ('idle',
+        'no steps or requests, no CPU or GPU use'),
+    'throttled for heat': ('throttled',
+        'thermal clock event reasons active on a busy GPU'),
+    'throttled for power': ('throttled',
+        'power clock event reasons active on a busy GPU'),
+    'GPU memory full': ('memory_pressure',
+        'GPU memory above 95%, allocator retries, or host memory below 5%'),
+    'one allocator retry': ('memory_pressure',
+        'GPU memory above 95%, allocator retries, or host memory below 5%'),
+    'no host memory available at all': ('memory_pressure',
+        'GPU memory above 95%, allocator retries, or host memory below 5%'),
+    'the container near its limit': ('memory_pressure',
+        "the container's working set at 97% of its memory limit: the kernel reclaims and will OOM-kill before "
+        'the host runs out'),
+    'checkpoints': ('checkpoint_bound',
+        "40% of the loop's time in checkpoints (torch.save and the like on the loop's thread), the step's work "
+        '50%'),
+    'checkpoints without a measured step': ('checkpoint_bound',
+        "40% of the loop's time in checkpoints (torch.save and the like on the loop's thread), the step's work 0%"),
+    'checkpoints as long as the data wait': ('checkpoint_bound',
+        "40% of the loop's time in checkpoints (torch.save and the like on the loop's thread), the step's work 0%"),
+    'a starved rank': ('input_bound',
+        'rank 1 is starved by its DataLoader: 60% of its loop waiting for data, while the other ranks spend 50% '
+        'of theirs waiting for it in collectives; the DataLoader workers wait rather than decode (each busy 0% '
+        'of the time): they wait for storage (or the network, a lock): faster or local storage, a cache, more '
+        'workers to overlap reads, not cheaper decoding'),
+    "a starved rank without a name or others' wait": ('input_bound',
+        'rank - is starved by its DataLoader: 60% of its loop waiting for data, while the other ranks spend 0% '
+        'of theirs waiting for it in collectives'),
+    'workers waiting for storage': ('input_bound',
+        '60% of the loop waiting for data, accelerator underused; the DataLoader workers wait rather than decode '
+        '(each busy 10% of the time): they wait for storage at 12.3 MB/s, I/O pressure on the host 20% (or the '
+        'network, a lock): faster or local storage, a cache, more workers to overlap reads, not cheaper decoding'),
+    'workers waiting for storage that reads nothing': ('input_bound',
+        '60% of the loop waiting for data, accelerator underused; the DataLoader workers wait rather than decode '
+        '(each busy 10% of the time): they wait for storage (or the network, a lock): faster or local storage, a '
+        'cache, more workers to overlap reads, not cheaper decoding'),
+    'workers decoding': ('input_bound',
+        '60% of the loop waiting for data, accelerator underused; the DataLoader workers decode: each busy 90% '
+        'of the time (3.5 CPU cores; reading at 2.5 MB/s from storage): more workers where cores are free, '
+        'cheaper decoding, preprocessing offline'),
+    'workers decoding, nothing read, cores unmeasured': ('input_bound',
+        '60% of the loop waiting for data, accelerator underused; the DataLoader workers decode: each busy 90% '
+        'of the time (0.0 CPU cores; reading nothing from storage): more workers where cores are free, cheaper '
+        'decoding, preprocessing offline'),
+    "workers' cores only": ('input_bound',
+        '60% of the loop waiting for data, accelerator underused, DataLoader workers 2.0 CPU cores'),
+    'no workers measured': ('input_bound',
+        '60% of the loop waiting for data, accelerator underused'),
+    'waits on its own time': ('input_bound',
+        '20% of the loop waiting for data (50% of its own time, less the time its thread waited for a CPU), '
+        'accelerator underused'),
+    'waits on its own time, by 0.05 exactly': ('input_bound',
+        '45% of the loop waiting for data, accelerator underused'),
+    'waits on its own time, by more than 0.05': ('input_bound',
+        '45% of the loop waiting for data (51% of its own time, less the time its thread waited for a CPU), '
+        'accelerator underused'),
+    'waits on its own time, none measured on the wall': ('input_bound',
+        '0% of the loop waiting for data (50% of its own time, less the time its thread waited for a CPU), '
+        'accelerator underused'),
+    'a straggler': ('communication_bound',
+        "rank 2 is a straggler: its compute per step is 2.0x the other ranks', which spend 71% of their loop "
+        'waiting for it in collectives'),
+    'a straggler without a name': ('communication_bound',
+        "rank - is a straggler: its compute per step is 0.0x the other ranks', which spend 0% of their loop "
+        'waiting for it in collectives'),
+    'collectives on every rank': ('communication_bound',
+        '40% of the loop blocked in collectives, evenly across ranks (no straggler)'),
+    'DRAM bandwidth': ('memory_bandwidth_bound',
+        'DRAM bandwidth high while SMs are not'),
+    'at rest, waiting at a line': ('idle',
+        "the loop steps but is at rest: its thread busy 10% of the time, torch's pool 0.02, mostly at "
+        'train.py:40 wait_for_peer'),
+    'at rest, no pool measured': ('idle',
+        "the loop steps but is at rest: its thread busy 10% of the time, torch's pool 0.00"),
+    'Python-bound at a line': ('python_bound',
+        "60% of the loop thread's samples in the user's Python code; the hottest line: tokenise.py:12 encode "
+        '(60% of the samples)'),
+    'Python-bound, no frame': ('python_bound',
+        "60% of the loop thread's samples in the user's Python code"),
+    'GPU compute, CUDA events': ('compute_bound',
+        'CUDA events: the GPU paced 80% of the steps'),
+    'GPU compute, NVML': ('compute_bound',
+        'NVML: the GPU was busy 80% of the steps'),
+    'GPU waits for the host': ('host_bound',
+        'the GPU waits for the host (CUDA events: the GPU paced only 20% of the steps): Python, kernel launches '
+        'or small operations pace the job'),
+    'GPU busy, no steps': ('not_judged',
+        'no steps or requests; CUDA events: the GPU paced 50% of the time'),
+    'GPU balanced': ('balanced',
+        'CUDA events: the GPU paced 45% of the steps: neither GPU nor host dominates'),
+    'CPU, no steps': ('not_judged',
+        'no steps or requests in this window: no loop to judge'),
+    'CPU, process cores only': ('compute_bound',
+        '2.0 CPU cores busy with the work'),
+    'CPU, process cores only, few': ('not_judged',
+        'no per-thread CPU measurements in this window to tell host from compute'),
+    'CPU, the pool unmeasured': ('compute_bound',
+        '2.0 CPU cores busy with the work'),
+    'CPU, ops spinning at barriers': ('not_judged',
+        "120 operations per step, 2.0 ms of main-thread CPU each, but torch's pool idles (0.10 beside 0.90): the "
+        "CPU per operation is not the math's (spinning at the pool's barriers, on a crowded machine)"),
+    'CPU, large ops': ('compute_bound',
+        "120 operations per step, 0.9 ms of main-thread CPU each: the operations' math dominates (intra-op pool "
+        'demand 1.2)'),
+    'CPU, large ops uncounted per step': ('compute_bound',
+        "0.9 ms of main-thread CPU each: the operations' math dominates (intra-op pool demand 0.1)"),
+    'CPU, small ops': ('host_bound',
+        'the main thread is saturated (95% demand) with 300 operations per step, 50 us of CPU each: Python and '
+        'framework overhead pace the job, the intra-op pool has no real work'),
+    'CPU, middling ops': ('balanced',
+        '40 operations per step, 300 us of main-thread CPU each: neither framework overhead nor the math '
+        'dominates'),
+    'CPU, ops counted, none at both ends': ('not_judged',
+        'operations are counted but none at both ends of this window'),
+    'CPU, the pool busy': ('compute_bound',
+        "torch's intra-op pool is busy: 1.5 threads' worth of demand beside the main thread's 0.9"),
+    'CPU, one intra-op thread': ('host_bound',
+        'the main thread is saturated (90% demand) while the intra-op pool idles (0.05): Python and dispatch '
+        'pace the job (torch uses one intra-op thread: its operations run on the main thread too; '
+        'torch.set_num_threads)'),
+    'CPU, four intra-op threads idle': ('host_bound',
+        'the main thread is saturated (90% demand) while the intra-op pool idles (0.05): Python and dispatch '
+        'pace the job'),
+    'CPU, nothing dominates': ('balanced',
+        'main thread 50% demand, intra-op pool 0.10: no single bottleneck'),
+    'contended': ('host_bound',
+        'the main thread is saturated (90% demand) with 50 us of CPU each: Python and framework overhead pace '
+        'the job, the intra-op pool has no real work; slowed by CPU contention: its threads waited for a CPU 30% '
+        'of the time they were runnable (neighbours on the machine, or more threads than cores)'),
+    'at rest, no pool or samples measured': ('idle',
+        "the loop steps but is at rest: its thread busy 10% of the time, torch's pool 0.00"),
+    'at rest but the pool at its line': ('balanced',
+        'main thread 10% demand, intra-op pool 0.20: no single bottleneck'),
+    'at rest beside an idle GPU': ('idle',
+        "the loop steps but is at rest: its thread busy 10% of the time, torch's pool 0.02"),
+    'at rest beside a GPU at the idle line': ('host_bound',
+        'the GPU waits for the host (NVML: the GPU was busy only 5% of the steps): Python, kernel launches or '
+        'small operations pace the job'),
+    'at rest beside a busy GPU': ('balanced',
+        'NVML: the GPU was busy 50% of the steps: neither GPU nor host dominates'),
+    'CPU, process cores only, waiting for data at the fed line': ('not_judged',
+        'no per-thread CPU measurements in this window to tell host from compute'),
+    'CPU, ops of 500 us spinning': ('not_judged',
+        "0.5 ms of main-thread CPU each, but torch's pool idles (0.10 beside 0.90): the CPU per operation is not "
+        "the math's (spinning at the pool's barriers, on a crowded machine)"),
+    'CPU, ops of 100 ms each': ('compute_bound',
+        "100.0 ms of main-thread CPU each: the operations' math dominates (intra-op pool demand 0.1)"),
+    'CPU, ops of 100 ms spinning': ('not_judged',
+        "100.0 ms of main-thread CPU each, but torch's pool idles (0.10 beside 0.90): the CPU per operation is "
+        "not the math's (spinning at the pool's barriers, on a crowded machine)"),
+    'CPU, ops counted, none at both ends, main at the line': ('not_judged',
+        'operations are counted but none at both ends of this window'),
+    'CPU, the pool idle, waiting for data at the fed line': ('balanced',
+        'main thread 90% demand, intra-op pool 0.05: no single bottleneck'),
+    'workers waiting for a storage array at 60 GB/s': ('input_bound',
+        '60% of the loop waiting for data, accelerator underused; the DataLoader workers wait rather than decode '
+        '(each busy 10% of the time): they wait for storage at 60000.0 MB/s (or the network, a lock): faster or '
+        'local storage, a cache, more workers to overlap reads, not cheaper decoding'),
+    'idle beside contention': ('idle',
+        'no steps or requests, no CPU or GPU use'),
+    'not judged beside contention': ('not_judged',
+        'no steps or requests in this window: no loop to judge'),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_each_branch_says_its_class_and_reason_whole_and_carries_its_evidence_and_frames(name: str) -> None:
+    s = CASES[name]
+    v = classify(s)
+    assert (v.cls, v.reason) == EXPECTED[name]
+    assert v.evidence == s.evidence()
+    assert v.frames == tuple(s.top_frames)
+
+
+def test_the_frames_of_the_window_are_carried_in_order() -> None:
+    s = cpu(main_cpu_us_per_op=50.0, top_frames=[*PYTHON, *WAITING])
+    assert classify(s).frames == (PYTHON[0], WAITING[0])
+
+
+# Which side of its line each threshold of THRESHOLDS falls on at the line itself: "below" where the rule says
+# "more than" or "under", "above" where it says "or more" / "at least" (docs/diagnosis.md's words), by row; a
+# class where another rule's line is met at the same value
+AT_THE_LINE = {
+    "IDLE_CORES-0": "above", "IDLE_GPU-1": "above", "GPU_MEMORY-3": "below",
+    # a GPU busy 30% with a clock event is not throttled ("above 30%"); at that line GPU_IDLE's is met too, and a GPU
+    # pacing 30% of the steps is no longer waiting for the host: balanced, neither side's verdict
+    "THROTTLED_BUSY-2": "balanced",
+    "HOST_MEMORY-4": "above", "CONTAINER_MEMORY-5": "below", "CHECKPOINT_SHARE-6": "above", "INPUT_WAIT-7": "below",
+    "COMM_WAIT-8": "above", "DRAM_BUSY-9": "above", "SM_BUSY-10": "above", "IDLE_MAIN-11": "above",
+    "RESTING_SHARE-12": "above", "PYTHON_SHARE-13": "above", "GPU_BUSY-14": "above", "GPU_IDLE-15": "above",
+    "FED-16": "above", "FED-17": "above", "OPS_MAIN-18": "above", "MAIN_SATURATED-19": "above",
+    "MAIN_SATURATED-20": "above", "MAIN_SATURATED-21": "above", "POOL_BUSY-22": "above", "POOL_IDLE-23": "above",
+    "POOL_IDLE-24": "above", "HOST_OP_US-25": "below", "COMPUTE_OP_US-26": "above",
+    "PROCESS_COMPUTE_CORES-27": "above", "WORKERS_WAITING-28": "above", "CONTENDED-29": "above",
+}
+ROWS = {f"{t[1]}-{i}": t for i, t in enumerate(THRESHOLDS)}
+
+
+def test_every_rule_threshold_says_where_its_line_falls() -> None:
+    """The straggler's and the starved rank's lines are met by ratios of measured times, which no float lands on
+    exactly: those keep their 2% either side."""
+    assert set(AT_THE_LINE) == {k for k, t in ROWS.items() if t[0].__name__.endswith("bottleneck")}
+
+
+@pytest.mark.parametrize("row", list(AT_THE_LINE))
+def test_at_the_line_itself_the_verdict_is_on_its_documented_side(row: str) -> None:
+    _, _, value, line, outcome, below, above = ROWS[row]
+    assert NEAR == 0.02
+    side = AT_THE_LINE[row]
+    assert outcome(value * line) == {"below": below, "above": above}.get(side, side)
+
+
+# The lines that other rules share: GPU_BUSY decides input_bound, the starved rank and python_bound too (the GPU
+# pacing 60% of the steps or more is compute_bound whatever else)
+SHARED_LINES = {
+    "input_bound": lambda x: cpu(gpus=1, gpu_util=0.5, gpu_busy_ratio=x, data_wait_fraction=0.6),
+    "starved": lambda x: cpu(gpus=1, gpu_util=0.5, gpu_busy_ratio=x,
+                             starved=RankSignals("job", "1", 10, 0.1, 0.0, 0.2, 0.0, 0.6)),
+    "python_bound": lambda x: cpu(gpus=1, gpu_util=0.5, gpu_busy_ratio=x, loop_samples=1000.0,
+                                  profile={"python": 0.6, "native": 0.4}),
+}
+
+
+@pytest.mark.parametrize("rule", list(SHARED_LINES))
+def test_the_gpu_pacing_sixty_percent_of_the_steps_is_compute_bound_before_any_other_rule(rule: str) -> None:
+    make = SHARED_LINES[rule]
+    below = classify(make(0.6 * (1 - NEAR))).cls
+    assert below == ("python_bound" if rule == "python_bound" else "input_bound")
+    assert [classify(make(x)).cls for x in (0.6, 0.6 * (1 + NEAR))] == ["compute_bound", "compute_bound"]
+
+
+def test_one_step_or_request_a_few_seconds_is_active() -> None:
+    assert classify(cpu(steps_per_s=0.5, main_cpu_us_per_op=50.0)).cls == "host_bound"
+    assert classify(cpu(steps_per_s=0.0, requests_per_s=0.5, main_cpu_us_per_op=50.0)).cls == "host_bound"
