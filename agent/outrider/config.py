@@ -166,12 +166,12 @@ class Config:
     scrape_annotated_pods: bool = field(default=False, metadata={
         "help": "node agent: scrape the Running pods of this node (k8s_node_name) that carry the annotation "
                 "outrider.dev/metrics-port, at their pod IP, each sweep (all at once, the whole within "
-                "collector_timeout_s, at most 8 MiB each), their series labelled with the pod's namespace, pod and "
-                "container (the k8s_owner_*_label names); the pods come from the API server (pods: list), asked "
-                "every pod_discovery_interval_s"})
+                "collector_timeout_s, at most 1 MiB each and 8 MiB all together), their series labelled with the "
+                "pod's namespace, pod and container (the k8s_owner_*_label names); the pods come from the API server "
+                "(pods: list), asked every pod_discovery_interval_s"})
     pod_discovery_interval_s: float = field(default=30.0, metadata={
         "help": "seconds between two asks of the API server for this node's pods (scrape_annotated_pods); after a "
-                "failed ask the last list is kept for 10 intervals"})
+                "failed ask the last list is kept for 2 intervals"})
     k8s_node_name: str = field(default="", metadata={
         "help": "this node's name, whose pods scrape_annotated_pods scrapes (NODE_NAME, which the chart sets from "
                 "the Downward API's spec.nodeName, sets the default)"})

@@ -25,13 +25,21 @@ from opentelemetry.sdk.resources import Resource
 from prometheus_client.parser import text_string_to_metric_families
 
 from outrider.clock import ManualClock
-from outrider.collectors.annotated_pods import MAX_PAGE_BYTES, AnnotatedPodsCollector
+from outrider.collectors import annotated_pods
+from outrider.collectors.annotated_pods import (
+    MAX_PAGE_BYTES,
+    MAX_PARALLEL,
+    MAX_SWEEP_BYTES,
+    AnnotatedPodsCollector,
+)
 from outrider.collectors.base import CollectorContext
+from outrider.collectors.workload_metrics import ScrapeError, scrape
 from outrider.config import Config, ConfigError, load
 from outrider.exporters.otlp import to_metrics_data
 from outrider.k8s.node_pods import KEEP_INTERVALS, DiscoveryError, NodePods, running_pods
 from outrider.metrics.exposition import render
 from outrider.metrics.family import Family
+from tests import helpers
 from tests.helpers import AgentProcess, http_get, reap, samples, self_signed, value, wait_until
 
 pytestmark = pytest.mark.integration
@@ -59,6 +67,20 @@ start_http_server(port, addr=addr)
 open(ready, "w").close()
 time.sleep(300)
 '''
+
+
+# The agent refuses loopback pod IPs (a pod never has one); the tests' pods are 127.0.0.x addresses, so each test
+# lets them through with the collector's class attribute (never a setting: no configuration can turn the check off),
+# the agent process too, and the test of the refusal sets it back.
+LOOPBACK_AGENT = ("import runpy; from outrider.collectors.annotated_pods import AnnotatedPodsCollector; "
+                  "AnnotatedPodsCollector.allow_loopback_pods = True; runpy.run_module('outrider', "
+                  "run_name='__main__', alter_sys=True)")
+
+
+@pytest.fixture(autouse=True)
+def loopback_pods(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(AnnotatedPodsCollector, "allow_loopback_pods", True)
+    monkeypatch.setattr(helpers, "outrider_cmd", lambda *args: [sys.executable, "-c", LOOPBACK_AGENT, *args])
 
 
 def free_port_on(ip: str) -> int:
@@ -300,7 +322,7 @@ def test_only_running_annotated_pods_of_this_node_at_their_listed_ips_are_scrape
         # the stand-in serves a pod of another node when not asked for this node's only; the agent leaves it out
         shapeless = {"metadata": "not a pod's", "spec": {"nodeName": NODE},
                      "status": {"phase": "Running", "podIP": "127.0.0.9"}}
-        pods, bad = running_pods({"kind": "PodList", "items": [*api.pods, shapeless]}, NODE)
+        pods, bad = running_pods({"kind": "PodList", "items": [*api.pods, shapeless]}, NODE, allow_loopback=True)
         assert sorted(p.name for p in pods) == ["shop-a", "shop-b", "shop-misannotated", "shop-plain"] and bad == 1
         api.pods = [pod("shop-a", "shop-a.example", services["a"].port)]
         assert scraped_pods(make()) == set(), "a pod IP must be an address, never a name to resolve"
@@ -315,6 +337,7 @@ def test_the_pods_are_asked_for_once_an_interval_and_a_failed_ask_keeps_the_last
                 pod("p1", "127.0.0.15", pages.serve("127.0.0.15", page))]
     clock = ManualClock()
     c = make(clock, pod_discovery_interval_s=30.0)
+    assert KEEP_INTERVALS == 2, "a pod IP may go to another pod meanwhile: an old list mislabels its series"
     try:
         assert scraped_pods(c) == {"p0", "p1"} and api.requests == 1
         assert api.queries == [{"fieldSelector": [f"spec.nodeName={NODE}"], "resourceVersion": ["0"]}], \
@@ -488,38 +511,72 @@ def test_a_workload_label_named_like_an_identity_label_becomes_exported(
     c.close()
 
 
-def test_all_pods_share_the_series_caps_and_a_type_clash_costs_the_second_pod(
-        api: ApiServer, pages: _Pages, make: Make) -> None:
-    def wide(n: int, kind: str = "counter") -> str:
-        return f"# TYPE wide {kind}\n" + "".join(f'wide_total{{n="{i}"}} 1\n' for i in range(n))
+def test_each_pod_has_its_own_series_caps_and_a_type_clash_costs_the_second_pod(
+        api: ApiServer, pages: _Pages, make: Make, monkeypatch: pytest.MonkeyPatch) -> None:
+    def wide(n: int, name: str = "wide") -> str:
+        return f"# TYPE {name} counter\n" + "".join(f'{name}_total{{n="{i:03d}"}} 1\n' for i in range(n))
 
-    api.pods = [pod("p0", "127.0.0.12", pages.serve("127.0.0.12", wide(60) + "# TYPE clash counter\nclash_total 1\n")),
+    api.pods = [pod("p0", "127.0.0.12", pages.serve("127.0.0.12", wide(150) + "# TYPE clash counter\nclash_total 1\n")),
                 pod("p1", "127.0.0.13", pages.serve("127.0.0.13", wide(60) + "# TYPE clash gauge\nclash 2\n"))]
     c = make(hook_max_series_per_metric=100)
+    got: list[str] = []
+    c.drop = lambda key, why: got.append(str(why))  # type: ignore[method-assign]
     fams = {f.defn.name: f for f in c.collect()}
-    assert len(fams["wide_total"].samples) == 100, "hook_max_series_per_metric over the pods together"
+    per_pod = {p: sum(1 for labels, _ in fams["wide_total"].samples if labels[-2] == p) for p in ("p0", "p1")}
+    assert per_pod == {"p0": 100, "p1": 60}, "hook_max_series_per_metric is each pod's: p0's 150 cost p1 none"
     assert [v for _, v in fams["clash_total"].samples] == [1.0], "p0's counter; p1's gauge of that name left out"
-    assert c.errors == 2  # the cap, the clash
+    assert len(got) == 2 and got[0].startswith("shop/p0: wide: past the cap of 100"), got  # the cap, the clash
+    c.close()
+
+    # MAX_SERIES is shared out evenly: with 100 in all, each of the two pods has 50, however many the other has
+    monkeypatch.setattr(annotated_pods, "MAX_SERIES", 100)
+    api.pods = [pod("p0", "127.0.0.12", pages.serve("127.0.0.12", wide(80, "a") + wide(10, "b"))),
+                pod("p1", "127.0.0.13", pages.serve("127.0.0.13", wide(10, "a") + wide(10, "b")))]
+    c = make(hook_max_series_per_metric=100)
+    got.clear()
+    c.drop = lambda key, why: got.append(str(why))  # type: ignore[method-assign]
+    fams = {f.defn.name: f for f in c.collect()}
+    pods_of = {name: [labels[-2] for labels, _ in fam.samples] for name, fam in fams.items()}
+    assert sorted(pods_of["a_total"]) == ["p0"] * 50 + ["p1"] * 10 and pods_of["b_total"] == ["p1"] * 10
+    assert len(got) == 1 and got[0].startswith("shop/p0: past its share of 50 series"), got
     c.close()
 
 
-def test_a_pods_page_is_read_to_two_mib_and_one_larger_costs_only_that_pods_series(
+def test_a_pods_page_is_read_to_one_mib_and_one_larger_costs_only_that_pods_series(
         api: ApiServer, pages: _Pages, make: Make) -> None:
-    """MAX_PAGE_BYTES bounds the node agent's memory: 16 pages in flight at most 32 MiB, where the sidecar's one
-    page may be 8 MiB."""
-    assert MAX_PAGE_BYTES == 2 << 20
+    """MAX_PAGE_BYTES and MAX_SWEEP_BYTES bound the node agent's memory, where the sidecar's one page may be 8 MiB."""
+    assert MAX_PAGE_BYTES == 1 << 20
 
-    def page(size: int) -> str:
-        head = "# TYPE big gauge\nbig 1\n"
-        return head + "#" * (size - len(head) - 1) + "\n"
-
-    assert len(page(MAX_PAGE_BYTES)) == MAX_PAGE_BYTES
-    api.pods = [pod("at", "127.0.0.14", pages.serve("127.0.0.14", page(MAX_PAGE_BYTES))),
-                pod("over", "127.0.0.15", pages.serve("127.0.0.15", page(MAX_PAGE_BYTES + 1)))]
+    assert len(big_page(MAX_PAGE_BYTES)) == MAX_PAGE_BYTES
+    api.pods = [pod("at", "127.0.0.14", pages.serve("127.0.0.14", big_page(MAX_PAGE_BYTES))),
+                pod("over", "127.0.0.15", pages.serve("127.0.0.15", big_page(MAX_PAGE_BYTES + 1)))]
     c = make()
     fams = {f.defn.name: f for f in c.collect()}
     assert label_values(list(fams.values())) == {"at"}
     assert c.errors == 1
+    c.close()
+
+
+def big_page(size: int) -> str:
+    head = "# TYPE big gauge\nbig 1\n"
+    return head + "#" * (size - len(head) - 1) + "\n"
+
+
+def test_all_pods_together_read_at_most_the_sweeps_budget_and_the_pods_past_it_are_named(
+        api: ApiServer, pages: _Pages, make: Make) -> None:
+    assert MAX_SWEEP_BYTES == 8 << 20
+    n = MAX_SWEEP_BYTES // MAX_PAGE_BYTES + 3  # 11 pages of 1 MiB: 3 MiB past the budget
+    names = [f"big-{i:02d}" for i in range(n)]
+    api.pods = [pod(name, f"127.0.2.{i + 1}", pages.serve(f"127.0.2.{i + 1}", big_page(MAX_PAGE_BYTES)))
+                for i, name in enumerate(names)]
+    c = make(collector_timeout_s=30.0)
+    got: dict[str, str] = {}
+    c.drop = lambda key, why: got.__setitem__(key, str(why))  # type: ignore[method-assign]
+    scraped = label_values(c.collect())
+    assert len(scraped) <= MAX_SWEEP_BYTES // MAX_PAGE_BYTES, "never more than 8 MiB of pages a sweep"
+    refused = {key.split("/", 1)[1] for key in got if key.startswith("budget:")}
+    assert refused and refused | scraped == set(names) and not refused & scraped, got
+    assert all("MAX_SWEEP_BYTES" in why and f"shop/{key.split('/', 1)[1]}" in why for key, why in got.items()), got
     c.close()
 
 
@@ -535,3 +592,176 @@ def test_the_settings_and_what_they_need() -> None:
         AnnotatedPodsCollector(CollectorContext(Config(scrape_annotated_pods=True)))
     off = AnnotatedPodsCollector(CollectorContext(Config()))
     assert off.collect() == [], "off by default: no API server asked, nothing scraped"
+
+
+def test_pods_that_hang_go_to_the_end_of_the_queue_and_a_pod_that_got_no_thread_is_not_blamed(
+        api: ApiServer, pages: _Pages, make: Make) -> None:
+    """As many pods that hang as there are threads, sorted first: the first sweep's threads all wait on them, and
+    the pods after them never get one (named as such, not as failed); from the next sweep on they go first."""
+    peers = Rendezvous(parties=1)
+    try:
+        hang = peers.listen(peers.hang_ip, peers.never_answer)
+        api.pods = [pod(f"a-hangs-{i:02d}", peers.hang_ip, hang) for i in range(MAX_PARALLEL)]
+        api.pods += [pod(f"z-good-{i}", f"127.0.3.{i + 1}", pages.serve(f"127.0.3.{i + 1}", "# TYPE up gauge\nup 1\n"))
+                     for i in range(2)]
+        c = make(collector_timeout_s=1.0)
+        keys: list[str] = []
+        c.drop = lambda key, why: keys.append(key)  # type: ignore[method-assign]
+        first = label_values(c.collect())
+        good = {"z-good-0", "z-good-1"}
+        blamed = {k.split("/", 1)[1] for k in keys if k.startswith("scrape:")} & good
+        unscraped = {k.split("/", 1)[1] for k in keys if k.startswith("unscraped:")}
+        # a good pod that never got a thread is named as such, not blamed as slow; one that got a thread only as a
+        # hung pod's own deadline freed it, a moment before the sweep's, may be cut off (a loaded machine): blamed
+        assert unscraped | blamed == good - first and not unscraped & blamed, keys
+        for _ in range(2):
+            keys.clear()
+            assert label_values(c.collect()) == good, "the pods that answered go first: they are scraped"
+            assert not any(k.startswith("unscraped:") for k in keys)
+        c.close()
+    finally:
+        peers.close()
+
+
+class _Truncating:
+    """A server on a loopback address that answers 200 with the body's Content-Length and sends all of it but the
+    last 8 bytes, then closes: a pod that dies mid-answer."""
+
+    def __init__(self, ip: str, body: bytes) -> None:
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.bind((ip, 0))
+        self.sock.listen(8)
+        self.port = int(self.sock.getsockname()[1])
+        self.body = body
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            with conn, contextlib.suppress(OSError):
+                conn.recv(65536)
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(self.body), self.body[:-8]))
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def test_a_page_cut_short_of_its_content_length_is_no_page(api: ApiServer, make: Make) -> None:
+    body = b"# TYPE shop_requests counter\nshop_requests_total 1234567890\n"
+    assert len(body) == 60
+    server = _Truncating("127.0.0.16", body)
+    try:
+        with pytest.raises(ScrapeError, match="8 bytes short of its Content-Length"):
+            scrape("127.0.0.16", server.port, "/metrics", 5.0)  # the sidecar's scrape, the same code
+        api.pods = [pod("dying", "127.0.0.16", server.port)]
+        c = make(collector_timeout_s=5.0)
+        assert c.collect() == [] and c.errors == 1, "not shop_requests_total 12, as if it were all"
+        c.close()
+    finally:
+        server.close()
+
+
+def test_an_api_server_answer_cut_short_of_its_content_length_is_a_failed_ask(tmp_path: Path) -> None:
+    (tmp_path / "token").write_text(TOKEN)
+    server = _Truncating("127.0.0.17", json.dumps({"kind": "PodList", "items": []}).encode() + b" " * 40)
+    try:
+        asks = NodePods(f"http://127.0.0.17:{server.port}", NODE, str(tmp_path), 5.0, 30.0)
+        with pytest.raises(DiscoveryError, match="short of its Content-Length"):
+            asks.pods()
+        assert asks.errors == {"truncated": 1}
+    finally:
+        server.close()
+
+
+def test_pod_ips_no_pod_has_and_hostnetwork_pods_are_never_scraped(
+        api: ApiServer, pages: _Pages, make: Make, monkeypatch: pytest.MonkeyPatch) -> None:
+    def at(ip: str, **spec: Any) -> dict[str, Any]:
+        p = pod("p", ip, 8080)
+        p["spec"].update(spec)
+        return p
+
+    for ip in ("127.0.0.1", "::1", "::ffff:127.0.0.1", "0.0.0.0", "::", "169.254.169.254", "fe80::1%eth0",
+               "224.0.0.1", "ff02::1"):
+        assert running_pods({"items": [at(ip)]}, NODE) == ([], 1), ip
+    assert [p.ip for p in running_pods({"items": [at("10.1.2.3"), at("fd00::5")]}, NODE)[0]] == ["10.1.2.3", "fd00::5"]
+    assert running_pods({"items": [at("10.1.2.3", hostNetwork=True)]}, NODE) == ([], 0), "left out, not a bad item"
+
+    # through the collector: a hostNetwork pod's podIP is the node's own, so its annotation could name any port there
+    port = pages.serve("127.0.0.18", "# TYPE node_secret gauge\nnode_secret 7\n")
+    evil = pod("evil", "127.0.0.18", port, namespace="tenant")
+    evil["spec"]["hostNetwork"] = True
+    api.pods = [evil]
+    c = make()
+    keys: list[str] = []
+    c.drop = lambda key, why: keys.append(key)  # type: ignore[method-assign]
+    assert c.collect() == [] and c.collect() == [] and keys == ["host_network"], "counted once per list"
+    c.close()
+    # and without the tests' allowance, a loopback pod IP is refused as any agent refuses it
+    monkeypatch.setattr(AnnotatedPodsCollector, "allow_loopback_pods", False)
+    api.pods = [pod("loop", "127.0.0.18", port)]
+    c = make()
+    assert c.collect() == [] and c.errors == 1
+    c.close()
+
+
+def test_one_bad_item_costs_that_item_and_fields_are_typed_strictly() -> None:
+    def item(mutate: Callable[[dict[str, Any]], Any]) -> dict[str, Any]:
+        p = pod("p", "10.1.2.3", 8080, container_port=8080)
+        mutate(p)
+        return p
+
+    def port(value: Any) -> Callable[[dict[str, Any]], Any]:
+        return lambda p: p["spec"]["containers"][0]["ports"][0].__setitem__("containerPort", value)
+
+    for bad in (lambda p: p["metadata"].__setitem__("name", None),
+                lambda p: p["metadata"].__setitem__("namespace", {"a": 1}),
+                lambda p: p["status"].__setitem__("podIP", 2130706433),
+                lambda p: p["metadata"].__setitem__("annotations", ["outrider.dev/metrics-port"])):
+        assert running_pods({"items": [item(bad), item(lambda p: None)]}, NODE)[1] == 1
+    for ignored in (float("inf"), 8080.9, True, -5, 0, 70000, "8080", None):
+        pods, bad = running_pods({"items": [item(port(ignored))]}, NODE)
+        assert bad == 0 and pods[0].container_ports == (("outrider", 9477),), ignored
+    # as JSON: Infinity and 1e400 (a float too large, inf) decode and are ignored, never raising out of pods()
+    raw = json.dumps({"kind": "PodList", "items": [item(lambda p: None)]}).replace('"containerPort": 8080',
+                                                                                  '"containerPort": 1e400')
+    pods, bad = running_pods(json.loads(raw), NODE)
+    assert bad == 0 and pods[0].container_of(8080) == ""
+    odd = item(lambda p: p["metadata"]["annotations"].__setitem__("outrider.dev/metrics-port", 8080))
+    assert dict(running_pods({"items": [odd]}, NODE)[0][0].annotations) == {}, "an annotation value is a string"
+
+
+def test_two_pods_of_one_name_the_second_is_left_out(api: ApiServer, pages: _Pages, make: Make) -> None:
+    api.pods = [pod("same", "127.0.0.21", pages.serve("127.0.0.21", "# TYPE up gauge\nup 1\n")),
+                pod("same", "127.0.0.22", pages.serve("127.0.0.22", "# TYPE up gauge\nup 2\n"))]
+    c = make()
+    fams = c.collect()
+    assert [v for _, v in fams[0].samples] == [1.0] and c.errors == 1
+    c.close()
+
+
+def test_close_during_a_sweep_does_not_fail_it(api: ApiServer, make: Make) -> None:
+    peers = Rendezvous(parties=1)
+    try:
+        hang = peers.listen(peers.hang_ip, peers.never_answer)
+        api.pods = [pod(f"hangs-{i:02d}", peers.hang_ip, hang) for i in range(MAX_PARALLEL + 4)]
+        c = make(collector_timeout_s=3.0)
+        outcome: list[Any] = []
+        errors: list[BaseException] = []
+
+        def sweep() -> None:
+            try:
+                outcome.append(c.collect())
+            except BaseException as e:  # what the sampler would count as the collector failed
+                errors.append(e)
+
+        t = threading.Thread(target=sweep, daemon=True)
+        t.start()
+        wait_until(lambda: len(peers.hung) >= MAX_PARALLEL, timeout_s=30, what="every thread on a pod that hangs")
+        c.close()  # the pods still queued are cancelled
+        t.join(60)
+        assert not t.is_alive() and errors == [] and outcome == [[]]
+    finally:
+        peers.close()

@@ -99,7 +99,7 @@ def test_containers_are_hardened(values_file: str | None) -> None:
     for doc in kind(render(values_file), "DaemonSet") + kind(render(values_file), "Deployment") + \
             kind(render(values_file), "Job"):
         spec = doc["spec"]["template"]["spec"]
-        # A token only where the node agent lists its node's pods (pods: get, list; see the test below)
+        # A token only where the node agent lists its node's pods (pods: list; see the test below)
         lists_pods = "OUTRIDER_SCRAPE_ANNOTATED_PODS" in env_of(agents(spec)[0])
         assert spec["automountServiceAccountToken"] is lists_pods and (doc["kind"] == "DaemonSet" or not lists_pods)
         found = agents(spec)
@@ -148,7 +148,7 @@ def test_node_agent_lists_its_nodes_pods_with_a_role_that_may_only_get_and_list_
 
     docs = render(None, {"nodeAgent": {"annotatedPods": {"enabled": True, "discoveryIntervalSeconds": 45}}})
     (account,), (role,), (binding,) = (kind(docs, k) for k in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding"))
-    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]}]
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}]
     assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
                                   "name": role["metadata"]["name"]}
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account["metadata"]["name"],

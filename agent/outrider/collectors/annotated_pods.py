@@ -8,43 +8,65 @@ asked every pod_discovery_interval_s, never on every sweep), the port and path f
 page's reading and its conversion are the sidecar's own code. Only the IPs the API server gave as podIPs are
 scraped: the address is never the workload's to choose.
 
-Bounded in total, not per pod: the scrapes run at once on at most MAX_PARALLEL threads, each within
-collector_timeout_s and at most MAX_PAGE_BYTES (2 MiB), and the sweep waits for all of them together at most
-collector_timeout_s (plus one ask of the API server, itself within collector_timeout_s, when one is due). A pod that
-has not answered by then (it hangs, it trickles, or more than MAX_PARALLEL pods hang at once so that it never got a
-thread) has no series this sweep; its scrape ends at its own deadline. A pod whose scrape fails is logged once by
-name and counted in outrider_collector_errors_total{collector="annotated_pods"}; the other pods' series are exported
-all the same, and outrider_collector_success stays 1. It is 0 when the agent has no list of its node's pods younger
-than 10 discovery intervals (a failed ask keeps the last list that long: logged once, counted).
+Bounded in total, not per pod. The scrapes run at once on at most MAX_PARALLEL threads, each within
+collector_timeout_s and at most MAX_PAGE_BYTES (1 MiB), and all of them together read at most MAX_SWEEP_BYTES
+(8 MiB) a sweep: once that is spent, the pages still being read are cut off and those not begun are refused, each
+named in the log and counted (its pod has no series this sweep). Each page is parsed on the sweep thread as soon as
+it has come (not once all have), its text dropped at once, and its series cut to the pod's share right away, so the
+agent holds at most MAX_SWEEP_BYTES (plus one 64 KiB read per thread) of pages, one page's parse, and MAX_SERIES
+series at a time: some 8 MiB of text and the parse of 1 MiB (measured: 16 pods of 1 MiB pages, a peak RSS of
+77 MiB from 29 MiB at the start; the chart's limit is 128 MiB). The sweep waits for the pages at most
+collector_timeout_s, parsing included (plus one ask of the API server, itself within collector_timeout_s, when one
+is due). Not a `may_block` collector: the sampler would drop
+all of a sweep's pods' series the moment the wait for one hung pod reached collector_timeout_s; this collector's
+own wait is that bound already, and the pods that answered in time keep their series.
+
+A pod that has not answered by then (it hangs or trickles) has no series this sweep; its scrape ends at its own
+deadline. A pod whose scrape fails is logged once by name and counted in
+outrider_collector_errors_total{collector="annotated_pods"}; the other pods' series are exported all the same, and
+outrider_collector_success stays 1. Pods that failed or did not answer go to the end of the next sweep's queue, and
+one that keeps failing is skipped for 1, 3, then 7 sweeps between tries (BACKOFF_SWEEPS), so that pods that hang
+cannot take every thread sweep after sweep; a pod that never got a thread (more than MAX_PARALLEL slow pods ahead of
+it) is logged as such, not blamed, and keeps its place. outrider_collector_success is 0 when the agent has no list
+of its node's pods younger than 2 discovery intervals (a failed ask keeps the last list that long: logged once,
+counted).
 
 Every series gets its pod's identity as the agent's other series do: the owner labels (k8s_owner_namespace_label,
 k8s_owner_pod_label, k8s_owner_container_label; exported_namespace, exported_pod, exported_container by default,
 on OTLP k8s.namespace.name, k8s.pod.name, k8s.container.name), the container where exactly one of the pod's
 containers declares the annotated port, else none. A workload label with one of those names is renamed as
-Prometheus renames it when honor_labels is false: `exported_<name>` (and again while that is taken too). All pods'
-series share one set of caps, the sidecar's: hook_max_series_per_metric per metric, MAX_SERIES in all
-(metrics/foreign.py); a metric that one pod calls a counter and another a gauge is taken from the first pod (by
-namespace and name) and left out of the others, counted. At most MAX_TARGETS pods are scraped (the rest, counted).
+Prometheus renames it when honor_labels is false: `exported_<name>` (and again while that is taken too). The caps
+are each pod's own: hook_max_series_per_metric per metric of a pod, and an even share of MAX_SERIES
+(metrics/foreign.py) for each pod, MAX_SERIES // the number of targets (at least 1), so that a noisy pod cannot
+crowd out the others' series; each cut names its pod. A metric that one pod calls a counter and another a gauge is
+taken from the first pod (by namespace and name) and left out of the others, counted. At most MAX_TARGETS pods are
+scraped (the rest, counted); of two pods with one namespace and name (never so in a true list), the second is left
+out, counted. hostNetwork pods and pods whose IP no pod can have are left out (k8s/node_pods.py), counted.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import os
+import threading
+import time
+from typing import ClassVar
 
 from outrider.collectors.base import Collector, CollectorContext, owner_label_names
-from outrider.collectors.workload_metrics import annotated_endpoint, page_metrics, scrape, url
+from outrider.collectors.workload_metrics import BudgetSpent, annotated_endpoint, page_metrics, scrape, url
 from outrider.config import ConfigError
 from outrider.k8s.node_pods import NodePods, Pod, api_server_url
 from outrider.metrics.catalog import K8S_OWNER
 from outrider.metrics.family import Family
-from outrider.metrics.foreign import ForeignDefinitions, ForeignMetric
+from outrider.metrics.foreign import MAX_SERIES, ForeignDefinitions, ForeignMetric
 
 MAX_PARALLEL = 16
-# One pod's page at most (a sidecar's may be 8 MiB): MAX_PARALLEL pages in flight at once stay within 32 MiB of the
-# node agent's memory (the chart's limit is 128 MiB); an inference server's /metrics is some hundreds of KiB
-MAX_PAGE_BYTES = 2 << 20
+# One pod's page at most (a sidecar's may be 8 MiB); an inference server's /metrics is some hundreds of KiB
+MAX_PAGE_BYTES = 1 << 20
+# All pods' pages of one sweep together: what the node agent holds of them at most (the chart's limit is 128 MiB)
+MAX_SWEEP_BYTES = 8 << 20
 MAX_TARGETS = 512  # the kubelet's max-pods is 110 by default, rarely above 250
+BACKOFF_SWEEPS = (0, 1, 3, 7)  # sweeps skipped after the 1st, 2nd, 3rd, 4th and later failures in a row
 
 
 class Target:
@@ -62,10 +84,32 @@ class Target:
         return url(self.ip, self.port, self.path)
 
 
+class _Budget:
+    """The bytes the sweep's scrapes may still read, all threads together."""
+
+    def __init__(self, total: int) -> None:
+        self.left = total
+        self._lock = threading.Lock()
+
+    def charge(self, n: int) -> None:
+        with self._lock:
+            self.left -= n
+            if self.left < 0:
+                raise BudgetSpent(f"the sweep's {MAX_SWEEP_BYTES} bytes of pages (MAX_SWEEP_BYTES, all pods "
+                                  "together) are spent")
+
+    @property
+    def spent(self) -> bool:
+        with self._lock:
+            return self.left <= 0
+
+
 class AnnotatedPodsCollector(Collector):
     name = "annotated_pods"
     description = ("node agent: the pods of its node annotated outrider.dev/metrics-port, found through the API "
                    "server and scraped at their pod IPs (scrape_annotated_pods)")
+    # Tests only (their pods are 127.0.0.x addresses): let loopback podIPs through. Never a setting.
+    allow_loopback_pods: ClassVar[bool] = False
 
     def __init__(self, ctx: CollectorContext) -> None:
         super().__init__(ctx)
@@ -77,6 +121,9 @@ class AnnotatedPodsCollector(Collector):
         self._defs = ForeignDefinitions(self.name, "A metric of a pod's own /metrics endpoint.", enrichment=names)
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._pods: NodePods | None = None
+        self._sweep = 0
+        # who -> (failures in a row, the first sweep it is tried again)
+        self._failing: dict[str, tuple[int, int]] = {}
         if config.scrape_annotated_pods:
             self._pods = self._node_pods(config.k8s_api_server, config.k8s_node_name,
                                          config.k8s_service_account_dir, config.pod_discovery_interval_s)
@@ -90,60 +137,166 @@ class AnnotatedPodsCollector(Collector):
             raise ConfigError("scrape_annotated_pods: no API server: set k8s_api_server (outside a pod there is no "
                               "KUBERNETES_SERVICE_HOST)")
         try:
-            return NodePods(api, node, account_dir, self._timeout_s, interval_s, clock=self.ctx.clock.monotonic)
+            return NodePods(api, node, account_dir, self._timeout_s, interval_s, clock=self.ctx.clock.monotonic,
+                            allow_loopback=self.allow_loopback_pods)
         except ValueError as e:
             raise ConfigError(f"k8s_api_server: {e}") from None
 
     def collect(self) -> list[Family]:
         if self._pods is None:
             return []
-        failures, bad_items = self._pods.failures, self._pods.bad_items
+        failures, bad_items, host_network = self._pods.failures, self._pods.bad_items, self._pods.host_network
         pods = self._pods.pods()  # DiscoveryError (an OSError): no list young enough; the collector fails
         if self._pods.failures != failures:  # this sweep's ask failed, and the last list is kept
             self.drop("discovery", f"{self._pods.last_error_text}; the list of {self._pods.age_s:.0f} s ago is kept")
         if self._pods.bad_items != bad_items:
             self.drop("pod", f"{self._pods.bad_items - bad_items} items of the API server's pod list without a "
-                             "pod's shape (metadata, spec, status.podIP an address); left out")
+                             "pod's shape (metadata, spec, status.podIP an address a pod can have); left out")
+        if self._pods.host_network != host_network:
+            self.drop("host_network", f"{self._pods.host_network - host_network} hostNetwork pods left out: their "
+                                      "podIP is the node's, so an annotation could aim the agent at any port of "
+                                      "the node")
+        self._sweep += 1
+        targets = self._targets(pods)
+        share = max(1, MAX_SERIES // len(targets)) if targets else MAX_SERIES
+        per_target = self._scrape_all(targets, share)
         metrics: dict[str, list[tuple[Target, ForeignMetric]]] = {}
-        for target, page in self._scrape_all(self._targets(pods)):
-            for family, m in page_metrics(page, target.url, self.drop).items():
+        for target in targets:  # in the targets' order (namespace, name): the first pod's type wins a clash
+            for family, m in per_target.get(target.who, {}).items():
                 metrics.setdefault(family, []).append((target, m))
+        # each pod is within its own caps already: the overall ones only trim rounding
         return self._defs.families({family: self._merged(family, parts) for family, parts in metrics.items()},
-                                   self._per_metric, self.drop)
+                                   MAX_SERIES, self.drop)
 
     def _targets(self, pods: list[Pod]) -> list[Target]:
         out: list[Target] = []
+        seen: set[tuple[str, str]] = set()
         for pod in sorted(pods, key=lambda p: (p.namespace, p.name)):
-            endpoint = annotated_endpoint(pod.annotations, self.drop, whose=f"{pod.namespace}/{pod.name}")
+            who = f"{pod.namespace}/{pod.name}"
+            if (pod.namespace, pod.name) in seen:
+                self.drop(f"duplicate:{who}", f"{who}: twice in the API server's list (at {pod.ip} too); the second "
+                                              "is left out")
+                continue
+            seen.add((pod.namespace, pod.name))
+            endpoint = annotated_endpoint(pod.annotations, self.drop, whose=who)
             if endpoint is None or not endpoint[0]:
                 continue
             if len(out) >= MAX_TARGETS:
-                self.drop("targets", f"more than {MAX_TARGETS} annotated pods on the node: from "
-                                     f"{pod.namespace}/{pod.name} on, the rest are not scraped")
+                self.drop("targets", f"more than {MAX_TARGETS} annotated pods on the node: from {who} on, the rest "
+                                     "are not scraped")
                 break
             out.append(Target(pod, *endpoint))
         return out
 
-    def _scrape_all(self, targets: list[Target]) -> list[tuple[Target, str]]:
-        """Each target's page, scraped at once; those that failed or did not answer in time are dropped, by pod."""
-        if not targets:
-            return []
-        if self._pool is None:
-            self._pool = concurrent.futures.ThreadPoolExecutor(MAX_PARALLEL, thread_name_prefix="outrider-scrape")
-        futures = {self._pool.submit(scrape, t.ip, t.port, t.path, self._timeout_s, MAX_PAGE_BYTES): t for t in targets}
-        concurrent.futures.wait(futures, timeout=self._timeout_s)
-        pages = []
-        for future, target in futures.items():
-            if not future.done():
-                future.cancel()  # one that never got a thread; a running one ends at its own deadline
-                self.drop(f"scrape:{target.who}", f"{target.who}: {target.url}: no page within collector_timeout_s "
-                                                  f"({self._timeout_s:g} s, all pods together); left out this sweep")
+    def _queue(self, targets: list[Target]) -> list[Target]:
+        """The targets to scrape this sweep, in order: those that answered last time (or are new) first, those that
+        failed after them; one failing for several sweeps in a row is skipped for BACKOFF_SWEEPS between tries."""
+        current = {t.who for t in targets}
+        for who in [w for w in self._failing if w not in current]:
+            del self._failing[who]
+        due = [t for t in targets if self._failing.get(t.who, (0, 0))[1] <= self._sweep]
+        for t in targets:
+            if t not in due:
+                self.log.debug("%s: %s failed %d sweeps in a row; not tried this sweep", self.name, t.who,
+                               self._failing[t.who][0])
+        return sorted(due, key=lambda t: t.who in self._failing)  # stable: (namespace, name) within each
+
+    def _failed(self, target: Target) -> None:
+        fails = self._failing.get(target.who, (0, 0))[0] + 1
+        self._failing[target.who] = (fails, self._sweep + 1 + BACKOFF_SWEEPS[min(fails, len(BACKOFF_SWEEPS)) - 1])
+
+    def _scrape_all(self, targets: list[Target], share: int) -> dict[str, dict[str, ForeignMetric]]:
+        """Each target's metrics (cut to its caps), by pod, parsed as each page comes; those that failed or did not
+        answer in time are dropped, by pod."""
+        queue = self._queue(targets)
+        if not queue:
+            return {}
+        pool = self._pool
+        if pool is None:
+            pool = self._pool = concurrent.futures.ThreadPoolExecutor(MAX_PARALLEL,
+                                                                      thread_name_prefix="outrider-scrape")
+        ends = time.monotonic() + self._timeout_s
+        budget = _Budget(MAX_SWEEP_BYTES)
+        futures: dict[concurrent.futures.Future[str], Target] = {}
+        try:
+            for t in queue:
+                futures[pool.submit(self._scrape, t, budget)] = t
+        except RuntimeError:  # closed meanwhile: no new scrapes
+            pass
+        out: dict[str, dict[str, ForeignMetric]] = {}
+        pending = set(futures)
+        try:
+            for future in concurrent.futures.as_completed(futures, timeout=max(0.0, ends - time.monotonic())):
+                pending.discard(future)
+                target = futures[future]
+                if future.cancelled():
+                    continue
+                try:
+                    page = future.result()
+                except BudgetSpent as e:
+                    self.drop(f"budget:{target.who}", f"{target.who}: {target.url}: {e}; not read, left out this "
+                                                      "sweep")
+                    continue
+                except Exception as e:  # ScrapeError, or what no scrape should raise: that pod's loss alone
+                    self._failed(target)
+                    self.drop(f"scrape:{target.who}", f"{target.who}: {e}; its series are left out")
+                    continue
+                self._failing.pop(target.who, None)
+                metrics = page_metrics(page, target.url, self.drop)
+                del page  # the text goes before the next page is parsed
+                out[target.who] = self._capped(target, metrics, share)
+        except concurrent.futures.TimeoutError:
+            pass
+        for future in pending:
+            target = futures[future]
+            if future.cancel() or future.cancelled():  # never got a thread (or the collector is closing)
+                self.drop(f"unscraped:{target.who}", f"{target.who}: {target.url}: not scraped, no thread free "
+                                                     f"within collector_timeout_s ({self._timeout_s:g} s; more than "
+                                                     f"{MAX_PARALLEL} pods were slow); tried first next sweep")
                 continue
-            try:
-                pages.append((target, future.result()))
-            except OSError as e:
-                self.drop(f"scrape:{target.who}", f"{target.who}: {e}; its series are left out")
-        return pages
+            self._failed(target)  # a running one ends at its own deadline
+            self.drop(f"scrape:{target.who}", f"{target.who}: {target.url}: no page within collector_timeout_s "
+                                              f"({self._timeout_s:g} s, all pods together); left out this sweep")
+        return out
+
+    def _scrape(self, target: Target, budget: _Budget) -> str:
+        if budget.spent:
+            raise BudgetSpent(f"the sweep's {MAX_SWEEP_BYTES} bytes of pages (MAX_SWEEP_BYTES, all pods together) "
+                              "are spent")
+        return scrape(target.ip, target.port, target.path, self._timeout_s, MAX_PAGE_BYTES, budget.charge)
+
+    def _capped(self, target: Target, metrics: dict[str, ForeignMetric], share: int) -> dict[str, ForeignMetric]:
+        """One pod's metrics within its caps: hook_max_series_per_metric per metric, `share` in all (by family
+        name, then labels); each cut named by the pod."""
+        out: dict[str, ForeignMetric] = {}
+        left = share
+        for family in sorted(metrics):
+            m = metrics[family]
+            series = sorted(m.buckets) if m.kind == "histogram" else sorted(m.values)
+            keep = min(len(series), self._per_metric, left)
+            if keep < len(series):
+                if keep == self._per_metric:
+                    self.drop(f"cap:{target.who}:{family}", f"{target.who}: {family}: past the cap of "
+                                                            f"{self._per_metric} series per metric; the rest are "
+                                                            "left out")
+                else:
+                    self.drop(f"share:{target.who}", f"{target.who}: past its share of {share} series (MAX_SERIES, "
+                                                     f"{MAX_SERIES}, over the node's annotated pods): from "
+                                                     f"{family} on, the rest are left out")
+                    if keep:
+                        self._cut(m, set(series[keep:]))
+                        out[family] = m
+                    break
+                self._cut(m, set(series[keep:]))
+            left -= keep
+            out[family] = m
+        return out
+
+    @staticmethod
+    def _cut(m: ForeignMetric, cut: set[tuple[str, ...]]) -> None:
+        for table in (m.values, m.buckets, m.sums, m.stamps):
+            for labels in [k for k in table if k in cut]:
+                del table[labels]
 
     def _merged(self, family: str, parts: list[tuple[Target, ForeignMetric]]) -> ForeignMetric:
         """One family of many pods: the first pod's type and help, the union of their label names (each pod's

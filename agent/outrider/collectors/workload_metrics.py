@@ -11,7 +11,9 @@ than `prometheus.io/scrape`: a cluster's Prometheus that scrapes annotated pods 
 Bounded like every outbound call (outrider/outbound.py): the whole scrape (connect, request, every byte of the
 answer) within collector_timeout_s, so a workload that answers a byte at a time is cut off; an answer of at most
 MAX_BODY_BYTES, read no further; loopback only (127.0.0.1: the pod's own network namespace for a sidecar), plain
-HTTP, no redirect followed, no compression asked for. A scrape that fails (refused, cut off, too large, not 200)
+HTTP, no redirect followed, no compression asked for. An answer that ends short of its Content-Length (the workload
+died mid-answer) or that the deadline cut is no page: http.client hands back what came as if it were all. A scrape
+that fails (refused, cut off, too large, not 200)
 fails the collector for that sweep: the workload's series are absent and
 outrider_collector_success{collector="workload_metrics"} is 0, Prometheus's `up` for it.
 
@@ -31,7 +33,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from outrider import outbound
 from outrider.collectors.base import Collector, CollectorContext
@@ -53,6 +55,10 @@ class ScrapeError(OSError):
     """The workload's endpoint gave no page: the collector fails for this sweep (its `up` is 0)."""
 
 
+class BudgetSpent(ScrapeError):
+    """Raised by a scrape's `charge`: the caller's budget of bytes is spent; the page is not read further."""
+
+
 def url(host: str, port: int, path: str) -> str:
     """The endpoint as a URL, for messages (an IPv6 pod IP in brackets)."""
     return f"http://[{host}]:{port}{path}" if ":" in host else f"http://{host}:{port}{path}"
@@ -63,9 +69,12 @@ def _connection() -> type:
     return outbound.connection_classes()[0]
 
 
-def scrape(host: str, port: int, path: str, timeout_s: float, max_bytes: int = MAX_BODY_BYTES) -> str:
+def scrape(host: str, port: int, path: str, timeout_s: float, max_bytes: int = MAX_BODY_BYTES,
+           charge: Callable[[int], None] | None = None) -> str:
     """The page at http://host:port/path, whole, within timeout_s (connect, request, every byte of the answer) and
-    max_bytes (MAX_BODY_BYTES), plain HTTP, no redirect followed; ScrapeError (an OSError) naming the URL otherwise.
+    max_bytes (MAX_BODY_BYTES), plain HTTP, no redirect followed; ScrapeError (an OSError) naming the URL otherwise,
+    also when the answer ends short of its Content-Length or the deadline cut it (both read as its end otherwise).
+    `charge` is told the size of every piece read, and may raise BudgetSpent to stop the reading.
     The host is the caller's to vouch for (loopback for the sidecar, a pod IP the API server gave for a node agent).
     Safe to call from several threads at once: each call has its own connection and its own Deadline."""
     import http.client  # only once a scrape is configured: an agent on its defaults loads no HTTP client
@@ -79,7 +88,18 @@ def scrape(host: str, port: int, path: str, timeout_s: float, max_bytes: int = M
             response = conn.getresponse()
             if response.status != 200:
                 raise ScrapeError(f"{where} answered HTTP {response.status}")
-            body = outbound.read_capped(response.read, max_bytes)
+            read = response.read
+            if charge is not None:
+                def read(n: int, _read: Callable[[int], bytes] = response.read,
+                         _charge: Callable[[int], None] = charge) -> bytes:
+                    chunk = _read(n)
+                    _charge(len(chunk))
+                    return chunk
+            body = outbound.read_capped(read, max_bytes)
+            if deadline.expired:  # its shutdown of the socket reads as the end of the answer
+                raise ScrapeError(f"{where}: no complete answer within collector_timeout_s ({timeout_s:g} s)")
+            if response.length:  # read(n) returns what came, without IncompleteRead, when the answer ends early
+                raise ScrapeError(f"{where}: the answer ended {response.length} bytes short of its Content-Length")
         except outbound.ResponseTooLarge:
             raise ScrapeError(f"{where}: a page larger than {max_bytes} bytes; not read") from None
         except ScrapeError:

@@ -1,21 +1,29 @@
 """The running pods of this node, from the Kubernetes API server, for a node agent that scrapes their own endpoints.
 
 `GET {api}/api/v1/pods?fieldSelector=spec.nodeName=NODE&resourceVersion=0` with the pod's service-account token:
-the ClusterRole it needs is `pods: get, list`, where the kubelet's own /pods would need `nodes/proxy`, which also
-lets its holder run commands in every pod of the node. `resourceVersion=0` lets the API server answer from its
+the ClusterRole it needs is `pods: list`, where the kubelet's own /pods would need `nodes/proxy`, which also
+lets its holder run commands in every pod of the node. RBAC cannot narrow `list` to the field selector: the token
+may read every pod spec of the cluster (environment values included), which is why the chart grants it only when
+asked (nodeAgent.annotatedPods.enabled). `resourceVersion=0` lets the API server answer from its
 watch cache rather than etcd: a DaemonSet's agents on a thousand nodes, each asking every 30 s, cost it little.
 
 Asked at most once per interval_s (never on every sweep), each ask bounded like every outbound call
 (outrider/outbound.py): the whole of it (connect, TLS, request, every byte of the answer) within timeout_s, at most
-MAX_RESPONSE_BYTES read, no redirect followed. The token is read again at each ask (the kubelet rotates a projected
+MAX_RESPONSE_BYTES read, no redirect followed; an answer cut short (the deadline passed, or fewer bytes than its
+Content-Length said) is a failed ask, never a list. The token is read again at each ask (the kubelet rotates a projected
 token) and sent over HTTPS, verified against the service account's ca.crt, or over plain HTTP to loopback only (a
 `kubectl proxy`, a test). A failed ask (no token, refused, past the deadline, not 200, not a PodList) is counted by
-reason, its text kept for the caller to log; the last good list is kept for KEEP_INTERVALS intervals (5 minutes at
-the default 30 s), after which `pods()` raises DiscoveryError until an ask succeeds again.
+reason, its text kept for the caller to log; the last good list is kept for KEEP_INTERVALS (2) intervals (1 minute
+at the default 30 s: a pod IP that went to another pod since is scraped under the old pod's name that long at most),
+after which `pods()` raises DiscoveryError until an ask succeeds again.
 
 Only what the caller needs is kept of each pod: its namespace, name and IP (status.podIP, which must be an IP
-address), its `outrider.dev/` annotations and its containers' TCP ports; a pod not Running, without an IP, or on
-another node (whatever the answer says) is left out, and an item that is not a pod's shape is counted, never fatal.
+address, and one a pod can have: never loopback, link-local, unspecified or multicast), its `outrider.dev/`
+annotations and its containers' TCP ports; a pod not Running, without an IP, or on another node (whatever the answer
+says) is left out. A hostNetwork pod is left out and counted (`host_network`): its podIP is the node's own, so its
+annotation could aim the agent at any port of the node, another tenant's service or the node's own. An item that is
+not a pod's shape (strictly typed: metadata.name, metadata.namespace and status.podIP strings; a containerPort that
+is not an int in 1..65535 is ignored) is counted, never fatal, whatever it raises.
 """
 
 from __future__ import annotations
@@ -39,7 +47,7 @@ ANNOTATION_PREFIX = "outrider.dev/"
 # in the agent's memory (the chart's limit is 128 MiB)
 MAX_RESPONSE_BYTES = 8 << 20
 MAX_TOKEN_BYTES = 64 << 10
-KEEP_INTERVALS = 10
+KEEP_INTERVALS = 2
 
 
 class DiscoveryError(OSError):
@@ -68,43 +76,92 @@ def api_server_url(env: Mapping[str, str]) -> str:
     return f"https://[{host}]:{port}" if ":" in host else f"https://{host}:{port}"
 
 
-def running_pods(doc: Any, node: str) -> tuple[list[Pod], int]:
-    """The Running pods with an IP on `node` in a PodList (decoded JSON), and how many items were not a pod's shape."""
-    items = doc.get("items") if isinstance(doc, dict) and doc.get("kind", "PodList") == "PodList" else None
-    if not isinstance(items, list):
-        raise ValueError("not a PodList (no list of items)")
-    pods, bad = [], 0
-    for item in items:
-        try:
-            pod = _pod(item, node)
-        except (KeyError, TypeError, ValueError, AttributeError):
-            bad += 1
-            continue
-        if pod is not None:
-            pods.append(pod)
-    return pods, bad
+def running_pods(doc: Any, node: str, allow_loopback: bool = False) -> tuple[list[Pod], int]:
+    """The Running pods with an IP on `node` in a PodList (decoded JSON), and how many items were not a pod's shape
+    (a pod whose IP no pod can have among them). hostNetwork pods are left out uncounted here; `PodList` counts them.
+    `allow_loopback` (tests only: their pods are loopback addresses) lets a loopback podIP through."""
+    return PodList(doc, node, allow_loopback).result
 
 
-def _pod(item: Any, node: str) -> Pod | None:
+class PodList:
+    """A PodList's pods on `node` (`pods`), its items without a pod's shape (`bad`), its hostNetwork pods left out
+    (`host_network`)."""
+
+    def __init__(self, doc: Any, node: str, allow_loopback: bool = False) -> None:
+        items = doc.get("items") if isinstance(doc, dict) and doc.get("kind", "PodList") == "PodList" else None
+        if not isinstance(items, list):
+            raise ValueError("not a PodList (no list of items)")
+        self.pods: list[Pod] = []
+        self.bad = self.host_network = 0
+        for item in items:
+            try:
+                pod = _pod(item, node, allow_loopback)
+            except _HostNetwork:
+                self.host_network += 1
+                continue
+            except Exception:  # any item that is not a pod's shape, whatever it raises (never the whole list)
+                self.bad += 1
+                continue
+            if pod is not None:
+                self.pods.append(pod)
+
+    @property
+    def result(self) -> tuple[list[Pod], int]:
+        return self.pods, self.bad
+
+
+class _HostNetwork(Exception):
+    pass
+
+
+def _pod(item: Any, node: str, allow_loopback: bool) -> Pod | None:
     meta, spec, status = item["metadata"], item.get("spec") or {}, item.get("status") or {}
+    if not isinstance(meta, dict) or not isinstance(spec, dict) or not isinstance(status, dict):
+        raise TypeError("metadata, spec and status are objects")
     if status.get("phase") != "Running" or spec.get("nodeName") != node or not status.get("podIP"):
         return None
-    ip = str(ipaddress.ip_address(status["podIP"]))  # ValueError for anything but an address: never a host name
-    annotations = {str(k): str(v) for k, v in (meta.get("annotations") or {}).items()
-                   if str(k).startswith(ANNOTATION_PREFIX)}
-    ports = tuple((str(c["name"]), int(p["containerPort"]))
-                  for c in [*(spec.get("containers") or []), *(spec.get("initContainers") or [])]
-                  for p in (c.get("ports") or []) if p.get("protocol", "TCP") == "TCP")
-    return Pod(str(meta["namespace"]), str(meta["name"]), ip, annotations, ports)
+    if spec.get("hostNetwork") is True:
+        raise _HostNetwork()
+    namespace, name, pod_ip = meta["namespace"], meta["name"], status["podIP"]
+    if not all(isinstance(v, str) and v for v in (namespace, name, pod_ip)):
+        raise TypeError("metadata.namespace, metadata.name and status.podIP are strings")
+    ip = ipaddress.ip_address(pod_ip)  # ValueError for anything but an address: never a host name
+    if not pod_address(ip, allow_loopback):
+        raise ValueError(f"{pod_ip}: not an address a pod has")
+    raw = meta.get("annotations") or {}
+    if not isinstance(raw, dict):
+        raise TypeError("metadata.annotations is an object")
+    annotations = {k: v for k, v in raw.items()
+                   if isinstance(k, str) and isinstance(v, str) and k.startswith(ANNOTATION_PREFIX)}
+    ports = []
+    for c in [*(spec.get("containers") or []), *(spec.get("initContainers") or [])]:
+        for p in (c.get("ports") or []):
+            port = p.get("containerPort")
+            if (p.get("protocol", "TCP") == "TCP" and type(port) is int and 1 <= port <= 65535
+                    and isinstance(c.get("name"), str)):
+                ports.append((c["name"], port))
+    return Pod(namespace, name, str(ip), annotations, tuple(ports))
+
+
+def pod_address(ip: ipaddress.IPv4Address | ipaddress.IPv6Address, allow_loopback: bool = False) -> bool:
+    """Whether a pod can have this IP: not unspecified, link-local, multicast, nor loopback (an IPv4-mapped IPv6
+    address judged as its IPv4 one) unless allow_loopback (tests only)."""
+    mapped = getattr(ip, "ipv4_mapped", None)
+    if mapped is not None:
+        ip = mapped
+    if ip.is_unspecified or ip.is_link_local or ip.is_multicast:
+        return False
+    return allow_loopback or not ip.is_loopback
 
 
 class NodePods:
     """Asks the API server for `node`'s pods at most once per interval_s, within timeout_s; `errors` counts failed
     asks by reason, `failures` all of them (a caller logs and counts each new one), `last_error_text` says the
-    last. `clock` is the monotonic clock that times asks and the kept list's age."""
+    last. `clock` is the monotonic clock that times asks and the kept list's age. `allow_loopback` lets loopback
+    podIPs through: for tests, whose pods are 127.0.0.x addresses, never a setting."""
 
     def __init__(self, api_url: str, node: str, service_account_dir: str, timeout_s: float, interval_s: float,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, allow_loopback: bool = False) -> None:
         parts = urllib.parse.urlsplit(api_url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"{api_url!r}: expected an http(s) URL of the API server")
@@ -118,6 +175,8 @@ class NodePods:
         self.errors: dict[str, int] = {}
         self.failures = 0
         self.bad_items = 0  # items of good answers that were not a pod's shape, all asks together
+        self.host_network = 0  # hostNetwork pods of good answers, left out, all asks together
+        self.allow_loopback = allow_loopback
         self.asks = 0
         self.last_error_text = ""
         self._parts = parts
@@ -138,10 +197,12 @@ class NodePods:
             try:
                 doc = self._ask()
                 try:
-                    self._pods, bad = running_pods(doc, self.node)
+                    listed = PodList(doc, self.node, self.allow_loopback)
                 except ValueError as e:
                     raise _Failed("invalid_response", f"{self.api_url} (pods of node {self.node}): {e}") from None
-                self.bad_items += bad
+                self._pods = listed.pods
+                self.bad_items += listed.bad
+                self.host_network += listed.host_network
                 self._good_at = now
             except _Failed as e:
                 self.errors[e.reason] = self.errors.get(e.reason, 0) + 1
@@ -188,6 +249,11 @@ class NodePods:
                         hint = " (redirects are not followed)"
                     raise _Failed(f"http_{response.status}", f"{where}: HTTP {response.status}{hint}")
                 body = outbound.read_capped(response.read, MAX_RESPONSE_BYTES)
+                if deadline.expired:  # its shutdown reads as the end of the answer
+                    raise _Failed("timeout", f"{where}: no complete answer within {self.timeout_s:g} s")
+                if response.length:  # read(n) returns what came when the answer ends short of its Content-Length
+                    raise _Failed("truncated", f"{where}: the answer ended {response.length} bytes short of its "
+                                               "Content-Length")
             except outbound.ResponseTooLarge:
                 raise _Failed("too_large", f"{where}: an answer larger than {MAX_RESPONSE_BYTES} bytes") from None
             except _Failed:
