@@ -460,7 +460,8 @@ def _ranks(s: Signals, old: dict[str, float], new: dict[str, float]) -> None:
         waited = median(r.wait_s for r in others) - slow.wait_s
         if s.straggler_compute_ratio is None or ratio > s.straggler_compute_ratio:
             s.straggler_compute_ratio = ratio
-            s.others_wait_fraction = median(r.wait_fraction for r in others)
+            if s.starved is None:  # a starved rank's verdict states the fed ranks' wait for it, measured above
+                s.others_wait_fraction = median(r.wait_fraction for r in others)
             if ratio >= STRAGGLER_RATIO and extra >= STRAGGLER_SHARE * slow.wall_s \
                     and waited >= STRAGGLER_WAITED * extra:
                 s.straggler = slow
