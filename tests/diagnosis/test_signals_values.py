@@ -300,3 +300,63 @@ def test_a_cuda_family_alone_says_cuda_was_used() -> None:
     fam = Family("outrider_torch_cuda_memory_bytes").add(1.0, "0", "j", "cuda:0", "allocated")
     assert snapshot([fam]).get("cuda_used") == 1.0
     assert "cuda_used" not in snapshot([Family("outrider_samples_total").add(1, "0", "j")])
+
+
+def test_a_verdicts_evidence_reads_back_as_the_signals_it_came_from() -> None:
+    """A run's verdict is explained from the evidence it shows (runs/verdict.py): every signal comes back, with
+    its type, the profile and the frames (most sampled first, at most TOP_FRAMES), the straggler and the starved
+    rank by their number."""
+    s = signals(OLD, NEW, DT)
+    s.straggler_rank, s.starved_rank, s.starved_data_wait_fraction = 3.0, 1.0, 0.45
+    s.torch_cpu_only = True
+    ev = s.evidence()
+    frames = [("native", f"f.py:{i} f", i / 100) for i in range(12)]
+    back = Signals.from_evidence(ev, frames)
+    assert back.evidence() == ev
+    assert (type(back.gpus), type(back.throttle_thermal), type(back.torch_cpu_only)) == (int, bool, bool)
+    assert (back.gpus, back.throttle_thermal, back.throttle_power, back.torch_cpu_only) == (2, True, False, True)
+    assert back.profile == {k: round(v, 4) for k, v in s.profile.items()}
+    assert back.top_frames == sorted(frames, key=lambda f: -f[2])[:TOP_FRAMES]
+    assert back.straggler == RankSignals("", "3", 0.0, 0.0, 0.0, 0.0, 0.0)
+    assert back.starved == RankSignals("", "1", 0.0, 0.0, 0.0, 0.0, 0.0, 0.45)
+    assert back.window_s == 0.0 and back.extra == {}
+    plain = Signals.from_evidence({"steps_per_s": 2.0, "not_a_signal": 5.0})
+    assert plain.steps_per_s == 2.0 and plain.straggler is None and plain.starved is None
+    assert plain.profile == {} and plain.top_frames == [] and not hasattr(plain, "not_a_signal")
+    assert Signals.from_evidence({"starved_rank": 2.0}).starved == RankSignals("", "2", 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+
+
+def test_single_samples_and_single_steps_count() -> None:
+    s = signals({"prof_total": 0.0}, {"prof_total": 20.0, "prof_python": 19.0, "prof_waiting": 1.0,
+                                      f"frame{SEP}waiting{SEP}q.py:1 get{SEP}x": 1.0}, DT)
+    assert s.profile == {"python": 19 / 20, "waiting": 1 / 20}
+    assert s.top_frames == [("waiting", f"q.py:1 get{SEP}x", 1 / 20)], "a frame's own text may hold the separator"
+    s = signals({"prof_total": 0.0}, {"prof_total": 20.0, f"frame{SEP}python{SEP}a.py:1 f": 30.0}, DT)
+    assert s.top_frames == [("python", "a.py:1 f", 1.0)], "a frame's share is at most all the samples"
+
+
+def test_each_ranks_growth_in_the_window_and_its_edges() -> None:
+    old = {**rank_keys("job", "0", 10, 2.0, 1.0, 3.0), "samples": 0.0}
+    new = {"samples": 5.0, **rank_keys("job", "0", 11, 2.5, 1.25, 3.5, 0.25),
+           "requests": 1.0, **rank_keys("job", "1", 1, 0.5, 0.25, 0.5)}
+    del new[f"rank{SEP}job{SEP}0{SEP}step"], old[f"rank{SEP}job{SEP}0{SEP}step"]
+    s = signals(old, new, DT)
+    # rank 0 grew by one step, 0.5 s of wall, 0.25 s of collectives and no step part (the key is gone): compute 0
+    assert s.ranks == [RankSignals("job", "0", 1.0, 0.0, 0.25, 0.5, 0.5, 0.5),
+                       RankSignals("job", "1", 1.0, 0.25, 0.25, 0.5, 0.5, 0.0)]
+    skew = signals({}, {**rank_keys("job", "0", 1, 0.5, 0.75, 0.5)}, DT)
+    assert skew.ranks[0].wait_fraction == 1.0, "collectives longer than the wall (clocks read apart): all of it"
+    hungry = signals({}, {**rank_keys("job", "0", 1, 0.5, 0.0, 0.5, 0.75)}, DT)
+    assert hungry.ranks[0].data_wait_fraction == 1.0
+
+
+def test_operations_and_run_delay_from_a_single_operation_and_a_short_loop() -> None:
+    old = {"cpu_main": 0.0, "autograd_ops": 0.0, "loop_wall": 0.0, "loop_data_wait": 0.0}
+    new = {"cpu_main": 0.25, "autograd_ops": 1.0, "loop_wall": 0.5, "loop_data_wait": 0.25, "delay_main": 0.5,
+           "has_run_delay": 1.0}
+    s = signals(old, new, DT)
+    assert s.main_cpu_us_per_op == 0.25e6
+    assert s.data_wait_alone_fraction == 0.25 / (0.25 + 0.25)
+    assert s.run_delay_fraction == 0.5 / (0.25 + 0.5)
+    no_delay = signals(old, {**new, "has_run_delay": 0.0}, DT)
+    assert no_delay.data_wait_alone_fraction is None and no_delay.run_delay_fraction is None
