@@ -58,13 +58,20 @@ class CheckpointWatch:
         self.owned = False  # this call opened the checkpoint (not inside a declared phase of that name)
         self.saved: list[tuple[Any, str, Any]] = []
         self.patched: set[str] = set()
+        # set by detach() before it puts the originals back; the publisher's poll reads it after each patch and
+        # undoes that patch when set, so a poll racing a detach never leaves this watch's wrapper on torch for good
+        # (where the next hook's would be refused). No lock: nothing here may block, nor be held across a fork.
+        self.detached = False
         # finished checkpoints' durations, for the publisher's histogram (appends and pops are atomic)
         self.durations: collections.deque[float] = collections.deque(maxlen=1024)
         self.poll()
 
     def poll(self) -> None:
-        """Patch the target modules imported since the last look (cheap: a few dict lookups)."""
+        """Patch the target modules imported since the last look (cheap: a few dict lookups). Nothing once
+        detached."""
         for module_name, choices in TARGETS:
+            if self.detached:
+                return
             if module_name in self.patched:
                 continue
             module = sys.modules.get(module_name)
@@ -87,12 +94,15 @@ class CheckpointWatch:
             return
         self.saved.append((owner, name, original))
         setattr(owner, name, (wrap or self._timed)(original))
+        if self.detached:  # detach() ran meanwhile and may have put the originals back before this one
+            setattr(owner, name, original)
 
     def detach(self) -> None:
+        """Put the originals back, for good: a later poll patches nothing. Idempotent."""
+        self.detached = True
         for owner, name, original in reversed(self.saved):
             setattr(owner, name, original)
         self.saved.clear()
-        self.patched.clear()
 
     def _timed(self, original: Callable[..., Any]) -> Callable[..., Any]:
         watch = self
