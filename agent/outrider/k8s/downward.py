@@ -33,10 +33,21 @@ def parse_annotations(text: str) -> dict[str, str]:
 
 def read_annotations(path: str) -> dict[str, str]:
     """The annotations in the file at `path`; OSError when it cannot be read, ValueError when it is too large."""
-    if not stat.S_ISREG(os.stat(path).st_mode):  # never a FIFO or a device, whose read could block the sweep
-        raise ValueError("not a regular file")
-    with open(path, "rb") as fh:
-        data = fh.read(MAX_BYTES + 1)
-    if len(data) > MAX_BYTES:
-        raise ValueError(f"more than {MAX_BYTES} bytes")
-    return parse_annotations(data.decode("utf-8", "replace"))
+    return parse_annotations(read_small_file(path, MAX_BYTES).decode("utf-8", "replace"))
+
+
+def read_small_file(path: str, max_bytes: int) -> bytes:
+    """A regular file's first max_bytes + 1 bytes, following links (the kubelet's volumes are links into their
+    current data). Never a FIFO or a device, whose open or read could block the sweep: the file is opened without
+    blocking and checked on its descriptor, so a swap between a check and the open cannot slip one in. OSError when
+    it cannot be opened; ValueError when it is not a regular file or holds more than max_bytes."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError("not a regular file")
+        data = os.read(fd, max_bytes + 1)
+    finally:
+        os.close(fd)
+    if len(data) > max_bytes:
+        raise ValueError(f"more than {max_bytes} bytes")
+    return data

@@ -32,7 +32,6 @@ import contextlib
 import ipaddress
 import json
 import os
-import stat
 import time
 import urllib.parse
 from collections.abc import Callable, Mapping
@@ -40,6 +39,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from outrider import outbound
+from outrider.k8s.downward import read_small_file
 
 SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 ANNOTATION_PREFIX = "outrider.dev/"
@@ -274,11 +274,8 @@ class NodePods:
             raise _Failed("insecure", f"{self.api_url}: a bearer token goes over https, or plain http to loopback "
                                       "only")
         try:
-            if not stat.S_ISREG(os.stat(self.token_file).st_mode):
-                raise OSError("not a regular file")
-            with open(self.token_file, "rb") as fh:
-                token = fh.read(MAX_TOKEN_BYTES + 1).decode("ascii").strip()
-        except (OSError, UnicodeDecodeError) as e:
+            token = read_small_file(self.token_file, MAX_TOKEN_BYTES).decode("ascii").strip()
+        except (OSError, ValueError) as e:
             raise _Failed("token", f"{self.token_file}: cannot read the service-account token ({e}; is "
                                    "automountServiceAccountToken off?)") from None
         if not token or len(token) > MAX_TOKEN_BYTES or not all("!" <= c <= "~" for c in token):
