@@ -22,7 +22,9 @@ HERE = Path(__file__).parent
 
 def test_ten_thousand_series_under_concurrent_scrapers(tmp_path: Path) -> None:
     spool, hold = tmp_path / "spool", tmp_path / "hold"
-    env = {"OUTRIDER_SPOOL_DIR": str(spool), "OUTRIDER_FLUSH_INTERVAL_S": "0.5"}
+    # the test's agent is the agent: without STANDALONE=false the publishers, started first, elect their own
+    # (`outrider standalone --detach`), which outlived the test
+    env = {"OUTRIDER_SPOOL_DIR": str(spool), "OUTRIDER_FLUSH_INTERVAL_S": "0.5", "OUTRIDER_STANDALONE": "false"}
     base = {k: v for k, v in os.environ.items() if not k.startswith("OUTRIDER_")}
     publishers = [subprocess.Popen([sys.executable, str(HERE / "many_series.py"), str(hold), f"p{i}"],
                                    env={**base, **env}) for i in range(20)]
