@@ -206,6 +206,23 @@ def after_more(agent: AgentProcess, counter: str, n: int, timeout_s: float = 30.
     return wait_until(advanced, timeout_s=timeout_s, what=f"{n} more of {counter}")
 
 
+def served_by_agent(env: dict[str, str], series: str, what: str, collector: str) -> tuple[str, float]:
+    """An agent process started with `env` scrapes a workload's endpoint: its /metrics text once it serves
+    `series`, and the samples its collector counted left out (outrider_collector_errors_total). The collector's
+    sweep must have succeeded."""
+    with AgentProcess(env=env) as agent:
+        def served() -> str | None:
+            text = agent.metrics()
+            return text if series in text else None
+
+        text = wait_until(served, timeout_s=30, what=what)
+    ours = samples(text)
+    assert value(ours, "outrider_collector_success", collector=collector) == 1
+    left_out = value(ours, "outrider_collector_errors_total", collector=collector)
+    assert left_out is not None, f"{collector} counts what it leaves out"
+    return text, left_out
+
+
 def stop(proc: subprocess.Popen[bytes] | subprocess.Popen[str]) -> None:
     """Stop a process a test started, by pid, and wait for it; with it, its process group when it leads one
     (started with start_new_session=True, as workloads that fork are: their children die with them rather than

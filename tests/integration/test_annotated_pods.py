@@ -40,7 +40,7 @@ from outrider.k8s.node_pods import KEEP_INTERVALS, DiscoveryError, NodePods, run
 from outrider.metrics.exposition import render
 from outrider.metrics.family import Family
 from tests import helpers
-from tests.helpers import AgentProcess, http_get, reap, samples, self_signed, value, wait_until
+from tests.helpers import http_get, reap, samples, self_signed, served_by_agent, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -269,17 +269,10 @@ def test_the_node_agent_exports_what_each_annotated_pod_serves_with_its_identity
                                ("exported_namespace", "shop"), ("exported_pod", "shop-a"), ("pod", "worker-4")))] == 4
     env = {"OUTRIDER_SCRAPE_ANNOTATED_PODS": "true", "NODE_NAME": NODE, "OUTRIDER_K8S_API_SERVER": api.url,
            "OUTRIDER_K8S_SERVICE_ACCOUNT_DIR": str(api.account_dir)}
-    with AgentProcess(env=env) as agent:
-        def served() -> str | None:
-            text = agent.metrics()
-            return text if "shop_requests_total" in text else None
-
-        text = wait_until(served, timeout_s=30, what="the pods' series on the agent's /metrics")
-        assert exported(text) == want, "every counter, gauge and histogram sample of each pod, and no other pod's"
-        ours = samples(text)
-        assert value(ours, "outrider_collector_success", collector="annotated_pods") == 1
-        left_out = value(ours, "outrider_collector_errors_total", collector="annotated_pods")
-        assert left_out is not None and left_out >= 1, "the summary, counted"
+    text, left_out = served_by_agent(env, "shop_requests_total", "the pods' series on the agent's /metrics",
+                                     "annotated_pods")
+    assert exported(text) == want, "every counter, gauge and histogram sample of each pod, and no other pod's"
+    assert left_out >= 1, "the summary, counted"
     assert api.requests >= 1, "the pods came from the API server"
 
 

@@ -21,7 +21,7 @@ from outrider.collectors.workload_metrics import ScrapeError, WorkloadMetricsCol
 from outrider.config import Config, ConfigError, load
 from outrider.exporters.otlp import to_metrics_data
 from outrider.metrics.exposition import render
-from tests.helpers import AgentProcess, free_port, http_get, reap, samples, value, wait_until
+from tests.helpers import free_port, http_get, reap, served_by_agent, wait_until
 from tests.servers import TRICKLE_BYTES, HostilePeer
 
 pytestmark = pytest.mark.integration
@@ -89,17 +89,10 @@ def test_the_agent_exports_what_the_workloads_endpoint_serves(shop: int) -> None
     assert status == 200
     want = oracle(page.decode())
     assert ("shop_requests_total", (("note", 'say "hi"\\ \n twice'), ("route", "/pay"))) in want
-    with AgentProcess(env={"OUTRIDER_WORKLOAD_METRICS_PORT": str(shop)}) as agent:
-        def served() -> str | None:
-            text = agent.metrics()
-            return text if "shop_requests_total" in text else None
-
-        text = wait_until(served, timeout_s=30, what="the service's series on the agent's /metrics")
-        assert exported(text) == want, "every counter, gauge and histogram sample, as prometheus_client reads it"
-        ours = samples(text)
-        assert value(ours, "outrider_collector_success", collector="workload_metrics") == 1
-        left_out = value(ours, "outrider_collector_errors_total", collector="workload_metrics")
-        assert left_out is not None and left_out >= 3, "the summary, the info and the owned name, counted"
+    text, left_out = served_by_agent({"OUTRIDER_WORKLOAD_METRICS_PORT": str(shop)}, "shop_requests_total",
+                                     "the service's series on the agent's /metrics", "workload_metrics")
+    assert exported(text) == want, "every counter, gauge and histogram sample, as prometheus_client reads it"
+    assert left_out >= 3, "the summary, the info and the owned name, counted"
 
 
 def test_on_otlp_they_keep_the_services_own_names(shop: int) -> None:
