@@ -9,6 +9,8 @@ alert test in alerts/tests is replayed through both to keep them equal (rules/pr
 
 from __future__ import annotations
 
+import bisect
+import contextlib
 import itertools
 import math
 import re
@@ -237,10 +239,27 @@ def _matcher(m: Any) -> Callable[[str], bool]:
         return lambda v: v == value
     if m.op == pp.MatchOp.NotEqual:
         return lambda v: v != value
-    pattern = regex.compile(value, dotall=True)  # linear in the label value whatever the pattern
+    fullmatch = _fullmatcher(value)
     if m.op == pp.MatchOp.Re:
-        return lambda v: pattern.fullmatch(v) is not None
-    return lambda v: pattern.fullmatch(v) is None
+        return lambda v: fullmatch(v) is not None
+    return lambda v: fullmatch(v) is None
+
+
+def _fullmatcher(pattern: str) -> Callable[[str], regex.Match | None]:
+    """The pattern's full match, linear in the text whatever the pattern. "." does not match a newline, as in
+    Prometheus 2.x (it compiles "^(?:pattern)$" without the s flag); it is compiled so only for a text that has one,
+    the one place where the two differ: `.*`, with dotall, stays in outrider.regex's linear subset (RE2 is not
+    loaded for the built-in rules)."""
+    dotall = regex.compile(pattern, dotall=True)
+    strict: list[regex.Pattern] = []
+
+    def fullmatch(text: str) -> regex.Match | None:
+        if "\n" not in text:
+            return dotall.fullmatch(text)
+        if not strict:
+            strict.append(regex.compile(pattern))
+        return strict[0].fullmatch(text)
+    return fullmatch
 
 
 # --- evaluation -------------------------------------------------------------------------------------------------
@@ -292,6 +311,15 @@ class Evaluator:
             got = series.at(ref, self.lookback_ms)
             if got is not None:
                 out.append(Sample(labels, got))
+        return out
+
+    def _sample_times(self, vs: Any) -> list[tuple[Labels, int]]:
+        """(labels, time of the sample) for what the instant selector vs selects."""
+        ref = self.ts - _ms(vs.offset)
+        out = []
+        for labels, series in self._series(vs):
+            if series.at(ref, self.lookback_ms) is not None:
+                out.append((labels, series.times[bisect.bisect_right(series.times, ref) - 1]))
         return out
 
     def _select_range(self, ms: Any) -> list[tuple[Labels, Sequence[int], Sequence[float]]]:
@@ -372,19 +400,22 @@ class Evaluator:
         if name == "label_replace":
             return self._label_replace(self._vector(args[0]), *[self._string(a) for a in args[1:]])
         if name == "timestamp":
+            if isinstance(args[0], pp.VectorSelector):  # the time of the sample it selects, as Prometheus gives
+                return [Sample(drop_name(labels), t / 1000) for labels, t in self._sample_times(args[0])]
             return [Sample(drop_name(s.labels), self.ts / 1000) for s in self._vector(args[0])]
         vec = self._vector(args[0])
         extra = [self._scalar(a) for a in args[1:]]
+        if name == "clamp" and extra[1] < extra[0]:  # a maximum below the minimum: no result, as Prometheus
+            return []
         fn = _simple_function(name, extra)
         return [Sample(drop_name(s.labels), fn(s.value)) for s in vec]
 
     def _label_replace(self, vec: Vector, dst: str, repl: str, src: str, regexp: str) -> Vector:
-        pattern = regex.compile(regexp, dotall=True)
-        template = re.sub(r"\$\{?(\w+)\}?", r"\\g<\1>", repl)
+        fullmatch = _fullmatcher(regexp)
         out = []
         for s in vec:
-            m = pattern.fullmatch(get(s.labels, src))
-            out.append(Sample(with_label(s.labels, dst, m.expand(template)) if m else s.labels, s.value))
+            m = fullmatch(get(s.labels, src))
+            out.append(Sample(with_label(s.labels, dst, _expand(m, repl)) if m else s.labels, s.value))
         return out
 
     def _scalar(self, node: Any) -> float:
@@ -428,7 +459,11 @@ class Evaluator:
             values = [s.value for s in members]
             if op in ("topk", "bottomk"):
                 k = int(param)
-                ranked = sorted(members, key=lambda s: s.value, reverse=op == "topk")
+                # NaN ranks last in both, as in Prometheus's heaps (a NaN in a key would leave sorted() unsorted)
+                if op == "topk":
+                    ranked = sorted(members, key=lambda s: (not math.isnan(s.value), s.value), reverse=True)
+                else:
+                    ranked = sorted(members, key=lambda s: (math.isnan(s.value), s.value))
                 out.extend(ranked[:max(0, k)])
                 continue
             out.append(Sample(key, _aggregate_values(op, values, param)))
@@ -480,12 +515,49 @@ class Evaluator:
         return out
 
 
+_TEMPLATE_NAME = re.compile(r"\{(\w+)\}|(\w+)")
+
+
+def _expand(m: regex.Match, template: str) -> str:
+    """label_replace's replacement, as Go's Regexp.ExpandString reads it: $$ is "$"; $name or ${name} a group by
+    number (no leading zero) or name, empty when there is none or it did not take part; a $ followed by anything
+    else is itself. Backslashes are plain text."""
+    out = []
+    i = 0
+    while (j := template.find("$", i)) >= 0:
+        out.append(template[i:j])
+        if template.startswith("$", j + 1):
+            out.append("$")
+            i = j + 2
+            continue
+        ref = _TEMPLATE_NAME.match(template, j + 1)
+        if ref is None:
+            out.append("$")
+            i = j + 1
+            continue
+        name = ref.group(1) or ref.group(2)
+        i = ref.end()
+        number = name.isascii() and name.isdigit() and (name == "0" or name[0] != "0")
+        with contextlib.suppress(IndexError):  # no such group: nothing
+            out.append(m.group(int(name) if number else name) or "")
+    out.append(template[i:])
+    return "".join(out)
+
+
 def _absent_labels(vs: Any) -> Labels:
-    labels = {}
+    """The labels absent() gives, as Prometheus's createLabelsForAbsentFunction: those of the equality matchers,
+    less any label matched also otherwise (twice, or by !=, =~, !~) and any matched to ""."""
+    labels: dict[str, str] = {}
+    dropped = set()
     for m in vs.matchers.matchers:
-        if m.op == pp.MatchOp.Equal and m.name != NAME:
-            labels[str(m.name)] = str(m.value)
-    return tuple(sorted(labels.items()))
+        name = str(m.name)
+        if name == NAME:
+            continue
+        if m.op == pp.MatchOp.Equal and name not in labels:
+            labels[name] = str(m.value)
+        else:
+            dropped.add(name)
+    return tuple(sorted((k, v) for k, v in labels.items() if k not in dropped and v))
 
 
 def _apply(op: str, a: float, b: float) -> tuple[float, bool]:
@@ -502,13 +574,17 @@ def _apply(op: str, a: float, b: float) -> tuple[float, bool]:
                 return math.nan, True
             return math.copysign(math.inf, a) * math.copysign(1.0, b), True
         return a / b, True
-    if op == "%":
-        return (math.fmod(a, b) if b != 0 else math.nan), True
-    if op == "^":
+    if op == "%":  # Go's math.Mod: NaN for x % 0 and for an infinite or NaN x
+        return (math.fmod(a, b) if b != 0 and math.isfinite(a) and not math.isnan(b) else math.nan), True
+    if op == "^":  # Go's math.Pow where Python's raises
         try:
             return math.pow(a, b), True
-        except (OverflowError, ValueError):
-            return (math.inf if a > 0 else math.nan), True
+        except ValueError:  # 0 to a negative power (Go: Inf, signed as the 0 for an odd power), or x < 0 to a fraction
+            if a == 0:
+                return (math.copysign(math.inf, a) if _odd(b) else math.inf), True
+            return math.nan, True
+        except OverflowError:
+            return (-math.inf if a < 0 and _odd(b) else math.inf), True
     if op == "==":
         return a, a == b
     if op == "!=":
@@ -522,6 +598,11 @@ def _apply(op: str, a: float, b: float) -> tuple[float, bool]:
     if op == "<=":
         return a, a <= b
     raise PromQLError(f"the operator {op}")
+
+
+def _odd(x: float) -> bool:
+    """An odd integer, as Go's math.Pow asks (none from 2^53 on)."""
+    return abs(x) < 2**53 and x.is_integer() and int(x) % 2 == 1
 
 
 def _set_op(op: str, lhs: Vector, rhs: Vector, names: list[str], on: bool) -> Vector:
@@ -584,10 +665,13 @@ def _vector_vector(op: str, lhs: Vector, rhs: Vector, names: list[str], on: bool
 
 def _aggregate_values(op: str, values: list[float], param: float) -> float:
     n = len(values)
-    if op == "sum":
-        return math.fsum(values) if all(math.isfinite(v) for v in values) else sum(values)
+    if op == "sum":  # one by one, neither Kahan nor exactly rounded, as Prometheus 2.x's sum()
+        total = 0.0
+        for v in values:
+            total += v
+        return total
     if op == "avg":
-        return sum(values) / n
+        return _running_mean(values)
     if op == "min":
         real = [v for v in values if not math.isnan(v)]
         return min(real) if real else math.nan
@@ -598,13 +682,53 @@ def _aggregate_values(op: str, values: list[float], param: float) -> float:
         return float(n)
     if op == "group":
         return 1.0
-    if op in ("stddev", "stdvar"):
-        mean = sum(values) / n
-        var = sum((v - mean) ** 2 for v in values) / n
-        return math.sqrt(var) if op == "stddev" else var
+    if op in ("stddev", "stdvar"):  # Welford's, from the first value, as Prometheus's
+        mean, aux = values[0], 0.0
+        for i, v in enumerate(values[1:], 2):
+            delta = v - mean
+            mean += delta / i
+            aux += delta * (v - mean)
+        return math.sqrt(aux / n) if op == "stddev" else aux / n
     if op == "quantile":
         return quantile(param, values)
     raise PromQLError(f"the aggregation {op}")
+
+
+def _running_mean(values: Sequence[float]) -> float:
+    """avg() as Prometheus's: a running mean (it does not overflow where the sum would); once infinite it stays so,
+    unless an infinity of the other sign or a NaN comes."""
+    mean = 0.0
+    for i, v in enumerate(values, 1):
+        if not _stays_infinite(mean, v):
+            mean += v / i - mean / i
+    return mean
+
+
+def _stays_infinite(mean: float, v: float) -> bool:
+    """An infinite mean is kept as it is when v is a number or an infinity of its sign (mean - mean is NaN)."""
+    return math.isinf(mean) and (math.isfinite(v) or v == mean)
+
+
+def _over_time(op: str, values: Sequence[float]) -> float:
+    """sum_, avg_, stdvar_ and stddev_over_time as Prometheus's: Kahan-compensated sums."""
+    if op == "sum":
+        total = c = 0.0
+        for v in values:
+            total, c = _kahan(v, total, c)
+        return total if math.isinf(total) else total + c
+    if op == "avg":
+        mean = c = 0.0
+        for i, v in enumerate(values, 1):
+            if not _stays_infinite(mean, v):
+                mean, c = _kahan(v / i - mean / i, mean, c)
+        return mean if math.isinf(mean) else mean + c
+    mean = c_mean = aux = c_aux = 0.0
+    for i, v in enumerate(values, 1):
+        delta = v - (mean + c_mean)
+        mean, c_mean = _kahan(delta / i, mean, c_mean)
+        aux, c_aux = _kahan(delta * (v - (mean + c_mean)), aux, c_aux)
+    var = (aux + c_aux) / len(values)
+    return math.sqrt(var) if op == "stddev" else var
 
 
 def quantile(q: float, values: Sequence[float]) -> float:
@@ -643,24 +767,59 @@ def _simple_function(name: str, extra: list[float]) -> Callable[[float], float]:
         "floor": lambda v: float(math.floor(v)) if math.isfinite(v) else v,
         "exp": safe(math.exp),
         "ln": safe(lambda v: -math.inf if v == 0 else math.log(v)),
-        "log2": safe(lambda v: -math.inf if v == 0 else math.log2(v)),
-        "log10": safe(lambda v: -math.inf if v == 0 else math.log10(v)),
+        "log2": safe(lambda v: -math.inf if v == 0 else _log2(v)),
+        "log10": safe(lambda v: -math.inf if v == 0 else math.log(v) * _LOG10_E),
         "sqrt": safe(math.sqrt),
         "sgn": lambda v: v if math.isnan(v) else float((v > 0) - (v < 0)),
     }
     if name in table:
         return table[name]
-    if name == "round":
-        to = extra[0] if extra else 1.0
-        return lambda v: math.floor(v / to + 0.5) * to if math.isfinite(v) else v
+    if name == "round":  # by the inverse, as Prometheus's funcRound: round(1.23, 0.1) is 1.2, not 1.2000000000000002
+        inverse = _apply("/", 1.0, extra[0] if extra else 1.0)[0]
+
+        def nearest(v: float) -> float:
+            up = v * inverse + 0.5
+            return _apply("/", float(math.floor(up)) if math.isfinite(up) else up, inverse)[0]
+        return nearest
     if name == "clamp":
         lo, hi = extra
-        return lambda v: math.nan if lo > hi else max(lo, min(hi, v))
+        return lambda v: _go_max(lo, _go_min(hi, v))
     if name == "clamp_min":
-        return lambda v: max(extra[0], v)
+        return lambda v: _go_max(extra[0], v)
     if name == "clamp_max":
-        return lambda v: min(extra[0], v)
+        return lambda v: _go_min(extra[0], v)
     raise PromQLError(f"the function {name}()")
+
+
+# Go's math.Log2 and math.Log10 multiply the natural log by these
+_LOG2_E = 1.44269504088896340735992468100189213742664595415298593413  # 1 / ln 2
+_LOG10_E = 0.43429448190325182765112891891660508229439700580366656611  # 1 / ln 10
+
+
+def _log2(v: float) -> float:
+    """Go's math.Log2: exact at powers of two, else ln(frac) / ln 2 + exp (which rounds unlike C's log2)."""
+    frac, exp = math.frexp(v)
+    if frac == 0.5:
+        return float(exp - 1)
+    return math.log(frac) * _LOG2_E + exp
+
+
+def _go_max(a: float, b: float) -> float:
+    """Go's math.Max: +Inf wins over NaN, NaN over every number (Python's max() depends on the order)."""
+    if a == math.inf or b == math.inf:
+        return math.inf
+    if math.isnan(a) or math.isnan(b):
+        return math.nan
+    return a if a > b or (a == b and not math.copysign(1.0, a) < 0) else b
+
+
+def _go_min(a: float, b: float) -> float:
+    """Go's math.Min: -Inf wins over NaN, NaN over every number."""
+    if a == -math.inf or b == -math.inf:
+        return -math.inf
+    if math.isnan(a) or math.isnan(b):
+        return math.nan
+    return a if a < b or (a == b and math.copysign(1.0, a) < 0) else b
 
 
 def _range_function(name: str, times: Sequence[int], values: Sequence[float], range_s: float, start: int, end: int,
@@ -692,6 +851,8 @@ def _range_function(name: str, times: Sequence[int], values: Sequence[float], ra
         return values[-1]
     if name == "present_over_time":
         return 1.0
+    if name in ("sum_over_time", "avg_over_time", "stdvar_over_time", "stddev_over_time"):
+        return _over_time(name[: -len("_over_time")], values)
     if name.endswith("_over_time"):  # the aggregation of the same name, over time instead of over series
         return _aggregate_values(name[: -len("_over_time")], list(values), extra[0] if extra else 0.0)
     raise PromQLError(f"the function {name}()")
@@ -722,10 +883,10 @@ def _extrapolated(times: Sequence[int], values: Sequence[float], start: int, end
     interval = sampled
     interval += to_start if to_start < threshold else average / 2
     interval += to_end if to_end < threshold else average / 2
-    result = result * (interval / sampled)
+    factor = interval / sampled
     if is_rate:
-        result /= range_s
-    return result
+        factor /= range_s
+    return result * factor
 
 
 def _kahan(inc: float, total: float, c: float) -> tuple[float, float]:
@@ -786,9 +947,12 @@ def bucket_quantile(q: float, buckets: list[tuple[float, float]]) -> float:
     if not ordered or not math.isinf(ordered[-1][0]):
         return math.nan
     counts = [c for _, c in ordered]
-    for i in range(1, len(counts)):  # ensure monotonic, as Prometheus does
-        if counts[i] < counts[i - 1]:
-            counts[i] = counts[i - 1]
+    top = -math.inf
+    for i, c in enumerate(counts):  # ensureMonotonic, as Prometheus's: raised to the largest count before it
+        if c > top:
+            top = c
+        elif c < top:
+            counts[i] = top
     if len(ordered) < 2:
         return math.nan
     observations = counts[-1]
