@@ -92,6 +92,16 @@ def prepare(mod: Module) -> None:
     shutil.copytree(REPO / "alerts", mod.work / "alerts", symlinks=True, ignore=ignore)
     if (REPO / "docs").is_dir():  # boundary tests read the documented bounds (a repository may have no docs)
         shutil.copytree(REPO / "docs", mod.work / "docs", ignore=ignore)
+    write_config(mod)
+    # mutants/src made now, before mutmut starts: a PYTHONPATH entry missing at interpreter start is cached as
+    # having no importer, and the mutated tree written there later would never be imported
+    (mod.work / "mutants" / "src").mkdir(parents=True)
+    (mod.work / "mutants" / "agent").symlink_to("src")
+
+
+def write_config(mod: Module) -> None:
+    """The work directory's pyproject.toml: mutmut's settings for this module, with its tests as
+    scripts/mutation.toml lists them now (written again by a rerun, which takes test files added to the list)."""
     pytest_opts = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
     markers = pytest_opts.get("markers", [])
     (mod.work / "pyproject.toml").write_text(
@@ -107,10 +117,6 @@ def prepare(mod: Module) -> None:
         "\n[tool.pytest.ini_options]\n"
         'testpaths = ["tests"]\n'
         f"markers = {toml_list(markers)}\n")
-    # mutants/src made now, before mutmut starts: a PYTHONPATH entry missing at interpreter start is cached as
-    # having no importer, and the mutated tree written there later would never be imported
-    (mod.work / "mutants" / "src").mkdir(parents=True)
-    (mod.work / "mutants" / "agent").symlink_to("src")
 
 
 def env_for(mod: Module) -> dict[str, str]:
@@ -203,6 +209,7 @@ def run_module(mod: Module, jobs: int, deadline: float | None, rerun: bool) -> d
             shutil.copytree(REPO / sub, mod.work / sub, ignore=shutil.ignore_patterns("__pycache__"))
             shutil.rmtree(mod.work / "mutants" / sub)
             shutil.copytree(REPO / sub, mod.work / "mutants" / sub, ignore=shutil.ignore_patterns("__pycache__"))
+        write_config(mod)
         names = [f"{mod.dotted}.{s}" for s in last["survivors"]]
         if not names:
             return summarise(mod, 0.0, True)

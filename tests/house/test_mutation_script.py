@@ -40,6 +40,14 @@ def test_add():
     assert add(2, 3) == 5
 '''
 
+CLAMP_TEST = '''
+from outrider.calc import clamp
+
+
+def test_clamp():
+    assert [clamp(x, 1, 3) for x in (0, 1, 2, 3, 4)] == [1, 1, 2, 3, 3]
+'''
+
 SLOW_TEST = '''
 import time
 
@@ -122,6 +130,13 @@ def test_a_module_completed_below_its_floor_fails_the_run(tmp_path: Path) -> Non
     assert out.returncode == 1, out.stdout + out.stderr
     assert "(INCOMPLETE" not in out.stdout and "survived x_clamp__mutmut_" in out.stdout
     assert out.stdout.splitlines()[-1] == "below the floor: calc"
+    # a test file written for the survivors and added to the module's list: a rerun takes it and kills them
+    (repo / "tests" / "test_clamp.py").write_text(CLAMP_TEST)
+    config = repo / "scripts" / "mutation.toml"
+    config.write_text(config.read_text().replace('tests = ["tests/test_calc.py"]',
+                                                 'tests = ["tests/test_calc.py", "tests/test_clamp.py"]'))
+    rerun = mutation(repo, "--rerun", "calc", "--budget", "300", "--jobs", "1")
+    assert rerun.returncode == 0 and "survived" not in rerun.stdout, rerun.stdout + rerun.stderr
     repo_ok = make_repo(tmp_path / "ok", floor=0.1)
     assert mutation(repo_ok, "calc", "--budget", "300", "--jobs", "1").returncode == 0, "at or above it: passes"
 
