@@ -97,6 +97,16 @@ def prepare(mod: Module) -> None:
     # having no importer, and the mutated tree written there later would never be imported
     (mod.work / "mutants" / "src").mkdir(parents=True)
     (mod.work / "mutants" / "agent").symlink_to("src")
+    install_hits(mod)
+
+
+def install_hits(mod: Module) -> None:
+    """What records the coverage of the processes the tests start (scripts/mutation_hits/sitecustomize.py says
+    how), and an empty directory for it."""
+    for name in ("sitecustomize.py", "mutation_hits_plugin.py"):
+        shutil.copy(REPO / "scripts" / "mutation_hits" / name, mod.work / "mutants" / name)
+    shutil.rmtree(mod.work / "hits", ignore_errors=True)
+    (mod.work / "hits").mkdir()
 
 
 def write_config(mod: Module) -> None:
@@ -110,7 +120,7 @@ def write_config(mod: Module) -> None:
         'source_paths = ["src"]\n'
         f'only_mutate = [{json.dumps("src/" + str(mod.source.relative_to("agent")))}]\n'
         f"pytest_add_cli_args_test_selection = {toml_list(mod.tests)}\n"
-        'pytest_add_cli_args = ["-p", "no:cacheprovider", "-q", "-x"]\n'
+        'pytest_add_cli_args = ["-p", "no:cacheprovider", "-p", "mutation_hits_plugin", "-q", "-x"]\n'
         'also_copy = ["alerts", "docs"]\n'
         'process_isolation = "forkserver"\n'
         "use_git_change_detection = false\n"
@@ -124,6 +134,7 @@ def env_for(mod: Module) -> dict[str, str]:
     mutants = mod.work / "mutants"
     # subprocesses the tests start import the mutated tree too (mutmut's MUTANT_UNDER_TEST reaches them)
     env["PYTHONPATH"] = f"{mutants / 'src'}{os.pathsep}{mutants}"
+    env["MUTMUT_SUBPROCESS_HITS"] = str(mod.work / "hits")
     env.pop("PYTEST_ADDOPTS", None)
     return env
 
@@ -210,6 +221,7 @@ def run_module(mod: Module, jobs: int, deadline: float | None, rerun: bool) -> d
             shutil.rmtree(mod.work / "mutants" / sub)
             shutil.copytree(REPO / sub, mod.work / "mutants" / sub, ignore=shutil.ignore_patterns("__pycache__"))
         write_config(mod)
+        install_hits(mod)
         names = [f"{mod.dotted}.{s}" for s in last["survivors"]]
         if not names:
             return summarise(mod, 0.0, True)

@@ -21,6 +21,10 @@ floor = {floor}
 
 [modules."slow"]
 tests = ["tests/test_slow.py"]
+
+[modules."bounds"]
+tests = ["tests/test_bounds.py"]
+floor = 0.5
 """
 
 CALC = '''
@@ -48,6 +52,18 @@ def test_clamp():
     assert [clamp(x, 1, 3) for x in (0, 1, 2, 3, 4)] == [1, 1, 2, 3, 3]
 '''
 
+BOUNDS_TEST = '''
+import os
+import subprocess
+import sys
+
+
+def test_clamp_in_a_workload():
+    code = "from outrider.bounds import clamp; print([clamp(x, 1, 3) for x in (0, 1, 2, 3, 4)])"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=dict(os.environ))
+    assert out.stdout.strip() == "[1, 1, 2, 3, 3]"
+'''
+
 SLOW_TEST = '''
 import time
 
@@ -69,14 +85,18 @@ def make_repo(root: Path, floor: float = 1.0) -> Path:
     repo = root / "repo"
     (repo / "scripts").mkdir(parents=True)
     shutil.copy(REPO / "scripts" / "mutation.py", repo / "scripts" / "mutation.py")
+    shutil.copytree(REPO / "scripts" / "mutation_hits", repo / "scripts" / "mutation_hits",
+                    ignore=shutil.ignore_patterns("__pycache__"))
     (repo / "scripts" / "mutation.toml").write_text(CONFIG.format(floor=floor))
     (repo / "agent" / "outrider").mkdir(parents=True)
     (repo / "agent" / "outrider" / "__init__.py").write_text("")
     (repo / "agent" / "outrider" / "calc.py").write_text(CALC)
     (repo / "agent" / "outrider" / "slow.py").write_text("def twice(x):\n    return 2 * x\n")
+    (repo / "agent" / "outrider" / "bounds.py").write_text(CALC)
     (repo / "tests").mkdir()
     (repo / "tests" / "test_calc.py").write_text(CALC_TEST)
     (repo / "tests" / "test_slow.py").write_text(SLOW_TEST)
+    (repo / "tests" / "test_bounds.py").write_text(BOUNDS_TEST)
     (repo / "alerts").mkdir()
     (repo / "alerts" / "README").write_text("rules\n")
     (repo / "pyproject.toml").write_text('[tool.pytest.ini_options]\ntestpaths = ["tests"]\nmarkers = []\n')
@@ -139,6 +159,17 @@ def test_a_module_completed_below_its_floor_fails_the_run(tmp_path: Path) -> Non
     assert rerun.returncode == 0 and "survived" not in rerun.stdout, rerun.stdout + rerun.stderr
     repo_ok = make_repo(tmp_path / "ok", floor=0.1)
     assert mutation(repo_ok, "calc", "--budget", "300", "--jobs", "1").returncode == 0, "at or above it: passes"
+
+
+def test_a_function_a_test_reaches_only_in_a_subprocess_has_its_mutants_run(tmp_path: Path) -> None:
+    """mutmut sees the functions a test calls in its own process only; the module's mutants are live in the
+    processes the test starts too, and their hits there count (scripts/mutation_hits)."""
+    pytest.importorskip("mutmut")
+    repo = make_repo(tmp_path)
+    out = mutation(repo, "bounds", "--budget", "300", "--jobs", "1")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.startswith("bounds: 8 killed + 0 timed out of 9"), "clamp's 8, in the subprocess"
+    assert "survived x_add" in out.stdout, "add is called by no test, in process or not"
 
 
 def test_a_module_the_budget_cuts_short_is_reported_incomplete_and_does_not_fail_the_run(tmp_path: Path) -> None:
