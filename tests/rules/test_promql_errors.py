@@ -1,0 +1,94 @@
+"""The embedded PromQL evaluator's refusals, message by message: what a rule's failed evaluation says (it is
+logged and counted per rule, and shown by `outrider rules test`), for the vector-matching errors Prometheus also
+raises, and for the defensive checks behind the parser (an argument of the wrong type, an operator or function
+outside the subset), which a parser upgrade letting something new through would reach.
+
+The corpus (test_promql_corpus.py) pins values against promtool; promtool cannot say what an error reads, so these
+are pinned here whole, not by a fragment."""
+
+from __future__ import annotations
+
+import pytest
+
+from outrider.rules import promql
+from outrider.rules.promql import Evaluator, PromQLError
+from outrider.rules.promtest import parse_series
+from outrider.rules.store import SeriesStore, make_labels
+
+
+def evaluator(*series: str) -> Evaluator:
+    """An evaluator over series written as promtool writes them, each with one sample, 1, at time 0."""
+    store = SeriesStore(None)
+    for text in series:
+        name, pairs = parse_series(text)
+        store.add(make_labels(name, pairs), 0, 1.0)
+    ev = Evaluator(store)
+    ev.ts = 0
+    return ev
+
+
+def refusal(ev: Evaluator, expr: str) -> str:
+    with pytest.raises(PromQLError) as e:
+        ev.vector(promql.parse(expr), 0)
+    return str(e.value)
+
+
+def test_many_to_many_names_the_group_and_the_side_with_the_duplicates() -> None:
+    ev = evaluator('x{a="1",b="p"}', 'y{a="1",b="q"}', 'y{a="1",b="r"}')
+    assert refusal(ev, "x + on(a) y") == ("found duplicate series for the match group {'a': '1'} on the right hand "
+                                          "side of the operation: many-to-many matching not allowed")
+    ev = evaluator('x{a="1",b="p"}', 'x{a="1",b="q"}', 'y{a="1",b="r"}')
+    assert refusal(ev, "x + on(a) group_right y") == (
+        "found duplicate series for the match group {'a': '1'} on the left hand side of the operation: "
+        "many-to-many matching not allowed")
+
+
+def test_many_to_one_without_a_group_modifier_is_refused() -> None:
+    ev = evaluator('x{a="1",b="p"}', 'x{a="1",b="q"}', 'y{a="1"}')
+    assert refusal(ev, "x + on(a) y") == ("multiple matches for labels {'a': '1'}: many-to-one matching must be "
+                                          "explicit (group_left/group_right)")
+    assert [s.value for s in ev.vector(promql.parse("x + on(a) group_left y"), 0)] == [2.0, 2.0]
+
+
+def test_a_group_modifier_that_makes_two_results_alike_is_refused() -> None:
+    ev = evaluator('m1{a="1"}', 'm2{a="1"}', 'y{a="1"}')
+    assert refusal(ev, '{__name__=~"m.*"} + on(a) group_left y') == (
+        "multiple matches for the same label set on the 'one' side: vector cannot contain metrics with the same "
+        "labelset")
+    assert len(ev.vector(promql.parse('{__name__=~"m.*"} > on(a) group_left y - 1'), 0)) == 2, \
+        "a comparison keeps each side's name: no two alike"
+
+
+def test_a_rule_giving_a_string_is_refused() -> None:
+    assert refusal(evaluator(), '"text"') == "a rule's expression must give a vector or a scalar, not a string"
+
+
+def test_arguments_of_the_wrong_type_are_refused_by_the_evaluator_too() -> None:
+    """The parser checks types first; these are the evaluator's own checks behind it."""
+    ev = evaluator('x{a="1"}', 'x{a="2"}')
+    for method, expr, message in (
+            (ev._scalar, "x", "expected a scalar argument"),
+            (ev._scalar, '"a"', "expected a scalar argument"),
+            (ev._string, "x", "expected a string argument"),
+            (ev._vector, "1", "expected an instant vector argument"),
+            (ev._vector, '"a"', "expected an instant vector argument")):
+        with pytest.raises(PromQLError) as e:
+            method(promql.parse(expr))
+        assert str(e.value) == message, expr
+    assert ev._scalar(promql.parse("vector(3)")) == 3.0, "a one-element vector reads as its value"
+    assert ev._scalar(promql.parse("2 * 4")) == 8.0
+    assert ev._string(promql.parse('"a"')) == "a"
+
+
+def test_what_is_outside_the_subset_is_named() -> None:
+    cases = (
+        (lambda: promql._aggregate_values("count_values", [1.0], 0.0), "the aggregation count_values"),
+        (lambda: promql._simple_function("atan", []), "the function atan()"),
+        (lambda: promql._range_function("holt_winters", [0, 1], [1.0, 2.0], 60.0, 0, 1, 1, []),
+         "the function holt_winters()"),
+        (lambda: promql._apply("atan2", 1.0, 2.0), "the operator atan2"),
+    )
+    for call, message in cases:
+        with pytest.raises(PromQLError) as e:
+            call()
+        assert str(e.value) == message
