@@ -139,7 +139,7 @@ def test_instrument_sets_up_one_hook_with_the_given_spool_and_mode(hooked: Path)
     assert api._drain in hook.samplers and len(hook.samplers) == 3, "the drain, thread CPU and the profiler"
     assert s.series.step is not NOOP and s.series.samples is not NOOP and s.series.tokens is not NOOP
     assert s.series.data_wait is not NOOP and s.series.first_step is not NOOP and s.series.batch_size is not NOOP
-    assert abs(s.identity.process_start_s - psutil.Process().create_time()) < 2.0
+    assert abs(s.identity.process_start_s - psutil.Process().create_time()) < 10.0, "psutil is the oracle"
     assert not s.setting_up
     assert any(isinstance(f, api._AfterTorchImport) for f in sys.meta_path) == ("torch" not in sys.modules)
 
@@ -456,7 +456,7 @@ def test_the_drain_turns_automatic_and_explicit_steps_into_durations_and_loop_pa
     assert loop_parts(parsed) == {"data_wait": 0.3, "step": 1.2, "other": 1.5}, "checkpoint: only once one is seen"
     assert value(parsed, "outrider_train_collective_wait_seconds_total") is None
     first = value(parsed, "outrider_train_time_to_first_step_seconds")
-    assert first == pytest.approx(80.0, abs=2.0)
+    assert first == pytest.approx(80.0, abs=10.0), "a slip is off by decades"
     assert s.steps.last_end == base + 3.0 and s.steps.ring.drained == 3 and s.waits.ring.drained == 1
     assert s.hook is not None and s.hook.progress.steps == 3 and s.hook.progress.last_step_perf == base + 3.0
 
