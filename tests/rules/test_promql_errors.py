@@ -4,7 +4,8 @@ raises, and for the defensive checks behind the parser (an argument of the wrong
 outside the subset), which a parser upgrade letting something new through would reach.
 
 The corpus (test_promql_corpus.py) pins values against promtool; promtool cannot say what an error reads, so these
-are pinned here whole, not by a fragment."""
+are pinned here whole, not by a fragment. Two things the engine reads besides values sit here too: the matcher cache's
+key, and how far back each selector reads (what the store keeps)."""
 
 from __future__ import annotations
 
@@ -92,3 +93,24 @@ def test_what_is_outside_the_subset_is_named() -> None:
         with pytest.raises(PromQLError) as e:
             call()
         assert str(e.value) == message
+
+
+def test_an_expression_outside_the_subset_that_reaches_the_evaluator_is_named() -> None:
+    """check() refuses subqueries when a rule loads; the evaluator names what it cannot evaluate all the same."""
+    assert refusal(evaluator('x{a="1"}'), "x[5m:1m]") == "cannot evaluate SubqueryExpr"
+
+
+def test_selectors_that_differ_only_in_a_matchers_label_are_not_mixed_up() -> None:
+    """The evaluator caches each selector's compiled matchers by what the selector says."""
+    ev = evaluator('x{a="1"}', 'x{b="1"}')
+    assert [dict(s.labels) for s in ev.vector(promql.parse('x{a="1"}'), 0)] == [{"__name__": "x", "a": "1"}]
+    assert [dict(s.labels) for s in ev.vector(promql.parse('x{b="1"}'), 0)] == [{"__name__": "x", "b": "1"}]
+    assert [dict(s.labels) for s in ev.vector(promql.parse('x{a!="1"}'), 0)] == [{"__name__": "x", "b": "1"}]
+
+
+def test_each_selector_says_how_far_back_it_reads() -> None:
+    """What the rule engine keeps of each series (rules/rule.retention): the lookback or the range, plus the
+    offset."""
+    got = [(promql.selector_name(vs), ms) for vs, ms in
+           promql.selectors(promql.parse("rate(x[2m] offset 1m) + -(y offset 30s) + sum(z)"))]
+    assert got == [("x", 180_000), ("y", 330_000), ("z", 300_000)]
