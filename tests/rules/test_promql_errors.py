@@ -114,3 +114,47 @@ def test_each_selector_says_how_far_back_it_reads() -> None:
     got = [(promql.selector_name(vs), ms) for vs, ms in
            promql.selectors(promql.parse("rate(x[2m] offset 1m) + -(y offset 30s) + sum(z)"))]
     assert got == [("x", 180_000), ("y", 330_000), ("z", 300_000)]
+
+
+@pytest.mark.parametrize(("expr", "depth"), [
+    ("x", 2), ("a + b + c", 4), ("(a + b)", 4), ("sum(rate(x[5m]))", 4), ('x{a="-1",b!="+"}', 2),
+    ("a and b or c", 4), ("a atan2 b", 3), ("-x", 3), ("a > 1", 3), ("a != b", 3), ("a)", 2), ("((a + b", 5),
+    ('x{a="("} * (y{b="}"} - 1)', 5), ("((a)) + b", 5), ("f(g(h(x) + 1))", 6)])
+def test_the_depth_bound_read_from_the_text(expr: str, depth: int) -> None:
+    """nesting(): one level per bracketed group, one per operator in it, two for the selector; matchers, strings
+    and ranges add nothing; a stray or missing bracket still gives a bound."""
+    assert promql.nesting(expr) == depth
+
+
+def test_an_expression_nested_past_the_bound_is_refused_before_parsing() -> None:
+    at_bound = "x" + " + x" * (promql.MAX_DEPTH - 2)
+    assert promql.nesting(at_bound) == promql.MAX_DEPTH
+    promql.parse(at_bound)
+    with pytest.raises(PromQLError) as e:
+        promql.parse(at_bound + " + x")
+    assert str(e.value) == (f"an expression nested more than {promql.MAX_DEPTH} levels deep (brackets, calls and "
+                            "operators counted), which the agent's embedded evaluator does not take; the rule still "
+                            "works in Prometheus")
+    with pytest.raises(PromQLError) as e:
+        promql.parse("rate(x)")
+    assert str(e.value) == "cannot parse: expected type matrix in call to function 'rate', got vector"
+
+
+@pytest.mark.parametrize(("expr", "message"), [
+    ("x @ 10", "the @ modifier"),
+    ('x{a="1" or b="2"}', "'or' inside a label matcher"),
+    ("max_over_time(x[5m:1m])", "a subquery as the argument of max_over_time()"),
+    ("x[5m:1m]", "a subquery ([range:step])"),
+    ('x{a=~"a{1001}"}', "the pattern 'a{1001}' is not a regular expression RE2 takes (invalid repetition size: "
+                        "{1001})"),
+    ('label_replace(x, "a", "b", "c", "a{1001}")',
+     "the pattern 'a{1001}' is not a regular expression RE2 takes (invalid repetition size: {1001})")])
+def test_what_check_refuses_is_named(expr: str, message: str) -> None:
+    with pytest.raises(PromQLError) as e:
+        promql.check(promql.parse(expr))
+    assert str(e.value) == message
+
+
+def test_an_equality_matchers_value_is_no_pattern() -> None:
+    for expr in ('x{a="("}', 'x{a="a{1001}"}', 'x{a!="["}', "x[5m]"):
+        promql.check(promql.parse(expr))
