@@ -119,7 +119,8 @@ def test_each_selector_says_how_far_back_it_reads() -> None:
 @pytest.mark.parametrize(("expr", "depth"), [
     ("x", 2), ("a + b + c", 4), ("(a + b)", 4), ("sum(rate(x[5m]))", 4), ('x{a="-1",b!="+"}', 2),
     ("a and b or c", 4), ("a atan2 b", 3), ("-x", 3), ("a > 1", 3), ("a != b", 3), ("a)", 2), ("((a + b", 5),
-    ('x{a="("} * (y{b="}"} - 1)', 5), ("((a)) + b", 5), ("f(g(h(x) + 1))", 6)])
+    ('x{a="("} * (y{b="}"} - 1)', 5), ("((a)) + b", 5), ("f(g(h(x) + 1))", 6),
+    ("(a) + (b) + (c)", 5), ("Xa + b", 3)])
 def test_the_depth_bound_read_from_the_text(expr: str, depth: int) -> None:
     """nesting(): one level per bracketed group, one per operator in it, two for the selector; matchers, strings
     and ranges add nothing; a stray or missing bracket still gives a bound."""
