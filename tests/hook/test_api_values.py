@@ -1051,3 +1051,24 @@ def test_a_forked_child_starts_from_none_of_its_parents_steps(hooked: Path, monk
     api._after_fork_in_child()
     assert s.hook is hook and not s.identity.dormant and asked == ["hook"]
     assert s.steps.ring.drained == 1 and s.waits.ring.drained == 1 and not s.loop.checkpoints
+
+
+def test_a_workload_cannot_publish_under_the_agents_names(hooked: Path) -> None:
+    """outrider_hook_stalled 0 from a workload once hid a real stall: the custom-metric functions refuse the prefix."""
+    for series in (api.counter("outrider_hook_stalled"), api.gauge("outrider_hook_stalled"),
+                   api.histogram("outrider_train_step_duration_seconds")):
+        assert isinstance(series, NoopSeries)
+    hook = api.S.hook
+    assert hook is not None and hook.drop.counts.get("reserved_name") == 3
+
+
+def test_the_default_route_is_no_route(hooked: Path) -> None:
+    api.record_time_to_first_token(0.5)
+    api.record_inter_token_latency(0.01)
+    api.in_flight().add(2)
+    parsed = published(hooked)
+    assert value(parsed, "outrider_inference_time_to_first_token_seconds_count", operation="chat",
+                 provider="self_hosted") == 1
+    assert value(parsed, "outrider_inference_inter_token_latency_seconds_count", operation="chat",
+                 provider="self_hosted") == 1
+    assert value(parsed, "outrider_requests_in_flight", method="_OTHER") == 2
