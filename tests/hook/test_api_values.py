@@ -966,10 +966,10 @@ class Spec:
 class Finder:
     def __init__(self, spec: Any) -> None:
         self.spec = spec
-        self.asked: list[str] = []
+        self.asked: list[tuple[str, Any, Any]] = []
 
     def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
-        self.asked.append(fullname)
+        self.asked.append((fullname, path, target))
         return self.spec
 
 
@@ -980,15 +980,18 @@ def test_the_import_watch_attaches_once_torchs_init_has_run(monkeypatch: pytest.
     monkeypatch.setattr(api, "_attach_torch", lambda: attached.append(len(loader.ran)))
     spec = Spec(loader)
     watch = api._AfterTorchImport()
-    sys.meta_path[:0] = [watch, Finder(None), Finder(spec)]
+    finders = [Finder(None), Finder(spec)]
+    sys.meta_path[:0] = [watch, *finders]
     assert watch.find_spec("numpy") is None and watch in sys.meta_path, "only torch"
-    assert watch.find_spec("torch") is spec
+    assert watch.find_spec("torch", ["a path"], "a target") is spec
+    assert finders[0].asked == finders[1].asked == [("torch", ["a path"], "a target")], "asked as it was asked"
     assert watch not in sys.meta_path, "answers once"
     spec.loader.exec_module("the module")
     assert loader.ran == ["the module"] and attached == [1], "attached after torch's own exec_module"
 
 
-def test_the_import_watch_never_fails_torchs_import(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_import_watch_never_fails_torchs_import(monkeypatch: pytest.MonkeyPatch,
+                                                   caplog: pytest.LogCaptureFixture) -> None:
     fresh(monkeypatch)
 
     def broken() -> None:
@@ -999,8 +1002,20 @@ def test_the_import_watch_never_fails_torchs_import(monkeypatch: pytest.MonkeyPa
     watch = api._AfterTorchImport()
     sys.meta_path[:0] = [watch, Finder(Spec(loader))]
     spec = watch.find_spec("torch")
-    spec.loader.exec_module("m")  # does not raise
+    with caplog.at_level(logging.DEBUG, logger="outrider.hook"):
+        spec.loader.exec_module("m")  # does not raise
     assert loader.ran == ["m"]
+    [record] = [r for r in caplog.records if r.name == "outrider.hook"]
+    assert record.getMessage() == "outrider: attaching to torch after its import failed"
+    assert record.levelno == logging.DEBUG and record.exc_info is not None and record.exc_info[0] is RuntimeError
+
+
+def test_an_import_watch_already_taken_off_still_answers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two threads importing torch at once: the second finds the watch gone from sys.meta_path."""
+    fresh(monkeypatch)
+    spec = Spec(Loader())
+    monkeypatch.setattr(sys, "meta_path", [Finder(spec)])
+    assert api._AfterTorchImport().find_spec("torch") is spec
 
 
 def test_the_import_watch_leaves_what_it_cannot_wrap(monkeypatch: pytest.MonkeyPatch) -> None:
