@@ -306,12 +306,15 @@ def test_step_end_alone_goes_explicit_and_its_step_runs_from_the_last_end(hooked
 
 def test_with_step_times_the_block_and_a_raising_step_is_not_counted(hooked: Path) -> None:
     st = api.S.steps
+    torch = FakeTorch()
+    api.S.torch = torch
     with api.step(samples=3, tokens=7) as s:
         assert isinstance(s, api.step) and st.begin > 0
+        assert st.explicit and torch.stopped == 1, "the framework's hooks stop counting steps"
     assert st.ring.n == 1 and (st.sample_sum, st.token_sum) == (3, 7)
     with pytest.raises(KeyError), api.step(samples=5):
         raise KeyError("bad batch")
-    assert st.ring.n == 1 and st.begin == 0.0 and st.sample_sum == 3
+    assert st.ring.n == 1 and st.begin == 0.0 and st.sample_sum == 3 and torch.stopped == 1
     assert api.step(samples=1, tokens=2).samples == 1 and api.step(tokens=2).tokens == 2
 
 
