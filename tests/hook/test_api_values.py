@@ -137,11 +137,70 @@ def test_instrument_sets_up_one_hook_with_the_given_spool_and_mode(hooked: Path)
     assert hook is not None and hook.settings.spool_dir == str(hooked) and hook.settings.standalone is False
     assert api.instrument() is True and api.S.hook is hook, "idempotent"
     assert api._drain in hook.samplers and len(hook.samplers) == 3, "the drain, thread CPU and the profiler"
+    threads, profiler = (getattr(sampler, "__self__") for sampler in hook.samplers[1:])  # noqa: B009
+    assert type(threads).__name__ == "ThreadCpuAccounting" and type(profiler).__name__ == "LoopProfiler"
+    s.steps.loop_tid = 4321
+    for part in (threads, profiler):
+        assert part.hook is hook and part.loop_tid() == 4321, "each reads the loop's thread as the step path set it"
+    s.steps.loop_tid = 0
     assert s.series.step is not NOOP and s.series.samples is not NOOP and s.series.tokens is not NOOP
     assert s.series.data_wait is not NOOP and s.series.first_step is not NOOP and s.series.batch_size is not NOOP
     assert abs(s.identity.process_start_s - psutil.Process().create_time()) < 10.0, "psutil is the oracle"
     assert not s.setting_up
     assert any(isinstance(f, api._AfterTorchImport) for f in sys.meta_path) == ("torch" not in sys.modules)
+
+
+def test_instrument_registers_the_final_flush_for_its_own_hook(monkeypatch: pytest.MonkeyPatch,
+                                                               tmp_path: Path) -> None:
+    fresh(monkeypatch)
+    getters: list[Any] = []
+    monkeypatch.setattr(runtime, "register_exit", getters.append)
+    assert api.instrument(spool_dir=str(tmp_path), standalone=False)
+    hook = api.S.hook
+    assert hook is not None
+    try:
+        assert len(getters) == 1 and getters[0]() is hook, "atexit and SIGTERM close the hook instrument() made"
+        published(tmp_path)
+        assert "sampler_error" not in hook.drop.counts, "every sampler runs"
+    finally:
+        hook.close()
+
+
+def test_the_import_watch_goes_first_and_only_without_torch(monkeypatch: pytest.MonkeyPatch,
+                                                          tmp_path: Path) -> None:
+    import types
+
+    fresh(monkeypatch)
+    attached: list[int] = []
+    monkeypatch.setattr(api, "_attach_torch", lambda: attached.append(1))
+    monkeypatch.delitem(sys.modules, "torch", raising=False)
+    assert api.instrument(spool_dir=str(tmp_path), standalone=False)
+    assert isinstance(sys.meta_path[0], api._AfterTorchImport) and attached == []
+    assert api.S.hook is not None
+    api.S.hook.close()
+    fresh(monkeypatch)
+    monkeypatch.setattr(api, "_attach_torch", lambda: attached.append(1))
+    monkeypatch.setitem(sys.modules, "torch", types.ModuleType("torch"))
+    finders = list(sys.meta_path)
+    assert api.instrument(spool_dir=str(tmp_path), standalone=False)
+    assert attached == [1] and sys.meta_path == finders, "torch imported: attached now, no watch"
+    assert api.S.hook is not None
+    api.S.hook.close()
+
+
+def test_the_builtin_histograms_have_their_own_bounds(hooked: Path) -> None:
+    from outrider.hook.series import SIZE_BOUNDS
+
+    api.record_batch_size(3)
+    api.S.steps.ring.put(0.0, perf_counter() - 2.0)
+    api.S.steps.ring.put(0.0, perf_counter() - 1.0)
+    parsed = published(hooked)
+
+    def bounds(name: str) -> list[float]:
+        return sorted(float(dict(k[1])["le"]) for k in parsed if k[0] == name)
+
+    assert bounds("outrider_inference_batch_size_bucket") == [*map(float, SIZE_BOUNDS), float("inf")]
+    assert bounds("outrider_train_step_duration_seconds_bucket") == [*map(float, DURATION_BOUNDS), float("inf")]
 
 
 def test_instrument_with_no_arguments_keeps_the_environments_settings(monkeypatch: pytest.MonkeyPatch,
@@ -180,8 +239,8 @@ def test_a_failing_setup_leaves_no_hook_and_says_why(monkeypatch: pytest.MonkeyP
     with caplog.at_level(logging.WARNING, logger="outrider.hook"):
         assert api.instrument(spool_dir=str(tmp_path)) is False
     assert api.S.hook is None and not api.S.setting_up
-    assert any("instrument() failed, continuing without the hook: no spool today" in r.getMessage()
-               for r in caplog.records)
+    assert [r.getMessage() for r in caplog.records if r.name == "outrider.hook"] == \
+        ["outrider: instrument() failed, continuing without the hook: no spool today"]
 
 
 def test_instrument_called_again_from_inside_its_own_setup_returns_false(monkeypatch: pytest.MonkeyPatch,
@@ -230,6 +289,20 @@ def test_a_fork_during_setup_gets_a_lock_of_its_own(monkeypatch: pytest.MonkeyPa
     assert api._SETTING_UP is not old and api.S.setting_up is False
     assert api._SETTING_UP.acquire(blocking=False)
     api._SETTING_UP.release()
+
+
+def test_the_process_start_is_now_less_its_age_in_proc(monkeypatch: pytest.MonkeyPatch) -> None:
+    asked: list[tuple[str, object]] = []
+
+    def age(root: str, pid: object) -> float:
+        asked.append((root, pid))
+        return 100.0
+
+    monkeypatch.setattr(procfs, "age_s", age)
+    before = time()
+    start = api._process_start_time()
+    assert start is not None and before - 100.0 <= start <= time() - 100.0
+    assert asked == [("/proc", "self")]
 
 
 def test_the_process_start_falls_back_to_now_when_proc_cannot_tell(monkeypatch: pytest.MonkeyPatch,
@@ -426,6 +499,9 @@ def test_the_optimizer_hook_reads_ops_once_calls_listeners_and_counts_its_own_er
     on_step(opt, (), {})
     on_step(opt, (), {})
     assert (st.ops, st.want_ops, called) == (7, False, [1, 1])
+    ends = [e for _, e in st.ring.entries(0, 2)]
+    assert 0.0 < ends[0] <= ends[1] and st.ring.slots[4:] == [0.0] * (len(st.ring.slots) - 4), \
+        "each step's end in its own slot"
     tid = st.loop_tid
     st.loop_tid = 5
     on_step(opt, (), {})
@@ -473,6 +549,25 @@ def test_the_drain_turns_automatic_and_explicit_steps_into_durations_and_loop_pa
     assert value(parsed, "outrider_train_steps_total") == 4
 
 
+def test_no_step_no_time_to_first_step(hooked: Path) -> None:
+    api.count_tokens(5)  # something to publish
+    parsed = published(hooked)
+    assert value(parsed, "outrider_tokens_total") == 5
+    assert value(parsed, "outrider_train_time_to_first_step_seconds") is None
+    assert value(parsed, "outrider_train_steps_total") is None
+
+
+def test_the_drained_durations_feed_the_stall_detector(hooked: Path) -> None:
+    s = api.S
+    base = perf_counter() - 20.0
+    s.steps.ring.put(0.0, base)
+    s.steps.ring.put(0.0, base + 2.0)
+    s.steps.ring.put(base + 2.5, base + 3.0)
+    published(hooked)
+    assert s.hook is not None
+    assert sorted(round(d, 9) for d in s.hook.progress.recent if d) == [0.5, 2.0]
+
+
 def test_a_drain_with_nothing_new_publishes_the_same(hooked: Path) -> None:
     s = api.S
     base = perf_counter() - 5.0
@@ -504,6 +599,21 @@ def test_checkpoints_and_collectives_are_drained_into_their_parts(hooked: Path) 
     assert value(parsed, "outrider_train_collective_seconds_total", op="broadcast") == pytest.approx(0.05)
     assert value(parsed, "outrider_train_collective_wait_seconds_total") == pytest.approx(0.2)
     assert not s.loop.collectives and not s.loop.checkpoints and s.loop.collectives_seen
+
+
+def test_checkpoints_and_collective_waits_of_several_steps_in_one_drain_add_up(hooked: Path) -> None:
+    s = api.S
+    base = perf_counter() - 20.0
+    s.steps.ring.put(0.0, base)
+    for k in range(3):  # each step: 0.2 s saving between steps, then 0.5 s of step with 0.1 s in a blocking collective
+        t = base + k
+        s.loop.checkpoints.append((t + 0.1, t + 0.3))
+        s.loop.collectives.append((t + 0.6, t + 0.7, "all_reduce", True))
+        s.steps.ring.put(t + 0.5, t + 1.0)
+    parsed = published(hooked)
+    assert loop_parts(parsed) == {"data_wait": 0.0, "step": 1.5, "other": 0.9, "checkpoint": 0.6}
+    assert value(parsed, "outrider_train_collective_wait_seconds_total") == pytest.approx(0.3)
+    assert value(parsed, "outrider_train_collective_seconds_total", op="all_reduce") == pytest.approx(0.3)
 
 
 def test_the_collective_wait_stays_published_once_collectives_were_seen(hooked: Path) -> None:
