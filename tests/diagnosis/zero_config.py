@@ -249,7 +249,7 @@ def checkpoint_heavy(seconds: float) -> None:
 def inference(seconds: float) -> None:
     """A model service: a WSGI server (the standard library's, one request at a time, on the main thread) with
     Outrider's middleware, answering two client threads that send requests back to back; each request is a batch of
-    256 rows through an MLP under no_grad (at 64 rows, HTTP and the clients' Python took a third of the loop on a
+    512 rows through an MLP under no_grad (at 64 rows, HTTP and the clients' Python took a third of the loop on a
     2-core CI machine). The model's math is the work: compute_bound."""
     import threading
     import urllib.request
@@ -276,7 +276,7 @@ def inference(seconds: float) -> None:
 
     def client() -> None:
         while time.monotonic() < end:
-            urllib.request.urlopen(urllib.request.Request(url, data=b"256"), timeout=60).read()
+            urllib.request.urlopen(urllib.request.Request(url, data=b"512"), timeout=60).read()
 
     clients = [threading.Thread(target=client) for _ in range(2)]
     for c in clients:
