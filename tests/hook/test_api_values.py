@@ -891,6 +891,21 @@ def test_latency_its_context_manager_and_decorator(hooked: Path, monkeypatch: py
     assert len(le) == len(DURATION_BOUNDS) + 1
 
 
+def test_a_latency_exited_without_its_enter_records_nothing_and_each_enter_once(
+        hooked: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake_clock(monkeypatch, 100.0, 100.5, 200.0, 200.25, 300.0)
+    lat = api.latency("db")
+    lat.__exit__(None, None, None)  # no start: nothing to measure (it once recorded perf_counter() itself)
+    with lat:
+        pass
+    lat.__exit__(None, None, None)  # a second exit of one enter
+    with lat:  # the same object, entered again
+        pass
+    parsed = published(hooked)
+    assert value(parsed, "outrider_latency_seconds_count", name="db") == 2
+    assert value(parsed, "outrider_latency_seconds_sum", name="db") == pytest.approx(0.75)
+
+
 def test_a_function_without_a_qualname_is_timed_as_function(hooked: Path) -> None:
     class Callable_:
         def __call__(self) -> int:

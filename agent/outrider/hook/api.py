@@ -548,18 +548,23 @@ def record_latency(seconds: float, name: str = "request") -> None:
 
 
 class latency:
+    """A block's duration into outrider_latency_seconds{name}. An exit without its enter records nothing (there
+    is no start to measure from), and each enter is recorded at most once."""
+
     __slots__ = ("_t0", "name")
 
     def __init__(self, name: str = "request") -> None:
         self.name = name
-        self._t0 = 0.0
+        self._t0: float | None = None
 
     def __enter__(self) -> latency:
         self._t0 = perf_counter()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        record_latency(perf_counter() - self._t0, self.name)
+        t0, self._t0 = self._t0, None
+        if t0 is not None:
+            record_latency(perf_counter() - t0, self.name)
 
 
 def timed(name: str | None = None) -> Callable[[F], F]:
