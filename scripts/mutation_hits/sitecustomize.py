@@ -25,7 +25,9 @@ def _install() -> None:
         if name in seen:
             return
         seen.add(name)
-        with contextlib.suppress(OSError), open(path, "a") as fh:  # at once, not at exit: a test may kill it
+        # at once, not at exit: a test may kill it; UTF-8 whatever the process's locale (mutants' names are not
+        # ASCII, and a test may start a process in the C locale)
+        with contextlib.suppress(OSError, ValueError), open(path, "a", encoding="utf-8") as fh:
             fh.write(name + "\n")
 
     trampoline.record_trampoline_hit = record  # type: ignore[assignment]

@@ -291,6 +291,7 @@ def test_the_header_round_trips_every_field() -> None:
     assert (h.generation, h.directory_capacity, h.data_offset, h.shard_bytes) == (
         0, spool.DIRECTORY_BYTES, spool.DATA_OFFSET, spool.SHARD_BYTES), "version 1: the first layout"
     grown = spool.read_header(head(generation=3, directory_capacity=8192, data_offset=12288, shard_bytes=20480))
+    assert spool.read_header(head(directory_capacity=8192)).generation == 0, "a first file's generation is 0"
     assert (grown.version, grown.generation, grown.directory_capacity, grown.data_offset, grown.shard_bytes) == (
         2, 3, 8192, 12288, 20480)
     assert spool.read_header(head(pid=2**32 + 5, stalls=2**32 + 6)).pid == 5, "pid and stalls wrap to 32 bits"
@@ -633,6 +634,7 @@ def test_a_refused_file_is_refused_again_without_opening_until_it_changes(tmp_pa
     monkeypatch.setattr(spool.time, "monotonic", lambda: now + spool.RECHECK_S + 1)
     again = refusal(r.read, str(bad))
     assert type(again) is spool.ShardRejected and str(again) == "still refused: not an Outrider shard (bad magic)"
+    assert again.reason == "corrupt"
     assert opened == [str(bad)]
     # changed, and refused for another reason: the new error itself
     bad.write_bytes(b"x" * 10)
@@ -1302,3 +1304,112 @@ def test_a_writer_closes_whatever_its_cleanup_meets(tmp_path: Path, monkeypatch:
     pending.close()  # the abandoned file cannot be removed: nothing raised
     monkeypatch.undo()
     assert (tmp_path / "outrider-5-6.shard.new").exists()
+
+
+@pytest.fixture
+def at_fd_one() -> object:
+    """Descriptor 1 free (an agent started with stdout closed): the next file opened gets it."""
+    saved = os.dup(1)
+    os.close(1)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
+def test_a_shard_not_kept_is_closed_after_its_read_whatever_its_descriptor(tmp_path: Path, at_fd_one: object) -> None:
+    kept = published(tmp_path, pid=1)
+    other = published(tmp_path, pid=2)
+    r = reader(tmp_path, max_open=1)
+    os.close(kept._fd), os.close(other._fd)  # the writers' descriptors out of the way (1 is free again)
+    kept._fd = other._fd = -1
+    os.dup2(2, 1)  # 1 taken while the first shard is opened and kept...
+    assert r.read(kept.path) is not None and r._fds[kept.path][2] != 1
+    os.close(1)  # ...and free for the second, which is not kept
+    assert r.read(other.path) is not None and list(r._fds) == [kept.path]
+    with pytest.raises(OSError):
+        os.fstat(1)  # closed after its read
+    r.close()
+
+
+def test_a_descriptor_budget_is_a_whole_number(monkeypatch: pytest.MonkeyPatch) -> None:
+    import resource
+
+    for soft, budget in ((4094, 1023), (33, 8), (4095, 1023), (4099, 1024), (10**9, 1024)):
+        monkeypatch.setattr(resource, "getrlimit", lambda which, soft=soft: (soft, soft))
+        got = spool.open_budget()
+        assert got == budget and type(got) is int, soft
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+    assert spool.open_budget() == spool.MAX_OPEN_SHARDS
+
+
+def test_a_label_name_that_is_not_utf8_says_so() -> None:
+    assert entry_error(["x", "counter", {"\udce9": "v"}, 0, []]) == "x: a label name is not valid UTF-8"
+
+
+def test_a_shard_named_for_pid_0_is_asked_about_pid_0(tmp_path: Path) -> None:
+    w = spool.ShardWriter(str(tmp_path), 0, 1)
+    w.write(b"", [], **HEADER)  # its header claims 4242
+    e = refusal(reader(tmp_path, trusted=lambda uid, pid: pid != 0).read, w.path)
+    assert e.reason == "untrusted"
+
+
+def test_a_rejected_file_that_went_is_no_longer_counted(tmp_path: Path) -> None:
+    bad = tmp_path / "outrider-1-1.shard"
+    bad.write_bytes(b"x" * 200)
+    r = reader(tmp_path)
+    refusal(r.read, str(bad))
+    assert r.rejected() == {"corrupt": 1}
+    bad.unlink()
+    assert r.read(str(bad)) is None and r.rejected() == {}, "before the next listing"
+
+
+def test_at_most_65536_rejected_files_are_remembered(tmp_path: Path) -> None:
+    r = reader(tmp_path)
+    dummy = (spool.identity(os.lstat(tmp_path)), spool.ShardFormatError("x"), spool.time.monotonic())
+    r._rejected.update({f"/nowhere/{i}": dummy for i in range(spool.MAX_REJECTED - 2)})
+    files = []
+    for i in range(3):
+        f = tmp_path / f"outrider-{i}-1.shard"
+        f.write_bytes(b"x" * 200)
+        files.append(str(f))
+    refusal(r.read, files[0])
+    refusal(r.read, files[1])
+    assert len(r._rejected) == spool.MAX_REJECTED == 65_536
+    refusal(r.read, files[2])
+    assert files[2] not in r._rejected, "full: examined again at every read"
+    assert type(refusal(r.read, files[2])) is spool.ShardFormatError
+    # one remembered already is still updated when full
+    Path(files[1]).write_bytes(b"x" * 10)
+    assert refusal(r.read, files[1]).reason == "truncated"
+    again = refusal(r.read, files[1])
+    assert (type(again), again.reason) == (spool.ShardRejected, "truncated")
+
+
+def test_a_read_that_fails_lets_go_of_the_descriptor(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    w = published(tmp_path)
+    r = reader(tmp_path)
+    assert r.read(w.path) is not None and r.open_count == 1
+    monkeypatch.setattr(os, "pread", lambda fd, n, o: (_ for _ in ()).throw(OSError(errno.EIO, "I/O error")))
+    with pytest.raises(OSError) as e:
+        r.read(w.path)
+    monkeypatch.undo()
+    assert e.value.errno == errno.EIO and r.open_count == 0 and r.rejected() == {}
+
+
+def test_forgetting_a_descriptor_closed_under_the_reader_raises_nothing(tmp_path: Path) -> None:
+    w = published(tmp_path)
+    r = reader(tmp_path)
+    r.read(w.path)
+    os.close(r._fds[w.path][2])
+    r.forget(w.path)
+    assert r.open_count == 0
+
+
+def test_a_writer_of_the_largest_shard_the_format_allows(tmp_path: Path) -> None:
+    w = spool.ShardWriter(str(tmp_path), 5, 6, directory_capacity=spool.MAX_DIRECTORY_BYTES,
+                          value_capacity=spool.MAX_DATA_BYTES // 8)
+    assert w.shard_bytes == spool.MAX_SHARD_BYTES
+    w.close()
+    assert os.listdir(tmp_path) == []
