@@ -323,3 +323,77 @@ def test_the_request_is_compact_json_with_its_headers(monkeypatch: pytest.Monkey
                    "X-Extra: e", f"Content-Length: {len(body)}"):
         assert header in lines, (header, lines)
 
+
+
+class Stall:
+    """A receiver on 127.0.0.1 that answers `status` with a body longer than it sends: `sent` bytes at once, then
+    nothing until it is closed (or, with `handshake=False`, that accepts a connection and never says a word: a TLS
+    client waits for its handshake)."""
+
+    def __init__(self, status: int = 200, length: int = 0, sent: int = 0, speak: bool = True) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.listener.settimeout(0.1)
+        self.stop = threading.Event()
+        self.status, self.length, self.sent, self.speak = status, length, sent, speak
+        self.thread = threading.Thread(target=self.serve, daemon=True)
+        self.thread.start()
+        self.port = self.listener.getsockname()[1]
+
+    def serve(self) -> None:
+        held: list[socket.socket] = []
+        while not self.stop.is_set():
+            try:
+                conn, _ = self.listener.accept()
+            except (TimeoutError, OSError):
+                continue
+            held.append(conn)
+            if not self.speak:
+                continue
+            try:
+                conn.settimeout(5)
+                request = b""
+                while b"\r\n\r\n" not in request:
+                    request += conn.recv(65536) or b"\r\n\r\n"
+                conn.sendall(f"HTTP/1.1 {self.status} X\r\nContent-Length: {self.length}\r\n\r\n".encode()
+                             + b"e" * self.sent)
+            except OSError:
+                pass
+        for conn in held:
+            conn.close()
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(5)
+        self.listener.close()
+
+
+def test_a_reply_past_its_cap_is_delivered_without_waiting_for_the_rest() -> None:
+    """64 KiB of a longer 200 reply arrive at once and the rest never: the notifier reads up to its cap and is done
+    (reading the whole reply would wait for the deadline and call a delivered alert a failure)."""
+    server = Stall(200, length=65_536 + 1000, sent=65_536)
+    try:
+        outcome = post(f"http://127.0.0.1:{server.port}/hook", timeout_s=2.0)
+    finally:
+        server.close()
+    assert outcome == DELIVERED, outcome
+
+
+def test_an_error_reply_is_quoted_from_its_first_512_bytes_without_waiting_for_the_rest() -> None:
+    server = Stall(400, length=10_000, sent=600)
+    try:
+        outcome = post(f"http://127.0.0.1:{server.port}/hook", timeout_s=2.0)
+    finally:
+        server.close()
+    assert (outcome.kind, outcome.detail) == ("rejected", "HTTP 400: " + "e" * 200)
+
+
+def test_a_tls_receiver_that_never_answers_the_handshake_is_given_up(tls_server: tuple[ssl.SSLContext, Path]) -> None:
+    """The handshake is bounded by the connection's timeout (timeout_s): without it the delivery thread would wait for
+    good on a receiver that accepts and says nothing."""
+    _, cert = tls_server
+    server = Stall(speak=False)
+    try:
+        outcome = post(f"https://127.0.0.1:{server.port}/hook", ca_file=str(cert), timeout_s=0.5)
+    finally:
+        server.close()
+    assert outcome.kind == "retry", outcome  # it returned: timed out, or the deadline's flag seen first
