@@ -330,11 +330,12 @@ class Stall:
     nothing until it is closed (or, with `handshake=False`, that accepts a connection and never says a word: a TLS
     client waits for its handshake)."""
 
-    def __init__(self, status: int = 200, length: int = 0, sent: int = 0, speak: bool = True) -> None:
+    def __init__(self, status: int = 200, length: int = 0, sent: int = 0, speak: bool = True,
+                 body: bytes = b"e") -> None:
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.listener.settimeout(0.1)
         self.stop = threading.Event()
-        self.status, self.length, self.sent, self.speak = status, length, sent, speak
+        self.status, self.length, self.sent, self.speak, self.body = status, length, sent, speak, body
         self.thread = threading.Thread(target=self.serve, daemon=True)
         self.thread.start()
         self.port = self.listener.getsockname()[1]
@@ -355,7 +356,7 @@ class Stall:
                 while b"\r\n\r\n" not in request:
                     request += conn.recv(65536) or b"\r\n\r\n"
                 conn.sendall(f"HTTP/1.1 {self.status} X\r\nContent-Length: {self.length}\r\n\r\n".encode()
-                             + b"e" * self.sent)
+                             + (self.body * self.sent)[:self.sent])
             except OSError:
                 pass
         for conn in held:
@@ -397,3 +398,35 @@ def test_a_tls_receiver_that_never_answers_the_handshake_is_given_up(tls_server:
     finally:
         server.close()
     assert outcome.kind == "retry", outcome  # it returned: timed out, or the deadline's flag seen first
+
+
+def test_an_error_reply_is_quoted_from_exactly_its_first_512_bytes() -> None:
+    """512 bytes of three-byte characters hold 170 of them and two bytes of the 171st, which decode as one
+    replacement character: a byte more or less quotes something else."""
+    server = Stall(400, length=900, sent=900, body="€".encode())
+    try:
+        outcome = post(f"http://127.0.0.1:{server.port}/hook", timeout_s=2.0)
+    finally:
+        server.close()
+    assert (outcome.kind, outcome.detail) == ("rejected", "HTTP 400: " + "€" * 170 + "\ufffd")
+
+
+def test_an_error_reply_whose_body_never_comes_is_quoted_as_nothing() -> None:
+    server = Stall(400, length=100, sent=0)  # the status, then silence: the body's read times out
+    try:
+        outcome = post(f"http://127.0.0.1:{server.port}/hook", timeout_s=0.5)
+    finally:
+        server.close()
+    assert (outcome.kind, outcome.detail) == ("rejected", "HTTP 400:")
+
+
+def test_a_300_is_a_redirect_too_and_is_not_followed() -> None:
+    for status in (300, 399):
+        server = Stall(status, length=0)
+        try:
+            outcome = post(f"http://127.0.0.1:{server.port}/hook", timeout_s=2.0)
+        finally:
+            server.close()
+        assert (outcome.kind, outcome.detail) == (
+            "retry", f"HTTP {status}: the receiver redirects, and redirects are not followed (they would carry its "
+                     "credentials elsewhere): fix its URL"), status
