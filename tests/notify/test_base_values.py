@@ -3,6 +3,7 @@ checked with a message that never echoes them, Retry-After's bounds, timestamps,
 
 from __future__ import annotations
 
+import os
 import socket
 import ssl
 import threading
@@ -64,6 +65,25 @@ def test_a_secret_file_that_is_missing_or_empty_says_so(tmp_path: Path) -> None:
     with pytest.raises(NotifyConfigError) as e:
         read_secret({"key_file": str(empty)}, "key", "r")
     assert str(e.value) == f"receiver 'r': key_file {empty} is empty"
+
+
+def test_a_secret_file_is_utf_8_whatever_the_locale_and_one_that_is_not_says_so(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    secret = tmp_path / "secret"
+    secret.write_bytes("pässwörd\n".encode())
+    code = ("import sys; from outrider.notify.base import read_secret\n"
+            "print(ascii(read_secret({'key_file': sys.argv[1]}, 'key', 'r')))\n")
+    env = {**os.environ, "LC_ALL": "C", "LANG": "C", "PYTHONCOERCECLOCALE": "0", "PYTHONUTF8": "0"}
+    out = subprocess.run([sys.executable, "-c", code, str(secret)], env=env, capture_output=True, text=True,
+                         timeout=60, check=False)
+    assert (out.returncode, out.stdout.strip()) == (0, ascii("pässwörd")), out.stderr
+    latin1 = tmp_path / "latin1"
+    latin1.write_bytes("pässwörd".encode("latin-1"))
+    with pytest.raises(NotifyConfigError) as e:
+        read_secret({"key_file": str(latin1)}, "key", "r")
+    assert str(e.value) == f"receiver 'r': key_file {latin1} is not UTF-8 text"
 
 
 def test_an_optional_secret_left_out_is_empty() -> None:

@@ -79,6 +79,8 @@ def read_secret(spec: Mapping[str, Any], key: str, receiver: str, required: bool
                 value = fh.read().strip()
         except OSError as e:
             raise NotifyConfigError(f"receiver {receiver!r}: {key}_file: cannot read {path}: {e.strerror}") from None
+        except UnicodeDecodeError:
+            raise NotifyConfigError(f"receiver {receiver!r}: {key}_file {path} is not UTF-8 text") from None
         if not value:
             raise NotifyConfigError(f"receiver {receiver!r}: {key}_file {path} is empty")
         return value
