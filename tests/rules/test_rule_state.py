@@ -261,8 +261,9 @@ def test_a_fingerprint_is_the_sha256_of_the_label_pairs() -> None:
 def test_group_settings_the_agent_does_not_apply_are_refused(key: str, value: Any) -> None:
     with pytest.raises(RuleLoadError) as e:
         parse_groups({"groups": [{"name": "g", key: value, "rules": [{"alert": "A", "expr": "x"}]}]}, "f.yaml")
-    assert str(e.value).startswith(f"f.yaml: group 'g': the group's '{key}' is not applied by the agent's "
-                                   "embedded evaluator; the group still works in Prometheus")
+    assert str(e.value) == (f"f.yaml: group 'g': the group's '{key}' is not applied by the agent's embedded "
+                            "evaluator; the group still works in Prometheus (evaluate it there, or leave it out of the "
+                            "agent's rule_files)")
 
 
 def test_group_settings_left_at_their_defaults_are_accepted() -> None:
@@ -270,6 +271,27 @@ def test_group_settings_left_at_their_defaults_are_accepted() -> None:
                                   "rules": [{"alert": "A", "expr": "x"}]}]}, "f.yaml", 7000)[0]
     assert (g.name, g.file, g.interval_ms) == ("g", "f.yaml", 7000), "no interval: the default"
     assert parse_groups({"groups": [{"name": "g", "interval": "2s", "rules": []}]}, "f")[0].interval_ms == 2000
+
+
+def test_a_group_without_interval_or_rules_takes_a_minute_and_has_no_rules() -> None:
+    (g,) = parse_groups({"groups": [{"name": "g"}]}, "f.yaml")
+    assert (g.name, g.file, g.interval_ms, g.rules) == ("g", "f.yaml", 60_000, [])
+
+
+def test_a_rule_file_refused_says_which_file_and_why() -> None:
+    with pytest.raises(RuleLoadError) as e:
+        parse_groups({"groups": "x"}, "rules/f.yaml")
+    assert str(e.value) == "rules/f.yaml: groups: expected a list of groups, got the str 'x'"
+    with pytest.raises(RuleLoadError) as e:
+        parse_groups({"groups": [{"name": "g", "rules": [{"alert": "A", "expr": "sum("}]}]}, "f.yaml")
+    assert str(e.value) == "f.yaml: group 'g', alert 'A': cannot parse: unclosed left parenthesis"
+    with pytest.raises(RuleLoadError) as e:
+        parse_groups({"groups": [{"name": "g", "rules": [{"record": "r:x", "expr": "x +"}]}]}, "f.yaml")
+    assert str(e.value).startswith("f.yaml: group 'g', recording rule 'r:x': cannot parse: ")
+    with pytest.raises(RuleLoadError) as e:  # refused by Prometheus too: no "still works in Prometheus"
+        parse_groups({"groups": [{"name": "g", "rules": [{"alert": "A", "expr": 'x{a=~"a{1001}"}'}]}]}, "f.yaml")
+    assert str(e.value) == ("f.yaml: group 'g', alert 'A': the pattern 'a{1001}' is not a regular expression RE2 "
+                            "takes (invalid repetition size: {1001})")
 
 
 def test_a_rule_names_itself_in_its_errors() -> None:
