@@ -10,6 +10,7 @@ import json
 import os
 import stat
 import struct
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -733,20 +734,25 @@ def test_an_empty_reader_out_of_descriptors_still_tries_once_more(tmp_path: Path
     assert r.read(w.path) is not None
 
 
-def test_a_symlink_swapped_in_after_lstat_is_not_followed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    w = published(tmp_path)
-    target = published(tmp_path / "x" if (tmp_path / "x").mkdir() or True else tmp_path, pid=5)
-    r = reader(tmp_path)
+def after_lstat(monkeypatch: pytest.MonkeyPatch, path: str, change: Callable[[], object]) -> None:
+    """`change` made to the spool right after the reader's lstat of `path`, before it opens the file (a race)."""
     real_lstat = os.lstat
 
-    def swap(path: str) -> os.stat_result:
-        st = real_lstat(path)
-        if str(path) == w.path:
-            os.unlink(w.path)
-            os.symlink(target.path, w.path)
+    def racing(p: str) -> os.stat_result:
+        st = real_lstat(p)
+        if str(p) == path:
+            change()
         return st
 
-    monkeypatch.setattr(os, "lstat", swap)
+    monkeypatch.setattr(os, "lstat", racing)
+
+
+def test_a_symlink_swapped_in_after_lstat_is_not_followed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    w = published(tmp_path)
+    (tmp_path / "x").mkdir()
+    target = published(tmp_path / "x", pid=5)
+    r = reader(tmp_path)
+    after_lstat(monkeypatch, w.path, lambda: (os.unlink(w.path), os.symlink(target.path, w.path)))
     e = refusal(r.read, w.path)
     assert (e.reason, str(e)) == ("not_regular", "a symbolic link")
 
@@ -755,15 +761,7 @@ def test_a_file_replaced_between_lstat_and_open_is_refused(tmp_path: Path, monke
     w = published(tmp_path)
     other = published(tmp_path, pid=5)
     r = reader(tmp_path)
-    real_lstat = os.lstat
-
-    def swap(path: str) -> os.stat_result:
-        st = real_lstat(path)
-        if str(path) == w.path:
-            os.rename(other.path, w.path)
-        return st
-
-    monkeypatch.setattr(os, "lstat", swap)
+    after_lstat(monkeypatch, w.path, lambda: os.rename(other.path, w.path))
     e = refusal(r.read, w.path)
     assert (e.reason, str(e)) == ("not_regular", "replaced while being opened")
     assert r.open_count == 0
@@ -772,15 +770,7 @@ def test_a_file_replaced_between_lstat_and_open_is_refused(tmp_path: Path, monke
 def test_a_shard_removed_between_lstat_and_open_is_gone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     w = published(tmp_path)
     r = reader(tmp_path)
-    real_lstat = os.lstat
-
-    def vanish(path: str) -> os.stat_result:
-        st = real_lstat(path)
-        if str(path) == w.path:
-            os.unlink(w.path)
-        return st
-
-    monkeypatch.setattr(os, "lstat", vanish)
+    after_lstat(monkeypatch, w.path, lambda: os.unlink(w.path))
     assert r.read(w.path) is None
 
 
@@ -988,16 +978,27 @@ def test_a_rejected_entry_is_kept_as_its_first_200_characters(tmp_path: Path) ->
 
 # --- what the reader and the writer survive: a low descriptor, a failing cleanup, a planted link ---------------------
 
-@pytest.fixture
-def at_fd_zero() -> object:
-    """Descriptor 0 free, as in a daemon or a workload started with stdin closed: the next file opened gets it."""
-    saved = os.dup(0)
-    os.close(0)
+def descriptor_free(fd: int) -> Iterator[None]:
+    """`fd` closed for the test and put back after it: the next file opened gets it."""
+    saved = os.dup(fd)
+    os.close(fd)
     try:
         yield
     finally:
-        os.dup2(saved, 0)
+        os.dup2(saved, fd)
         os.close(saved)
+
+
+@pytest.fixture
+def at_fd_zero() -> Iterator[None]:
+    """Descriptor 0 free, as in a daemon or a workload started with stdin closed."""
+    yield from descriptor_free(0)
+
+
+@pytest.fixture
+def at_fd_one() -> Iterator[None]:
+    """Descriptor 1 free (an agent started with stdout closed)."""
+    yield from descriptor_free(1)
 
 
 def test_a_shard_on_descriptor_0_still_knows_when_it_left_the_spool(tmp_path: Path, at_fd_zero: object) -> None:
@@ -1245,15 +1246,7 @@ def test_a_writer_mid_update_is_waited_for_and_then_read(tmp_path: Path, monkeyp
 def test_a_file_grown_past_the_limit_between_lstat_and_open_is_too_large(tmp_path: Path,
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     w = published(tmp_path)
-    real_lstat = os.lstat
-
-    def grow(path: str) -> os.stat_result:
-        st = real_lstat(path)
-        if str(path) == w.path:
-            os.truncate(w.path, spool.MAX_SHARD_BYTES + 8)
-        return st
-
-    monkeypatch.setattr(os, "lstat", grow)
+    after_lstat(monkeypatch, w.path, lambda: os.truncate(w.path, spool.MAX_SHARD_BYTES + 8))
     e = refusal(reader(tmp_path).read, w.path)
     assert (e.reason, str(e)) == ("too_large", f"{spool.MAX_SHARD_BYTES + 8} bytes: larger than the format allows")
 
@@ -1304,18 +1297,6 @@ def test_a_writer_closes_whatever_its_cleanup_meets(tmp_path: Path, monkeypatch:
     pending.close()  # the abandoned file cannot be removed: nothing raised
     monkeypatch.undo()
     assert (tmp_path / "outrider-5-6.shard.new").exists()
-
-
-@pytest.fixture
-def at_fd_one() -> object:
-    """Descriptor 1 free (an agent started with stdout closed): the next file opened gets it."""
-    saved = os.dup(1)
-    os.close(1)
-    try:
-        yield
-    finally:
-        os.dup2(saved, 1)
-        os.close(saved)
 
 
 def test_a_shard_not_kept_is_closed_after_its_read_whatever_its_descriptor(tmp_path: Path, at_fd_one: object) -> None:
