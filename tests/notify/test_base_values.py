@@ -393,7 +393,7 @@ def test_a_reply_past_its_cap_is_delivered_without_waiting_for_the_rest() -> Non
     (reading the whole reply would wait for the deadline and call a delivered alert a failure)."""
     server = Stall(200, length=65_536 + 1000, sent=65_536)
     try:
-        outcome = post(f"http://127.0.0.1:{server.port}/hook", timeout_s=2.0)
+        outcome = post(f"http://127.0.0.1:{server.port}/hook", timeout_s=10.0)
     finally:
         server.close()
     assert outcome == DELIVERED, outcome
@@ -402,7 +402,7 @@ def test_a_reply_past_its_cap_is_delivered_without_waiting_for_the_rest() -> Non
 def test_an_error_reply_is_quoted_from_its_first_512_bytes_without_waiting_for_the_rest() -> None:
     server = Stall(400, length=10_000, sent=600)
     try:
-        outcome = post(f"http://127.0.0.1:{server.port}/hook", timeout_s=2.0)
+        outcome = post(f"http://127.0.0.1:{server.port}/hook", timeout_s=10.0)
     finally:
         server.close()
     assert (outcome.kind, outcome.detail) == ("rejected", "HTTP 400: " + "e" * 200)
@@ -425,7 +425,7 @@ def test_an_error_reply_is_quoted_from_exactly_its_first_512_bytes() -> None:
     replacement character: a byte more or less quotes something else."""
     server = Stall(400, length=900, sent=900, body="€".encode())
     try:
-        outcome = post(f"http://127.0.0.1:{server.port}/hook", timeout_s=2.0)
+        outcome = post(f"http://127.0.0.1:{server.port}/hook", timeout_s=10.0)
     finally:
         server.close()
     assert (outcome.kind, outcome.detail) == ("rejected", "HTTP 400: " + "€" * 170 + "\ufffd")
@@ -434,7 +434,7 @@ def test_an_error_reply_is_quoted_from_exactly_its_first_512_bytes() -> None:
 def test_an_error_reply_whose_body_never_comes_is_quoted_as_nothing() -> None:
     server = Stall(400, length=100, sent=0)  # the status, then silence: the body's read times out
     try:
-        outcome = post(f"http://127.0.0.1:{server.port}/hook", timeout_s=0.5)
+        outcome = post(f"http://127.0.0.1:{server.port}/hook", timeout_s=2.0)
     finally:
         server.close()
     assert (outcome.kind, outcome.detail) == ("rejected", "HTTP 400:")
@@ -444,7 +444,7 @@ def test_a_300_is_a_redirect_too_and_is_not_followed() -> None:
     for status in (300, 399):
         server = Stall(status, length=0)
         try:
-            outcome = post(f"http://127.0.0.1:{server.port}/hook", timeout_s=2.0)
+            outcome = post(f"http://127.0.0.1:{server.port}/hook", timeout_s=10.0)
         finally:
             server.close()
         assert (outcome.kind, outcome.detail) == (
