@@ -10,8 +10,11 @@ import json
 import os
 import stat
 import struct
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -39,6 +42,13 @@ def published(spool_dir: Path, pid: int = 4242, values: list[float] | None = Non
 
 def reader(spool_dir: Path, max_open: int | None = None, trusted: object = None) -> spool.ShardReader:
     return spool.ShardReader(str(spool_dir), trusted or (lambda uid, pid: True), max_open)  # type: ignore[arg-type]
+
+
+def spool_time(monkeypatch: pytest.MonkeyPatch, **fns: Callable[..., Any]) -> None:
+    """spool's view of the time module with these functions replaced (never the time module itself, which every
+    thread of the test process shares)."""
+    real = {n: getattr(time, n) for n in dir(time) if not n.startswith("_")}
+    monkeypatch.setattr(spool, "time", SimpleNamespace(**{**real, **fns}))
 
 
 def refusal(fn: object, *args: object) -> spool.ShardFormatError:
@@ -631,8 +641,8 @@ def test_a_refused_file_is_refused_again_without_opening_until_it_changes(tmp_pa
     assert str(again) == "unchanged since it was refused: not an Outrider shard (bad magic)"
     assert opened == []
     # after RECHECK_S it is opened again; refused the same way, it says so
-    now = spool.time.monotonic()
-    monkeypatch.setattr(spool.time, "monotonic", lambda: now + spool.RECHECK_S + 1)
+    now = time.monotonic()
+    spool_time(monkeypatch, monotonic=lambda: now + spool.RECHECK_S + 1)
     again = refusal(r.read, str(bad))
     assert type(again) is spool.ShardRejected and str(again) == "still refused: not an Outrider shard (bad magic)"
     assert again.reason == "corrupt"
@@ -781,7 +791,7 @@ def test_a_writer_that_never_settles_is_busy_and_looked_at_again(tmp_path: Path,
         fh.seek(spool.SEQ_OFFSET)
         fh.write(struct.pack("<Q", 5))  # odd: mid-update, for good
     sleeps: list[float] = []
-    monkeypatch.setattr(spool.time, "sleep", sleeps.append)
+    spool_time(monkeypatch, sleep=sleeps.append)
     r = reader(tmp_path)
     e = refusal(r.read, w.path)
     assert (type(e), str(e)) == (spool.ShardBusy, "the writer never settled (seq kept changing)")
@@ -1238,7 +1248,7 @@ def test_a_writer_mid_update_is_waited_for_and_then_read(tmp_path: Path, monkeyp
         if len(sleeps) == 3:  # the writer finishes
             w.write(directory(), [2.0], **HEADER)
 
-    monkeypatch.setattr(spool.time, "sleep", nap)
+    spool_time(monkeypatch, sleep=nap)
     snap = reader(tmp_path).read(w.path)
     assert snap is not None and snap.series[0][3] == [2.0] and sleeps == [0.0005] * 3
 
@@ -1348,7 +1358,7 @@ def test_a_rejected_file_that_went_is_no_longer_counted(tmp_path: Path) -> None:
 
 def test_at_most_65536_rejected_files_are_remembered(tmp_path: Path) -> None:
     r = reader(tmp_path)
-    dummy = (spool.identity(os.lstat(tmp_path)), spool.ShardFormatError("x"), spool.time.monotonic())
+    dummy = (spool.identity(os.lstat(tmp_path)), spool.ShardFormatError("x"), time.monotonic())
     r._rejected.update({f"/nowhere/{i}": dummy for i in range(spool.MAX_REJECTED - 2)})
     files = []
     for i in range(3):
