@@ -246,27 +246,22 @@ def test_a_mark_moved_away_is_not_intact_and_its_closing_leaves_the_new_file(tmp
     assert (tmp_path / os.path.basename(mark.path)).read_text() == "someone else's", "not its file: kept"
 
 
-def test_a_failed_mark_leaves_nothing_behind(tmp_path: Path) -> None:
+def test_a_failed_mark_leaves_nothing_behind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     d = tmp_path / "d"
     d.mkdir()
     holder = spool.ReaderMark(str(d))
     os.utime(holder.path, ns=(5, 5))
     blocked = tmp_path / "blocked"
     blocked.mkdir()
-    # flock of an already locked file fails: plant the .new name's lock beforehand is impossible (O_EXCL), so make
-    # the rename fail instead: a directory under the final name
-    mark_name = "reader-aaaaaaaaaaaaaaaa.lock"
-    real = os.urandom
-    try:
-        os.urandom = lambda n: bytes.fromhex("aa" * n)  # type: ignore[assignment]
-        (blocked / mark_name).mkdir()
-        (blocked / mark_name / "x").write_text("")
-        with pytest.raises(OSError):
-            spool.ReaderMark(str(blocked))
-    finally:
-        os.urandom = real  # type: ignore[assignment]
+    # the rename fails: a directory that is not empty sits at the final name
+    mark_name = fixed_random(monkeypatch)
+    (blocked / mark_name).mkdir()
+    (blocked / mark_name / "x").write_text("")
+    with pytest.raises(OSError):
+        spool.ReaderMark(str(blocked))
     assert sorted(os.listdir(blocked)) == [mark_name], "the .new file was removed"
     assert spool.live_readers(str(d)) == [5]
+    holder.close()
 
 
 def test_live_readers_drop_marks_nobody_holds_and_ignore_what_is_not_a_mark(tmp_path: Path) -> None:
