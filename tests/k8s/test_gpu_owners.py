@@ -3,26 +3,28 @@ generated code) on a unix socket stands in for the kubelet (tests/fakes/kubelet.
 
 from __future__ import annotations
 
-import filecmp
 import importlib.abc
 import os
+import re
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import grpc
 import pytest
+import tomllib
 
 import outrider
 import outrider.k8s.podresources
 from outrider.k8s.gpu_owners import MAX_RESPONSE_BYTES, GpuOwners, Owner, owners_from_response
 from outrider.k8s.podresources import api_pb2
-from outrider.k8s.podresources.generate import GENERATED, generate
+from outrider.k8s.podresources.generate import GENERATED, PROTO, SOURCE_ROOT, differences, generate, generated_versions
 from tests.fakes.kubelet import FakeKubelet, NotGrpcSocket, pod, short_socket_dir
 from tests.helpers import REPO
 
 GPU = "nvidia.com/gpu"
+COMMITTED = REPO / "agent" / "outrider" / "k8s" / "podresources"
 PODS = [
     pod("research", "train-0", {"trainer": [(GPU, ["GPU-0", "GPU-1"])], "sidecar": []}),
     pod("serving", "llm-0", {"server": [("nvidia.com/mig-1g.10gb", ["MIG-aaaa"]),
@@ -220,14 +222,69 @@ def test_a_replica_id_names_the_device_before_its_first_separator() -> None:
     assert owners_from_response(response) == {"GPU-5": Owner("ns", "p", "c"), "GPU-6": Owner("ns", "p", "c")}
 
 
-def test_the_committed_client_is_what_grpcio_tools_generates(tmp_path: Path) -> None:
+def test_the_committed_client_means_what_grpcio_tools_generates(tmp_path: Path) -> None:
+    """Compared by meaning (the proto's descriptor, the RPCs' wiring), so any grpcio-tools the dev extra allows
+    passes: each release writes its own version into the client (1.85.4 failed a byte comparison of 1.85.1's)."""
     written = generate(tmp_path)
-    committed = REPO / "agent" / "outrider" / "k8s" / "podresources"
     assert [p.name for p in written] == list(GENERATED)
-    for path in written:
-        assert filecmp.cmp(path, committed / path.name, shallow=False), (
-            f"{path.name} drifted from api.proto: PYTHONPATH=agent python -m outrider.k8s.podresources.generate")
-    assert "Copyright The Kubernetes Authors" in (committed / "api_pb2.py").read_text()
+    assert differences(written[0].parent, COMMITTED) == [], \
+        "the client drifted from api.proto: PYTHONPATH=agent python -m outrider.k8s.podresources.generate"
+    assert "Copyright The Kubernetes Authors" in (COMMITTED / "api_pb2.py").read_text()
+
+
+def proto_changed(tmp_path: Path, edit: Callable[[str], str]) -> Path:
+    """The client generated from an edited copy of api.proto; the directory of its two files."""
+    source = tmp_path / "src"
+    relative = PROTO.relative_to(SOURCE_ROOT)
+    (source / relative).parent.mkdir(parents=True)
+    (source / relative).write_text(edit(PROTO.read_text()))
+    return generate(tmp_path / "out", source_root=source)[0].parent
+
+
+def test_a_new_field_in_the_proto_is_a_difference(tmp_path: Path) -> None:
+    out = proto_changed(tmp_path, lambda t: t.replace("repeated PodResources pod_resources = 1;",
+                                                      "repeated PodResources pod_resources = 1;\n    string x = 2;"))
+    assert differences(out, COMMITTED) == ["api_pb2.py: the proto's descriptor (messages, fields, services) differs"]
+
+
+def test_a_new_rpc_is_a_difference_in_both_files(tmp_path: Path) -> None:
+    out = proto_changed(tmp_path, lambda t: t.replace(
+        "rpc Get(GetPodResourcesRequest)", "rpc Watch(ListPodResourcesRequest) returns (stream "
+        "ListPodResourcesResponse) {}\n    rpc Get(GetPodResourcesRequest)"))
+    found = differences(out, COMMITTED)
+    assert len(found) == 2 and found[0].startswith("api_pb2.py") and found[1].startswith("api_pb2_grpc.py")
+    committed_only, generated_only = found[1].split("generated only:")
+    assert "'/v1.PodResourcesLister/Watch'" in generated_only and "Watch" not in committed_only
+
+
+def test_the_generators_version_stamps_are_not_a_difference(tmp_path: Path) -> None:
+    """What a newer grpcio-tools changes without a change to the proto: its version in both files."""
+    for name in GENERATED:
+        text = (COMMITTED / name).read_text()
+        text = text.replace("GRPC_GENERATED_VERSION = '1.85.1'", "GRPC_GENERATED_VERSION = '1.99.0'")
+        text = text.replace("# Protobuf Python Version: 7.35.1", "# Protobuf Python Version: 7.99.0")
+        text = text.replace("    7,\n    35,\n    1,\n", "    7,\n    99,\n    0,\n")
+        assert text != (COMMITTED / name).read_text(), f"{name}: the stamps this test rewrites are gone"
+        (tmp_path / name).write_text(text)
+    assert differences(tmp_path, COMMITTED) == []
+
+
+def test_the_committed_client_runs_on_every_runtime_the_extras_allow() -> None:
+    """The client refuses to import under a grpcio older than the one that generated it, and a protobuf older than
+    its gencode: the extras' floors must admit it (regenerating with a newer grpcio-tools means raising them)."""
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+
+    def floor(extra: str, package: str) -> tuple[int, ...]:
+        spec = next(r for r in project[extra] if re.match(rf"{package}\s*[><=]", r))
+        m = re.search(r">=\s*([\d.]+)", spec)
+        assert m, f"{extra}: {spec} has no floor"
+        return tuple(int(p) for p in m.group(1).split("."))
+
+    versions = generated_versions()
+    assert set(versions) == {"grpcio", "protobuf"}
+    assert floor("dev", "grpcio") >= versions["grpcio"]
+    assert floor("k8s", "protobuf") >= versions["protobuf"]
+    assert floor("dev", "protobuf") >= versions["protobuf"]
 
 
 GRPC_PROBE = """

@@ -2,15 +2,26 @@
 
     PYTHONPATH=agent python -m outrider.k8s.podresources.generate [OUTPUT_ROOT]
 
+    PYTHONPATH=agent python -m outrider.k8s.podresources.generate --check
+
 OUTPUT_ROOT defaults to the source root (agent/), so the files are rewritten in place; the drift test passes a
 temporary directory. The proto is compiled as outrider/k8s/podresources/api.proto under that root, so the generated
 gRPC module imports its messages by their package path. Each generated file starts with the proto's licence notice.
+
+`--check` (and the drift test) compares what the files *mean*, not their text: every grpcio-tools release writes
+its own version into the client (GRPC_GENERATED_VERSION, the protobuf gencode version) and may reword its template,
+so a byte comparison fails on a fresh install whenever the dev extra resolves to a newer generator. What must match
+is the proto's descriptor (the messages, fields and services, as protoc serialises them into api_pb2.py) and the
+gRPC module's methods (each RPC's path, its request and response types, the stub's and servicer's names).
 """
 
 from __future__ import annotations
 
+import ast
 import sys
+import tempfile
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 SOURCE_ROOT = HERE.parents[2]  # agent/
@@ -36,15 +47,17 @@ NOTICE = """\
 """
 
 
-def generate(output_root: Path = SOURCE_ROOT) -> list[Path]:
-    """Compile api.proto into output_root/outrider/k8s/podresources/; returns the files written."""
+def generate(output_root: Path = SOURCE_ROOT, source_root: Path = SOURCE_ROOT) -> list[Path]:
+    """Compile source_root/outrider/k8s/podresources/api.proto into output_root/outrider/k8s/podresources/; returns
+    the files written."""
     from grpc_tools import protoc  # grpcio-tools, in the 'dev' extra
 
     relative = PROTO.relative_to(SOURCE_ROOT)
-    args = ["grpc_tools.protoc", f"-I{SOURCE_ROOT}", f"--python_out={output_root}",
+    output_root.mkdir(parents=True, exist_ok=True)
+    args = ["grpc_tools.protoc", f"-I{source_root}", f"--python_out={output_root}",
             f"--grpc_python_out={output_root}", str(relative)]
     if protoc.main(args) != 0:
-        raise RuntimeError(f"protoc failed on {PROTO}")
+        raise RuntimeError(f"protoc failed on {source_root / relative}")
     out_dir = output_root / relative.parent
     written = []
     for name in GENERATED:
@@ -54,8 +67,106 @@ def generate(output_root: Path = SOURCE_ROOT) -> list[Path]:
     return written
 
 
+# --- what the generated files mean ----------------------------------------------------------------------------
+_RPC_CALLS = frozenset({"unary_unary", "unary_stream", "stream_unary", "stream_stream"})
+_HANDLERS = frozenset(f"{c}_rpc_method_handler" for c in _RPC_CALLS)
+
+
+def descriptor(messages_module: Path) -> bytes:
+    """The serialised FileDescriptorProto that api_pb2.py registers (read from its source, not imported: a second
+    copy of the same proto file cannot be loaded into one process's descriptor pool)."""
+    for node in ast.walk(ast.parse(messages_module.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
+                node.func.attr == "AddSerializedFile" and node.args and isinstance(node.args[0], ast.Constant) and \
+                isinstance(node.args[0].value, bytes):
+            return node.args[0].value
+    raise ValueError(f"{messages_module}: no AddSerializedFile(b'...') call")
+
+
+def _wiring(call: ast.Call) -> tuple[str, ...]:
+    """What an RPC call or handler wires, positional or keyword alike: method paths and service names (string
+    constants), the (de)serialisers of its messages, the servicer's method."""
+    parts = []
+    for arg in [*call.args, *(k.value for k in call.keywords)]:
+        if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+            parts.append(arg.value)
+        elif isinstance(arg, ast.Attribute) and (arg.attr in ("SerializeToString", "FromString") or
+                                                 ast.unparse(arg.value) == "servicer"):
+            parts.append(ast.unparse(arg))
+    return tuple(parts)
+
+
+def rpc_methods(grpc_module: Path) -> list[tuple[str, ...]]:
+    """What the gRPC module offers, independent of the generator's template and version: its classes and functions
+    with their methods, and every RPC it wires (the call's kind, method path, servicer method and the messages'
+    (de)serialisers), sorted."""
+    tree = ast.parse(grpc_module.read_text(encoding="utf-8"))
+    out: list[tuple[str, ...]] = []
+    for top in tree.body:
+        if isinstance(top, ast.ClassDef):
+            methods = sorted(n.name for n in top.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef))
+            out.append(("class", top.name, *methods))
+        elif isinstance(top, ast.FunctionDef):
+            out.append(("function", top.name))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
+                node.func.attr in _RPC_CALLS | _HANDLERS | {"method_handlers_generic_handler"}:
+            out.append((node.func.attr, *_wiring(node)))
+    return sorted(out)
+
+
+def differences(generated_dir: Path, committed_dir: Path) -> list[str]:
+    """How the committed client differs from a freshly generated one in meaning ([] when it does not)."""
+    found = []
+    messages, services = GENERATED
+    # protobuf: the k8s extra's, which the client needs anyway
+    from google.protobuf import descriptor_pb2  # type: ignore[import-untyped]
+
+    parse = descriptor_pb2.FileDescriptorProto.FromString
+    if parse(descriptor(generated_dir / messages)) != parse(descriptor(committed_dir / messages)):
+        found.append(f"{messages}: the proto's descriptor (messages, fields, services) differs")
+    fresh, committed = rpc_methods(generated_dir / services), rpc_methods(committed_dir / services)
+    if fresh != committed:
+        gone = sorted(set(committed) - set(fresh))
+        new = sorted(set(fresh) - set(committed))
+        found.append(f"{services}: the RPCs differ (committed only: {gone}; generated only: {new})")
+    return found
+
+
+def generated_versions(committed_dir: Path = HERE) -> dict[str, tuple[int, ...]]:
+    """The versions the committed client demands at run time: the gRPC runtime's (GRPC_GENERATED_VERSION) and the
+    protobuf runtime's (ValidateProtobufRuntimeVersion's major, minor, patch)."""
+    found: dict[str, tuple[int, ...]] = {}
+    for node in ast.walk(ast.parse((committed_dir / GENERATED[1]).read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "GRPC_GENERATED_VERSION"
+                                                for t in node.targets) and isinstance(node.value, ast.Constant):
+            found["grpcio"] = tuple(int(p) for p in str(node.value.value).split("."))
+    for node in ast.walk(ast.parse((committed_dir / GENERATED[0]).read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
+                node.func.attr == "ValidateProtobufRuntimeVersion":
+            parts: list[Any] = [a.value for a in node.args[1:4] if isinstance(a, ast.Constant)]
+            found["protobuf"] = tuple(int(p) for p in parts)
+    return found
+
+
+def check(committed_root: Path = SOURCE_ROOT) -> list[str]:
+    """Generate into a temporary directory and compare with the committed client: [] when they mean the same."""
+    with tempfile.TemporaryDirectory() as tmp:
+        generate(Path(tmp))
+        relative = HERE.relative_to(SOURCE_ROOT)
+        return differences(Path(tmp) / relative, committed_root / relative)
+
+
 def main() -> int:
-    root = Path(sys.argv[1]) if len(sys.argv) > 1 else SOURCE_ROOT
+    args = sys.argv[1:]
+    if args == ["--check"]:
+        found = check()
+        for line in found:
+            print(line, file=sys.stderr)
+        if found:
+            print("regenerate: PYTHONPATH=agent python -m outrider.k8s.podresources.generate", file=sys.stderr)
+        return 1 if found else 0
+    root = Path(args[0]) if args else SOURCE_ROOT
     for path in generate(root):
         print(path)
     return 0
