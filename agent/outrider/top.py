@@ -31,7 +31,7 @@ from rich.text import Text
 from outrider.diagnosis.bottleneck import RECOMMENDATIONS
 from outrider.metrics import text_format, units
 from outrider.metrics.family import HistogramValue
-from outrider.metrics.quantile import histogram_quantile
+from outrider.metrics.quantile import quantile
 from outrider.metrics.rate import CounterHistory
 
 Sample = tuple[str, tuple[tuple[str, str], ...]]
@@ -124,7 +124,7 @@ def delta_quantile(new: dict[Sample, float], old: dict[Sample, float], name: str
         return None
     if a is not None and a.bounds == b.bounds:
         b = HistogramValue(b.bounds, tuple(max(0, x - y) for x, y in zip(b.counts, a.counts)), b.sum - a.sum)
-    return histogram_quantile(q, b)
+    return quantile(q, b)
 
 
 def _q(new: dict[Sample, float], old: dict[Sample, float], name: str, q: float) -> str:

@@ -7,19 +7,41 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from outrider.metrics.catalog import CATALOG, MetricDef
+from outrider.sketch import Sketch
 
 
 @dataclass(frozen=True)
 class HistogramValue:
-    """A histogram's state: per-bucket counts (not cumulative; the last bucket is +Inf) and the sum."""
+    """A histogram's state: per-bucket counts (not cumulative; the last bucket is +Inf) and the sum; for durations
+    the hook records, also the log-bucketed sketch of the same values (outrider/sketch.py: quantiles within 1.08%,
+    exported as OTLP exponential and Prometheus native histograms), None where the source has only the classic
+    buckets (another library's histogram, an older hook)."""
 
     bounds: tuple[float, ...]
     counts: tuple[int, ...]
     sum: float
+    sketch: Sketch | None = None
 
     @property
     def count(self) -> int:
         return sum(self.counts)
+
+    def __add__(self, other: HistogramValue) -> HistogramValue:
+        """The two merged (same bounds); the sketch only where both have one, or it would miss values."""
+        sketch = self.sketch + other.sketch if self.sketch is not None and other.sketch is not None else None
+        return HistogramValue(self.bounds, tuple(a + b for a, b in zip(self.counts, other.counts)),
+                              self.sum + other.sum, sketch)
+
+    def since(self, earlier: HistogramValue | None) -> HistogramValue:
+        """What was recorded after `earlier` (an older copy of this cumulative histogram): per bucket, floored at 0
+        (a process that restarted counts from zero); the whole of it when `earlier` is None or of other bounds."""
+        if earlier is None or earlier.bounds != self.bounds:
+            return self
+        sketch = None
+        if self.sketch is not None:
+            sketch = self.sketch.since(earlier.sketch) if earlier.sketch is not None else None
+        return HistogramValue(self.bounds, tuple(max(0, a - b) for a, b in zip(self.counts, earlier.counts)),
+                              self.sum - earlier.sum, sketch)
 
     def cumulative(self) -> list[int]:
         out, total = [], 0
@@ -44,8 +66,7 @@ def merged_histogram(families: list[Family], name: str, **match: str) -> Histogr
                 continue
             if any(labels[names.index(k)] != want for k, want in match.items()):
                 continue
-            merged = v if merged is None else HistogramValue(
-                v.bounds, tuple(a + b for a, b in zip(merged.counts, v.counts)), merged.sum + v.sum)
+            merged = v if merged is None else merged + v
     return merged
 
 

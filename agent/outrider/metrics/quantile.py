@@ -1,6 +1,7 @@
-"""Quantiles from bucketed histograms, as Prometheus's histogram_quantile() computes them: linear interpolation
-inside the bucket that holds the rank; the highest finite bound when the rank falls in the +Inf bucket. And the
-median of a few values, as `statistics.median` computes it (that module, with the `fractions` and `decimal` it
+"""Quantiles of histograms: from the log-bucketed sketch where the histogram has one (within 1.08% of the
+value of that rank, outrider/sketch.py), else as Prometheus's histogram_quantile() computes them from classic
+buckets: linear interpolation inside the bucket that holds the rank; the highest finite bound when the rank falls
+in the +Inf bucket. Every percentile Outrider prints comes from `quantile`. And the median of a few values, as `statistics.median` computes it (that module, with the `fractions` and `decimal` it
 imports, is 0.4 MiB of the agent's RSS for one function)."""
 
 from __future__ import annotations
@@ -20,7 +21,15 @@ def median(values: Iterable[float]) -> float:
     return data[mid] if n % 2 else (data[mid - 1] + data[mid]) / 2
 
 
+def quantile(q: float, h: HistogramValue) -> float | None:
+    """The q-quantile of the values a histogram holds: its sketch's where it has one, else its classic buckets'."""
+    if h.sketch is not None and h.sketch.count:
+        return h.sketch.quantile(q)
+    return histogram_quantile(q, h)
+
+
 def histogram_quantile(q: float, h: HistogramValue) -> float | None:
+    """As Prometheus's histogram_quantile() over classic buckets."""
     total = h.count
     if total == 0 or not 0 <= q <= 1:
         return None

@@ -13,7 +13,7 @@ from typing import Any
 from outrider.diagnosis.profile import LoopProfile, loop_profile
 from outrider.metrics import units
 from outrider.metrics.family import Family, HistogramValue, merged_histogram
-from outrider.metrics.quantile import histogram_quantile
+from outrider.metrics.quantile import quantile
 
 STEP, WAIT, REQUEST = ("outrider_train_step_duration_seconds", "outrider_train_data_wait_seconds",
                        "outrider_request_duration_seconds")
@@ -188,17 +188,17 @@ def measure(families: list[Family], waiting: Waiting | None = None, hooked: bool
         firsts = [v for f in families if f.defn.name == "outrider_train_time_to_first_step_seconds"
                   for _, v in f.samples if isinstance(v, float)]
         training = Training(
-            processes=processes, steps=steps, samples=samples, step_p50_s=histogram_quantile(0.5, step),
-            step_p99_s=histogram_quantile(0.99, step), samples_per_s=rate(samples),
+            processes=processes, steps=steps, samples=samples, step_p50_s=quantile(0.5, step),
+            step_p99_s=quantile(0.99, step), samples_per_s=rate(samples),
             first_step_s=max(firsts) if firsts else None,
-            data_wait_p50_s=histogram_quantile(0.5, wait) if wait is not None and waited else None,
+            data_wait_p50_s=quantile(0.5, wait) if wait is not None and waited else None,
             data_wait_fraction=_sum(families, LOOP, "part", "data_wait") / loop_s if waited else None,
             steps_per_s=timed * per_s or None, tokens=tokens, tokens_per_s=rate(tokens))
         saves = merged_histogram(families, CHECKPOINT)
         if saves is not None and saves.count:
             saved = _sum(families, LOOP, "part", "checkpoint")
             training = replace(training, checkpoints=float(saves.count),
-                               checkpoint_p50_s=histogram_quantile(0.5, saves), checkpoint_s=saves.sum,
+                               checkpoint_p50_s=quantile(0.5, saves), checkpoint_s=saves.sum,
                                checkpoint_fraction=saved / loop_s if saved and loop_s > 0 else None)
     req = merged_histogram(families, REQUEST)
     if req is not None and req.count:
@@ -206,8 +206,8 @@ def measure(families: list[Family], waiting: Waiting | None = None, hooked: bool
         inference = Inference(
             requests=float(req.count),
             routes=sorted({labels[route_at] for labels, _ in _series(families, REQUEST) if labels[route_at]}),
-            latency_p50_s=histogram_quantile(0.5, req) or 0.0, latency_p90_s=histogram_quantile(0.9, req) or 0.0,
-            latency_p99_s=histogram_quantile(0.99, req) or 0.0,
+            latency_p50_s=quantile(0.5, req) or 0.0, latency_p90_s=quantile(0.9, req) or 0.0,
+            latency_p99_s=quantile(0.99, req) or 0.0,
             client_errors=_sum(families, "outrider_requests_total", "status_class", "4xx"),
             server_errors=_sum(families, "outrider_requests_total", "status_class", "5xx"))
     return Measured(training, inference, waiting if training is None else None, hooked,

@@ -22,7 +22,7 @@ from outrider.clock import SYSTEM, Clock
 from outrider.diagnosis.signals import signals, snapshot
 from outrider.diagnosis.window import VerdictWindow
 from outrider.metrics.family import Family, HistogramValue, merged_histogram
-from outrider.metrics.quantile import histogram_quantile
+from outrider.metrics.quantile import quantile
 from outrider.metrics.rate import CounterHistory
 from outrider.rules.notification import Notification
 from outrider.runs.measured import Waiting
@@ -43,12 +43,7 @@ SHARES = {"data_wait_fraction": ("data_wait_seconds_total", "loop_seconds_total"
 
 
 def _delta(new: HistogramValue | None, old: HistogramValue | None) -> HistogramValue | None:
-    if new is None:
-        return None
-    if old is None or old.bounds != new.bounds:
-        return new
-    return HistogramValue(new.bounds, tuple(max(0, a - b) for a, b in zip(new.counts, old.counts)),
-                          new.sum - old.sum)
+    return None if new is None else new.since(old)
 
 
 def _errors(families: list[Family]) -> dict[str, float]:
@@ -129,12 +124,12 @@ class RunRecorder:
                     kpis[f"{kind}_per_s"] = max(0.0, n - prev[4].get(kind, 0.0)) / dt
             step = _delta(hists[HISTOGRAMS[0]], prev[3][HISTOGRAMS[0]])
             if step is not None and step.count:
-                kpis["step_p50_s"] = histogram_quantile(0.5, step) or 0.0
-                kpis["step_p99_s"] = histogram_quantile(0.99, step) or 0.0
+                kpis["step_p50_s"] = quantile(0.5, step) or 0.0
+                kpis["step_p99_s"] = quantile(0.99, step) or 0.0
             req = _delta(hists[HISTOGRAMS[1]], prev[3][HISTOGRAMS[1]])
             if req is not None and req.count:
-                kpis["latency_p50_s"] = histogram_quantile(0.5, req) or 0.0
-                kpis["latency_p99_s"] = histogram_quantile(0.99, req) or 0.0
+                kpis["latency_p50_s"] = quantile(0.5, req) or 0.0
+                kpis["latency_p99_s"] = quantile(0.99, req) or 0.0
         if kpis:
             self._write(RunStore.add_samples, t, kpis)
         verdict = self.window.add(families, now)

@@ -1,0 +1,158 @@
+"""Distributions at a known relative error: the log-bucketed histogram every duration is recorded in, from the
+hook's thread to the run's summary.
+
+The buckets are OpenTelemetry's exponential-histogram buckets at scale SCALE, which are also Prometheus native
+histograms' at schema SCALE: bucket `i` holds the values in (BASE**i, BASE**(i + 1)], BASE = 2 ** (2 ** -SCALE).
+At scale 5 a bucket is 2.19% wide, and a quantile reported as its bucket's representative (the point whose
+relative distance to both ends is equal) is within RELATIVE_ERROR = (BASE - 1) / (BASE + 1) = 1.08% of the true
+value, for any distribution, at any rate, from MIN_VALUE to MAX_VALUE (the anchors: DDSketch's guarantee,
+OpenTelemetry's ExponentialHistogram, Prometheus native histograms). Values at or below MIN_VALUE (a nanosecond)
+and negative ones go to the zero bucket; values above MAX_VALUE (11 days) to the top bucket; so a series has at most
+MAX_INDEX - MIN_INDEX + 1 buckets (1,597) whatever it records, and usually a few dozen.
+
+Sketches merge by adding counts bucket by bucket, exactly: across threads, processes and sweeps, a merged sketch is
+the sketch of all the values, with the same error bound. The module is standard library only and imports nothing
+of outrider: the hook records with it, the spool carries it, the agent merges, exports and summarises it.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_right
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+SCALE = 5
+BASE = 2.0 ** (2.0 ** -SCALE)
+RELATIVE_ERROR = (BASE - 1.0) / (BASE + 1.0)
+MIN_VALUE = 1e-9
+MAX_VALUE = 1e6
+_PER_OCTAVE = 2 ** SCALE
+
+
+def _raw_index(value: float) -> int:
+    """The bucket of a positive value, unclamped: the i with BASE**i < value <= BASE**(i + 1). log2 is exact at
+    powers of two (a bucket's upper bound then), and the bound computed from i is checked, so a value on a boundary
+    goes to the bucket it closes, as OpenTelemetry's and Prometheus's do."""
+    i = math.ceil(math.log2(value) * _PER_OCTAVE) - 1
+    if value <= upper_bound(i - 1):
+        return i - 1
+    if value > upper_bound(i):
+        return i + 1
+    return i
+
+
+def upper_bound(i: int) -> float:
+    """The largest value in bucket i."""
+    return 2.0 ** ((i + 1) / _PER_OCTAVE)
+
+
+def lower_bound(i: int) -> float:
+    """The bound below bucket i (not in it)."""
+    return 2.0 ** (i / _PER_OCTAVE)
+
+
+def representative(i: int) -> float:
+    """The value reported for bucket i: within RELATIVE_ERROR of every value in it (2ab / (a + b))."""
+    lo, hi = lower_bound(i), upper_bound(i)
+    return 2.0 * lo * hi / (lo + hi)
+
+
+MIN_INDEX = _raw_index(MIN_VALUE)  # the bucket a value just above the zero bucket's threshold is counted in
+MAX_INDEX = _raw_index(MAX_VALUE)
+
+
+def index(value: float) -> int | None:
+    """The bucket a value is counted in; None for the zero bucket (at or below MIN_VALUE, negative, or NaN)."""
+    if not value > MIN_VALUE:
+        return None
+    if value >= MAX_VALUE:
+        return MAX_INDEX
+    return max(MIN_INDEX, min(MAX_INDEX, _raw_index(value)))
+
+
+def add_sorted(values: list[float], buckets: dict[int, float]) -> int:
+    """Counts values (sorted ascending) into buckets; returns how many went to the zero bucket. The cost is one
+    logarithm and one binary search per distinct bucket, not per value: recording batches is cheap where the
+    values cluster, as durations do."""
+    n = len(values)
+    pos = bisect_right(values, MIN_VALUE)
+    zero = pos
+    while pos < n:
+        i = index(values[pos])
+        if i is None:  # NaN sorts anywhere: never counted as a duration (the hook refuses NaN before this)
+            zero += 1
+            pos += 1
+            continue
+        end = n if i == MAX_INDEX else bisect_right(values, upper_bound(i), pos)
+        end = max(end, pos + 1)
+        buckets[i] = buckets.get(i, 0.0) + (end - pos)
+        pos = end
+    return zero
+
+
+@dataclass(frozen=True)
+class Sketch:
+    """A distribution's zero count and its bucket counts (index -> count, no zero counts), read-only."""
+
+    zero: int = 0
+    buckets: Mapping[int, int] = field(default_factory=lambda: MappingProxyType({}))
+
+    @staticmethod
+    def of(zero: float, buckets: Mapping[int, float] | Iterable[tuple[int, float]]) -> Sketch:
+        items = buckets.items() if isinstance(buckets, Mapping) else buckets
+        return Sketch(int(zero), MappingProxyType({int(i): int(c) for i, c in sorted(items) if c > 0}))
+
+    @staticmethod
+    def of_values(values: Iterable[float]) -> Sketch:
+        """The sketch of some values (tests, and what a workload timed itself, compared with what was recorded)."""
+        buckets: dict[int, float] = {}
+        zero = add_sorted(sorted(values), buckets)
+        return Sketch.of(zero, buckets)
+
+    @property
+    def count(self) -> int:
+        return self.zero + sum(self.buckets.values())
+
+    def __add__(self, other: Sketch) -> Sketch:
+        out = dict(self.buckets)
+        for i, c in other.buckets.items():
+            out[i] = out.get(i, 0) + c
+        return Sketch.of(self.zero + other.zero, out)
+
+    def since(self, earlier: Sketch) -> Sketch:
+        """What was recorded after `earlier` (a cumulative sketch minus an older copy of itself); a bucket that
+        went down (a process restarted) counts from zero."""
+        out = {i: c - earlier.buckets.get(i, 0) for i, c in self.buckets.items()}
+        return Sketch.of(max(0, self.zero - earlier.zero), {i: c for i, c in out.items() if c > 0})
+
+    def quantile(self, q: float) -> float | None:
+        """The q-quantile (0 <= q <= 1) within RELATIVE_ERROR: the representative of the bucket holding the value
+        of rank ceil(q * count) (the zero bucket's is 0); None when empty."""
+        total = self.count
+        if total == 0 or not 0.0 <= q <= 1.0:
+            return None
+        rank = max(1, math.ceil(q * total))
+        seen = self.zero
+        if seen >= rank:
+            return 0.0
+        for i in sorted(self.buckets):
+            seen += self.buckets[i]
+            if seen >= rank:
+                return representative(i)
+        return representative(max(self.buckets))
+
+    def points(self) -> list[tuple[float, int]]:
+        """(representative value, count) per bucket, ascending, the zero bucket as 0.0: the distribution as a
+        weighted sample (for resampling, for a mean within RELATIVE_ERROR)."""
+        out = [(0.0, self.zero)] if self.zero else []
+        out.extend((representative(i), self.buckets[i]) for i in sorted(self.buckets))
+        return out
+
+    def mean(self) -> float | None:
+        """The mean within RELATIVE_ERROR (the exact one is a histogram's sum over its count)."""
+        total = self.count
+        if not total:
+            return None
+        return sum(v * c for v, c in self.points()) / total
