@@ -24,11 +24,11 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 SCALE = 5
-BASE = 2.0 ** (2.0 ** -SCALE)
+BASE = math.pow(2.0, math.pow(2.0, -SCALE))
 RELATIVE_ERROR = (BASE - 1.0) / (BASE + 1.0)
 MIN_VALUE = 1e-9
 MAX_VALUE = 1e6
-_PER_OCTAVE = 2 ** SCALE
+_PER_OCTAVE = 1 << SCALE
 
 
 def _raw_index(value: float) -> int:
@@ -45,12 +45,12 @@ def _raw_index(value: float) -> int:
 
 def upper_bound(i: int) -> float:
     """The largest value in bucket i."""
-    return 2.0 ** ((i + 1) / _PER_OCTAVE)
+    return math.pow(2.0, (i + 1) / _PER_OCTAVE)
 
 
 def lower_bound(i: int) -> float:
     """The bound below bucket i (not in it)."""
-    return 2.0 ** (i / _PER_OCTAVE)
+    return math.pow(2.0, i / _PER_OCTAVE)
 
 
 def representative(i: int) -> float:

@@ -1,8 +1,9 @@
 """Quantiles of histograms: from the log-bucketed sketch where the histogram has one (within 1.08% of the
 value of that rank, outrider/sketch.py), else as Prometheus's histogram_quantile() computes them from classic
 buckets: linear interpolation inside the bucket that holds the rank; the highest finite bound when the rank falls
-in the +Inf bucket. Every percentile Outrider prints comes from `quantile`. And the median of a few values, as `statistics.median` computes it (that module, with the `fractions` and `decimal` it
-imports, is 0.4 MiB of the agent's RSS for one function)."""
+in the +Inf bucket. Every percentile Outrider prints comes from `quantile`. And the median of a few values, as
+`statistics.median` computes it (that module, with the `fractions` and `decimal` it imports, is 0.4 MiB of the
+agent's RSS for one function)."""
 
 from __future__ import annotations
 
