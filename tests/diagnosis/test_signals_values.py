@@ -52,6 +52,11 @@ def test_every_signal_of_a_worked_window() -> None:
     assert s.main_thread_cpu == 6 / DT / 2 and s.main_thread_busy == (6 + 1) / DT / 2
     assert s.intra_op_busy == (6 + 2) / DT / 2 and s.intra_op_threads == 8.0
     assert s.data_workers_cpu_cores == 12 / DT and s.data_worker_busy == (12 + 4) / DT / 4
+    # the workers' run delay, in cores and each worker's share of the time; the other threads' demand per process
+    assert s.data_workers_delay_cores == 4 / DT and s.data_worker_delay_fraction == 4 / DT / 4
+    assert s.other_threads_busy == (1 + 0.5) / DT / 2
+    # the loop's thread: busy 35%, data 20%, collectives 15%, checkpoints 40%, the GPU 75%: nothing left outside
+    assert s.loop_waiting_fraction == 0.0
     assert s.ops_counted is True and s.main_cpu_us_per_op == 6 / 6e4 * 1e6 and s.ops_per_step == 6e4 / 50
     # the loop's own time: its wait, and the rest less the main thread's run delay (never under its CPU)
     assert s.data_wait_alone_fraction == 2 / (2 + max(10 - 2 - 1, 6))
@@ -64,6 +69,80 @@ def test_every_signal_of_a_worked_window() -> None:
     assert s.top_frames == [("python", "train.py:10 loss", 300 / 500), ("waiting", "queue.py:180 get", 50 / 500),
                             ("native", "linear.py:125 forward", 10 / 500)]
     assert (s.ranks, s.straggler, s.starved) == ([], None, None)
+
+
+SERVICE_OLD = {"requests": 100.0, "request_count": 100.0, "request_sum": 20.0, "queue_sum": 1.0, "cpu_main": 1.0,
+               "cpu_other": 2.0, "delay_other": 0.5, "cpu_outrider": 3.0, "process_cpu": 9.0}
+SERVICE_NEW = {"requests": 500.0, "request_count": 500.0, "request_sum": 40.0, "queue_sum": 3.0, "cpu_main": 1.5,
+               "cpu_other": 3.5, "delay_other": 1.0, "cpu_outrider": 9.0, "process_cpu": 19.0, "in_flight": 3.0,
+               "main_threads": 1.0, "has_run_delay": 1.0}
+
+
+def test_a_services_requests_split_into_queue_cpu_and_waiting() -> None:
+    """400 requests in 10 s, 20 s of latency in all (50 ms each), 2 s of it queued; the job's threads (the hook's
+    own left out) used 2 s of CPU and waited 0.5 s for one: 5 ms and 1.25 ms per request. One process busy 0.25
+    cores: a request also waits 1/3 of that for the others' CPU, so 6.25 ms / 0.75 of the 45 ms it is handled."""
+    s = signals(SERVICE_OLD, SERVICE_NEW, DT)
+    assert (s.requests_per_s, s.requests_in_flight, s.request_latency_s) == (40.0, 3.0, 20 / 400)
+    assert (s.request_queue_s, s.request_cpu_s, s.request_cpu_wait_s) == (2 / 400, 2 / 400, 0.5 / 400)
+    assert s.demand_per_process == 2.5 / DT
+    handled = 400 * (20 / 400 - 2 / 400) / DT  # 1.8 requests in their handlers at once
+    assert s.request_waiting_fraction == pytest.approx(1 - 2.5 / DT / (1 - 0.25) / handled)
+    no_queue = signals({k: v for k, v in SERVICE_OLD.items() if k != "queue_sum"},
+                       {k: v for k, v in SERVICE_NEW.items() if k != "queue_sum"}, DT)
+    assert no_queue.request_queue_s is None
+    assert no_queue.request_waiting_fraction == pytest.approx(1 - 2.5 / DT / 0.75 / (400 * 0.05 / DT))
+    # without per-thread CPU, the watched tree's (10 s here: more than the requests' time)
+    tree = signals({k: v for k, v in SERVICE_OLD.items() if not k.startswith(("cpu_", "delay_"))},
+                   {k: v for k, v in SERVICE_NEW.items() if not k.startswith(("cpu_", "delay_"))}, DT)
+    assert (tree.request_cpu_s, tree.request_cpu_wait_s, tree.demand_per_process) == (10 / 400, 0.0, 1.0)
+    assert tree.request_waiting_fraction == 0.0, "a process whose threads want a whole CPU: saturated"
+    # a GPU's busy share of the time is not a wait outside the process
+    gpu = signals({**SERVICE_OLD, "gpu_busy": 0.0, "gpu_observed": 0.0},
+                  {**SERVICE_NEW, "gpu_busy": 3.0, "gpu_observed": 10.0}, DT)
+    assert gpu.request_waiting_fraction == pytest.approx(s.request_waiting_fraction - 0.3)
+
+
+def test_requests_in_flight_with_none_finished_are_split_by_the_gauge() -> None:
+    old = {k: v for k, v in SERVICE_OLD.items()}
+    new = {**old, "cpu_other": 2.5, "in_flight": 4.0, "main_threads": 1.0}
+    s = signals(old, new, DT)
+    assert (s.requests_per_s, s.request_latency_s, s.request_cpu_s, s.requests_in_flight) == (0.0, None, None, 4.0)
+    assert s.demand_per_process == 0.5 / DT
+    assert s.request_waiting_fraction == pytest.approx(1 - 0.05 / 0.95 / 4)
+    assert signals(old, {**old, "in_flight": 0.0}, DT).request_waiting_fraction is None, "nothing served"
+    bare = signals({"requests": 1.0}, {"requests": 2.0, "request_count": 1.0, "request_sum": 0.1}, DT)
+    assert bare.requests_in_flight is None and bare.request_waiting_fraction is None, "no CPU measured: no split"
+
+
+def test_the_loop_waiting_outside_is_what_its_thread_and_the_jobs_waits_leave() -> None:
+    old = {"step_count": 0.0, "cpu_main": 0.0, "loop_wall": 0.0, "loop_data_wait": 0.0, "collective_wait": 0.0,
+           "loop_checkpoint": 0.0}
+    new = {"step_count": 20.0, "cpu_main": 1.0, "delay_main": 0.5, "loop_wall": 10.0, "loop_data_wait": 1.0,
+           "collective_wait": 2.0, "loop_checkpoint": 0.5, "has_run_delay": 1.0}
+    s = signals(old, new, DT)
+    assert s.loop_waiting_fraction == pytest.approx(1 - 0.15 - 0.1 - 0.2 - 0.05)
+    cuda = signals({**old, "gpu_busy": 0.0, "gpu_observed": 0.0}, {**new, "gpu_busy": 3.0, "gpu_observed": 10.0}, DT)
+    assert cuda.loop_waiting_fraction == pytest.approx(s.loop_waiting_fraction - 0.3), "the GPU's share is the job's"
+    nvml = signals(old, {**new, "gpus": 1.0, "gpu_util": 0.2}, DT)
+    assert nvml.loop_waiting_fraction == pytest.approx(s.loop_waiting_fraction - 0.2)
+    cpu_torch = signals(old, {**new, "gpus": 1.0, "gpu_util": 0.2, "intra_op_threads": 2.0}, DT)
+    assert cpu_torch.loop_waiting_fraction == s.loop_waiting_fraction, "a GPU a CPU torch job never used"
+    assert signals(old, {**new, "cpu_main": 9.0}, DT).loop_waiting_fraction == 0.0, "never below nothing"
+    assert signals(old, {**new, "step_count": 0.0}, DT).loop_waiting_fraction is None, "no steps: no loop"
+    assert signals({"step_count": 0.0}, {"step_count": 5.0}, DT).loop_waiting_fraction is None, "no threads"
+
+
+def test_workers_are_busy_per_process_where_the_hook_counts_them() -> None:
+    old = {"cpu_main": 0.0, "cpu_data_workers": 0.0, "delay_data_workers": 0.0}
+    new = {"cpu_main": 1.0, "cpu_data_workers": 15.0, "delay_data_workers": 3.0, "worker_threads": 6.0,
+           "worker_processes": 2.0}
+    s = signals(old, new, DT)
+    assert s.data_worker_busy == 18 / DT / 2
+    assert s.data_workers_delay_cores is None and s.data_worker_delay_fraction is None, "no run delay measured"
+    assert signals(old, {**new, "worker_processes": 0.0}, DT).data_worker_busy == 18 / DT / 6
+    delayed = signals(old, {**new, "has_run_delay": 1.0}, DT)
+    assert delayed.data_workers_delay_cores == 3 / DT and delayed.data_worker_delay_fraction == 3 / DT / 2
 
 
 def test_a_window_of_no_time_has_no_signals() -> None:

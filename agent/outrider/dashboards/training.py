@@ -53,7 +53,8 @@ def build() -> Dashboard:
                           links=[runbook("degradation.md", "trainingstalled", "stalled")]))
     d = d.with_panel(stat("Bottleneck", "The agent's verdict on why the job is slow (outrider_bottleneck): "
                           "checkpoint_bound, input_bound, host_bound, python_bound, compute_bound, "
-                          "communication_bound, memory_pressure, memory_bandwidth_bound, throttled, idle or balanced "
+                          "communication_bound, memory_pressure, memory_bandwidth_bound, throttled, waiting (on "
+                          "something outside the process), idle or balanced "
                           "(none while a window is not judged); outrider top and outrider report show the evidence "
                           "and the advice.",
                           "short",

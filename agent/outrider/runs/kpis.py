@@ -58,6 +58,7 @@ ACTIVITY = {"training": "steps_per_s", "inference": "requests_per_s"}  # the KPI
 EVIDENCE: dict[str, Kpi] = {k.key: k for k in (
     Kpi("cpus", "logical CPUs", "count"),
     Kpi("gpus", "GPUs", "count"),
+    Kpi("requests_in_flight", "requests in flight", "count"),
     Kpi("host_mem_available_ratio", "host memory available", "ratio"),
     Kpi("sm_activity", "SM activity", "ratio"),
     Kpi("tensor_activity", "tensor core activity", "ratio"),

@@ -27,7 +27,7 @@ from outrider.metrics.rate import CounterHistory
 from outrider.rules.notification import Notification
 from outrider.runs.measured import Waiting
 from outrider.runs.store import AlertRecord, RunStore
-from outrider.runs.verdict import HUNG, RunVerdict, Segment, VerdictTally
+from outrider.runs.verdict import HUNG, IDLE, RunVerdict, Segment, VerdictTally
 
 LOG = logging.getLogger("outrider.runs")
 HISTOGRAMS = ("outrider_train_step_duration_seconds", "outrider_request_duration_seconds")
@@ -40,6 +40,8 @@ TOTALS = {"step_count": "steps_total", "samples": "samples_total", "tokens": "to
 RATES = {"steps_per_s": "steps_total", "samples_per_s": "samples_total", "tokens_per_s": "tokens_total",
          "requests_per_s": "requests_total"}
 SHARES = {"data_wait_fraction": ("data_wait_seconds_total", "loop_seconds_total")}
+WORKED_UNSEEN = ("the job stepped or served, but no window saw it at work (its steps or requests fell between two "
+                 "of the agent's sweeps; every window judged was idle)")
 
 
 def _delta(new: HistogramValue | None, old: HistogramValue | None) -> HistogramValue | None:
@@ -75,6 +77,7 @@ class RunRecorder:
         self._stalled: set[str] = set()
         self.hooked = False  # some hooked process published during the run
         self.stepped = False  # some step completed during the run
+        self.served = False  # some request finished during the run
         self._waiting: dict[str, float] = {}  # rank -> longest time it waited for a first step
         self._first_step_stalled: set[str] = set()  # ranks stalled while waiting for a first step
         self._lock = threading.Lock()
@@ -161,6 +164,9 @@ class RunRecorder:
         steps = by_name.get("outrider_train_steps_total")
         if steps is not None and any(v for _, v in steps.samples):
             self.stepped = True
+        requests = by_name.get("outrider_requests_total")
+        if requests is not None and any(v for _, v in requests.samples):
+            self.served = True
         pending = by_name.get("outrider_train_first_step_pending")
         if pending is None:
             return
@@ -209,9 +215,13 @@ class RunRecorder:
 
     def verdict(self) -> RunVerdict:
         """The tally's verdict; a run in which no step completed and a rank stalled waiting for its first is
-        `hung_before_first_step` whatever its windows said (they saw no steps: idle, mostly)."""
+        `hung_before_first_step` whatever its windows said (they saw no steps: idle, mostly); a run whose windows
+        were all idle though it stepped or served (its work fell between two sweeps) has none: never idle above
+        the steps and requests its summary counts."""
         with self._lock:
             result = self.tally.result()
+            if result.cls == IDLE and (self.stepped or self.served):
+                return RunVerdict("", WORKED_UNSEEN, {}, dict(result.seconds))
             if self.stepped or not self._first_step_stalled:
                 return result
             ranks = sorted(self._first_step_stalled)
