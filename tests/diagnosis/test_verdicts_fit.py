@@ -130,7 +130,14 @@ def run(tmp: Path, workload: str, *args: str, rate: float = 0.0, cpu: int | None
 
 
 def never_idle_above_work(r: Run) -> None:
-    """The headline's first words against the counts printed above it."""
+    """The headline's first words against the counts printed above it; shown with `-s` (docs/diagnosis.md quotes
+    these lines)."""
+    ev = r.verdict["evidence"]
+    client = f", client {statistics.mean(r.latencies) * 1e3:.1f} ms mean" if r.latencies else ""
+    print(f"\n{r.measured('steps'):.0f} steps, {r.measured('requests'):.0f} requests{client}; {r.headline}\n"
+          f"  why: {r.line('why')}\n  evidence: "
+          + ", ".join(f"{k} {ev[k]:g}" for k in sorted(ev) if k.startswith(("request", "data_worker", "loop_wait",
+                                                                             "storage", "io_pressure", "step_time"))))
     if r.measured("steps") or r.measured("requests"):
         assert not r.headline.startswith("verdict: idle"), r.text[-4000:]
 
