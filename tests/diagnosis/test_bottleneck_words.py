@@ -80,6 +80,26 @@ CASES = {
     "workers' cores, threads unmeasured": cpu(data_wait_fraction=0.6, main_thread_busy=None,
                                               data_workers_cpu_cores=1.0),
     "GPU memory and host memory short": gpu(gpu_mem_ratio=0.97, alloc_retries=3.0, host_mem_available_ratio=0.02),
+    # each trigger of memory_pressure named only when it is met
+    "one retry, GPU memory at its line": cpu(gpu_mem_ratio=0.95, alloc_retries=1.0),
+    "one retry, host memory plentiful": cpu(alloc_retries=1.0, host_mem_available_ratio=0.5),
+    "a GPU loop waiting for data": gpu(gpu_busy_ratio=0.1, data_wait_fraction=0.6),
+    "at rest, a step every two seconds": resting(steps_per_s=0.5),
+    "at rest, its thread unmeasured": resting(main_thread_busy=None),
+    "no steps, a loop share left over": cpu(steps_per_s=0.0, process_cpu_cores=0.5, loop_waiting_fraction=0.9),
+    "waiting beside contention": resting(run_delay_fraction=0.5),
+    "GPU compute, a step every two seconds": gpu(gpu_busy_ratio=0.8, steps_per_s=0.5),
+    "workers decoding, their share waiting unmeasured": cpu(data_wait_fraction=0.6, data_worker_busy=0.9,
+                                                           data_workers_cpu_cores=0.1, data_workers_delay_cores=0.5),
+    "workers starved, their CPU unmeasured": cpu(data_wait_fraction=0.6, data_worker_busy=0.9,
+                                                 data_workers_delay_cores=0.5, data_worker_delay_fraction=0.8),
+    "no per-thread CPU, no workers": cpu(data_wait_fraction=0.6, main_thread_busy=None),
+    "the loop's thread loading at the saturated line": cpu(data_wait_fraction=0.6, main_thread_busy=0.6),
+    "a service, its demand unmeasured": service(demand_per_process=None, request_waiting_fraction=0.2),
+    "a service, its CPU per request unmeasured": service(request_cpu_s=None),
+    "a service, nothing finished nor in flight counted": service(request_latency_s=None, requests_in_flight=None),
+    "a service, requests held at the waiting line": service(requests_per_s=0.0, requests_in_flight=4.0,
+                                                            request_latency_s=None, request_waiting_fraction=0.5),
     "Python-bound at a line": cpu(main_cpu_us_per_op=900.0, loop_samples=1000.0,
                                   profile={"python": 0.6, "native": 0.4}, top_frames=PYTHON),
     "Python-bound, no frame": cpu(main_cpu_us_per_op=900.0, loop_samples=1000.0,
@@ -258,6 +278,49 @@ EXPECTED = {
         '60% of the loop waiting for data, DataLoader workers 1 core'),
     'GPU memory and host memory short': ('memory_pressure',
         'GPU memory at 97% of its capacity (above 95%), 3 allocator retries, host memory available 2% (below 5%)'),
+    'one retry, GPU memory at its line': ('memory_pressure',
+        '1 allocator retry'),
+    'one retry, host memory plentiful': ('memory_pressure',
+        '1 allocator retry'),
+    'a GPU loop waiting for data': ('input_bound',
+        "60% of the loop waiting for data, accelerator underused; the data pipeline's CPU: the loader works on "
+        "the loop's thread (no DataLoader workers; busy 90% of the time)"),
+    'at rest, a step every two seconds': ('waiting',
+        "the loop waits outside the process: its thread off CPU 90% of the loop's time beside data, collectives "
+        "and checkpoints (busy 10%, 0 cores of CPU; torch's pool 0.02)"),
+    'at rest, its thread unmeasured': ('waiting',
+        "the loop waits outside the process: its thread off CPU 90% of the loop's time beside data, collectives "
+        "and checkpoints (busy 0%, 0 cores of CPU; torch's pool 0.02)"),
+    'no steps, a loop share left over': ('not_judged',
+        'no steps or requests in this window: no loop to judge'),
+    'waiting beside contention': ('waiting',
+        "the loop waits outside the process: its thread off CPU 90% of the loop's time beside data, collectives "
+        "and checkpoints (busy 10%, 0 cores of CPU; torch's pool 0.02)"),
+    'GPU compute, a step every two seconds': ('compute_bound',
+        'CUDA events: the GPU paced 80% of the steps'),
+    'workers decoding, their share waiting unmeasured': ('input_bound',
+        "60% of the loop waiting for data; the data pipeline's CPU: the DataLoader workers decode, each busy 90% "
+        'of the time (0.1 cores; storage reads not measured); they also wait for a CPU (0.50 s a second waiting '
+        'for a CPU and 0.10 s on one, each worker 0% of the time waiting)'),
+    'workers starved, their CPU unmeasured': ('input_bound',
+        '60% of the loop waiting for data; the DataLoader workers are starved of CPU: 0.50 s a second waiting for'
+        ' a CPU and 0.00 s on one, each worker 80% of the time waiting (storage reads not measured)'),
+    'no per-thread CPU, no workers': ('input_bound',
+        '60% of the loop waiting for data'),
+    "the loop's thread loading at the saturated line": ('input_bound',
+        "60% of the loop waiting for data; the data pipeline's CPU: the loader works on the loop's thread (no "
+        'DataLoader workers; busy 60% of the time)'),
+    'a service, its demand unmeasured': ('compute_bound',
+        "the requests' time is CPU: 50 ms per request (mean latency), 1 ms of CPU and 0 s waiting for a CPU per "
+        "request, the process's threads busy 0 cores (20% of the requests' time outside the process)"),
+    'a service, its CPU per request unmeasured': ('waiting',
+        'handlers wait: 50 ms per request (mean latency), 0 s of CPU and 0 s waiting for a CPU per request; 98% '
+        "of the requests' time off CPU, outside the process (a downstream call, the network, a lock, a sleep)"),
+    'a service, nothing finished nor in flight counted': ('waiting',
+        "0 requests in flight and none finished in the window, the process's threads busy 0.04 cores: its "
+        'handlers wait outside the process (a downstream call, the network, a lock, a sleep)'),
+    'a service, requests held at the waiting line': ('not_judged',
+        '4 requests in flight and none finished in the window: no latency to split'),
     'Python-bound at a line': ('python_bound',
         "60% of the loop thread's samples in the user's Python code; the hottest line: tokenise.py:12 encode (60%"
         ' of the samples)'),

@@ -413,6 +413,22 @@ def test_input_bound_says_what_the_loop_waits_for_from_its_evidence() -> None:
     assert "waits off CPU, and not for storage" in classify(cpu(data_wait_fraction=0.6, main_thread_busy=0.1)).reason
 
 
+def test_a_service_is_a_window_of_requests_without_steps() -> None:
+    """Requests finished or in flight, and no steps: a loop that also answers requests is judged as a loop."""
+    none = {"steps_per_s": 0.0, "requests_per_s": 0.0, "requests_in_flight": None}
+    assert [b.serving(Signals(window_s=1.0, **{**none, **kw})) for kw in (  # type: ignore[arg-type]
+        {}, {"requests_per_s": 0.5}, {"requests_in_flight": 0.5}, {"requests_in_flight": 0.0},
+        {"requests_per_s": 0.5, "steps_per_s": 0.5}, {"requests_in_flight": 2.0, "steps_per_s": 0.5})] == \
+        [False, True, True, False, False, False]
+
+
+def test_what_the_loop_waits_for_is_not_said_without_per_thread_cpu() -> None:
+    assert b.input_cause(cpu(data_wait_fraction=0.6, main_thread_busy=None)) == ""
+    assert b.input_cause(cpu(data_wait_fraction=0.6, data_workers_cpu_cores=1.0)) == "", "workers without a count"
+    assert b.input_cause(cpu(data_wait_fraction=0.6)) == "loop_cpu"
+    assert classify(cpu(steps_per_s=0.0, process_cpu_cores=0.5)).recommendation == b.NOT_JUDGED_ADVICE
+
+
 def test_no_accelerator_advice_without_an_accelerator() -> None:
     """A CPU job (no GPU, or a torch that never initialised CUDA on a GPU node) never reads about CUDA, GPUs or
     tensor cores; a job with one does where it helps."""

@@ -116,11 +116,11 @@ INPUT_ADVICE = {
                    "(no more than the cores the job may use, less what the loop needs) or more CPUs (a larger CPU "
                    "request or limit, a node without CPU-hungry neighbours); more workers would wait longer.",
     "loader_cpu": "The data pipeline's CPU paces the loop: the DataLoader workers are busy producing samples. More "
-                  "workers where cores are free, cheaper decoding and augmentation, preprocessing offline{gpu}, "
+                  "workers where cores are free, cheaper decoding and augmentation, preprocessing offline, "
                   "persistent_workers=True.",
     "loop_cpu": "The data pipeline's CPU paces the loop: the loader runs on the loop's own thread. DataLoader "
                 "workers (num_workers=N) to produce batches beside the steps, cheaper decoding and augmentation, "
-                "preprocessing offline{gpu}.",
+                "preprocessing offline.",
     "storage": "Storage paces the loader: faster or local storage, a cache of the dataset (memory, a local SSD), "
                "larger sequential reads (samples packed into shards rather than a file each), more workers or a "
                "larger prefetch_factor to overlap more reads.",
@@ -132,7 +132,14 @@ SERVICE_COMPUTE = ("The requests' time is CPU: the process's threads, a request'
                    "the other requests' CPU (one Python process computes on about one core at a time). More worker "
                    "processes or replicas, batching requests, a cheaper model (torch.compile, quantisation), less "
                    "Python per request.")
-GPU_WORDS = {"loader_cpu": " or on the GPU, pin_memory=True", "loop_cpu": " or on the GPU"}
+INPUT_ADVICE_GPU = {  # with an accelerator, the data pipeline's CPU can also move onto it
+    "loader_cpu": "The data pipeline's CPU paces the loop: the DataLoader workers are busy producing samples. More "
+                  "workers where cores are free, cheaper decoding and augmentation, preprocessing offline or on the "
+                  "GPU, pin_memory=True, persistent_workers=True.",
+    "loop_cpu": "The data pipeline's CPU paces the loop: the loader runs on the loop's own thread. DataLoader "
+                "workers (num_workers=N) to produce batches beside the steps, cheaper decoding and augmentation, "
+                "preprocessing offline or on the GPU.",
+}
 
 
 @dataclass(frozen=True)
@@ -248,8 +255,10 @@ def advice(cls: str, s: Signals) -> str:
     gpu = has_accelerator(s)
     if cls == "input_bound":
         cause = input_cause(s)
+        if gpu and cause in INPUT_ADVICE_GPU:
+            return INPUT_ADVICE_GPU[cause]
         if cause in INPUT_ADVICE:
-            return INPUT_ADVICE[cause].format(gpu=GPU_WORDS.get(cause, "") if gpu else "")
+            return INPUT_ADVICE[cause]
     if cls == "compute_bound" and serving(s) and not gpu:
         return SERVICE_COMPUTE
     if not gpu and cls in CPU_RECOMMENDATIONS:
@@ -260,8 +269,8 @@ def advice(cls: str, s: Signals) -> str:
 def _classify(s: Signals) -> Verdict:
     ev = s.evidence()
     # a torch job that never initialised CUDA runs on the CPU, whatever GPUs the node has
-    has_gpu = s.gpus > 0 and s.gpu_util is not None and not s.torch_cpu_only
-    gpu_util = s.gpu_util or 0.0
+    gpu_util = s.gpu_util if s.gpus > 0 and not s.torch_cpu_only else None
+    has_gpu = gpu_util is not None
     gpu_busy = gpu_share(s)
     gpu_source = "CUDA events: the GPU paced" if s.gpu_busy_ratio is not None else "NVML: the GPU was busy"
     wait = s.data_wait_fraction or 0.0
@@ -270,9 +279,9 @@ def _classify(s: Signals) -> Verdict:
     if s.data_wait_alone_fraction is not None:
         wait = max(wait, s.data_wait_alone_fraction)
     active = s.steps_per_s > 0 or s.requests_per_s > 0 or (s.requests_in_flight or 0.0) > 0
-    if not active and s.process_cpu_cores < IDLE_CORES and (not has_gpu or gpu_util < IDLE_GPU):
+    if not active and s.process_cpu_cores < IDLE_CORES and (gpu_util is None or gpu_util < IDLE_GPU):
         return Verdict("idle", ev, "no steps or requests, no CPU or GPU use")
-    if has_gpu and (s.throttle_thermal or s.throttle_power) and gpu_util > THROTTLED_BUSY:
+    if gpu_util is not None and (s.throttle_thermal or s.throttle_power) and gpu_util > THROTTLED_BUSY:
         why = "thermal" if s.throttle_thermal else "power"
         return Verdict("throttled", ev, f"{why} clock event reasons active on a busy GPU")
     # no memory available at all is the most pressure there is, not a missing measurement: tested for None
@@ -282,8 +291,7 @@ def _classify(s: Signals) -> Verdict:
                 if (s.gpu_mem_ratio or 0) > GPU_MEMORY else "",
                 units.count(s.alloc_retries, "allocator retry" if s.alloc_retries == 1 else "allocator retries")
                 if s.alloc_retries > 0 else "",
-                f"host memory available {s.host_mem_available_ratio:.0%} (below 5%)"
-                if host_short and s.host_mem_available_ratio is not None else ""]
+                f"host memory available {s.host_mem_available_ratio:.0%} (below 5%)" if host_short else ""]
         return Verdict("memory_pressure", ev, ", ".join(x for x in said if x))
     if (s.container_mem_ratio or 0) > CONTAINER_MEMORY:
         return Verdict("memory_pressure", ev, f"the container's working set at {s.container_mem_ratio:.0%} of its "
@@ -337,7 +345,7 @@ def _classify(s: Signals) -> Verdict:
         beside = "data, collectives, checkpoints and the GPU" if has_accelerator(s) else \
             "data, collectives and checkpoints"
         return Verdict("waiting", ev, f"the loop waits outside the process: its thread off CPU "
-                                      f"{s.loop_waiting_fraction or 0.0:.0%} of the loop's time beside {beside} "
+                                      f"{s.loop_waiting_fraction:.0%} of the loop's time beside {beside} "
                                       f"(busy {s.main_thread_busy or 0.0:.0%}, "
                                       f"{units.cores(s.main_thread_cpu or 0.0)} of CPU; torch's pool "
                                       f"{s.intra_op_busy or 0.0:.2f}){at}")
@@ -407,7 +415,8 @@ def input_cause(s: Signals) -> str:
 
 
 def storage_evidence(s: Signals) -> bool:
-    return (s.io_pressure_fraction or 0.0) >= STORAGE_PRESSURE or (s.storage_read_bytes_per_s or 0.0) >= STORAGE_READ
+    pressure, read = s.io_pressure_fraction, s.storage_read_bytes_per_s
+    return (pressure is not None and pressure >= STORAGE_PRESSURE) or (read is not None and read >= STORAGE_READ)
 
 
 def _input(s: Signals) -> str:
@@ -416,11 +425,6 @@ def _input(s: Signals) -> str:
     read = s.storage_read_bytes_per_s
     reads = f"{units.bytes_iec(read)}/s read from storage" if read is not None else "storage reads not measured"
     psi = f", I/O pressure on the host {s.io_pressure_fraction:.0%}" if s.io_pressure_fraction is not None else ""
-    if s.data_worker_busy is not None:
-        who, wait = f"the DataLoader workers (each busy {s.data_worker_busy:.0%} of the time)", "wait"
-    else:
-        who, wait = f"the loop's thread (no DataLoader workers; busy {s.main_thread_busy or 0.0:.0%} of the time)", \
-            "waits"
     delay, cpu = s.data_workers_delay_cores or 0.0, s.data_workers_cpu_cores or 0.0
     waited = (f"{delay:.2f} s a second waiting for a CPU and {cpu:.2f} s on one, each worker "
               f"{s.data_worker_delay_fraction or 0.0:.0%} of the time waiting")
@@ -429,13 +433,18 @@ def _input(s: Signals) -> str:
     if cause == "cpu_starved":
         return f"; the DataLoader workers are starved of CPU: {waited} ({reads})"
     if cause == "loader_cpu":
-        return (f"; the data pipeline's CPU: the DataLoader workers decode, each busy {s.data_worker_busy or 0.0:.0%} "
-                f"of the time ({units.cores(cpu)}; {reads}){also}")
-    if cause == "loop_cpu":
-        return f"; the data pipeline's CPU: the loader works on {who}"
-    if cause == "storage":
-        return f"; {who} {wait} for storage: {reads}{psi}{also}"
-    if cause == "outside":
+        return (f"; the data pipeline's CPU: the DataLoader workers decode, each busy {s.data_worker_busy:.0%} of the "
+                f"time ({units.cores(cpu)}; {reads}){also}")
+    if cause in ("loop_cpu", "storage", "outside"):  # measured: the workers' demand, else the loop thread's
+        if s.data_worker_busy is not None:
+            who, wait = f"the DataLoader workers (each busy {s.data_worker_busy:.0%} of the time)", "wait"
+        else:
+            who, wait = f"the loop's thread (no DataLoader workers; busy {s.main_thread_busy:.0%} of the time)", \
+                "waits"
+        if cause == "loop_cpu":
+            return f"; the data pipeline's CPU: the loader works on {who}"
+        if cause == "storage":
+            return f"; {who} {wait} for storage: {reads}{psi}{also}"
         return (f"; {who} {wait} off CPU, and not for storage ({reads}{psi}): the network, a remote store, a lock "
                 f"or a sleep in the loader{also}")
     if s.data_workers_cpu_cores:
