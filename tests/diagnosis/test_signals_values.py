@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from outrider.diagnosis.signals import PROFILE_MIN_SAMPLES, SEP, TOP_FRAMES, RankSignals, Signals, signals, snapshot
+from outrider.diagnosis.signals import (PROFILE_MIN_SAMPLES, SEP, TOP_FRAMES, RankSignals, Signals, gpu_share,
+                                       signals, snapshot)
 from outrider.metrics.family import Family, HistogramValue
 
 DT = 10.0
@@ -115,6 +116,50 @@ def test_requests_in_flight_with_none_finished_are_split_by_the_gauge() -> None:
     assert bare.requests_in_flight is None and bare.request_waiting_fraction is None, "no CPU measured: no split"
 
 
+def test_the_service_split_at_its_edges() -> None:
+    """One request finished, or one in flight, is a service to split; nothing finished nor in flight (no gauge at
+    all) is none; the run delay counts only where the threads are measured with it; demand is per process."""
+    old = {"cpu_main": 0.0, "cpu_other": 0.0, "delay_other": 0.0, "request_count": 0.0, "request_sum": 0.0}
+    one = {"cpu_main": 0.0, "cpu_other": 0.05, "delay_other": 0.05, "request_count": 1.0, "request_sum": 1.0,
+           "has_run_delay": 1.0}
+    s = signals(old, one, DT)
+    assert (s.request_latency_s, s.request_cpu_s, s.request_cpu_wait_s) == (1.0, 0.05, 0.05)
+    assert s.demand_per_process == pytest.approx(0.01)
+    handled = 1 * 1.0 / DT  # a tenth of a request in its handler, on average: under one
+    assert s.request_waiting_fraction == pytest.approx(1 - 0.01 / 0.99 / handled)
+    assert signals(old, {**one, "main_threads": 2.0}, DT).demand_per_process == pytest.approx(0.005)
+    unmeasured = signals(old, {k: v for k, v in one.items() if k != "has_run_delay"}, DT)
+    assert unmeasured.request_cpu_wait_s == 0.0, "no run delay measured: none counted"
+    held = signals(old, {**old, "cpu_other": 0.1, "in_flight": 1.0}, DT)
+    assert held.request_waiting_fraction == pytest.approx(1 - 0.01 / 0.99 / 1.0)
+    nothing = signals(old, {**old, "cpu_other": 0.1}, DT)
+    assert (nothing.requests_in_flight, nothing.request_waiting_fraction, nothing.demand_per_process) == \
+        (None, None, None)
+    # the threads counted from mid-window hold time from before it: the watched tree's CPU, and no run delay
+    tree = signals({"process_cpu": 0.0, "request_count": 0.0, "request_sum": 0.0},
+                   {**one, "process_cpu": 0.2, "delay_main": 9.0}, DT)
+    assert (tree.request_cpu_s, tree.request_cpu_wait_s) == (0.2, 0.0)
+    # every request's time queued: nothing handled, nothing waiting outside
+    queued = signals({**old, "queue_sum": 0.0}, {**one, "queue_sum": 1.0}, DT)
+    assert (queued.request_queue_s, queued.request_waiting_fraction) == (1.0, 0.0)
+    # a process at 95% of a CPU is saturated, just under it is not
+    assert serving_at(0.95).request_waiting_fraction == 0.0
+    assert serving_at(0.94).request_waiting_fraction == pytest.approx(1 - 0.94 / 0.06 / 100)
+
+
+def serving_at(demand: float) -> Signals:
+    """100 requests of 10 s each finished in 10 s (100 handled at once), one process using `demand` cores."""
+    return signals({"cpu_main": 0.0, "cpu_other": 0.0, "request_count": 0.0, "request_sum": 0.0},
+                   {"cpu_main": 0.0, "cpu_other": demand * DT, "request_count": 100.0, "request_sum": 1000.0}, DT)
+
+
+def test_the_gpus_share_is_of_a_gpu_the_job_uses() -> None:
+    assert gpu_share(Signals(window_s=DT, gpus=0, gpu_util=0.5)) is None, "no GPU counted"
+    assert gpu_share(Signals(window_s=DT, gpus=1, gpu_util=0.5)) == 0.5
+    assert gpu_share(Signals(window_s=DT, gpus=1, gpu_util=0.5, torch_cpu_only=True)) is None
+    assert gpu_share(Signals(window_s=DT, gpus=1, gpu_util=0.5, gpu_busy_ratio=0.2)) == 0.2
+
+
 def test_the_loop_waiting_outside_is_what_its_thread_and_the_jobs_waits_leave() -> None:
     old = {"step_count": 0.0, "cpu_main": 0.0, "loop_wall": 0.0, "loop_data_wait": 0.0, "collective_wait": 0.0,
            "loop_checkpoint": 0.0}
@@ -130,6 +175,7 @@ def test_the_loop_waiting_outside_is_what_its_thread_and_the_jobs_waits_leave() 
     assert cpu_torch.loop_waiting_fraction == s.loop_waiting_fraction, "a GPU a CPU torch job never used"
     assert signals(old, {**new, "cpu_main": 9.0}, DT).loop_waiting_fraction == 0.0, "never below nothing"
     assert signals(old, {**new, "step_count": 0.0}, DT).loop_waiting_fraction is None, "no steps: no loop"
+    assert signals(old, {**new, "step_count": 5.0}, DT).loop_waiting_fraction is not None, "a step every 2 s"
     assert signals({"step_count": 0.0}, {"step_count": 5.0}, DT).loop_waiting_fraction is None, "no threads"
 
 
@@ -325,6 +371,15 @@ def sweep() -> list[Family]:
         .add(5, "1", "j", "python", "a.py:1 f"),
         Family("outrider_threads").add(2, "0", "j", "main").add(1, "1", "j", "main").add(3, "0", "j", "data_workers")
         .add(8, "0", "j", "intra_op"),
+        Family("outrider_child_processes").add(1, "0", "j").add(2, "1", "j"),
+        # a service's requests: their durations, the server's queue phase (its other phases not), in flight now
+        Family("outrider_request_duration_seconds").add(HistogramValue((1.0,), (3, 0), 0.6), "/a", "GET", "http",
+                                                        "200", "2xx", "0", "j")
+        .add(HistogramValue((1.0,), (3, 1), 2.4), "/b", "POST", "http", "500", "5xx", "0", "j"),
+        Family("outrider_request_phase_duration_seconds").add(HistogramValue((1.0,), (5, 0), 0.25), "queue", "0", "j")
+        .add(HistogramValue((1.0,), (5, 0), 0.75), "compute", "0", "j"),
+        Family("outrider_requests_in_flight").add(2, "/a", "GET", "http", "0", "j").add(1, "/b", "POST", "http", "0",
+                                                                                         "j"),
         Family("outrider_torch_intra_op_threads").add(8, "0", "j").add(4, "1", "j"),
         Family("outrider_host_pressure_stalled_seconds_total").add(7, "io", "some").add(9, "io", "full")
         .add(11, "cpu", "some"),
@@ -356,6 +411,7 @@ def test_a_sweeps_snapshot_sums_what_it_sums_and_means_what_it_means() -> None:
         f"{r}1{SEP}prof_waiting": 10.0, f"{r}1{SEP}prof_total": 10.0, f"frame{SEP}python{SEP}a.py:1 f": 35.0,
         "main_threads": 3.0, "worker_threads": 3.0, "intra_op_threads": 4.0, "io_pressure": 7.0,
         "gpu_util": 0.6, "gpus": 2.0, "gpu_mem_ratio": 0.75, "throttle_thermal": 0.0, "throttle_power": 1.0,
+        "worker_processes": 3.0, "request_sum": 3.0, "request_count": 7.0, "queue_sum": 0.25, "in_flight": 3.0,
     }
 
 

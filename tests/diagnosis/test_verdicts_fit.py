@@ -113,8 +113,7 @@ def run(tmp: Path, workload: str, *args: str, rate: float = 0.0, cpu: int | None
             while proc.poll() is None and not (port.exists() and port.read_text()):
                 time.sleep(0.1)
             if proc.poll() is None:
-                path = "/lookup" if workload.endswith("_wait") else "/"
-                latencies = drive(f"http://127.0.0.1:{port.read_text()}{path}", rate, lambda: proc.poll() is None)
+                latencies = drive(f"http://127.0.0.1:{port.read_text()}/lookup", rate, lambda: proc.poll() is None)
         _, err = proc.communicate(timeout=300)
     finally:
         if proc.poll() is None:

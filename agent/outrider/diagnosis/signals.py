@@ -440,7 +440,7 @@ def _service(s: Signals, old: dict[str, float], new: dict[str, float], dt: float
     s.demand_per_process = rho
     if finished > 0:
         latency = d("request_sum") / finished
-        queue = min(latency, d("queue_sum") / finished) if "queue_sum" in new else 0.0
+        queue = min(latency, d("queue_sum") / finished)  # 0 where the server reports no queue phase
         s.request_latency_s = latency
         s.request_queue_s = queue if "queue_sum" in new else None
         s.request_cpu_s, s.request_cpu_wait_s = cpu / finished, delay / finished
