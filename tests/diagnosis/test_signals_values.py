@@ -7,8 +7,16 @@ from __future__ import annotations
 
 import pytest
 
-from outrider.diagnosis.signals import (PROFILE_MIN_SAMPLES, SEP, TOP_FRAMES, RankSignals, Signals, gpu_share,
-                                       signals, snapshot)
+from outrider.diagnosis.signals import (
+    PROFILE_MIN_SAMPLES,
+    SEP,
+    TOP_FRAMES,
+    RankSignals,
+    Signals,
+    gpu_share,
+    signals,
+    snapshot,
+)
 from outrider.metrics.family import Family, HistogramValue
 
 DT = 10.0

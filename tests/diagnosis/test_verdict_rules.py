@@ -403,9 +403,15 @@ def test_input_bound_says_what_the_loop_waits_for_from_its_evidence() -> None:
     assert starved.evidence["data_workers_delay_cores"] == 1.6
     # a wake-up's delay after each sleep or read is no starvation: 1 s waiting for a CPU against 0.5 s used, each
     # worker 5% of the time; said beside what they wait for
-    woken = judged(0.0, 0.0, (0.5, 1.0)).reason
-    assert "starved" not in woken and "a sleep in the loader; they also wait for a CPU (0.10 s a second waiting " \
-        "for a CPU and 0.05 s on one, each worker 5% of the time waiting); slowed by" in woken, woken
+    woken = judged(0.0, 0.0, (0.5, 1.0))
+    assert "starved" not in woken.reason and "a sleep in the loader; they also wait for a CPU (0.10 s a second " \
+        "waiting for a CPU and 0.05 s on one, each worker 5% of the time waiting); slowed by" in woken.reason, woken
+    # ...and the advice puts CPUs before more workers there, and only there
+    assert woken.recommendation.endswith(b.CPUS_SHORT) and woken.recommendation.startswith("The loader waits")
+    assert judged(0.0, 0.0, (0.5, 0.5)).recommendation.endswith(b.CPUS_SHORT), "as long as their CPU"
+    for calm in (elsewhere, decode, storage, starved, judged(0.0, 0.0, (0.5, 0.49))):
+        assert not calm.recommendation.endswith(b.CPUS_SHORT), calm.recommendation
+    assert not b.workers_wait_for_cpus(cpu(data_workers_delay_cores=0.0)), "no wait at all is not as long as none"
     # no workers: the loader on the loop's saturated thread is its CPU; an idle thread waits off CPU
     inline = classify(cpu(data_wait_fraction=0.6, main_thread_busy=0.9))
     assert "the loader works on the loop's thread (no DataLoader workers; busy 90%" in inline.reason, inline.reason
@@ -448,6 +454,9 @@ def test_no_accelerator_advice_without_an_accelerator() -> None:
     assert "PYTORCH_CUDA_ALLOC_CONF" in classify(gpu(gpu_mem_ratio=0.99)).recommendation
     assert "on the GPU" in classify(gpu(data_wait_fraction=0.6, data_worker_busy=0.9,
                                         gpu_busy_ratio=0.1)).recommendation
+    short = classify(gpu(data_wait_fraction=0.6, data_worker_busy=0.9, gpu_busy_ratio=0.1, data_workers_cpu_cores=1.0,
+                         data_workers_delay_cores=1.0, data_worker_delay_fraction=0.25)).recommendation
+    assert "on the GPU" in short and short.endswith(b.CPUS_SHORT), short
 
 
 def test_the_starved_rank_is_named_and_a_rank_that_merely_waits_is_not() -> None:

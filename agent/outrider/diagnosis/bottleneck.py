@@ -128,6 +128,10 @@ INPUT_ADVICE = {
                "a lock, a sleep in the dataset): overlap more of it (more workers, prefetch_factor, asynchronous "
                "fetches), cache what it fetches, and find the wait in the dataset's code.",
 }
+# said after the advice for what an input-bound loop waits for where its workers, short of starvation, wait for a
+# CPU as long as they use one or longer: more workers would take CPUs the others wait for
+CPUS_SHORT = (" The workers also wait for a CPU as long as they use one or longer: CPUs are short too, so more CPUs "
+              "(or fewer busy threads beside them) before more workers.")
 SERVICE_COMPUTE = ("The requests' time is CPU: the process's threads, a request's wait for a CPU, and its wait for "
                    "the other requests' CPU (one Python process computes on about one core at a time). More worker "
                    "processes or replicas, batching requests, a cheaper model (torch.compile, quantisation), less "
@@ -215,7 +219,7 @@ WORKERS_WAITING = 0.5
 # is the CPU surely what they wait for most: a worker's time off CPU is either work (a read, a sleep) or no work
 # (its batches delivered, or waiting its turn), which no counter tells apart, and a worker that sleeps or reads
 # also waits for a CPU after each wake-up (measured here: two workers sleeping 10 ms a sample beside a loop whose
-# pool spins waited for a CPU three to nine times as long as they ran, each 6-20% of the time). Below that line the
+# pool spins waited for a CPU 1.6 to 9 times as long as they ran, each 6-20% of the time). Below that line the
 # reason still says how long they waited for a CPU.
 WORKERS_STARVED = 1.0
 WORKERS_DELAYED = 0.5
@@ -255,10 +259,11 @@ def advice(cls: str, s: Signals) -> str:
     gpu = has_accelerator(s)
     if cls == "input_bound":
         cause = input_cause(s)
+        short = CPUS_SHORT if cause != "cpu_starved" and workers_wait_for_cpus(s) else ""
         if gpu and cause in INPUT_ADVICE_GPU:
-            return INPUT_ADVICE_GPU[cause]
+            return INPUT_ADVICE_GPU[cause] + short
         if cause in INPUT_ADVICE:
-            return INPUT_ADVICE[cause]
+            return INPUT_ADVICE[cause] + short
     if cls == "compute_bound" and serving(s) and not gpu:
         return SERVICE_COMPUTE
     if not gpu and cls in CPU_RECOMMENDATIONS:
@@ -401,9 +406,7 @@ def input_cause(s: Signals) -> str:
     thread), storage (storage's evidence: reads or I/O pressure), outside (none of these: the network, a lock, a
     sleep); "" where the evidence cannot say (no per-thread CPU)."""
     if s.data_worker_busy is not None:
-        delay, cpu = s.data_workers_delay_cores, s.data_workers_cpu_cores or 0.0
-        if delay is not None and delay >= WORKERS_STARVED * cpu \
-                and (s.data_worker_delay_fraction or 0.0) >= WORKERS_DELAYED:
+        if workers_wait_for_cpus(s) and (s.data_worker_delay_fraction or 0.0) >= WORKERS_DELAYED:
             return "cpu_starved"
         if s.data_worker_busy >= WORKERS_WAITING:
             return "loader_cpu"
@@ -412,6 +415,12 @@ def input_cause(s: Signals) -> str:
     elif s.main_thread_busy >= MAIN_SATURATED:
         return "loop_cpu"
     return "storage" if storage_evidence(s) else "outside"
+
+
+def workers_wait_for_cpus(s: Signals) -> bool:
+    """The DataLoader workers waited for a CPU at least as long as they used one (WORKERS_STARVED)."""
+    delay = s.data_workers_delay_cores or 0.0
+    return delay > 0 and delay >= WORKERS_STARVED * (s.data_workers_cpu_cores or 0.0)
 
 
 def storage_evidence(s: Signals) -> bool:
@@ -429,7 +438,7 @@ def _input(s: Signals) -> str:
     waited = (f"{delay:.2f} s a second waiting for a CPU and {cpu:.2f} s on one, each worker "
               f"{s.data_worker_delay_fraction or 0.0:.0%} of the time waiting")
     # short of starvation, the workers' wait for a CPU where it is as long as their CPU, said beside the cause
-    also = f"; they also wait for a CPU ({waited})" if delay and delay >= WORKERS_STARVED * cpu else ""
+    also = f"; they also wait for a CPU ({waited})" if workers_wait_for_cpus(s) else ""
     if cause == "cpu_starved":
         return f"; the DataLoader workers are starved of CPU: {waited} ({reads})"
     if cause == "loader_cpu":
