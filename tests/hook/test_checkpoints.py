@@ -43,7 +43,7 @@ def hooked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Hook]:
     assert outrider.instrument()
     assert api.S.torch is not None
     yield api.S.hook
-    api.S.hook._stop.set()
+    api.S.hook.stop()
     api.S.torch.detach()
 
 

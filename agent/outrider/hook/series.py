@@ -63,16 +63,27 @@ class Dropped:
         self._cells = {}
 
 
+# What the hook has to log, logged by the hook's thread outside every lock of the hook (runtime.Hook's loop), or by
+# the exit path: (logger, level, message, args). Bounded: a hook that cannot log loses the oldest lines.
+_LOGS: collections.deque[tuple[logging.Logger, int, str, tuple[object, ...]]] = collections.deque(maxlen=256)
+
+
 def log_aside(logger: logging.Logger, level: int, msg: str, *args: object) -> None:
-    """Logs from a short-lived thread, so the caller never waits for a logging lock. The publisher logs while it
-    holds the flush lock; a signal handler that flushes (outrider.shutdown() on SIGTERM) may have interrupted the
-    main thread inside a log call, holding the handler's lock: waiting for that lock there would deadlock both."""
-    if not logger.isEnabledFor(level):
-        return
-    try:
-        threading.Thread(target=logger.log, args=(level, msg, *args), name="outrider-log", daemon=True).start()
-    except RuntimeError:  # no new thread (interpreter shutdown): the caller is the exit path, which may wait
-        logger.log(level, msg, *args)
+    """Queues a log line for the hook's thread, so the caller never waits for a logging lock and never starts a
+    thread. The caller may be the publisher holding the flush lock, or a signal handler that interrupted the main
+    thread inside a log call, holding the handler's lock: waiting for that lock there would deadlock both."""
+    if logger.isEnabledFor(level):
+        _LOGS.append((logger, level, msg, args))
+
+
+def drain_logs() -> None:
+    """Logs what was queued: the hook's thread between flushes, and the exit path. Never raises."""
+    while _LOGS:
+        try:
+            logger, level, msg, args = _LOGS.popleft()
+            logger.log(level, msg, *args)
+        except Exception:  # an emptied deque, or a handler that failed: never the workload's problem
+            break
 
 
 class _Owner:

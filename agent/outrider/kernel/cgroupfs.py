@@ -1,4 +1,5 @@
-"""Parsers for the memory controller of the cgroup the agent runs in (its container, in Kubernetes).
+"""Parsers for the memory controller of the cgroup the agent runs in (its container, in Kubernetes), and for the
+pids controller's limit of a process's cgroup (how many more threads and processes it may start).
 
 The host's MemTotal says nothing about a container's limit: a pod with 16 GiB on a 2 TiB node is OOM-killed at
 16 GiB. This module finds the agent's own memory cgroup from `/proc/self/cgroup` and reads its limit, usage and
@@ -169,3 +170,47 @@ def subtree_oom_kills(cg: MemoryCgroup) -> int | None:
         for name in dirnames:
             total += read_oom_kills(f"{dirpath}/{name}", 1) or 0
     return total
+
+
+class PidsLimit(NamedTuple):
+    """A pids cgroup's limit and what it holds now (every thread of every process in it counts)."""
+
+    limit: int
+    current: int
+
+
+def pids_limit(proc_root: str, sys_root: str, pid: int | str = "self") -> PidsLimit | None:
+    """The tightest pids limit on the cgroup of `pid` and its ancestors (a pod's limit is set on the pod's cgroup,
+    above the container's), or None where no limit is set or there is no pids controller to read. cgroup v2 (the
+    unified hierarchy) and v1's pids controller."""
+    try:
+        lines = read_text(f"{proc_root}/{pid}/cgroup").splitlines()
+    except OSError:
+        return None
+    base = f"{sys_root}/fs/cgroup"
+    path = None
+    if os.path.exists(f"{base}/cgroup.controllers"):
+        base_dir = base
+        path = next((line.split(":", 2)[2] for line in lines if line.startswith("0::")), None)
+    else:
+        base_dir = f"{base}/pids"
+        for line in lines:
+            parts = line.split(":", 2)
+            if len(parts) == 3 and "pids" in parts[1].split(","):
+                path = parts[2]
+    if path is None:
+        return None
+    tightest: PidsLimit | None = None
+    cgroup = path.rstrip("/") or "/"
+    while cgroup:
+        directory = base_dir + ("" if cgroup == "/" else cgroup)
+        try:
+            raw = read_text(f"{directory}/pids.max").strip()
+            if raw != "max":
+                found = PidsLimit(int(raw), int(read_text(f"{directory}/pids.current").strip()))
+                if tightest is None or found.limit - found.current < tightest.limit - tightest.current:
+                    tightest = found
+        except (OSError, ValueError):
+            pass
+        cgroup = parent(cgroup)
+    return tightest

@@ -489,6 +489,26 @@ def count_fds(root: str, pid: int) -> int:
     return len(os.listdir(f"{root}/{pid}/fd"))
 
 
+def tasks_of_user(root: str, uid: int) -> int:
+    """Threads of every process whose real uid is `uid` (what RLIMIT_NPROC counts for that user); processes that
+    vanish while counted are skipped."""
+    total = 0
+    for pid in list_pids(root):
+        try:
+            uid_line = threads = None
+            for line in read_text(f"{root}/{pid}/status").splitlines():
+                if line.startswith("Uid:"):
+                    uid_line = line.split()
+                elif line.startswith("Threads:"):
+                    threads = line.split()
+                    break
+            if uid_line is not None and threads is not None and int(uid_line[1]) == uid:
+                total += int(threads[1])
+        except (OSError, ValueError, IndexError):
+            continue
+    return total
+
+
 def list_pids(root: str) -> list[int]:
     return [int(name) for name in os.listdir(root) if name.isdigit()]
 
