@@ -77,6 +77,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
+from outrider import sketch
+from outrider.sketch import Sketch
+
 MAGIC = b"OUTRSHD1"
 VERSION = 2
 HEADER_BYTES = 4096
@@ -394,6 +397,8 @@ class ShardSnapshot:
     meta: dict[str, Any]
     series: list[SeriesEntry] = field(default_factory=list)
     rejected: list[str] = field(default_factory=list)  # why entries were left out (one reason per entry)
+    # the log-bucketed sketches of duration histograms, by their index in `series` (a bad one left out alone)
+    sketches: dict[int, Sketch] = field(default_factory=dict)
     uid: int = -1
     identity: Identity | None = None  # the file it was read from, as lstat saw it before reading
 
@@ -607,7 +612,7 @@ class ShardReader:
         self.trusted = trusted
         self.max_open = max_open or open_budget()
         self._fds: OrderedDict[str, tuple[int, int, int]] = OrderedDict()  # path -> (dev, ino, fd), oldest first
-        self._directories: dict[str, tuple[bytes, tuple[dict[str, Any], list[Any]]]] = {}
+        self._directories: dict[str, tuple[bytes, tuple[dict[str, Any], list[Any], list[Any]]]] = {}
         self._rejected: dict[str, tuple[Identity, ShardFormatError, float]] = {}  # path -> (file, why, when)
         self._starved = False  # out of descriptors even after closing half of ours: no new opens this listing
 
@@ -794,11 +799,11 @@ class ShardReader:
     def _decode(self, path: str, header: ShardHeader, directory: bytes, data: bytes) -> ShardSnapshot:
         cached = self._directories.get(path)
         if cached is not None and cached[0] == directory:
-            meta, entries = cached[1]
+            meta, entries, sketches = cached[1]
         else:
-            meta, entries = parse_directory(directory)
-            self._directories[path] = (directory, (meta, entries))
-        return _snapshot(header, meta, entries, data)
+            meta, entries, sketches = parse_directory(directory)
+            self._directories[path] = (directory, (meta, entries, sketches))
+        return _snapshot(header, meta, entries, sketches, data)
 
     def read_stacks(self, path_of_shard: str, owner_uid: int, limit: int = STACKS_MAX_BYTES) -> str | None:
         """The stack dump beside a shard, if it is a regular file of the shard's owner; at most `limit` bytes."""
@@ -852,23 +857,32 @@ def decode(buf: bytes) -> ShardSnapshot:
     data = bytes(buf[header.data_offset:header.data_offset + 8 * header.value_count])
     if len(directory) != header.directory_len or len(data) != 8 * header.value_count:
         raise ShardTruncated(f"truncated: {len(buf)} bytes, the header promises more")
-    meta, entries = parse_directory(directory)
-    return _snapshot(header, meta, entries, data)
+    meta, entries, sketches = parse_directory(directory)
+    return _snapshot(header, meta, entries, sketches, data)
 
 
-def _snapshot(header: ShardHeader, meta: dict[str, Any], entries: list[Any], data: bytes) -> ShardSnapshot:
+def _snapshot(header: ShardHeader, meta: dict[str, Any], entries: list[Any], sketches: list[Any],
+              data: bytes) -> ShardSnapshot:
     values = struct.unpack(f"<{header.value_count}d", data)
     snap = ShardSnapshot(header, meta)
-    for entry in entries:
+    at: dict[int, int] = {}  # an entry's index in the directory -> its index in snap.series
+    for i, entry in enumerate(entries):
         try:
             snap.series.append(_series(entry, values))
+            at[i] = len(snap.series) - 1
+        except (TypeError, ValueError, AttributeError) as e:
+            snap.rejected.append(str(e)[:200])
+    for raw in sketches:
+        try:
+            index, sketch = _sketch(raw, values, snap.series, at)
+            snap.sketches[index] = sketch
         except (TypeError, ValueError, AttributeError) as e:
             snap.rejected.append(str(e)[:200])
     return snap
 
 
-def parse_directory(directory: bytes) -> tuple[dict[str, Any], list[Any]]:
-    """The directory's meta and raw series entries; ShardFormatError when its shape is wrong."""
+def parse_directory(directory: bytes) -> tuple[dict[str, Any], list[Any], list[Any]]:
+    """The directory's meta, raw series entries and raw sketches; ShardFormatError when its shape is wrong."""
     try:
         parsed = json.loads(directory or b"{}")
     except (UnicodeDecodeError, ValueError, RecursionError) as e:
@@ -877,11 +891,14 @@ def parse_directory(directory: bytes) -> tuple[dict[str, Any], list[Any]]:
         raise ShardFormatError("corrupt directory: not an object")
     meta = parsed.get("meta") or {}
     entries = parsed.get("series") or []
+    sketches = parsed.get("sketches") or []
     if not isinstance(meta, dict):
         raise ShardFormatError("corrupt directory: meta is not an object")
     if not isinstance(entries, list):
         raise ShardFormatError("corrupt directory: series is not a list")
-    return {str(k): v for k, v in meta.items() if isinstance(v, (str, int, float))}, entries
+    if not isinstance(sketches, list):
+        sketches = [sketches]  # refused alone, as a bad sketch (the series stand)
+    return {str(k): v for k, v in meta.items() if isinstance(v, (str, int, float))}, entries, sketches
 
 
 def _text(value: Any, what: str) -> str:
@@ -932,6 +949,39 @@ def _series(entry: Any, values: tuple[float, ...]) -> SeriesEntry:
     if kind == "counter" and vals[0] < 0:
         raise ValueError(f"{name}: a counter is negative")
     return name, kind, clean, vals, bounds_t
+
+
+def _whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _sketch(raw: Any, values: tuple[float, ...], series: list[SeriesEntry],
+            at: dict[int, int]) -> tuple[int, Sketch]:
+    """One sketch, validated: [entry index, offset, n] pointing at [zero count, index, count, ...] (n pairs, indices
+    increasing within the sketch's range, counts whole), of a histogram whose classic count is the same."""
+    if not isinstance(raw, list) or len(raw) != 3 or not all(_whole(x) for x in raw):
+        raise ValueError("a sketch is not [entry, offset, buckets]")
+    entry, offset, n = raw
+    if entry not in at:
+        raise ValueError(f"a sketch of entry {entry}, which is not a valid series")
+    name, kind, _, classic, _ = series[at[entry]]
+    if kind != "histogram":
+        raise ValueError(f"{name}: a sketch of a {kind}")
+    if n < 0 or n > sketch.MAX_INDEX - sketch.MIN_INDEX + 1 or not 0 <= offset <= len(values) - 1 - 2 * n:
+        raise ValueError(f"{name}: its sketch lies outside the data area")
+    data = values[offset:offset + 1 + 2 * n]
+    if not all(math.isfinite(v) and v == int(v) for v in data):
+        raise ValueError(f"{name}: its sketch has a value that is not whole")
+    zero, buckets, last = int(data[0]), {}, sketch.MIN_INDEX - 1
+    for k in range(n):
+        i, c = int(data[1 + 2 * k]), int(data[2 + 2 * k])
+        if not last < i <= sketch.MAX_INDEX or c <= 0:
+            raise ValueError(f"{name}: its sketch's buckets are not increasing, in range and positive")
+        buckets[i] = c
+        last = i
+    if zero < 0 or zero + sum(buckets.values()) != int(sum(classic[:-1])):
+        raise ValueError(f"{name}: its sketch does not hold its {int(sum(classic[:-1]))} observations")
+    return at[entry], Sketch.of(zero, buckets)
 
 
 def iter_shard_pids(spool_dir: str) -> Iterator[int]:

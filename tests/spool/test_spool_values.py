@@ -894,13 +894,15 @@ def test_a_bad_directory_says_what_is_wrong(text: bytes, why: str) -> None:
 
 
 def test_a_directory_without_meta_or_series_is_empty_and_meta_keeps_only_plain_values() -> None:
-    assert spool.parse_directory(b"") == ({}, [])
-    assert spool.parse_directory(b"{}") == ({}, [])
-    assert spool.parse_directory(b'{"meta": null, "series": null}') == ({}, [])
-    assert spool.parse_directory(b'{"meta": {}, "series": []}') == ({}, [])
-    meta, entries = spool.parse_directory(
-        b'{"meta": {"a": "x", "b": 2, "c": 1.5, "d": [1], "e": {"f": 1}, "g": null, "h": true}, "series": [1, 2]}')
-    assert meta == {"a": "x", "b": 2, "c": 1.5, "h": True} and entries == [1, 2]
+    assert spool.parse_directory(b"") == ({}, [], [])
+    assert spool.parse_directory(b"{}") == ({}, [], [])
+    assert spool.parse_directory(b'{"meta": null, "series": null, "sketches": null}') == ({}, [], [])
+    assert spool.parse_directory(b'{"meta": {}, "series": []}') == ({}, [], [])
+    meta, entries, sketches = spool.parse_directory(
+        b'{"meta": {"a": "x", "b": 2, "c": 1.5, "d": [1], "e": {"f": 1}, "g": null, "h": true}, "series": [1, 2],'
+        b' "sketches": [[0, 1, 2]]}')
+    assert meta == {"a": "x", "b": 2, "c": 1.5, "h": True} and entries == [1, 2] and sketches == [[0, 1, 2]]
+    assert spool.parse_directory(b'{"sketches": {"a": 1}}')[2] == [{"a": 1}], "refused later, alone"
 
 
 def entry_error(entry: object, values: tuple[float, ...] = (1.0, 2.0, 3.0, 4.0)) -> str:

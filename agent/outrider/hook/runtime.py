@@ -404,11 +404,11 @@ class Hook:
         if self.publisher.writer is None and not (p.steps or p.training or self.registry.has_data()):
             return  # nothing to say yet: no shard, no file
         stall = None if closing or self.closed else p.check()
-        entries, values = self.registry.layout()
+        entries, values, sketches = self.registry.layout()
         self.last_layout = (entries, values)
         flags = (spool.FLAG_CLOSED if closing else 0) | (spool.FLAG_STALLED if stall else 0)
         ident = self.identity
-        self.publisher.publish(ident.pid, ident.start_ns, ident.meta(), entries, values, flags=flags,
+        self.publisher.publish(ident.pid, ident.start_ns, ident.meta(), entries, values, sketches, flags=flags,
                                stalls=p.stalls, heartbeat_ns=self._wall_ns(), last_step_ns=p.last_step_wall_ns(),
                                steps=p.steps, stalled_since_ns=p.stalled_since_ns)
         if stall is not None and stall.newly:
