@@ -72,6 +72,10 @@ def index(value: float) -> int | None:
     return max(MIN_INDEX, min(MAX_INDEX, _raw_index(value)))
 
 
+# Every bucket's upper bound, from MIN_INDEX - 1 up: the batch counter's boundaries without a power per bucket
+_UPPER = [upper_bound(i) for i in range(MIN_INDEX - 1, MAX_INDEX + 1)]
+
+
 def add_sorted(values: list[float], buckets: dict[int, float]) -> int:
     """Counts values (sorted ascending) into buckets; returns how many went to the zero bucket. The cost is one
     logarithm and one binary search per distinct bucket, not per value: recording batches is cheap where the
@@ -79,15 +83,21 @@ def add_sorted(values: list[float], buckets: dict[int, float]) -> int:
     n = len(values)
     pos = bisect_right(values, MIN_VALUE)
     zero = pos
+    upper, log2, ceil, low, get = _UPPER, math.log2, math.ceil, MIN_INDEX - 1, buckets.get
     while pos < n:
-        i = index(values[pos])
-        if i is None:  # NaN sorts anywhere: never counted as a duration (the hook refuses NaN before this)
-            zero += 1
-            pos += 1
-            continue
-        end = n if i == MAX_INDEX else bisect_right(values, upper_bound(i), pos)
-        end = max(end, pos + 1)
-        buckets[i] = buckets.get(i, 0.0) + (end - pos)
+        v = values[pos]
+        if not v < MAX_VALUE:  # the top bucket takes the rest (a NaN, which the hook refuses, would sort anywhere)
+            buckets[MAX_INDEX] = get(MAX_INDEX, 0.0) + (n - pos)
+            break
+        i = ceil(log2(v) * _PER_OCTAVE) - 1
+        if i <= MIN_INDEX:
+            i = MIN_INDEX
+        elif v <= upper[i - 1 - low]:  # a value on a boundary belongs to the bucket it closes
+            i -= 1
+        elif v > upper[i - low]:
+            i += 1
+        end = bisect_right(values, upper[i - low], pos)
+        buckets[i] = get(i, 0.0) + (end - pos)
         pos = end
     return zero
 

@@ -350,13 +350,13 @@ class Histogram(Series):
             return
         c[gen] += 1
         try:
-            n = len(b)
-            batch = b[:n]
-            batch.append(v)
+            fresh: list[float] = []  # the thread's buffer from now on; the full one is counted in place
+            c[self._buf] = fresh
+            self._local.b = fresh
+            b.append(v)
             counted = _Counted(self.width, self.sketched)
-            counted.count(batch, self.bounds)
+            counted.count(b, self.bounds)
             _add_into(c, self.width, counted)
-            del b[:n]
         finally:
             c[gen] += 1
 
