@@ -77,7 +77,9 @@ class PrometheusServer(_ServerProcess):
     name = "prometheus"
 
     def __init__(self, workdir: Path, targets: list[str], scrape_interval_s: int = 1,
-                 rule_files: list[str] | None = None, alertmanager: str | None = None) -> None:
+                 rule_files: list[str] | None = None, alertmanager: str | None = None,
+                 flags: tuple[str, ...] = ()) -> None:
+        """flags: more command-line flags (--enable-feature=native-histograms)."""
         binary = need_binary("prometheus")
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -93,7 +95,7 @@ class PrometheusServer(_ServerProcess):
         (workdir / "prometheus.yml").write_text(json.dumps(config))
         self._start([binary, f"--config.file={workdir / 'prometheus.yml'}", f"--storage.tsdb.path={workdir / 'data'}",
                      f"--web.listen-address=127.0.0.1:{self.port}", "--web.enable-lifecycle",
-                     "--rules.alert.resend-delay=1s"], workdir)
+                     "--rules.alert.resend-delay=1s", *flags], workdir)
         self._wait_ready("/-/ready", "Prometheus /-/ready")
 
     def query(self, promql: str) -> list[dict[str, Any]]:

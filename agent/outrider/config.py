@@ -84,6 +84,11 @@ class Config:
         "help": "require HTTP basic auth on /metrics with this user (health endpoints stay open for probes)"})
     basic_auth_password_file: str = field(default="", metadata={
         "help": "file holding the basic-auth password (a mounted Secret; never the password itself)"})
+    native_histograms: bool = field(default=True, metadata={
+        "help": "answer a scraper that asks for the protobuf exposition (Prometheus with native histograms on) "
+                "with it: the recorded distributions as native histograms, classic buckets beside them; false: "
+                "the text formats only (Prometheus 2.42-2.44 keeps no classic buckets of a native histogram, and "
+                "the rules query them)"})
     nvml_library: str = field(default="", metadata={
         "help": "path of libnvidia-ml.so.1 to load; empty: the driver's, found by soname"})
     rule_files: tuple[str, ...] = field(default=("builtin",), metadata={
@@ -396,6 +401,7 @@ CONVERTERS: dict[str, Callable[[Any], Any]] = {
     "tls_key_file": _str,
     "basic_auth_username": _str,
     "basic_auth_password_file": _str,
+    "native_histograms": _bool,
     "k8s_labels": _k8s_labels,
     "rule_files": _str_list,
     "rule_settings": _str_list,
