@@ -174,16 +174,20 @@ class WebhookReceiver:
 
 
 class OtlpHttpReceiver:
-    """OTLP/HTTP with protobuf bodies on POST /v1/metrics. `fail_with` makes it answer that status instead."""
+    """OTLP/HTTP with protobuf bodies on POST /v1/metrics. `fail_with` makes it answer that status instead;
+    `delay_s` makes it answer that much later (a slow collector)."""
 
     def __init__(self, port: int | None = None) -> None:
         self.requests: list[ExportMetricsServiceRequest] = []
         self.headers: list[dict[str, str]] = []
         self.fail_with: int | None = None
+        self.delay_s = 0.0
+        self.stopping = threading.Event()
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
+                receiver.stopping.wait(receiver.delay_s)
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 if self.headers.get("Content-Encoding") == "gzip":
                     body = gzip.decompress(body)
@@ -197,11 +201,12 @@ class OtlpHttpReceiver:
                     receiver.requests.append(ExportMetricsServiceRequest.FromString(body))
                     receiver.headers.append(dict(self.headers))
                 reply = metrics_service_pb2.ExportMetricsServiceResponse().SerializeToString()
-                self.send_response(200 if ok else 400)
-                self.send_header("Content-Type", "application/x-protobuf")
-                self.send_header("Content-Length", str(len(reply)))
-                self.end_headers()
-                self.wfile.write(reply)
+                with contextlib.suppress(ConnectionError):  # an exporter that gave up on a slow answer
+                    self.send_response(200 if ok else 400)
+                    self.send_header("Content-Type", "application/x-protobuf")
+                    self.send_header("Content-Length", str(len(reply)))
+                    self.end_headers()
+                    self.wfile.write(reply)
 
             def log_message(self, *args: object) -> None:
                 pass
@@ -213,6 +218,7 @@ class OtlpHttpReceiver:
         self._thread.start()
 
     def stop(self) -> None:
+        self.stopping.set()
         self._server.shutdown()
         self._server.server_close()
 
