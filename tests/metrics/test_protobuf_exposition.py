@@ -94,8 +94,8 @@ def test_a_sketched_histogram_has_its_classic_buckets_and_its_native_ones_equal_
 
 
 def test_a_family_with_one_unsketched_sample_is_classic_for_all_its_samples() -> None:
-    """Prometheus decides native or classic per family: a sample with no sketch (another library's histogram)
-    would otherwise be a native histogram with no buckets."""
+    """All of a family's series are native histograms or none: one metric, one kind of series in Prometheus (a
+    series with no sketch, another library's histogram, has no native buckets to give)."""
     fam = Family("outrider_request_duration_seconds")
     fam.add(histogram([0.1, 0.2]), *REQUEST_LABELS)
     fam.add(histogram([0.3], sketched=False), "/y", *REQUEST_LABELS[1:])

@@ -7,7 +7,7 @@ The one format that carries native histograms. A histogram family whose every sa
 (schema 5, the zero bucket's threshold and count, the positive buckets as spans and count deltas) and the classic
 buckets, so a Prometheus that keeps classic buckets too (scrape_classic_histograms, 2.45 and later) still has the
 `_bucket` series the rule file queries. A family where some sample has no sketch (another library's histogram, an
-older hook) is classic only: Prometheus decides native or classic per family, from its first series.
+older hook) is classic only: all its series or none are native, so a metric is one kind of series in Prometheus.
 
 Written by hand (varints and length-delimited fields, client_model's metrics.proto the reference) rather than
 through a generated module: the agent needs no protobuf runtime for /metrics, and each series' label bytes and field
