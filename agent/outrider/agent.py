@@ -61,12 +61,13 @@ class Agent:
         self.workload = lifecycle.attach(self.sampler, config)  # None unless exit_when_workload_exits
         host, port = config.listen_address
         try:
-            self.server = MetricsServer(self._endpoints(), host, port, tls, basic_auth)
+            self.server = MetricsServer(self._endpoints(), host, port, tls, basic_auth,
+                                        protobuf=config.native_histograms)
         except OSError as e:
             if not (listen_fallback and e.errno == errno.EADDRINUSE):
                 raise OSError(e.errno, f"cannot listen on {config.listen}: {e.strerror or e}") from None
             LOG.warning("%s is in use; serving /metrics on a free port instead", config.listen)
-            self.server = MetricsServer(self._endpoints(), host, 0, tls, basic_auth)
+            self.server = MetricsServer(self._endpoints(), host, 0, tls, basic_auth, protobuf=config.native_histograms)
         ctx.reporters.setdefault("self", []).append(self.server.families)
         self.otlp: Any = None
         if otlp_enabled(config):
@@ -82,9 +83,9 @@ class Agent:
         def alerts_json() -> bytes:
             return alerts_api_json([a for _, a in engine.active_alerts()] if engine is not None else [])
 
-        return Endpoints(lambda openmetrics, gzip: sampler.exposition(openmetrics, compressed=gzip), alerts_json,
+        return Endpoints(lambda fmt, gzip: sampler.exposition(fmt, compressed=gzip), alerts_json,
                          healthy=sampler.healthy, ready=sampler.ready.is_set,
-                         rendered=lambda openmetrics, gzip: sampler.rendered(openmetrics, compressed=gzip))
+                         rendered=lambda fmt, gzip: sampler.rendered(fmt, compressed=gzip))
 
     def start(self) -> None:
         self._started = True

@@ -118,7 +118,7 @@ def cmd_metrics(args: argparse.Namespace) -> int:
     sampler.sweep()
     time.sleep(0.2)  # a second sweep, so values computed between sweeps (CPU utilisation) are present
     sampler.sweep()
-    sys.stdout.buffer.write(sampler.exposition(openmetrics=args.openmetrics))
+    sys.stdout.buffer.write(sampler.exposition("openmetrics" if args.openmetrics else "text"))
     sampler.stop()
     return 0
 

@@ -20,6 +20,7 @@ from outrider.hook import settings as hook_settings
 ENV_PREFIX = "OUTRIDER_"
 LOG_LEVELS = ("debug", "info", "warning", "error")
 OTLP_PROTOCOLS = ("http/protobuf", "grpc")
+OTLP_HISTOGRAM_AGGREGATIONS = ("base2_exponential_bucket_histogram", "explicit_bucket_histogram")
 
 
 class ConfigError(ValueError):
@@ -56,6 +57,10 @@ class Config:
     otlp_interval_s: float = field(default=15.0, metadata={
         "help": "seconds between OTLP exports (OTEL_METRIC_EXPORT_INTERVAL, in ms, sets the default)"})
     otlp_timeout_s: float = field(default=10.0, metadata={"help": "timeout of one OTLP export"})
+    otlp_histogram_aggregation: str = field(default="base2_exponential_bucket_histogram", metadata={
+        "help": "the recorded distributions (durations) on OTLP: base2_exponential_bucket_histogram (exponential "
+                "histograms at their resolution, 1% error) or explicit_bucket_histogram (the classic buckets); "
+                "OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION sets the default"})
     shutdown_timeout_s: float = field(default=5.0, metadata={
         "help": "bound on the final sweep and flush after SIGTERM/SIGINT"})
     log_level: str = field(default="info", metadata={"help": "debug, info, warning or error"})
@@ -84,6 +89,11 @@ class Config:
         "help": "require HTTP basic auth on /metrics with this user (health endpoints stay open for probes)"})
     basic_auth_password_file: str = field(default="", metadata={
         "help": "file holding the basic-auth password (a mounted Secret; never the password itself)"})
+    native_histograms: bool = field(default=True, metadata={
+        "help": "answer a scraper that asks for the protobuf exposition (Prometheus with native histograms on) "
+                "with it: the recorded distributions as native histograms, classic buckets beside them; false: "
+                "the text formats only (Prometheus 2.42-2.44 keeps no classic buckets of a native histogram, and "
+                "the rules query them)"})
     nvml_library: str = field(default="", metadata={
         "help": "path of libnvidia-ml.so.1 to load; empty: the driver's, found by soname"})
     rule_files: tuple[str, ...] = field(default=("builtin",), metadata={
@@ -380,6 +390,7 @@ CONVERTERS: dict[str, Callable[[Any], Any]] = {
     "otlp_protocol": _choice(OTLP_PROTOCOLS),
     "otlp_interval_s": _number("otlp_interval_s"),
     "otlp_timeout_s": _number("otlp_timeout_s"),
+    "otlp_histogram_aggregation": _choice(OTLP_HISTOGRAM_AGGREGATIONS),
     "shutdown_timeout_s": _number("shutdown_timeout_s"),
     "log_level": _choice(LOG_LEVELS),
     "spool_dir": _str,
@@ -396,6 +407,7 @@ CONVERTERS: dict[str, Callable[[Any], Any]] = {
     "tls_key_file": _str,
     "basic_auth_username": _str,
     "basic_auth_password_file": _str,
+    "native_histograms": _bool,
     "k8s_labels": _k8s_labels,
     "rule_files": _str_list,
     "rule_settings": _str_list,
@@ -469,6 +481,10 @@ def _otel_defaults(env: Mapping[str, str], values: dict[str, Any], sources: dict
         name = ("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL" if env.get("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL")
                 else "OTEL_EXPORTER_OTLP_PROTOCOL")
         _set(values, sources, "otlp_protocol", proto, f"environment {name}")
+    aggregation = env.get("OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION")
+    if aggregation:
+        _set(values, sources, "otlp_histogram_aggregation", aggregation,
+             "environment OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION")
     interval_ms = env.get("OTEL_METRIC_EXPORT_INTERVAL")
     if interval_ms:
         try:

@@ -299,6 +299,20 @@ def test_monitors_without_tuning_carry_none_of_it() -> None:
     assert "annotations" not in kind(docs, "Service")[0]["metadata"]
 
 
+def test_monitors_keep_classic_histograms_only_when_asked() -> None:
+    """Prometheus with native histograms keeps only the native histogram of a metric that has both, unless the
+    monitor says scrapeClassicHistograms (a spec field, not an endpoint's): the rules query the classic buckets."""
+    for asked in (None, True, False):
+        values: dict[str, Any] = {"enabled": True} if asked is None else {"enabled": True,
+                                                                          "scrapeClassicHistograms": asked}
+        docs = render(None, {"serviceMonitor": values, "podMonitor": values})
+        validate(docs)
+        for monitor, endpoints in ((kind(docs, "ServiceMonitor")[0], "endpoints"),
+                                   (kind(docs, "PodMonitor")[0], "podMetricsEndpoints")):
+            assert monitor["spec"].get("scrapeClassicHistograms") is asked
+            assert all("scrapeClassicHistograms" not in e for e in monitor["spec"][endpoints])
+
+
 def test_each_sidecar_workload_is_its_own_job() -> None:
     pm = kind(render(None, {"podMonitor": {"enabled": True}}), "PodMonitor")[0]
     assert pm["spec"]["jobLabel"] == "outrider.dev/job"

@@ -1,4 +1,5 @@
-"""The HTTP endpoint: /metrics (Prometheus text, or OpenMetrics by content negotiation, gzip on request),
+"""The HTTP endpoint: /metrics (Prometheus text, or OpenMetrics or the protobuf exposition with native histograms by
+content negotiation, gzip on request),
 /api/v1/alerts (the agent's own pending and firing alerts, in Prometheus's API shape), /healthz (the sweep loop is
 alive and current) and /readyz (the first sweep is done).
 
@@ -19,12 +20,7 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Protocol
 
 from outrider.exporters.http_server import HttpServer, Limits, Request, Response
-from outrider.metrics.exposition import (
-    OPENMETRICS_CONTENT_TYPE,
-    TEXT_CONTENT_TYPE,
-    format_value,
-    wants_openmetrics,
-)
+from outrider.metrics.exposition import CONTENT_TYPES, Format, format_value, negotiate
 from outrider.metrics.family import Family
 
 if TYPE_CHECKING:
@@ -40,17 +36,17 @@ PROTECTED = ("/metrics", "/api/v1/alerts")  # probes (/healthz, /readyz) stay op
 
 @dataclass(frozen=True)
 class Endpoints:
-    """What the endpoint serves. exposition(openmetrics, gzip) is the latest sweep rendered; alerts_json() the
-    body of /api/v1/alerts; healthy() and ready() answer the probes; rendered(openmetrics, gzip) the exposition
-    only if it needs no rendering."""
+    """What the endpoint serves. exposition(format, gzip) is the latest sweep rendered; alerts_json() the body of
+    /api/v1/alerts; healthy() and ready() answer the probes; rendered(format, gzip) the exposition only if it needs
+    no rendering."""
 
-    exposition: Callable[[bool, bool], bytes]
+    exposition: Callable[[Format, bool], bytes]
     alerts_json: Callable[[], bytes]
     healthy: Callable[[], bool]
     ready: Callable[[], bool]
     # the latest sweep's body if it is rendered (and gzipped) already, else None: what the server's loop thread
     # answers itself; exposition() renders the rest on a worker
-    rendered: Callable[[bool, bool], bytes | None] | None = None
+    rendered: Callable[[Format, bool], bytes | None] | None = None
 
 
 class ActiveAlert(Protocol):
@@ -82,10 +78,13 @@ class MetricsServer:
     """Serves `endpoints` over HTTP(S). Binds on construction; `start()` serves on daemon threads."""
 
     def __init__(self, endpoints: Endpoints, host: str, port: int, tls: tuple[str, str] | None = None,
-                 basic_auth: tuple[str, str] | None = None, limits: Limits | None = None) -> None:
+                 basic_auth: tuple[str, str] | None = None, limits: Limits | None = None,
+                 protobuf: bool = True) -> None:
         """tls: (certificate file, key file); basic_auth: (user, password) required on /metrics and
-        /api/v1/alerts."""
+        /api/v1/alerts; protobuf: answer a scraper that asks for the protobuf exposition (native histograms) with
+        it, else with the text formats."""
         self.endpoints = endpoints
+        self.protobuf = protobuf
         self._basic_auth = basic_auth
         self._scrapes = 0
         self._lock = threading.Lock()
@@ -154,18 +153,18 @@ class MetricsServer:
         if path in PROTECTED and not self._authorised(request.headers.get("authorization", "")):
             return Response(401, b"", (("WWW-Authenticate", 'Basic realm="outrider"'),))
         if path == "/metrics":
-            openmetrics = wants_openmetrics(request.headers.get("accept"))
+            fmt = negotiate(request.headers.get("accept"), self.protobuf)
             use_gzip = "gzip" in request.headers.get("accept-encoding", "")
             if wait:
-                body: bytes | None = self.endpoints.exposition(openmetrics, use_gzip)
+                body: bytes | None = self.endpoints.exposition(fmt, use_gzip)
             else:
                 rendered = self.endpoints.rendered
-                body = rendered(openmetrics, use_gzip) if rendered is not None else None
+                body = rendered(fmt, use_gzip) if rendered is not None else None
             if body is None:
                 return None
             with self._lock:
                 self._scrapes += 1
-            headers = [("Content-Type", OPENMETRICS_CONTENT_TYPE if openmetrics else TEXT_CONTENT_TYPE)]
+            headers = [("Content-Type", CONTENT_TYPES[fmt])]
             if use_gzip:
                 headers.append(("Content-Encoding", "gzip"))
             return Response(200, body, tuple(headers))
