@@ -61,7 +61,7 @@ def per_call_spread_ns(fn: Callable[[float], Any], values: list[float]) -> float
     for v in values:
         fn(v)
     mid = time.thread_time_ns()
-    for v in values:
+    for _ in values:
         pass
     return ((mid - t) - (time.thread_time_ns() - mid)) / len(values)
 
