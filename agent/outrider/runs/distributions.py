@@ -5,30 +5,33 @@ compare`, which judges two runs step by step and request by request.
 Each sweep, every series of those families (one per rank, route, status...) adds what it grew since the previous
 sweep (HistogramValue.since, bucket by bucket) to the run's total: a series already there at the run's first sweep
 counts from that sweep (a process that started before the run is counted from the run's start), one that appears
-later counts whole (it started during the run). A series that leaves the sweep keeps what it added, and its last
-value is remembered, so one that comes back is not counted twice. The total carries the classic buckets, the exact
-count and sum, and the sketch (1.08%) where every series had one (otherwise None: a classic-only source).
+later counts whole (it started during the run). The hook collector keeps a finished process's values in its
+series (merged series never go backwards while the agent lives), so a series leaves the sweep only when that is
+long over, and one that appears again is a new process, counted whole. The total carries the classic buckets, the
+exact count and sum, and the sketch (1.08%) where every series had one (otherwise None: a classic-only source).
 
 Warm-up: besides the whole run, each distribution's steady part is kept: what was recorded after the last sweep
 at which at most WARMUP (10%) of the run's items so far had been recorded. It drops at most the first 10% of the
 steps, never more, and nothing when the first sweep with steps already held more than 10% of them: a run of 400
-steps swept every 5 s keeps them all. The candidates for that sweep are snapshots of the total, thinned to at most
-MAX_MARKS evenly spaced in count, so a long run's warm-up is cut within 2% of its steps (fewer dropped, never
-more)."""
+steps swept every 5 s keeps them all. The candidates for that sweep are compact snapshots of the total, one each
+time it grew by MARK_GROWTH (5%) since the last: those below 10% of the total are let go as it grows, so a
+distribution holds about log(10) / log(1.05) = 47 of them however long the run, and its warm-up is cut between
+9.5% and 10% of its items wherever the sweeps allow."""
 
 from __future__ import annotations
 
 import json
+from array import array
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 from outrider.metrics.family import Family, HistogramValue
 from outrider.runs.kpis import DISTRIBUTIONS
 from outrider.sketch import Sketch
 
 WARMUP = 0.1
-MAX_MARKS = 256
+MARK_GROWTH = 0.05
 MAX_ROUTES = 20  # routes kept apart, per distribution kept by route; later routes count in the whole only
-MAX_SERIES = 10_000  # series remembered (their last value)
 RUN, STEADY = "run", "steady"  # the parts the record keeps
 _BY_METRIC = {d.metric: d for d in DISTRIBUTIONS.values()}
 
@@ -47,20 +50,45 @@ def from_json(text: str) -> HistogramValue:
                           None if sketch is None else Sketch.of(sketch["zero"], [(i, c) for i, c in sketch["buckets"]]))
 
 
+@dataclass(frozen=True)
+class _Mark:
+    """A snapshot of a total, in arrays: 3.6 KB where the HistogramValue of a sketch of 184 buckets holds 16 KB."""
+
+    count: int
+    value_sum: float
+    bounds: tuple[float, ...]
+    counts: array[int]
+    zero: int | None  # None: no sketch
+    indexes: array[int]
+    in_bucket: array[int]
+
+    @staticmethod
+    def of(h: HistogramValue) -> _Mark:
+        s = h.sketch
+        return _Mark(h.count, h.sum, h.bounds, array("q", h.counts), None if s is None else s.zero,
+                     array("q", s.buckets.keys() if s is not None else ()),
+                     array("q", s.buckets.values() if s is not None else ()))
+
+    def value(self) -> HistogramValue:
+        sketch = None if self.zero is None else Sketch.of(self.zero, zip(self.indexes, self.in_bucket))
+        return HistogramValue(self.bounds, tuple(self.counts), self.value_sum, sketch)
+
+
 class RunDistributions:
     """The run's totals of DISTRIBUTIONS, fed every sweep (`add`), with their steady parts (see the module)."""
 
     def __init__(self, warmup_fraction: float = WARMUP) -> None:
         self.warmup_fraction = warmup_fraction
         self.totals: dict[str, HistogramValue] = {}
-        self._last: dict[tuple[str, tuple[str, ...]], HistogramValue] = {}  # (metric, labels) -> its last value
+        self._last: dict[tuple[str, tuple[str, ...]], HistogramValue] = {}  # (metric, labels) -> last sweep's value
         self._swept = False
         # per distribution: [the warm-up mark (None: the run's start), later snapshots that may become it]
-        self._marks: dict[str, list[HistogramValue | None]] = {}
+        self._marks: dict[str, list[_Mark | None]] = {}
         self._saved: dict[str, int] = {}  # the count each distribution had when `changed` last gave it
 
     def add(self, families: list[Family]) -> None:
         grown: dict[str, list[HistogramValue]] = {}
+        seen: dict[tuple[str, tuple[str, ...]], HistogramValue] = {}
         for f in families:
             d = _BY_METRIC.get(f.defn.name)
             if d is None:
@@ -70,9 +98,8 @@ class RunDistributions:
                 if not isinstance(v, HistogramValue):
                     continue
                 series = (f.defn.name, labels)
+                seen[series] = v
                 before = self._last.get(series)
-                if before is not None or len(self._last) < MAX_SERIES:
-                    self._last[series] = v
                 if before is None and not self._swept:
                     continue  # there at the run's first sweep: counted from it
                 delta = v.since(before)
@@ -81,6 +108,7 @@ class RunDistributions:
                 grown.setdefault(d.key, []).append(delta)
                 if route_at >= 0:
                     grown.setdefault(f"{d.key}:{labels[route_at]}", []).append(delta)
+        self._last = seen
         self._swept = True
         for key, deltas in grown.items():
             self._grow(key, deltas)
@@ -100,21 +128,19 @@ class RunDistributions:
             return
         self.totals[key] = total
         marks = self._marks.setdefault(key, [None])
-        marks.append(total)
+        last = marks[-1]
+        if last is None or total.count >= (1.0 + MARK_GROWTH) * last.count:
+            marks.append(_Mark.of(total))
         limit = self.warmup_fraction * total.count
-        while len(marks) > 1 and (marks[1] is None or marks[1].count <= limit):
+        while len(marks) > 1 and (m := marks[1]) is not None and m.count <= limit:
             marks.pop(0)
-        if len(marks) > MAX_MARKS:  # thinned to even steps in count: the warm-up cut within 4/MAX_MARKS of the run
-            spacing, kept = 2.0 * total.count / MAX_MARKS, [marks[0]]
-            for m in marks[1:-1]:
-                last = kept[-1]
-                if m is not None and m.count - (last.count if last is not None else 0) >= spacing:
-                    kept.append(m)
-            marks[:] = [*kept, marks[-1]]
 
     def steady(self, key: str) -> HistogramValue | None:
         total = self.totals.get(key)
-        return None if total is None else total.since(self._marks.get(key, [None])[0])
+        if total is None:
+            return None
+        mark = self._marks.get(key, [None])[0]
+        return total.since(None if mark is None else mark.value())
 
     def changed(self) -> Iterator[tuple[str, HistogramValue, HistogramValue]]:
         """(key, the whole run, its steady part) of each distribution that grew since the last call."""
