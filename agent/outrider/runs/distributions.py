@@ -74,6 +74,26 @@ class _Mark:
         return HistogramValue(self.bounds, tuple(self.counts), self.value_sum, sketch)
 
 
+def _merged(values: list[HistogramValue]) -> HistogramValue | None:
+    """The sum of histograms in one pass (HistogramValue + builds a sketch per addition); those of other bounds
+    than the first (a custom source) cannot be merged bucketwise and are left out; the sketch only where all had
+    one."""
+    if not values:
+        return None
+    first = values[0]
+    kept = [v for v in values if v.bounds == first.bounds]
+    counts = [sum(column) for column in zip(*(v.counts for v in kept))]
+    sketch = None
+    if all(v.sketch is not None for v in kept):
+        buckets: dict[int, int] = {}
+        for v in kept:
+            assert v.sketch is not None
+            for i, c in v.sketch.buckets.items():
+                buckets[i] = buckets.get(i, 0) + c
+        sketch = Sketch.of(sum(v.sketch.zero for v in kept if v.sketch is not None), buckets)
+    return HistogramValue(first.bounds, tuple(counts), sum(v.sum for v in kept), sketch)
+
+
 class RunDistributions:
     """The run's totals of DISTRIBUTIONS, fed every sweep (`add`), with their steady parts (see the module)."""
 
@@ -119,11 +139,7 @@ class RunDistributions:
             prefix = key.split(":", 1)[0] + ":"
             if sum(k.startswith(prefix) for k in self.totals) >= MAX_ROUTES:
                 return
-        for d in deltas:
-            if total is None:
-                total = d
-            elif d.bounds == total.bounds:  # a series of other bounds (a custom source) cannot be merged bucketwise
-                total = total + d
+        total = _merged([*([total] if total is not None else []), *deltas])
         if total is None:
             return
         self.totals[key] = total
