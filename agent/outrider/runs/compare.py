@@ -1,6 +1,6 @@
 """A/B comparison of two runs, step by step and request by request: for every statistic both runs recorded, B's
-value over A's with a 95% interval (runs/stats.py), which run is better and by how much ("step time p50: A 10.1
-ms, B 4.6 ms: B is 54% faster (-54% [-56%, -53%]; 360/360 steps)"), "no significant difference" only when the
+value over A's with a 95% interval (runs/stats.py), which run is better and by how much ("step time p50: A 8.07
+ms, B 3.7 ms: B is 54% faster (-54% [-56%, -52%]; 400/400 steps)"), "no significant difference" only when the
 interval covers no change, and "not enough data" only when there truly are too few steps, requests or counter
 updates.
 
@@ -20,10 +20,10 @@ updates.
 - Everything else the record samples per sweep (job CPU, memory, GPU): the mean of the steady sweeps (those with
   steps for a training KPI, with requests for an inference one, the first 10% dropped), bootstrapped by sweep.
 
-A change whose interval excludes no change but does not reach beyond NOISE (2%) either way is said to be within
-noise: the difference is there, too small to act on (Criterion's noise threshold). Records made before runs kept
-their distributions and counters compare per sweep, as Outrider did then, and say so on every such line.
-"""
+A change whose interval excludes no change but reaches within NOISE (2%) of it is said with "perhaps by no more
+than noise": the difference is there, perhaps too small to act on (Criterion's noise threshold). Records whose
+histograms had no sketch compare a distribution's mean by counts and its percentiles per sweep; records made before
+runs kept their distributions and counters compare per sweep, as Outrider did then; each such line says so."""
 
 from __future__ import annotations
 
