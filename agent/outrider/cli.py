@@ -310,6 +310,8 @@ def cmd_compare(store: Any, args: argparse.Namespace) -> int:
     print(f"A = {a.id} ({' '.join(a.command)[:60]})\nB = {b.id} ({' '.join(b.command)[:60]})")
     if not results and not skipped:
         print("no KPI recorded in either run")
+    else:
+        print("B against A: (B's change [95% interval]; what each run's number stands on)")
     for r in results:
         print("  " + r.sentence())
     if skipped:
@@ -430,7 +432,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", help="file to write (default: outrider-report-RUN.html)")
     p.add_argument("--runs-dir", help="where the records are")
     p.set_defaults(func=_with_runs(cmd_report))
-    p = sub.add_parser("compare", help="compare two recorded runs: KPI deltas with confidence intervals")
+    p = sub.add_parser("compare", help="compare two recorded runs step by step and request by request: which is "
+                                       "better and by how much, with 95%% intervals")
     p.add_argument("run_a")
     p.add_argument("run_b")
     p.add_argument("--runs-dir", help="where the records are")

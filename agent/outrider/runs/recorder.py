@@ -1,9 +1,12 @@
 """Records a run as it goes, into the run store: KPIs per sweep (rates and the data-wait share from the job's
-counters over time, metrics/rate.py, whose running totals it keeps too; the rest from the difference with the
-previous sweep), the verdict timeline and the run's verdict so far (runs/verdict.py), alert transitions from the
-agent's own rule evaluation, and events (stalls). It also keeps what the final sweep cannot say of processes that
-never stepped (their gauges go with them): which ranks waited for a first step and which of those stalled, so the
-summary and the verdict can say the job hung before its first step rather than that it was idle.
+counters over time, metrics/rate.py, whose running totals it keeps too, errors by class included; the rest from the
+difference with the previous sweep), the run's duration distributions (step time, data wait, request latency:
+what their histograms recorded from the run's first sweep to its latest, runs/distributions.py, kept current, with
+their running count and sum in every sweep's KPIs), the verdict timeline and the run's verdict so far
+(runs/verdict.py), alert transitions from the agent's own rule evaluation, and events (stalls). It also keeps what
+the final sweep cannot say of processes that never stepped (their gauges go with them): which ranks waited for a
+first step and which of those stalled, so the summary and the verdict can say the job hung before its first step
+rather than that it was idle.
 
 It is a sweep listener (`__call__`) and an alert listener (`on_alert`, wired by the runner in front of the
 notifiers); both may be called from the sampler's thread and from the runner's final sweep, hence the lock. A
@@ -25,6 +28,7 @@ from outrider.metrics.family import Family, HistogramValue, merged_histogram
 from outrider.metrics.quantile import quantile
 from outrider.metrics.rate import CounterHistory
 from outrider.rules.notification import Notification
+from outrider.runs.distributions import RunDistributions
 from outrider.runs.measured import Waiting
 from outrider.runs.store import AlertRecord, RunStore
 from outrider.runs.verdict import HUNG, RunVerdict, Segment, VerdictTally
@@ -40,6 +44,7 @@ TOTALS = {"step_count": "steps_total", "samples": "samples_total", "tokens": "to
 RATES = {"steps_per_s": "steps_total", "samples_per_s": "samples_total", "tokens_per_s": "tokens_total",
          "requests_per_s": "requests_total"}
 SHARES = {"data_wait_fraction": ("data_wait_seconds_total", "loop_seconds_total")}
+ERROR_TOTALS = {kind: f"{kind}_total" for kind in ERRORS.values()}  # finished requests by error class, running totals
 
 
 def _delta(new: HistogramValue | None, old: HistogramValue | None) -> HistogramValue | None:
@@ -80,6 +85,7 @@ class RunRecorder:
         self._lock = threading.Lock()
         self._store_failed = False
         self.counters = CounterHistory()
+        self.distributions = RunDistributions()
 
     def __call__(self, families: list[Family]) -> None:
         with self._lock:
@@ -99,9 +105,13 @@ class RunRecorder:
                 self._stalls(f, t)
         self._first_steps(families, t)
         before = {name: self.counters.total(name) for name in TOTALS.values()}
-        self.counters.add(now, {name: snap.get(key, 0.0) for key, name in TOTALS.items()})
+        self.counters.add(now, {**{name: snap.get(key, 0.0) for key, name in TOTALS.items()},
+                                **{name: errors[kind] for kind, name in ERROR_TOTALS.items()}})
         grown = {name: self.counters.total(name) - before[name] for name in TOTALS.values()}
         kpis.update({name: self.counters.total(name) for name in TOTALS.values() if self.counters.total(name)})
+        if self.counters.total("requests_total"):  # zero errors too, once serving: a record that counts them
+            kpis.update({name: self.counters.total(name) for name in ERROR_TOTALS.values()})
+        self._distributions(families, kpis)
         for kpi, name in RATES.items():
             rate = self.counters.rate(name)
             # not measured yet is no sample; a counter that never moved since the first sweep is 0
@@ -141,6 +151,17 @@ class RunRecorder:
             self._last_verdict = verdict.cls
             self._write(RunStore.add_verdict, prev[1], verdict.cls, verdict.reason, verdict.evidence)
         self._write(RunStore.set_run_verdict, self.tally.result())
+
+    def _distributions(self, families: list[Family], kpis: dict[str, float]) -> None:
+        """The run's distributions so far into the store (those that grew), and the running count and sum of each
+        (all routes merged) into this sweep's KPIs: a mean over any stretch of the run, by counts."""
+        self.distributions.add(families)
+        for key, whole, steady in self.distributions.changed():
+            self._write(RunStore.set_distribution, key, whole, steady)
+        for key, total in self.distributions.totals.items():
+            if ":" not in key:
+                kpis[f"{key}_count"] = float(total.count)
+                kpis[f"{key}_sum_s"] = total.sum
 
     def _stalls(self, fam: Family, t: float) -> None:
         for labels, v in fam.samples:
