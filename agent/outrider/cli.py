@@ -103,8 +103,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not cmd or not cmd[0]:
         print("outrider run: no command given: outrider run [options] -- CMD [ARGS...]", file=sys.stderr)
         return 2
-    cfg = _load(args).config
-    setup_logging(cfg.log_level)
+    loaded = _load(args)
+    cfg = loaded.config
+    # --quiet: nothing on stderr but what needs acting on (warnings, errors), unless a log level was asked for
+    asked = loaded.sources.get("log_level", "default") != "default"
+    setup_logging("warning" if args.quiet and not asked else cfg.log_level)
     code, _ = run(cmd, cfg, summary_json=args.summary_json, quiet=args.quiet)
     return code
 
@@ -364,7 +367,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("run", help="run a command under watch: outrider run [options] -- CMD ...")
     _add_config_flags(p)
     p.add_argument("--summary-json", metavar="FILE", help="also write the end-of-run summary as JSON")
-    p.add_argument("--quiet", action="store_true", help="print no banner and no summary")
+    p.add_argument("--quiet", action="store_true",
+                   help="print no banner, no summary and no log line under a warning (unless --log-level or the "
+                        "configuration asks for one)")
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="the command, after --")
     p.set_defaults(func=cmd_run)
 

@@ -195,7 +195,10 @@ class RunRecorder:
             return Waiting(sorted(self._waiting), sorted(self._first_step_stalled), max(self._waiting.values()))
 
     def on_alert(self, n: Notification) -> None:
-        """An alert transition from the agent's rule engine (firing or resolved); never raises into the engine."""
+        """An alert transition from the agent's rule engine (firing or resolved); never raises into the engine.
+        Heartbeats (the Watchdog, always firing) are not the run's news: not kept."""
+        if n.heartbeat:
+            return
         try:
             with self._lock:
                 summary = n.annotations.get("summary", "") or n.annotations.get("description", "")
