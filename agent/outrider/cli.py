@@ -420,7 +420,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("top", help="a live terminal view of an agent: GPUs, KPIs, the verdict, stalls")
     p.add_argument("--url", default="http://127.0.0.1:9477", help="the agent (default http://127.0.0.1:9477)")
     p.add_argument("--interval", type=float, default=2.0, help="seconds between screens")
-    p.add_argument("--once", action="store_true", help="draw one screen and exit")
+    p.add_argument("--once", action="store_true",
+                   help="read until the agent has swept again (rates need two sweeps), draw one screen and exit")
     p.set_defaults(func=cmd_top)
 
     p = sub.add_parser("alerts", help="the pending and firing alerts of a running agent's own rule evaluation")
