@@ -100,7 +100,8 @@ class Reads:
     def add(self, t: float, m: dict[Sample, float]) -> None:
         self.latest = m
         self.reads.append((t, {k: v for k, v in m.items() if k[0].startswith(WINDOWED)}))
-        self.counters.add(t, ((name, dict(labels), v) for (name, labels), v in m.items()))
+        self.counters.add(t, ((name, dict(labels), v) for (name, labels), v in m.items()
+                              if name in self.counters.metrics))
 
     def rate(self, key: str) -> float | None:
         return self.counters.rate(key)

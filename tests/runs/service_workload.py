@@ -7,8 +7,9 @@ rests (serving nothing) until DIR/release exists, then exits.
 
 `service_workload.py client PORT DIR RATE`: a client that imports nothing of Outrider, paced at RATE requests a
 second on its own monotonic clock over one keep-alive connection, until DIR/stop exists; it writes DIR/client.json:
-how many requests it completed, between which moments (its monotonic clock and the wall clock), and how late it
-ever fell behind its pace.
+how many requests it completed, between which moments (its monotonic clock and the wall clock), when each one
+completed (the wall clock, which the hook's heartbeats read too), and how late it ever fell behind its pace (it
+catches up: a window after a lag holds more than its pace).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import time
 def client(port: int, directory: str, rate: float) -> None:
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
     stop = os.path.join(directory, "stop")
-    count, latest = 0, 0.0
+    count, latest, done = 0, 0.0, []
     started_wall, started = time.time(), time.monotonic()
     while not os.path.exists(stop):
         due = started + count / rate
@@ -39,12 +40,13 @@ def client(port: int, directory: str, rate: float) -> None:
         resp.read()
         if resp.status != 200:
             raise SystemExit(f"the service answered {resp.status}")
+        done.append(time.time())
         count += 1
     ended, ended_wall = time.monotonic(), time.time()
     conn.close()
     with open(os.path.join(directory, "client.json.tmp"), "w", encoding="utf-8") as fh:
         json.dump({"count": count, "seconds": ended - started, "started": started_wall, "ended": ended_wall,
-                   "latest_s": latest}, fh)
+                   "latest_s": latest, "completed": done}, fh)
     os.rename(os.path.join(directory, "client.json.tmp"), os.path.join(directory, "client.json"))
 
 

@@ -53,7 +53,7 @@ class LiveLine:
 
     def __call__(self, fams: list[Family]) -> None:
         now, vals = time.monotonic(), _values(fams)
-        self._counters.add(now, family_samples(fams))
+        self._counters.add(now, family_samples(fams, self._counters.metrics))
         if now - self._shown < self.every_s:
             return
         self._shown = now

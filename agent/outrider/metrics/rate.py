@@ -34,7 +34,7 @@ from __future__ import annotations
 import collections
 import itertools
 import math
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 from outrider.metrics.catalog import CATALOG
@@ -58,9 +58,11 @@ def group_of(labels: Mapping[str, str]) -> tuple[str, str]:
     return labels.get("training_job", ""), labels.get("rank", "")
 
 
-def family_samples(families: Iterable[Family]) -> Iterator[Sample]:
-    """A sweep's scalar samples, each with its labels by name."""
+def family_samples(families: Iterable[Family], metrics: Collection[str]) -> Iterator[Sample]:
+    """A sweep's scalar samples of `metrics`, each with its labels by name."""
     for f in families:
+        if f.defn.name not in metrics:
+            continue
         names = f.defn.label_names
         for values, v in f.samples:
             if isinstance(v, float | int):
@@ -92,6 +94,7 @@ class CounterHistory:
         self._by_metric: dict[str, list[tuple[str, Mapping[str, str]]]] = {}
         for key, (metric, want) in counters.items():
             self._by_metric.setdefault(metric, []).append((key, want))
+        self.metrics = frozenset({*self._by_metric, HEARTBEAT})  # what a read needs of a sweep
         self._reads: collections.deque[_Read] = collections.deque(maxlen=keep)
         self._raw: dict[tuple[str, Group], float] = {}
         self._totals: dict[tuple[str, Group], float] = {}

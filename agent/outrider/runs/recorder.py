@@ -66,7 +66,7 @@ def nothing_ran_since(s: Signals, rates: dict[str, float | None], families: list
     published = {key: rate for key, rate in rates.items() if rate is not None}
     s = replace(s, steps_per_s=published.get("steps_per_s", s.steps_per_s),
                 requests_per_s=published.get("requests_per_s", s.requests_per_s))
-    in_flight = sum(v for name, _, v in family_samples(families) if name == "outrider_requests_in_flight")
+    in_flight = sum(v for _, _, v in family_samples(families, ("outrider_requests_in_flight",)))
     return in_flight == 0 and nothing_ran(s)
 
 
@@ -107,7 +107,7 @@ class RunRecorder:
                 self._stalls(f, t)
         self._first_steps(families, t)
         before = {name: self.counters.total(name) for name in TOTALS}
-        self.counters.add(now, family_samples(families))
+        self.counters.add(now, family_samples(families, self.counters.metrics))
         grown = {name: self.counters.total(name) - before[name] for name in TOTALS}
         kpis.update({name: self.counters.total(name) for name in TOTALS if self.counters.total(name)})
         rates = {kpi: self.counters.rate(name) for kpi, name in RATES.items()}
