@@ -118,12 +118,14 @@ def test_a_process_that_stops_publishing_or_ends_reads_zero() -> None:
     for ends in (False, True):
         h = CounterHistory(STEPS)
         for i in range(40):
-            t = float(i)
+            t = i + 0.6
             at, value = published(min(t, 20.0), 1.0, 0.5)
             read = hook_read("outrider_train_steps_total", [(at, value)])
             h.add(t, [s for s in read if not (ends and t > 20 and s[0] == HEARTBEAT)])
             if t < 20:
                 assert t < 3 or h.rate("steps") == pytest.approx(TRUE)
+            elif ends:
+                assert h.rate("steps") is not None, "its end is known at once: no publisher, nothing counted"
         assert h.rate("steps") == 0.0
 
 

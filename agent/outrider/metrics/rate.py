@@ -187,6 +187,8 @@ class CounterHistory:
         found: list[tuple[int, float, int]] = []  # (start read, seconds, processes that published since)
         for j in range(end_at - 1, -1, -1):
             start = reads[j].stamps.get(g, {})
+            if BY_READ in end and BY_READ not in start:  # its processes stopped publishing since: timed by the reads
+                start = {BY_READ: reads[j].t}
             both = [p for p in end if p in start]
             advanced = [end[p] - start[p] for p in both if end[p] > start[p]]
             if not advanced:
