@@ -20,7 +20,8 @@ Series are summed per training job and rank (the hook collector's merge: a rank'
 each such group's rate is its growth over its own window, and a counter's rate is the sum over the groups. A group
 of several processes is timed by the mean of their heartbeats' advances, over a window in which each of them
 published (exact for one process, as a training rank, and for processes counting at the same rate, as a service's
-workers); a process that stops publishing (hung, stopped) is left out of its group's timing within two windows.
+workers); a process that stops publishing (hung, stopped) is left out of its group's timing within two windows,
+and a group none of whose processes has published for two windows reads 0 over the time since the last publication.
 A process that ends leaves its last values (collectors/hooked_processes.py keeps them) and no heartbeat: the
 series of a group without one, and those of every metric the agent reads itself (/proc), are timed by the read.
 
@@ -90,7 +91,6 @@ class CounterHistory:
     publishers published what the read saw."""
 
     def __init__(self, counters: Counters, keep: int = KEEP) -> None:
-        self._counters = counters
         self._by_metric: dict[str, list[tuple[str, Mapping[str, str]]]] = {}
         for key, (metric, want) in counters.items():
             self._by_metric.setdefault(metric, []).append((key, want))
