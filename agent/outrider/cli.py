@@ -103,8 +103,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not cmd or not cmd[0]:
         print("outrider run: no command given: outrider run [options] -- CMD [ARGS...]", file=sys.stderr)
         return 2
-    cfg = _load(args).config
-    setup_logging(cfg.log_level)
+    loaded = _load(args)
+    cfg = loaded.config
+    # --quiet: nothing on stderr but what needs acting on (warnings, errors), unless a log level was asked for
+    asked = loaded.sources.get("log_level", "default") != "default"
+    setup_logging("warning" if args.quiet and not asked else cfg.log_level)
     code, _ = run(cmd, cfg, summary_json=args.summary_json, quiet=args.quiet)
     return code
 
@@ -366,7 +369,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("run", help="run a command under watch: outrider run [options] -- CMD ...")
     _add_config_flags(p)
     p.add_argument("--summary-json", metavar="FILE", help="also write the end-of-run summary as JSON")
-    p.add_argument("--quiet", action="store_true", help="print no banner and no summary")
+    p.add_argument("--quiet", action="store_true",
+                   help="print no banner, no summary and no log line under a warning (unless --log-level or the "
+                        "configuration asks for one)")
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="the command, after --")
     p.set_defaults(func=cmd_run)
 
@@ -417,7 +422,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("top", help="a live terminal view of an agent: GPUs, KPIs, the verdict, stalls")
     p.add_argument("--url", default="http://127.0.0.1:9477", help="the agent (default http://127.0.0.1:9477)")
     p.add_argument("--interval", type=float, default=2.0, help="seconds between screens")
-    p.add_argument("--once", action="store_true", help="draw one screen and exit")
+    p.add_argument("--once", action="store_true",
+                   help="read until the agent has swept again (rates need two sweeps), draw one screen and exit")
     p.set_defaults(func=cmd_top)
 
     p = sub.add_parser("alerts", help="the pending and firing alerts of a running agent's own rule evaluation")

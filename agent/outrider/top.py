@@ -2,14 +2,14 @@
 
 It reads the agent's /metrics (any agent: a sidecar, a node agent, `outrider run`) and draws a screen every refresh
 with rich, fitted to the terminal's width. Rates (steps/s, samples/s, tokens/s, requests/s), the share of the loop
-waiting for data and the step and latency percentiles are taken over a window of reads that spans enough updates
-of /metrics (metrics/rate.py: at least four of each counter's updates, between reads at which it had changed),
-never between two reads a refresh apart: /metrics changes once a sweep (every 5 s by default), so two reads 2 s
-apart see either no change (0 steps/s for a running job) or a whole sweep's (2.5x the truth). /metrics is read
-every half second, so when a counter changed is known to within half a second. Until a counter has changed twice
-its rate is not known yet ("…"). `--once` reads until the rates are known (or 30 s) and draws a single screen (for
-scripts and tests). rich is imported here and nowhere else: the agent and the hook never load it (pyproject.toml's
-import-linter contracts)."""
+waiting for data and the step and latency percentiles are over one window, which the screen states: from the hook's
+publications seen at one sweep of the agent to those seen at the next, timed by the publishers' own clock (the
+heartbeats the agent serves; metrics/rate.py), never by when top read /metrics: /metrics changes once a sweep
+(every 5 s by default), so two reads 2 s apart see either no change (0 steps/s for a running job) or a whole
+sweep's (2.5x the truth). A job that stops reads 0 from the first window after it stopped. /metrics is read every
+half second; until two sweeps have been seen a rate is not known yet ("…"). `--once` reads until then (two reads
+a sweep apart, at most ONCE_LIMIT_S) and draws a single screen (for scripts and tests). rich is imported here and
+nowhere else: the agent and the hook never load it (pyproject.toml's import-linter contracts)."""
 
 from __future__ import annotations
 
@@ -88,11 +88,11 @@ ONCE_LIMIT_S = 30.0
 
 
 class Reads:
-    """The reads of /metrics so far: the counters' history, for rates over enough of its updates, and the reads
-    themselves, for the histograms' growth over the same windows."""
+    """The reads of /metrics so far: the counters' history, for rates over the window between two sweeps'
+    publications, and the reads themselves, for the histograms' growth over the same windows."""
 
     def __init__(self) -> None:
-        self.counters = CounterHistory(KEPT_READS)
+        self.counters = CounterHistory(COUNTERS, KEPT_READS)
         self.latest: dict[Sample, float] = {}
         # each read's WINDOWED histograms' series only (the whole read is the latest)
         self.reads: collections.deque[tuple[float, dict[Sample, float]]] = collections.deque(maxlen=KEPT_READS)
@@ -100,16 +100,16 @@ class Reads:
     def add(self, t: float, m: dict[Sample, float]) -> None:
         self.latest = m
         self.reads.append((t, {k: v for k, v in m.items() if k[0].startswith(WINDOWED)}))
-        self.counters.add(t, {key: sum(v for (n, labels), v in m.items() if n == name
-                                       and all(dict(labels).get(k) == x for k, x in want.items()))
-                              for key, (name, want) in COUNTERS.items()})
+        self.counters.add(t, ((name, dict(labels), v) for (name, labels), v in m.items()
+                              if name in self.counters.metrics))
 
     def rate(self, key: str) -> float | None:
         return self.counters.rate(key)
 
     def known(self) -> bool:
-        """Whether every counter that is moving has its rate: what `--once` waits for."""
-        return all(self.counters.rate(k) is not None for k in ("steps", "requests") if self.counters.total(k))
+        """Whether every counter the agent serves has its rate: what `--once` waits for."""
+        return all(self.counters.rate(k) is not None for k in ("steps", "requests")
+                   if total(self.latest, COUNTERS[k][0]))
 
     def since(self, key: str) -> dict[Sample, float]:
         """The read at the start of `key`'s rate window (the oldest read while it has none)."""
@@ -165,6 +165,12 @@ def _rate(reads: Reads, key: str, what: str) -> str:
     return f"… {what}/s" if value is None else units.rate(value, what)
 
 
+def _over(reads: Reads, key: str) -> str:
+    """The window the line's rates and percentiles are over, by the publishers' clock."""
+    seconds = reads.counters.seconds(key)
+    return "" if seconds is None else f"  over {units.seconds(seconds)}"
+
+
 def frame(reads: Reads, url: str) -> Group:
     """One screen: GPUs, the job's KPIs, the verdict and the alerts, as rich renderables that fit any width
     (columns shrink and cut with an ellipsis; only the advice wraps)."""
@@ -181,12 +187,13 @@ def frame(reads: Reads, url: str) -> Group:
         if wait is not None:
             rates.append(f"data wait {units.percent(wait)}")
         rows.add_row("training", _cut("  ".join(rates)))
-        rows.add_row("", _cut(f"step time p50 {_q(new, old, step, 0.5)}  p99 {_q(new, old, step, 0.99)}"))
+        rows.add_row("", _cut(f"step time p50 {_q(new, old, step, 0.5)}  p99 {_q(new, old, step, 0.99)}"
+                              f"{_over(reads, 'steps')}"))
     if total(new, "outrider_requests_total"):
         req, old = "outrider_request_duration_seconds", reads.since("requests")
         rows.add_row("inference", _cut(f"{_rate(reads, 'requests', 'req')}  latency p50 "
                                       f"{_q(new, old, req, 0.5)}  p90 {_q(new, old, req, 0.9)}  "
-                                      f"p99 {_q(new, old, req, 0.99)}"))
+                                      f"p99 {_q(new, old, req, 0.99)}{_over(reads, 'requests')}"))
     rows.add_row("host", _cut(f"cpu {units.percent(total(new, 'outrider_host_cpu_utilization_ratio'))}  job rss "
                              f"{units.bytes_iec(total(new, 'outrider_watched_memory_rss_bytes'))}  memory available "
                              f"{units.bytes_iec(total(new, 'outrider_host_memory_available_bytes'))}"))
@@ -223,10 +230,10 @@ def render_text(screen: Group, width: int) -> str:
 
 def run_top(url: str, interval_s: float = 2.0, once: bool = False) -> int:
     """Draw a screen every interval_s, reading /metrics every POLL_S or interval_s if shorter (the agent serves
-    the latest sweep's rendering: a read costs it nothing more), so that when each counter changed is known to
-    within a read. Live mode redraws in place on the terminal's alternate screen (no clear, so no flicker) and
-    re-reads the terminal's width on every screen; --once draws one screen once the rates are known (at least
-    interval_s after the first read, at most ONCE_LIMIT_S) and exits."""
+    the latest sweep's rendering: a read costs it nothing more), so that a new sweep is seen within a read. Live
+    mode redraws in place on the terminal's alternate screen (no clear, so no flicker) and re-reads the terminal's
+    width on every screen; --once reads until the rates are known (a read of the agent's next sweep after the
+    first read: two reads a sweep apart, at most ONCE_LIMIT_S), draws one screen and exits."""
     reads = Reads()
     poll_s = min(POLL_S, interval_s)
     try:
@@ -241,7 +248,7 @@ def run_top(url: str, interval_s: float = 2.0, once: bool = False) -> int:
                 time.sleep(poll_s)
                 now = time.monotonic()
                 reads.add(now, fetch(url))
-                if (now - start >= interval_s and reads.known()) or now - start >= ONCE_LIMIT_S:
+                if reads.known() or now - start >= ONCE_LIMIT_S:
                     break
             sys.stdout.write(render_text(frame(reads, url), shutil.get_terminal_size().columns))
             return 0

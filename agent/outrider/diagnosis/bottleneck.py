@@ -130,6 +130,14 @@ RESTING_SHARE = 0.5
 WORKERS_WAITING = 0.3
 
 
+def nothing_ran(s: Signals) -> bool:
+    """No steps or requests, and neither the job's CPU nor its GPUs in use: the first idle rule, and what a run's
+    record does not count as active time, whatever its window's verdict (runs/recorder.py)."""
+    has_gpu = s.gpus > 0 and s.gpu_util is not None and not s.torch_cpu_only
+    active = s.steps_per_s > 0 or s.requests_per_s > 0
+    return not active and s.process_cpu_cores < IDLE_CORES and (not has_gpu or (s.gpu_util or 0.0) < IDLE_GPU)
+
+
 def classify(s: Signals) -> Verdict:
     v = _classify(s)
     reason = v.reason
@@ -152,7 +160,7 @@ def _classify(s: Signals) -> Verdict:
     if s.data_wait_alone_fraction is not None:
         wait = max(wait, s.data_wait_alone_fraction)
     active = s.steps_per_s > 0 or s.requests_per_s > 0
-    if not active and s.process_cpu_cores < IDLE_CORES and (not has_gpu or gpu_util < IDLE_GPU):
+    if nothing_ran(s):
         return Verdict("idle", ev, "no steps or requests, no CPU or GPU use")
     if has_gpu and (s.throttle_thermal or s.throttle_power) and gpu_util > THROTTLED_BUSY:
         why = "thermal" if s.throttle_thermal else "power"
