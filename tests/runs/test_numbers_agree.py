@@ -120,10 +120,13 @@ def test_step_time_percentiles_are_the_workloads_own_within_2_percent(tmp_path: 
 
 
 def test_10_ms_and_20_ms_steps_are_told_apart(tmp_path: Path) -> None:
-    _, ten = run(tmp_path, "constant10")
-    _, twenty = run(tmp_path, "constant20")
-    ratio = twenty["measured"]["training"]["step_p50_s"] / ten["measured"]["training"]["step_p50_s"]
-    assert math.isclose(ratio, 2.0, rel_tol=0.04), ratio
+    """Both were p50 17.5 ms. The ratio printed is the ratio the workloads timed (a loaded machine stretches the
+    steps of one run more than the other's: both clocks see it)."""
+    own10, ten = run(tmp_path, "constant10")
+    own20, twenty = run(tmp_path, "constant20")
+    printed = twenty["measured"]["training"]["step_p50_s"] / ten["measured"]["training"]["step_p50_s"]
+    truth = own20[0.5] / own10[0.5]
+    assert truth > 1.5 and math.isclose(printed, truth, rel_tol=0.03), (printed, truth)
 
 
 def test_a_services_latency_percentiles_are_its_handlers_own_within_2_percent(tmp_path: Path) -> None:
