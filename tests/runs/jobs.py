@@ -91,6 +91,11 @@ class Job:
         return fams
 
 
+def heartbeat(published_s: float) -> Family:
+    """When the job's process last published, as the hook collector reports it (rates are timed by it)."""
+    return Family("outrider_hook_last_heartbeat_timestamp_seconds").add(published_s, "0", "", "4242")
+
+
 def record(store: RunStore, clock: ManualClock, job: Job, sweep_s: float = 5.0,
            before: Sequence[Family] = ()) -> RunRecord:
     """The job under `outrider run`: a sweep at the run's start and every sweep_s while it works, then the final
@@ -101,10 +106,11 @@ def record(store: RunStore, clock: ManualClock, job: Job, sweep_s: float = 5.0,
     t = 0.0
     while t < job.end_s:
         clock.now = base + t
-        recorder([*before, *job.families(math.floor(t / FLUSH_S) * FLUSH_S)])
+        published = math.floor(t / FLUSH_S) * FLUSH_S
+        recorder([*before, *job.families(published), heartbeat(base + published)])
         t += sweep_s
     clock.now = base + job.end_s + 0.1
-    recorder([*before, *job.families(math.inf)])
+    recorder([*before, *job.families(math.inf), heartbeat(base + job.end_s)])  # the closing flush
     clock.now += sweep_s  # the next run starts later
     return store.load(run_id)
 

@@ -26,7 +26,7 @@ A process that ends leaves its last values (collectors/hooked_processes.py keeps
 series of a group without one, and those of every metric the agent reads itself (/proc), are timed by the read.
 
 Totals are running sums of what each read added (a sum that goes down, a process gone with its series, adds
-nothing), so a rate is never negative; before a group has two publications it has no rate (None: not measured yet,
+nothing; a series first seen after the first read adds all it holds: it began since), so a rate is never negative; before a group has two publications it has no rate (None: not measured yet,
 never 0).
 """
 
@@ -113,10 +113,14 @@ class CounterHistory:
                 if all(labels.get(k) == x for k, x in want.items()):
                     g = group_of(labels) if _published_by_hook(metric) else None
                     values[(key, g)] = values.get((key, g), 0.0) + v
+        first_read = not self._reads
         for at, value in values.items():
             last = self._raw.get(at)
             if last is None:
-                self._totals[at] = 0.0  # first seen: what it held before is not this history's to count
+                # Seen at the history's first read: what it held before is not this history's to count (a job that
+                # ran before `outrider top` started, a process older than the run). Seen first later: it began
+                # since (a process the run started), and all it counted is this history's.
+                self._totals[at] = 0.0 if first_read else max(0.0, value)
             elif value > last:
                 self._totals[at] += value - last
             self._raw[at] = value
