@@ -26,8 +26,8 @@ A process that ends leaves its last values (collectors/hooked_processes.py keeps
 series of a group without one, and those of every metric the agent reads itself (/proc), are timed by the read.
 
 Totals are running sums of what each read added (a sum that goes down, a process gone with its series, adds
-nothing; a series first seen after the first read adds all it holds: it began since), so a rate is never negative; before a group has two publications it has no rate (None: not measured yet,
-never 0).
+nothing; a series first seen after the first read adds all it holds: it began since), so a rate is never negative;
+before a group has two publications it has no rate (None: not measured yet, never 0).
 """
 
 from __future__ import annotations
