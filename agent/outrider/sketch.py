@@ -72,6 +72,18 @@ def index(value: float) -> int | None:
     return max(MIN_INDEX, min(MAX_INDEX, _raw_index(value)))
 
 
+def downscale(buckets: Mapping[int, int], by: int) -> dict[int, int]:
+    """Exponential buckets `by` scales coarser, exactly: bucket i at scale s lies inside bucket i >> by at scale
+    s - by (2**by of them make one; >> floors, negative indices included), so each count moves whole."""
+    if by <= 0:
+        return dict(buckets)
+    out: dict[int, int] = {}
+    for i, c in buckets.items():
+        j = i >> by
+        out[j] = out.get(j, 0) + c
+    return out
+
+
 # Every bucket's upper bound, from MIN_INDEX - 1 up: the batch counter's boundaries without a power per bucket
 _UPPER = [upper_bound(i) for i in range(MIN_INDEX - 1, MAX_INDEX + 1)]
 
@@ -120,6 +132,19 @@ class Sketch:
         buckets: dict[int, float] = {}
         zero = add_sorted(sorted(values), buckets)
         return Sketch.of(zero, buckets)
+
+    @staticmethod
+    def at_scale(scale: int, zero: int, buckets: Mapping[int, int]) -> Sketch | None:
+        """The sketch of exponential buckets of another source at `scale` (OpenTelemetry's bucket index, (base**i,
+        base**(i + 1)]; a Prometheus native histogram's is one more), exactly: at a finer scale each bucket lies
+        inside one of ours. None where no sketch of them exists: a coarser scale (its buckets straddle ours), or a
+        bucket outside MIN_INDEX..MAX_INDEX (values the sketch would have clamped, which it cannot say of counts)."""
+        if scale < SCALE:
+            return None
+        ours = {i: c for i, c in downscale(buckets, scale - SCALE).items() if c > 0}
+        if ours and not MIN_INDEX <= min(ours) <= max(ours) <= MAX_INDEX:
+            return None
+        return Sketch.of(zero, ours)
 
     @property
     def count(self) -> int:

@@ -9,10 +9,11 @@ buckets, so a Prometheus that keeps classic buckets too (scrape_classic_histogra
 `_bucket` series the rule file queries. A family where some sample has no sketch (another library's histogram, an
 older hook) is classic only: all its series or none are native, so a metric is one kind of series in Prometheus.
 
-Written by hand (varints and length-delimited fields, client_model's metrics.proto the reference) rather than
-through a generated module: the agent needs no protobuf runtime for /metrics, and each series' label bytes and field
-prefix are built once and kept, as the text format keeps its line prefixes, so a render costs what the text one
-does. Checked by protobuf's own parser and a real Prometheus in the tests.
+Written by hand (varints and length-delimited fields, metrics/wire.py; client_model's metrics.proto the
+reference) rather than through a generated module: the agent needs no protobuf runtime for /metrics, and each
+series' label bytes and field prefix are built once and kept, as the text format keeps its line prefixes, so a
+render costs what the text one does. Checked by protobuf's own parser and a real Prometheus in the tests; read back
+by metrics/protobuf_format.py (`outrider top`).
 """
 
 from __future__ import annotations
@@ -23,32 +24,15 @@ from collections.abc import Iterable
 from outrider.metrics.catalog import MetricDef
 from outrider.metrics.exposition import KeepingRenderer, remember, unique_samples, utf8_safe
 from outrider.metrics.family import Family, HistogramValue
+from outrider.metrics.wire import ONE_BYTE, varint, zigzag
 from outrider.sketch import MIN_VALUE, SCALE, Sketch
 
 _TYPE = {"counter": 0, "gauge": 1, "histogram": 4}  # MetricType
 _VALUE_FIELD = {"counter": b"\x1a\x09\x09", "gauge": b"\x12\x09\x09"}  # Metric.counter/.gauge: {value: double}
-_SMALL = [bytes((i,)) for i in range(128)]
 _double = struct.Struct("<d").pack
 # Buckets of a native histogram's span as close as this are written as one span with zero counts between: two
 # zero deltas cost two bytes, a new span four or more
 _MAX_GAP = 2
-
-
-def varint(n: int) -> bytes:
-    """An unsigned integer as protobuf's base-128 varint."""
-    if n < 128:
-        return _SMALL[n] if n >= 0 else varint(n & 0xFFFF_FFFF_FFFF_FFFF)
-    out = bytearray()
-    while n >= 128:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
-def zigzag(n: int) -> int:
-    """A signed integer as sint32/sint64 encode it (0, -1, 1, -2 -> 0, 1, 2, 3)."""
-    return n << 1 if n >= 0 else (-n << 1) - 1
 
 
 def _field(tag: bytes, payload: bytes) -> bytes:
@@ -138,7 +122,7 @@ def _histogram(h: HistogramValue, native: bool) -> bytes:
         cumulative += n
         count_field = varint(cumulative)
         # a Bucket: cumulative_count and upper_bound, 11 to 20 bytes: its length is one byte
-        parts.append(b"\x1a" + _SMALL[10 + len(count_field)] + b"\x08" + count_field + bound)
+        parts.append(b"\x1a" + ONE_BYTE[10 + len(count_field)] + b"\x08" + count_field + bound)
     if native and h.sketch is not None:
         sketch = h.sketch
         parts.append(_NATIVE_HEAD + b"\x38" + varint(sketch.zero))
