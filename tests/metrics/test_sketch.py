@@ -31,7 +31,7 @@ from outrider.sketch import (
 
 def test_the_scale_gives_the_documented_error_and_range() -> None:
     assert SCALE == 5 and sketch.BASE == 2 ** (1 / 32)
-    assert RELATIVE_ERROR == pytest.approx(0.010830, abs=1e-6)
+    assert pytest.approx(0.010830, abs=1e-6) == RELATIVE_ERROR
     assert (MIN_INDEX, MAX_INDEX) == (-957, 637) and MAX_INDEX - MIN_INDEX + 1 == 1595
     assert lower_bound(MIN_INDEX) < MIN_VALUE <= upper_bound(MIN_INDEX)
     assert lower_bound(MAX_INDEX) < MAX_VALUE <= upper_bound(MAX_INDEX)
