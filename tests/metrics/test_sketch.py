@@ -161,3 +161,34 @@ def test_another_sources_buckets_at_a_finer_scale_are_ours_exactly_and_coarser_o
     assert Sketch.at_scale(4, 0, {10: 1}) is None, "coarser buckets straddle ours"
     assert Sketch.at_scale(SCALE, 0, {MAX_INDEX + 1: 1}) is None and Sketch.at_scale(SCALE, 0, {MIN_INDEX - 1: 1}) \
         is None, "counts past the range cannot be clamped"
+
+
+def test_every_bucket_bound_closes_its_bucket_and_the_next_float_opens_the_next() -> None:
+    """log2 of a computed bound can round either way: the bucket is checked against the bounds themselves."""
+    for i in range(MIN_INDEX, MAX_INDEX):
+        u = upper_bound(i)
+        above = math.nextafter(u, math.inf)
+        assert index(u) == i and index(above) == i + 1, i
+        buckets: dict[int, float] = {}
+        add_sorted([math.nextafter(u, 0.0), u, above], buckets)
+        assert buckets == {i: 2.0, i + 1: 1.0}, i
+
+
+def test_values_just_above_the_zero_buckets_threshold_are_in_the_first_bucket() -> None:
+    values = [math.nextafter(MIN_VALUE, 1.0), MIN_VALUE * 1.001, upper_bound(MIN_INDEX)]
+    buckets: dict[int, float] = {}
+    assert add_sorted(values, buckets) == 0 and buckets == {MIN_INDEX: 3.0}
+    assert add_sorted([MIN_VALUE, upper_bound(MIN_INDEX + 1)], buckets) == 1
+    assert buckets == {MIN_INDEX: 3.0, MIN_INDEX + 1: 1.0}
+
+
+def test_the_ends_of_the_range_are_in_it_and_empty_buckets_beyond_them_do_not_matter() -> None:
+    assert Sketch.at_scale(SCALE, 0, {MIN_INDEX: 1, MAX_INDEX: 2}) == Sketch.of(0, {MIN_INDEX: 1, MAX_INDEX: 2})
+    assert Sketch.at_scale(SCALE, 0, {MIN_INDEX - 1: 0, 3: 1, MAX_INDEX + 1: 0}) == Sketch.of(0, {3: 1})
+
+
+def test_a_quantile_in_the_last_bucket_and_in_the_one_before() -> None:
+    s = Sketch.of_values([0.01] * 3 + [0.02] * 2 + [0.04])
+    assert s.quantile(0.5) == representative(index(0.01) or 0)
+    assert s.quantile(0.8) == representative(index(0.02) or 0)
+    assert s.quantile(0.9) == s.quantile(1.0) == representative(index(0.04) or 0)
