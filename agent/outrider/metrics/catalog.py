@@ -278,8 +278,9 @@ _DEFS: tuple[MetricDef, ...] = (
               "Unix time each watched process started (its running time is time() minus this).", (PID, PNAME),
               "process"),
     MetricDef("outrider_process_info", "outrider.process.info", "1", "gauge",
-              "Constant 1 per watched process shown one by one, labelled with its user and command line (the first "
-              "128 characters): join on pid.",
+              "Constant 1 per watched process shown one by one, labelled with its user and command: the program "
+              "and its script (with process_command_arguments its arguments too, secrets redacted; the first 128 "
+              "characters): join on pid.",
               (PID, PNAME, Label("user", "process.owner"), Label("command", "process.command_line")), "process"),
     MetricDef("outrider_watched_up", "outrider.watched.up", "1", "gauge",
               "1 while the root of the watched process tree is alive (always 1 when the whole host is "
