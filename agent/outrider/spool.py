@@ -77,7 +77,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from outrider import sketch
+from outrider import prometheus_names, sketch
 from outrider.sketch import Sketch
 
 MAGIC = b"OUTRSHD1"
@@ -115,8 +115,9 @@ HEAD_BYTES = _HEAD.size + _LAYOUT.size
 _SEQ = struct.Struct("<Q")
 SEQ_OFFSET = 16
 
-# What the reader accepts in a directory entry: Prometheus's grammar for names, and the labels the agent adds
-# itself (rank, training_job) or that a histogram owns (le) kept out of the workload's hands.
+# What the reader accepts in a directory entry: Prometheus's grammar for names, neither a name nor a label Prometheus
+# keeps for itself (up, ALERTS, __*: outrider/prometheus_names.py), and the labels the agent adds itself (rank,
+# training_job) or that a histogram owns (le) kept out of the workload's hands.
 METRIC_NAME_RE = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 LABEL_NAME_RE = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 RESERVED_LABELS = frozenset({"rank", "training_job", "le", "quantile"})
@@ -919,6 +920,8 @@ def _series(entry: Any, values: tuple[float, ...]) -> SeriesEntry:
     name = _text(name, "the metric name")
     if not METRIC_NAME_RE.fullmatch(name) or name.startswith("__"):
         raise ValueError(f"invalid metric name {name[:80]!r}")
+    if prometheus_names.reserved_metric(name):
+        raise ValueError(f"reserved metric name {name!r}: Prometheus writes a series of that name itself")
     if kind not in KINDS:
         raise ValueError(f"{name}: unknown kind {str(kind)[:20]!r}")
     if not isinstance(labels, dict):
@@ -926,7 +929,7 @@ def _series(entry: Any, values: tuple[float, ...]) -> SeriesEntry:
     clean: dict[str, str] = {}
     for k, v in labels.items():
         k = _text(k, f"{name}: a label name")
-        if not LABEL_NAME_RE.fullmatch(k) or k.startswith("__") or k in RESERVED_LABELS:
+        if not LABEL_NAME_RE.fullmatch(k) or prometheus_names.reserved_label(k) or k in RESERVED_LABELS:
             raise ValueError(f"{name}: invalid or reserved label name {k[:80]!r}")
         v = _text(v, f"{name}: the value of label {k}")
         if len(v) > MAX_LABEL_VALUE:

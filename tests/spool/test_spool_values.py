@@ -919,6 +919,8 @@ def entry_error(entry: object, values: tuple[float, ...] = (1.0, 2.0, 3.0, 4.0))
     (["\udce9", "counter", {}, 0, []], "the metric name is not valid UTF-8"),
     (["9x", "counter", {}, 0, []], "invalid metric name '9x'"),
     (["__x", "counter", {}, 0, []], "invalid metric name '__x'"),
+    (["up", "gauge", {}, 0, []], "reserved metric name 'up': Prometheus writes a series of that name itself"),
+    (["ALERTS", "gauge", {}, 0, []], "reserved metric name 'ALERTS': Prometheus writes a series of that name itself"),
     (["a" * 100 + "-", "counter", {}, 0, []], "invalid metric name '" + "a" * 80 + "'"),
     (["x", "summary" * 5, {}, 0, []], "x: unknown kind 'summarysummarysummar'"),
     (["x", None, {}, 0, []], "x: unknown kind 'None'"),

@@ -245,13 +245,17 @@ class OtlpReceiverCollector(Collector):
         cutoff = time.monotonic() - STALE_S
         with self._lock:
             out = []
+            emitted: set[str] = set()
             for name in sorted(self._metrics):
                 m = self._metrics[name]
                 for key in [k for k, s in m.series.items() if s.seen < cutoff]:
                     del m.series[key]
                 if not m.series:
                     continue
-                fam = Family(self._defs.get(name, m.kind, m.labels, m.help))
+                fam = Family(self._defs.get(name, m.kind, m.labels, m.help, drop=self.drop))
+                if fam.defn.name in emitted:  # `up` renamed exported_up beside a metric of that name
+                    continue
+                emitted.add(fam.defn.name)
                 for key, s in sorted(m.series.items()):
                     if m.kind == "histogram":
                         if s.counts is not None:
