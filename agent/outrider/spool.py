@@ -314,9 +314,23 @@ def _open_lock(path: str, mode: int) -> int | None:
     except OSError as e:
         if e.errno not in (errno.EACCES, errno.EPERM):
             raise
-    if found.st_uid in {os.geteuid(), 0}:
+    # Another uid's file this user cannot open (an agent of an older version made its lock 0600): the kernel's
+    # table of locks says whether a process holds it; where that cannot be read, it is taken as held, as before.
+    if _listed_in_proc_locks(found) is not False:
         return None
     raise _Planted(f"owned by uid {found.st_uid} and not readable by this user", identity(found))
+
+
+def _listed_in_proc_locks(st: os.stat_result, proc_locks: str = "/proc/locks") -> bool | None:
+    """Whether a lock on the file is listed in /proc/locks (its processes in this PID namespace: a sidecar sharing the
+    pod's, a node agent on the host's); None when the table cannot be read."""
+    key = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    try:
+        with open(proc_locks, "rb") as fh:
+            text = fh.read(4 << 20).decode("ascii", "replace")
+    except OSError:
+        return None
+    return any(key in line.split() for line in text.splitlines())
 
 
 def _replace_lock(spool_dir: str, path: str, planted: _Planted, mode: int,

@@ -248,6 +248,41 @@ def test_a_lock_file_of_a_stranger_that_nobody_holds_is_replaced_and_one_held_is
 
 
 @needs_root
+def test_another_users_lock_this_user_cannot_read_is_probed_in_the_kernels_lock_table(tmp_path: Path) -> None:
+    """A 0600 lock file of another uid (an older agent's, or planted): held by a live process, it counts as held;
+    held by none, it is replaced. "This user" is root without the capabilities that read any file (capsh)."""
+    capsh = shutil.which("capsh")
+    if capsh is None:
+        pytest.skip("capsh (libcap2-bin) drops the capabilities")
+    shared = tmp_path / "emptydir"
+    shared.mkdir()
+    shared.chmod(0o777)
+    lock = shared / "agent.lock"
+    lock.write_text("")
+    lock.chmod(0o600)
+    os.chown(lock, STRANGER, STRANGER)
+    code = "import sys; from outrider import spool; print(spool.try_lock(sys.argv[1], notice=print) is not None)"
+
+    def probe() -> list[str]:
+        r = subprocess.run([capsh, "--drop=cap_dac_override,cap_dac_read_search", "--", "-c",
+                            'exec "$0" -c "$1" "$2"', sys.executable, code, str(shared)],
+                           capture_output=True, text=True, timeout=60,
+                           env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+        assert r.returncode == 0, r.stderr
+        return r.stdout.splitlines()
+
+    held = os.open(lock, os.O_RDONLY)  # the other uid's agent, alive and holding it
+    try:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        assert probe() == ["False"], "held: an agent serves the spool"
+    finally:
+        os.close(held)
+    said, taken = probe()
+    assert taken == "True" and f"owned by uid {STRANGER} and not readable by this user" in said
+    assert os.lstat(lock).st_uid == 0
+
+
+@needs_root
 def test_a_planted_lock_that_cannot_be_replaced_is_refused_with_the_reason(tmp_path: Path) -> None:
     """A sticky directory of another user (a shared /tmp-like spool): a process without CAP_FOWNER, as any other
     user is, cannot rename over the stranger's file. Run as root without that capability (capsh), since other
