@@ -247,37 +247,45 @@ def test_a_lock_file_of_a_stranger_that_nobody_holds_is_replaced_and_one_held_is
     os.close(fd)
 
 
-@needs_root
-def test_another_users_lock_this_user_cannot_read_is_probed_in_the_kernels_lock_table(tmp_path: Path) -> None:
-    """A 0600 lock file of another uid (an older agent's, or planted): held by a live process, it counts as held;
-    held by none, it is replaced. "This user" is root without the capabilities that read any file (capsh)."""
+def without_capabilities(capabilities: str, code: str, *args: str) -> list[str]:
+    """What `code` prints, run by this interpreter as root without the given capabilities (capsh): as another user
+    is, since other uids cannot run this interpreter here. Skips where capsh (libcap2-bin) is missing."""
     capsh = shutil.which("capsh")
     if capsh is None:
         pytest.skip("capsh (libcap2-bin) drops the capabilities")
-    shared = tmp_path / "emptydir"
-    shared.mkdir()
-    shared.chmod(0o777)
-    lock = shared / "agent.lock"
+    r = subprocess.run([capsh, f"--drop={capabilities}", "--", "-c", 'exec "$0" -c "$@"', sys.executable, code,
+                        *args], capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert r.returncode == 0, r.stderr
+    return r.stdout.splitlines()
+
+
+def planted(directory: Path, mode: int, owner: int = 0) -> Path:
+    """A spool shared by several users, with the other user's empty agent.lock in it."""
+    directory.mkdir()
+    directory.chmod(mode)
+    os.chown(directory, owner, owner)
+    lock = directory / "agent.lock"
     lock.write_text("")
     lock.chmod(0o600)
     os.chown(lock, STRANGER, STRANGER)
+    return lock
+
+
+@needs_root
+def test_another_users_lock_this_user_cannot_read_is_probed_in_the_kernels_lock_table(tmp_path: Path) -> None:
+    """A 0600 lock file of another uid (an older agent's, or planted): held by a live process, it counts as held;
+    held by none, it is replaced. "This user" cannot read it: root without the capabilities that read any file."""
+    lock = planted(tmp_path / "emptydir", 0o777)
     code = "import sys; from outrider import spool; print(spool.try_lock(sys.argv[1], notice=print) is not None)"
-
-    def probe() -> list[str]:
-        r = subprocess.run([capsh, "--drop=cap_dac_override,cap_dac_read_search", "--", "-c",
-                            'exec "$0" -c "$1" "$2"', sys.executable, code, str(shared)],
-                           capture_output=True, text=True, timeout=60,
-                           env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
-        assert r.returncode == 0, r.stderr
-        return r.stdout.splitlines()
-
+    without = "cap_dac_override,cap_dac_read_search"
     held = os.open(lock, os.O_RDONLY)  # the other uid's agent, alive and holding it
     try:
         fcntl.flock(held, fcntl.LOCK_EX)
-        assert probe() == ["False"], "held: an agent serves the spool"
+        assert without_capabilities(without, code, str(lock.parent)) == ["False"], "held: an agent serves the spool"
     finally:
         os.close(held)
-    said, taken = probe()
+    said, taken = without_capabilities(without, code, str(lock.parent))
     assert taken == "True" and f"owned by uid {STRANGER} and not readable by this user" in said
     assert os.lstat(lock).st_uid == 0
 
@@ -285,26 +293,15 @@ def test_another_users_lock_this_user_cannot_read_is_probed_in_the_kernels_lock_
 @needs_root
 def test_a_planted_lock_that_cannot_be_replaced_is_refused_with_the_reason(tmp_path: Path) -> None:
     """A sticky directory of another user (a shared /tmp-like spool): a process without CAP_FOWNER, as any other
-    user is, cannot rename over the stranger's file. Run as root without that capability (capsh), since other
-    users cannot run this interpreter here."""
-    capsh = shutil.which("capsh")
-    if capsh is None:
-        pytest.skip("capsh (libcap2-bin) drops the capability")
-    shared = tmp_path / "shared"
-    shared.mkdir()
-    shared.chmod(0o1777)
-    os.chown(shared, STRANGER, STRANGER)
-    (shared / "agent.lock").write_text("")
-    os.chown(shared / "agent.lock", STRANGER, STRANGER)
+    user is, cannot rename over the stranger's file."""
+    lock = planted(tmp_path / "shared", 0o1777, owner=STRANGER)
     code = ("import sys; from outrider import spool\n"
             "try:\n    spool.try_lock(sys.argv[1])\nexcept spool.LockRefused as e:\n    print('refused:', e)")
-    r = subprocess.run([capsh, "--drop=cap_fowner", "--", "-c", 'exec "$0" -c "$1" "$2"', sys.executable, code,
-                        str(shared)], capture_output=True, text=True, timeout=60,
-                       env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
-    assert r.stdout.startswith("refused: "), r.stdout + r.stderr
-    assert f"{shared / 'agent.lock'} is owned by uid {STRANGER}, which is not trusted, and no process holds it" \
-        in r.stdout and "remove it, or set spool_dir" in r.stdout, r.stdout
-    assert sorted(os.listdir(shared)) == ["agent.lock"], "nothing left behind"
+    (out,) = without_capabilities("cap_fowner", code, str(lock.parent))
+    assert out.startswith("refused: "), out
+    assert f"{lock} is owned by uid {STRANGER}, which is not trusted, and no process holds it" in out
+    assert "remove it, or set spool_dir" in out
+    assert sorted(os.listdir(lock.parent)) == ["agent.lock"], "nothing left behind"
 
 
 def test_a_readers_mark_is_made_whole_then_stamped_by_each_sweep(tmp_path: Path) -> None:
