@@ -45,8 +45,12 @@ class Config:
                                  metadata={"help": "regex of network interfaces left out"})
     process_top_n: int = field(default=10, metadata={
         "help": "watched processes reported one by one; the rest are summed under pid=\"other\""})
+    process_command_arguments: bool = field(default=False, metadata={
+        "help": "export watched processes' arguments too, secret-looking values <redacted> (by default the command "
+                "label is the program and its script only)"})
     process_full_command: bool = field(default=False, metadata={
-        "help": "export watched command lines unredacted (by default secret-looking values are <redacted>)"})
+        "help": "export watched command lines whole and unredacted (an explicit opt-in: /metrics may be readable by "
+                "every pod on the node)"})
     pids: tuple[int, ...] = field(default=(), metadata={
         "help": "roots of the process trees to watch (empty: every process visible to the agent)"})
     otlp_endpoint: str = field(default="", metadata={
@@ -384,6 +388,7 @@ CONVERTERS: dict[str, Callable[[Any], Any]] = {
     "disk_exclude": _regex,
     "network_exclude": _regex,
     "process_top_n": _number("process_top_n", integer=True),
+    "process_command_arguments": _bool,
     "process_full_command": _bool,
     "pids": _pid_list,
     "otlp_endpoint": _str,

@@ -103,11 +103,13 @@ def raise_descriptor_limit(cap: int = MAX_DESCRIPTORS) -> None:
 
 
 def take_lock(spool_dir: str, private: bool, trusted_uids: frozenset[int], wait_s: float = LOCK_WAIT_S) -> int | None:
-    """The spool's agent lock, retried for wait_s; None when another agent keeps it."""
+    """The spool's agent lock, retried for wait_s; None when another agent keeps it. A lock file another user
+    planted is replaced (said), or spool.LockRefused raised where it cannot be."""
     spool.prepare_dir(spool_dir, private=private, trusted_uids=trusted_uids)
+    mode = spool.PRIVATE_FILE_MODE if private else spool.shared_file_mode(spool_dir)
     deadline = time.monotonic() + wait_s
     while True:
-        fd = spool.try_lock(spool_dir)
+        fd = spool.try_lock(spool_dir, trusted_uids=trusted_uids, mode=mode, notice=LOG.warning)
         if fd is not None or time.monotonic() >= deadline:
             return fd
         time.sleep(0.02)

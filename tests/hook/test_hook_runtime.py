@@ -42,11 +42,14 @@ def test_invalid_and_excess_series_are_refused_and_counted(tmp_path: Path) -> No
     assert isinstance(h.series("counter", "bad name"), NoopSeries)
     assert isinstance(h.series("counter", "outrider_fake_total"), NoopSeries), "the outrider_ prefix is reserved"
     assert isinstance(h.series("counter", "x_total", {"rank": "1"}), NoopSeries)
+    for name in ("up", "scrape_samples_scraped", "ALERTS_FOR_STATE", "__x"):  # Prometheus's own series
+        assert isinstance(h.series("gauge", name), NoopSeries), name
+    assert isinstance(h.series("gauge", "x", {"__name__": "y"}), NoopSeries), "a label Prometheus keeps"
     assert isinstance(h.series("counter", "x_total", {"k": "v" * 500}), NoopSeries)
     for i in range(5):  # a request id used as a label: capped at 3 series
         h.series("counter", "req_total", {"id": str(i)}).inc()
     h.series("counter", "req_total", {"other": "x"})
-    assert h.drop.counts == {"invalid_name": 1, "reserved_name": 1, "invalid_label_name": 1,
+    assert h.drop.counts == {"invalid_name": 1, "reserved_name": 5, "invalid_label_name": 2,
                              "invalid_label_value": 1, "series_limit_per_metric": 2, "inconsistent_label_names": 1}
     h.flush()
     _, parsed = agent_view(tmp_path)

@@ -727,8 +727,8 @@ def test_one_bad_item_costs_that_item_and_fields_are_typed_strictly() -> None:
 
 
 def test_two_pods_of_one_name_the_second_is_left_out(api: ApiServer, pages: _Pages, make: Make) -> None:
-    api.pods = [pod("same", "127.0.0.21", pages.serve("127.0.0.21", "# TYPE up gauge\nup 1\n")),
-                pod("same", "127.0.0.22", pages.serve("127.0.0.22", "# TYPE up gauge\nup 2\n"))]
+    api.pods = [pod("same", "127.0.0.21", pages.serve("127.0.0.21", "# TYPE ready gauge\nready 1\n")),
+                pod("same", "127.0.0.22", pages.serve("127.0.0.22", "# TYPE ready gauge\nready 2\n"))]
     c = make()
     fams = c.collect()
     assert [v for _, v in fams[0].samples] == [1.0] and c.errors == 1

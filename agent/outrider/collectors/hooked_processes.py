@@ -134,7 +134,9 @@ class HookCollector(Collector):
         if ctx.hold_spool_lock:
             try:
                 spool.prepare_dir(self.spool, private=not self._explicit, trusted_uids=self._trusted_uids)
-                self._lock_fd = spool.try_lock(self.spool)
+                self._lock_fd = self._try_lock()
+            except spool.LockRefused as e:
+                self.drop("spool_lock", e)
             except OSError as e:
                 self.drop("spool", e)
             if self._lock_fd is None:
@@ -215,10 +217,21 @@ class HookCollector(Collector):
         except OSError as e:
             self.drop("spool reader mark", e)
 
+    def _try_lock(self) -> int | None:
+        """agent.lock, as spool.try_lock takes it: a lock file another user planted (which kept this agent a mere
+        reader that never deletes a finished shard) is replaced, said once, or refused (spool.LockRefused) with
+        the reason, logged once and counted."""
+        mode = spool.shared_file_mode(self.spool) if self._explicit else spool.PRIVATE_FILE_MODE
+        return spool.try_lock(self.spool, trusted_uids=self._trusted_uids, mode=mode,
+                              notice=lambda what: self.log.warning("hook: %s", what))
+
     def _take_over(self) -> None:
         """A reader takes agent.lock once its holder has left, and becomes the owner."""
         try:
-            self._lock_fd = spool.try_lock(self.spool)
+            self._lock_fd = self._try_lock()
+        except spool.LockRefused as e:
+            self.drop("spool_lock", e)
+            self._lock_fd = None
         except OSError:
             self._lock_fd = None
         if self._lock_fd is not None:
@@ -244,14 +257,16 @@ class HookCollector(Collector):
             pass
         try:
             spool.prepare_dir(self.spool, private=not self._explicit, trusted_uids=self._trusted_uids)
-            fd = spool.try_lock(self.spool)
+            fd = self._try_lock()
         except OSError as e:
             self.drop("spool", e)
             return
-        if fd is not None:
-            with contextlib.suppress(OSError):
-                os.close(self._lock_fd)
-            self._lock_fd = fd
+        with contextlib.suppress(OSError):
+            os.close(self._lock_fd)
+        self._lock_fd = fd
+        if fd is None:  # another agent holds the lock at the name now (it took the re-created spool first)
+            self.log.info("hook: another agent owns the spool %s now; this one reads it", self.spool)
+            self._mark_reader()
 
     def collect(self) -> list[Family]:
         started_ns = self.ctx.clock.wall_ns()  # before the listing: what a reader's mark promises the owner it has seen

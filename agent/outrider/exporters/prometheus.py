@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Protocol
 
-from outrider.exporters.http_server import HttpServer, Limits, Request, Response
+from outrider.http_server import HttpServer, Limits, Request, Response
 from outrider.metrics.exposition import CONTENT_TYPES, Format, format_value, negotiate
 from outrider.metrics.family import Family
 

@@ -278,8 +278,9 @@ _DEFS: tuple[MetricDef, ...] = (
               "Unix time each watched process started (its running time is time() minus this).", (PID, PNAME),
               "process"),
     MetricDef("outrider_process_info", "outrider.process.info", "1", "gauge",
-              "Constant 1 per watched process shown one by one, labelled with its user and command line (the first "
-              "128 characters): join on pid.",
+              "Constant 1 per watched process shown one by one, labelled with its user and command: the program "
+              "and its script (with process_command_arguments its arguments too, secrets redacted; the first 128 "
+              "characters): join on pid.",
               (PID, PNAME, Label("user", "process.owner"), Label("command", "process.command_line")), "process"),
     MetricDef("outrider_watched_up", "outrider.watched.up", "1", "gauge",
               "1 while the root of the watched process tree is alive (always 1 when the whole host is "
@@ -652,6 +653,13 @@ _DEFS: tuple[MetricDef, ...] = (
     MetricDef("outrider_collector_errors_total", "outrider.collector.errors", "{error}", "counter",
               "Readings a collector could not take (a file it could not read, a value it could not parse): "
               "dropped and counted, never fatal.", (COLLECTOR,), "self"),
+    MetricDef("outrider_otlp_receiver_requests_total", "outrider.otlp_receiver.requests", "{request}", "counter",
+              "Requests to the local OTLP receiver (otlp_receiver_listen) by result: accepted, bad_request (not "
+              "OTLP, not /v1/metrics, no Content-Length), too_large (a body over 4 MiB, inflated or not), busy "
+              "(answered 503 with Retry-After: the bodies of all clients together held their 16 MiB), aborted (the "
+              "client left before the whole request), timed_out (a request not whole within 10 s of its first "
+              "byte, or a connection idle for 60 s), evicted (closed to make room at 64 connections).",
+              (Label("result", "outrider.result"),), "otlp_receiver"),
 )
 
 # Every GPU metric labelled by its GPU also names the GPU's Kubernetes owner when attribution is on.
