@@ -448,9 +448,10 @@ _DEFS: tuple[MetricDef, ...] = (
               "The training loop's wall time, split exactly into parts: data_wait (inside DataLoader __next__ or "
               "outrider.dataloader()), step (the step's work: from its explicit begin, else from the iteration's first "
               "data request, to its end, less data wait), checkpoint (inside torch.save, torch.distributed.checkpoint "
-              "or safetensors saves, or fsspec and boto3 uploads, on the loop's thread) and other (the rest of the iteration: logging, evaluation, "
-              "saves through other libraries). An iteration runs from one step's end to the next; the parts' rates "
-              "add up to the loop's wall time.", (*BY_RANK, Label("part", "outrider.train.loop.part")), "hook"),
+              "or safetensors saves, or fsspec and boto3 uploads, on the loop's thread) and other (the rest of the "
+              "iteration: logging, evaluation, saves through other libraries). An iteration runs from one step's end "
+              "to the next; the parts' rates add up to the loop's wall time.",
+              (*BY_RANK, Label("part", "outrider.train.loop.part")), "hook"),
     MetricDef("outrider_train_checkpoint_duration_seconds", "outrider.train.checkpoint.duration", "s",
               "histogram", "Duration of each checkpoint recognised on the loop's thread (torch.save, "
               "torch.distributed.checkpoint, safetensors, fsspec and boto3 uploads), from the outermost save's call "
