@@ -66,7 +66,7 @@ class ProcessState:
     path: str
     meta: dict[str, object]
     header: spool.ShardHeader
-    state: str  # running, stalled, unresponsive, exited
+    state: str  # running, stalled, unresponsive, stopped, exited
     uid: int
 
     @property
@@ -367,6 +367,11 @@ class HookCollector(Collector):
                 self._boot_s = procfs.read_boot_time(self.ctx.config.proc_root)
         return self._boot_s
 
+    def _stopped(self, pid: int, meta: dict[str, object], start_ns: int) -> bool:
+        """Whether the process that wrote the shard is stopped (/proc state T, or t under a tracer)."""
+        return procfs.process_state(self.ctx.config.proc_root, pid) in ("T", "t") and \
+            self._same_process(pid, meta, start_ns)
+
     def _same_process(self, pid: int, meta: dict[str, object], start_ns: int) -> bool:
         """Whether the live process `pid` is the one that wrote the shard: same pid and same start. The hook says
         its start in clock ticks (exact); a shard without it (an older hook) is matched on wall time: the live
@@ -431,6 +436,10 @@ class HookCollector(Collector):
             # Killed or crashed (no closing flush), its pid gone or reused by another process. In a pod without a
             # shared process namespace no pid is visible: there, three missed heartbeats mean gone.
             return "exited"
+        if age_s > 2 * flush_s and self._stopped(h.pid, meta, h.start_ns):
+            # SIGSTOP, a shell's job control, a debugger: its publisher is stopped with it. Not stalled: it resumes
+            # where it was when continued (one read of /proc/PID/stat, only for a process whose heartbeat ages).
+            return "stopped"
         if age_s > max(10 * flush_s, 10.0):
             return "unresponsive"  # alive, but its publisher thread has not written for a while
         if h.flags & spool.FLAG_STALLED:
@@ -599,12 +608,13 @@ class HookCollector(Collector):
                 fam.add(values[0], *label_values)
         out = list(fams.values())
         states = Family("outrider_hook_processes")
-        for state in ("running", "stalled", "unresponsive"):
+        for state in ("running", "stalled", "unresponsive", "stopped"):
             states.add(sum(1 for p in processes if p.state == state), state)
         out.append(states)
         last_step = Family("outrider_train_last_step_timestamp_seconds")
         started = Family("outrider_train_start_timestamp_seconds")
         stalled = Family("outrider_hook_stalled")
+        stopped = Family("outrider_hook_stopped")
         heartbeat = Family("outrider_hook_last_heartbeat_timestamp_seconds")
         by_rank: dict[tuple[str, str], list[ProcessState]] = {}
         for p in processes:
@@ -616,6 +626,8 @@ class HookCollector(Collector):
             started.add(min(p.header.start_ns for p in procs) / 1e9, rank, job)
             stalled.add(1 if any(p.state in ("stalled", "unresponsive") and not self._helper(p, procs)
                                  for p in procs) else 0, rank, job)
+            stopped.add(1 if any(p.state == "stopped" and not self._helper(p, procs) for p in procs) else 0,
+                        rank, job)
         for p in processes:
             heartbeat.add(p.header.heartbeat_ns / 1e9, p.rank, p.training_job, str(p.header.pid))
         errors = Family("outrider_hook_shard_errors_total")
@@ -626,7 +638,7 @@ class HookCollector(Collector):
         for reason, n in sorted(self.reader.rejected().items()):
             rejected.add(n, reason)
         owner = Family("outrider_hook_spool_owner").add(1 if self.owner else 0)
-        out.extend([last_step, started, stalled, heartbeat, errors, retired, rejected, owner])
+        out.extend([last_step, started, stalled, stopped, heartbeat, errors, retired, rejected, owner])
         return out
 
     def close(self) -> None:

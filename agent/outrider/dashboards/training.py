@@ -180,7 +180,8 @@ def build() -> Dashboard:
                           query(f"time() - min(outrider_hook_last_heartbeat_timestamp_seconds{{{R}}})", instant=True),
                           th=thresholds(GREEN, (30, "orange"), (120, "red"))))
     d = d.with_panel(ts("Instrumented processes", "Processes publishing to the spool, by state: running, stalled (no "
-                        "step within the stall threshold), unresponsive (alive, publisher silent).", "short",
+                        "step within the stall threshold), unresponsive (alive, publisher silent), stopped (SIGSTOP, "
+                        "job control, a debugger).", "short",
                         query(f"sum by (state) (outrider_hook_processes{{{SEL}}})", "{{state}}"),
                         th=thresholds(GREEN, (1, "orange"))))
     d = d.with_panel(ts("Declared phases", "Share of time each rank spends in its declared phases (checkpoint, "
