@@ -175,6 +175,11 @@ def build() -> Dashboard:
                           "are in the spool).", "short", query(f"sum(outrider_hook_stalled{{{R}}})", instant=True),
                           th=thresholds(GREEN, (1, "red")),
                           links=[runbook("degradation.md", "trainingstalled", "stalled")]))
+    d = d.with_panel(stat("Stopped ranks", "Ranks with a process stopped now (SIGSTOP, a job-control stop, a "
+                          "debugger): not stalled; its work resumes when it is continued.", "short",
+                          query(f"sum(outrider_hook_stopped{{{R}}})", instant=True),
+                          th=thresholds(GREEN, (1, "orange")),
+                          links=[runbook("degradation.md", "trainingstopped", "stopped")]))
     d = d.with_panel(stat("Oldest heartbeat", "Age of the stalest heartbeat among the instrumented processes (the "
                           "publisher thread writes one every flush).", "s",
                           query(f"time() - min(outrider_hook_last_heartbeat_timestamp_seconds{{{R}}})", instant=True),
