@@ -217,9 +217,15 @@ def test_everything_on_wires_monitoring_otlp_auth_secrets_and_extras() -> None:
     assert env["OTEL_RESOURCE_ATTRIBUTES"]["value"] == "deployment.environment=prod"
     assert env["PAGERDUTY_ROUTING_KEY"]["valueFrom"]["secretKeyRef"] == {"name": "outrider-pager",
                                                                           "key": "routing-key"}
-    assert env["OUTRIDER_BASIC_AUTH_USERNAME"]["valueFrom"]["secretKeyRef"] == {"name": "outrider-metrics-auth",
-                                                                                 "key": "username"}
+    # from the Secret's volume, which the kubelet updates in place and the agent reads again (no restart)
+    assert env["OUTRIDER_BASIC_AUTH_USERNAME_FILE"]["value"] == "/etc/outrider/basic-auth/username"
     assert env["OUTRIDER_BASIC_AUTH_PASSWORD_FILE"]["value"] == "/etc/outrider/basic-auth/password"
+    assert "OUTRIDER_BASIC_AUTH_USERNAME" not in env, "an environment variable keeps the old user until a restart"
+    auth = next(v for v in spec["volumes"] if v["name"] == "outrider-basic-auth")["secret"]
+    assert auth == {"secretName": "outrider-metrics-auth", "items": [{"key": "username", "path": "username"},
+                                                                     {"key": "password", "path": "password"}]}
+    assert {"name": "outrider-basic-auth", "mountPath": "/etc/outrider/basic-auth", "readOnly": True} in \
+        agent["volumeMounts"], "a directory, not a subPath: a subPath mount is never updated"
     assert agent["readinessProbe"]["httpGet"]["scheme"] == "HTTPS"
     passwords = list(_values_of("password", docs))
     assert passwords and all(isinstance(v, dict) and set(v) == {"name", "key"} for v in passwords), \

@@ -118,10 +118,11 @@ seccompProfile:
 - name: OUTRIDER_TLS_KEY_FILE
   value: /etc/outrider/tls/tls.key
 {{- end }}
-{{- with .Values.metricsAuth.basicAuthSecretName }}
-- name: OUTRIDER_BASIC_AUTH_USERNAME
-  valueFrom:
-    secretKeyRef: {name: {{ . | quote }}, key: username}
+{{- /* Both from files, which the agent reads again when the kubelet updates the Secret's volume (an environment
+       variable would keep the old user until a restart). */}}
+{{- if .Values.metricsAuth.basicAuthSecretName }}
+- name: OUTRIDER_BASIC_AUTH_USERNAME_FILE
+  value: /etc/outrider/basic-auth/username
 - name: OUTRIDER_BASIC_AUTH_PASSWORD_FILE
   value: /etc/outrider/basic-auth/password
 {{- end }}
@@ -200,7 +201,7 @@ livenessProbe:
 - name: outrider-basic-auth
   secret:
     secretName: {{ .Values.metricsAuth.basicAuthSecretName }}
-    items: [{key: password, path: password}]
+    items: [{key: username, path: username}, {key: password, path: password}]
 {{- end }}
 {{- end -}}
 
