@@ -200,7 +200,9 @@ class Config:
                 "metrics, exported beside the agent's; empty: none (e.g. 127.0.0.1:4318)"})
     startup_grace_s: float = field(default=900.0, metadata={
         "help": "with exit_when_workload_exits: stop all the same if no workload has appeared this long after the "
-                "agent started (it failed before instrument(), or never calls it); 0: wait for one forever"})
+                "agent started (it failed before instrument(), or never calls it; in a pod sharing its PID "
+                "namespace, no process of another container either: the chart's legacy sidecar sets 30); 0: wait "
+                "for one forever"})
     kmsg_path: str = field(default="/dev/kmsg", metadata={
         "help": "the kernel log the oom collector reads for the name and cgroup of each process the OOM killer "
                 "kills (readable by root, or with CAP_SYSLOG; a container sees it only where it is mounted); "
