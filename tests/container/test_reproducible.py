@@ -1,13 +1,16 @@
-"""Two builds from one input give one image: scripts/build-image.sh run again with OUTRIDER_IMAGE_REBUILD (the
-project's wheel built anew, podman's layer cache unused) from the cached base and the locked wheels gives, under
-the same tag, the same wheel and the same image ID (the digest of the image's configuration, which names every
-layer's digest). What differs, if anything, is shown file by file."""
+"""Two builds from one input give one image: scripts/build-image.sh run again with OUTRIDER_IMAGE_REBUILD into an
+image storage of its own (the base images made again from the cached root tarballs, the project's wheel built anew,
+no layer of the first build's) from the locked wheels gives, under the same tag, the same wheel, the same image ID
+(the digest of the image's configuration, which names every layer's digest) and the same manifest digest, locally
+and pushed as to a registry (what `image@sha256:` pins; it names the base image's digest too, and a base stamped
+with the time it was made changed it with every build). What differs, if anything, is shown file by file."""
 
 from __future__ import annotations
 
 import hashlib
 import io
 import json
+import shutil
 import subprocess
 import tarfile
 from pathlib import Path
@@ -39,26 +42,51 @@ def _files(podman: Podman, image: str, name: str) -> dict[str, str]:
     return out
 
 
-def test_a_second_build_from_the_same_input_gives_the_same_image(podman: Podman, built: dict[str, str]) -> None:
+def _pushed_digest(podman: Podman, image: str, directory: Path) -> str:
+    """The manifest digest of the image pushed to an OCI layout directory, as to a registry (gzip-compressed)."""
+    podman("push", "--quiet", image, f"oci:{directory}:pinned", timeout_s=600)
+    (manifest,) = json.loads((directory / "index.json").read_text())["manifests"]
+    return str(manifest["digest"])
+
+
+def test_a_second_build_from_the_same_input_gives_the_same_image(podman: Podman, built: dict[str, str],
+                                                                  tmp_path: Path) -> None:
     first_wheel = _wheel_digest(built["WHEELHOUSE"])
-    keep = "localhost/outrider-test-first-build:" + built["IMAGE"].rsplit(":", 1)[1]
-    podman("tag", built["IMAGE_ID"], keep)  # the first build stays inspectable whatever the second one gives
+    # The second build into an image storage of its own, as another machine's would be: nothing of the first
+    # build's images there (a build whose image ID exists already keeps that image's manifest, and would hide a
+    # manifest that differs), its base images made again from the cached root tarballs.
+    conf = tmp_path / "storage.conf"
+    conf.write_text(f'[storage]\ndriver = "overlay"\ngraphroot = "{tmp_path / "storage"}"\n'
+                    f'runroot = "{tmp_path / "run"}"\n')
+    apart = Podman()
+    apart.env = {**apart.env, "CONTAINERS_STORAGE_CONF": str(conf)}
     try:
-        r = subprocess.run(["bash", str(REPO / "scripts" / "build-image.sh")],
-                           env={**podman_env(), "OUTRIDER_IMAGE_REBUILD": "1"}, capture_output=True, text=True,
-                           timeout=1800, stdin=subprocess.DEVNULL)
+        env = {**podman_env(), "OUTRIDER_IMAGE_REBUILD": "1", "OUTRIDER_PODMAN_STORAGE_CONF": str(conf)}
+        r = subprocess.run(["bash", str(REPO / "scripts" / "build-image.sh")], env=env, capture_output=True,
+                           text=True, timeout=1800, stdin=subprocess.DEVNULL)
         assert r.returncode == 0, f"the second build failed:\n{r.stderr[-4000:]}"
         second = build_env_file(r.stdout)
-        FIGURES.append(f"second build from the cached base and wheels: {second['BUILD_SECONDS']} s")
+        FIGURES.append(f"second build, in a storage of its own, from the cached root tarballs and wheels: "
+                       f"{second['BUILD_SECONDS']} s")
         assert second["IMAGE"] == built["IMAGE"]
         assert _wheel_digest(second["WHEELHOUSE"]) == first_wheel, "the project's wheel came out different"
         if second["IMAGE_ID"] != built["IMAGE_ID"]:
-            layers = [json.loads(podman("image", "inspect", image))[0]["RootFS"]["Layers"]
-                      for image in (keep, second["IMAGE"])]
-            a, b = _files(podman, keep, "first"), _files(podman, second["IMAGE"], "second")
+            layers = [json.loads(p("image", "inspect", built["IMAGE"]))[0]["RootFS"]["Layers"]
+                      for p in (podman, apart)]
+            a, b = _files(podman, built["IMAGE"], "first"), _files(apart, second["IMAGE"], "second")
             changes = "\n".join(sorted(p for p in a.keys() | b.keys() if a.get(p) != b.get(p))[:40])
             raise AssertionError(f"two builds of one input gave two images: {built['IMAGE_ID'][:12]} and "
                                  f"{second['IMAGE_ID'][:12]}\nlayers: {layers[0]}\n    vs {layers[1]}\n"
                                  f"files that differ:\n{changes[:4000]}")
+        annotations = [json.loads(p("image", "inspect", built["IMAGE"]))[0].get("Annotations") or {}
+                       for p in (podman, apart)]
+        assert second["IMAGE_DIGEST"] == built["IMAGE_DIGEST"], \
+            f"one image, two manifests: {built['IMAGE_DIGEST']} and {second['IMAGE_DIGEST']}; their annotations: " \
+            f"{annotations[0]} vs {annotations[1]}"
+        # As a registry gets it (its layers compressed): the digest an `image@sha256:` pin names
+        assert _pushed_digest(podman, built["IMAGE"], tmp_path / "first") == \
+            _pushed_digest(apart, second["IMAGE"], tmp_path / "second")
     finally:
-        podman("rmi", keep, check=False)
+        apart.cleanup()
+        subprocess.run([apart.exe, "rmi", "--all", "--force"], env=apart.env, capture_output=True, timeout=300)
+        shutil.rmtree(tmp_path / "storage", ignore_errors=True)
