@@ -4,9 +4,9 @@
 #   1. the base: a Debian bookworm root filesystem with python3, made by mmdebstrap from Debian's packages (the
 #      build stage and the tests' workload image run on it), and the runtime root cut from it
 #      (scripts/image/runtime-root.py: only the files of the packages the agent runs on, no shell, no package
-#      manager); both made images by `podman build --timestamp EPOCH --omit-history` of the tarball alone (not
-#      `podman import`, which stamps the image with the import's time: the agent image's manifest names its base's
-#      digest, and so changed with every import), the tarballs cached, keyed by this script's hash;
+#      manager); both made images by `podman build --timestamp EPOCH` of the tarball alone (not `podman import`,
+#      which stamps the image with the import's time: the agent image's manifest names its base's digest, and so
+#      changed with every import), the tarballs cached, keyed by this script's hash;
 #   2. a wheelhouse built on the host: the project's wheel (its build backend pinned by
 #      scripts/image/build-constraints.txt) and the locked dependencies (scripts/image/requirements.txt, checked by
 #      sha256) for CPython 3.11 on manylinux; no torch;
@@ -89,14 +89,15 @@ if [ -n "$rebuild" ] || ! podman image exists "$BASE_IMAGE" || ! podman image ex
     find "$CACHE" -maxdepth 1 \( -name 'base-*.tar' -o -name 'runtime-*.tar' -o -name 'packages-*.txt' \) \
       ! -name "*-$base_key.*" -delete
   fi
-  # An image of one tarball, reproducibly: its time SOURCE_DATE_EPOCH (so are its files'), no history.
+  # An image of one tarball, reproducibly: its time SOURCE_DATE_EPOCH (so are its files' and its one history
+  # entry's, which an image built FROM it without --omit-history needs: one per layer).
   from_tarball() {
     local dir
     dir=$(mktemp -d "$CACHE/root.XXXXXX")
     ln "$1" "$dir/root.tar" 2>/dev/null || cp "$1" "$dir/root.tar"
     printf 'FROM scratch\nADD root.tar /\n' >"$dir/Containerfile"
     podman build --quiet --network none --pull=never --no-cache --layers=false --timestamp "$SOURCE_DATE_EPOCH" \
-      --omit-history --identity-label=false -t "$2" "$dir" >/dev/null
+      --identity-label=false -t "$2" "$dir" >/dev/null
     rm -rf "$dir"
   }
   log "making the base images from $tarball and $runtime"
