@@ -5,8 +5,8 @@
 #      build stage and the tests' workload image run on it), and the runtime root cut from it
 #      (scripts/image/runtime-root.py: only the files of the packages the agent runs on, no shell, no package
 #      manager); both made images by `podman build --timestamp EPOCH` of the tarball alone (not `podman import`,
-#      which stamps the image with the import's time: the agent image's manifest names its base's digest, and so
-#      changed with every import), the tarballs cached, keyed by this script's hash;
+#      which stamps the image with the tarball file's time, new with every mmdebstrap run: the agent image's
+#      manifest names its base's digest, and so changed with it), the tarballs cached, keyed by this script's hash;
 #   2. a wheelhouse built on the host: the project's wheel (its build backend pinned by
 #      scripts/image/build-constraints.txt) and the locked dependencies (scripts/image/requirements.txt, checked by
 #      sha256) for CPython 3.11 on manylinux; no torch;

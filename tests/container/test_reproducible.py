@@ -3,14 +3,15 @@ into an image storage of its own (the base images made again from the cached roo
 built anew, nothing of another build's there) from the locked wheels, gives under the same tag the same wheel, the
 same image ID as the suite's image (the digest of the image's configuration, which names every layer's digest) and
 the same manifest digest, locally and pushed as to a registry (what `image@sha256:` pins; it names the base image's
-digest too, and a base stamped with the time it was made changed it with every build). What differs, if anything,
-is shown file by file."""
+digest too, and a base imported with `podman import` took its time from the root tarball's file, new with every
+mmdebstrap run). What differs, if anything, is shown file by file."""
 
 from __future__ import annotations
 
 import hashlib
 import io
 import json
+import os
 import shutil
 import subprocess
 import tarfile
@@ -50,10 +51,16 @@ def _pushed_digest(podman: Podman, image: str, directory: Path) -> str:
     return str(manifest["digest"])
 
 
-def _build_apart(tmp_path: Path, name: str) -> tuple[dict[str, str], Podman]:
+def _build_apart(tmp_path: Path, name: str, base_image: str) -> tuple[dict[str, str], Podman]:
     """scripts/build-image.sh again (OUTRIDER_IMAGE_REBUILD), into an image storage of its own, as another machine's
     would be: its base images made again from the cached root tarballs, nothing of an earlier build's there (an
-    image whose ID a storage holds already keeps the manifest it had: a build into it could not show its own)."""
+    image whose ID a storage holds already keeps the manifest it had: a build into it could not show its own). The
+    tarballs get the time of now first, as a new mmdebstrap run leaves the same bytes (`podman import` took the
+    image's time from the file's)."""
+    key = base_image.rsplit(":", 1)[1]
+    cache = Path(os.environ.get("OUTRIDER_IMAGE_CACHE", "/var/tmp/outrider-image-cache"))
+    for tarball in (cache / f"base-{key}.tar", cache / f"runtime-{key}.tar"):
+        os.utime(tarball)
     conf = tmp_path / f"{name}.conf"
     conf.write_text(f'[storage]\ndriver = "overlay"\ngraphroot = "{tmp_path / name}"\n'
                     f'runroot = "{tmp_path / (name + "-run")}"\n')
@@ -79,7 +86,7 @@ def test_a_second_build_from_the_same_input_gives_the_same_image(podman: Podman,
     try:
         builds = []
         for name in ("first", "second"):
-            info, apart = _build_apart(tmp_path, name)
+            info, apart = _build_apart(tmp_path, name, built["BASE_IMAGE"])
             made.append((apart, name))
             builds.append((info, apart))
         (first, a), (second, b) = builds
