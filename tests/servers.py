@@ -77,7 +77,9 @@ class PrometheusServer(_ServerProcess):
     name = "prometheus"
 
     def __init__(self, workdir: Path, targets: list[str], scrape_interval_s: int = 1,
-                 rule_files: list[str] | None = None, alertmanager: str | None = None) -> None:
+                 rule_files: list[str] | None = None, alertmanager: str | None = None,
+                 flags: tuple[str, ...] = ()) -> None:
+        """flags: more command-line flags (--enable-feature=native-histograms)."""
         binary = need_binary("prometheus")
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -93,7 +95,7 @@ class PrometheusServer(_ServerProcess):
         (workdir / "prometheus.yml").write_text(json.dumps(config))
         self._start([binary, f"--config.file={workdir / 'prometheus.yml'}", f"--storage.tsdb.path={workdir / 'data'}",
                      f"--web.listen-address=127.0.0.1:{self.port}", "--web.enable-lifecycle",
-                     "--rules.alert.resend-delay=1s"], workdir)
+                     "--rules.alert.resend-delay=1s", *flags], workdir)
         self._wait_ready("/-/ready", "Prometheus /-/ready")
 
     def query(self, promql: str) -> list[dict[str, Any]]:
@@ -172,16 +174,20 @@ class WebhookReceiver:
 
 
 class OtlpHttpReceiver:
-    """OTLP/HTTP with protobuf bodies on POST /v1/metrics. `fail_with` makes it answer that status instead."""
+    """OTLP/HTTP with protobuf bodies on POST /v1/metrics. `fail_with` makes it answer that status instead;
+    `delay_s` makes it answer that much later (a slow collector)."""
 
     def __init__(self, port: int | None = None) -> None:
         self.requests: list[ExportMetricsServiceRequest] = []
         self.headers: list[dict[str, str]] = []
         self.fail_with: int | None = None
+        self.delay_s = 0.0
+        self.stopping = threading.Event()
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
+                receiver.stopping.wait(receiver.delay_s)
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 if self.headers.get("Content-Encoding") == "gzip":
                     body = gzip.decompress(body)
@@ -195,11 +201,12 @@ class OtlpHttpReceiver:
                     receiver.requests.append(ExportMetricsServiceRequest.FromString(body))
                     receiver.headers.append(dict(self.headers))
                 reply = metrics_service_pb2.ExportMetricsServiceResponse().SerializeToString()
-                self.send_response(200 if ok else 400)
-                self.send_header("Content-Type", "application/x-protobuf")
-                self.send_header("Content-Length", str(len(reply)))
-                self.end_headers()
-                self.wfile.write(reply)
+                with contextlib.suppress(ConnectionError):  # an exporter that gave up on a slow answer
+                    self.send_response(200 if ok else 400)
+                    self.send_header("Content-Type", "application/x-protobuf")
+                    self.send_header("Content-Length", str(len(reply)))
+                    self.end_headers()
+                    self.wfile.write(reply)
 
             def log_message(self, *args: object) -> None:
                 pass
@@ -211,6 +218,7 @@ class OtlpHttpReceiver:
         self._thread.start()
 
     def stop(self) -> None:
+        self.stopping.set()
         self._server.shutdown()
         self._server.server_close()
 

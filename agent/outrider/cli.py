@@ -103,9 +103,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not cmd or not cmd[0]:
         print("outrider run: no command given: outrider run [options] -- CMD [ARGS...]", file=sys.stderr)
         return 2
-    cfg = _load(args).config
-    setup_logging(cfg.log_level)
-    code, _ = run(cmd, cfg, summary_json=args.summary_json, quiet=args.quiet)
+    loaded = _load(args)
+    cfg = loaded.config
+    # --quiet: nothing on stderr but what needs acting on (warnings, errors), unless a log level was asked for
+    asked = loaded.sources.get("log_level", "default") != "default"
+    setup_logging("warning" if args.quiet and not asked else cfg.log_level)
+    # A second run (or a sidecar) may hold the default port: it falls back, but a port asked for is this run's or none
+    code, _ = run(cmd, cfg, summary_json=args.summary_json, quiet=args.quiet,
+                  listen_fallback=loaded.sources["listen"] == "default")
     return code
 
 
@@ -118,7 +123,7 @@ def cmd_metrics(args: argparse.Namespace) -> int:
     sampler.sweep()
     time.sleep(0.2)  # a second sweep, so values computed between sweeps (CPU utilisation) are present
     sampler.sweep()
-    sys.stdout.buffer.write(sampler.exposition(openmetrics=args.openmetrics))
+    sys.stdout.buffer.write(sampler.exposition("openmetrics" if args.openmetrics else "text"))
     sampler.stop()
     return 0
 
@@ -310,6 +315,8 @@ def cmd_compare(store: Any, args: argparse.Namespace) -> int:
     print(f"A = {a.id} ({' '.join(a.command)[:60]})\nB = {b.id} ({' '.join(b.command)[:60]})")
     if not results and not skipped:
         print("no KPI recorded in either run")
+    else:
+        print("B against A: (B's change [95% interval]; what each run's number stands on)")
     for r in results:
         print("  " + r.sentence())
     if skipped:
@@ -356,7 +363,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workload-pid", type=int, default=0, metavar="PID",
                    help="the starting process: its tree is watched, and the agent outlives it by a grace period")
     p.add_argument("--spool-dir", help="the spool (default: the per-user default spool)")
-    p.add_argument("--listen", help="host:port for /metrics; a busy port falls back to a free one")
+    p.add_argument("--listen", help="host:port for /metrics (a busy one is an error); by default 127.0.0.1:9477, "
+                                    "or a free port while that one is busy")
     p.add_argument("--detach", action="store_true",
                    help="once the spool's lock is held, fork and let the first process exit 0")
     p.set_defaults(func=cmd_standalone)
@@ -364,7 +372,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("run", help="run a command under watch: outrider run [options] -- CMD ...")
     _add_config_flags(p)
     p.add_argument("--summary-json", metavar="FILE", help="also write the end-of-run summary as JSON")
-    p.add_argument("--quiet", action="store_true", help="print no banner and no summary")
+    p.add_argument("--quiet", action="store_true",
+                   help="print no banner, no summary and no log line under a warning (unless --log-level or the "
+                        "configuration asks for one)")
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="the command, after --")
     p.set_defaults(func=cmd_run)
 
@@ -415,7 +425,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("top", help="a live terminal view of an agent: GPUs, KPIs, the verdict, stalls")
     p.add_argument("--url", default="http://127.0.0.1:9477", help="the agent (default http://127.0.0.1:9477)")
     p.add_argument("--interval", type=float, default=2.0, help="seconds between screens")
-    p.add_argument("--once", action="store_true", help="draw one screen and exit")
+    p.add_argument("--once", action="store_true",
+                   help="read until the agent has swept again (rates need two sweeps), draw one screen and exit")
     p.set_defaults(func=cmd_top)
 
     p = sub.add_parser("alerts", help="the pending and firing alerts of a running agent's own rule evaluation")
@@ -430,7 +441,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", help="file to write (default: outrider-report-RUN.html)")
     p.add_argument("--runs-dir", help="where the records are")
     p.set_defaults(func=_with_runs(cmd_report))
-    p = sub.add_parser("compare", help="compare two recorded runs: KPI deltas with confidence intervals")
+    p = sub.add_parser("compare", help="compare two recorded runs step by step and request by request: which is "
+                                       "better and by how much, with 95%% intervals")
     p.add_argument("run_a")
     p.add_argument("run_b")
     p.add_argument("--runs-dir", help="where the records are")

@@ -90,6 +90,22 @@ def register_socket(sock: Any) -> Any:
     return sock
 
 
+def root_cause(e: BaseException) -> str:
+    """Why a call failed, in a few words: the innermost error it wraps (requests wraps urllib3's, which wraps the
+    socket's: "Connection refused", not three class names and an object's address)."""
+    seen: set[int] = set()
+    inner: BaseException = e
+    nxt: BaseException | None = e
+    while nxt is not None and id(nxt) not in seen:
+        seen.add(id(nxt))
+        inner = nxt
+        reason = getattr(nxt, "reason", None)
+        nxt = nxt.__cause__ or nxt.__context__ or (reason if isinstance(reason, BaseException) else None)
+    if isinstance(inner, OSError) and inner.strerror:
+        return str(inner.strerror)
+    return str(inner) or type(inner).__name__
+
+
 def read_capped(read: Any, max_bytes: int) -> bytes:
     """Read a body through `read(n)` until it ends, at most max_bytes; ResponseTooLarge past that."""
     chunks: list[bytes] = []
@@ -138,10 +154,12 @@ def connection_classes() -> tuple[type[Any], type[Any]]:
 
 # --- requests / urllib3 (the OTLP/HTTP exporter) ----------------------------------------------------------------
 def bounded_session(total_s: float, max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
-                    on_failure: Callable[[str], None] | None = None) -> Any:
+                    on_failure: Callable[[str], None] | None = None,
+                    on_error: Callable[[str], None] | None = None) -> Any:
     """A requests.Session whose every request runs under Deadline(total_s) and reads at most max_response_bytes of
     body (ResponseTooLarge, a requests ConnectionError subclass for its callers, past that). on_failure("deadline"
-    or "too_large") is told of each call cut short, for callers (the OTel exporter) that swallow the exception."""
+    or "too_large") is told of each call cut short, and on_error(why) why each call failed (root_cause of its
+    error, or "HTTP 503 Service Unavailable"), for callers (the OTel exporter) that swallow the exception."""
     import requests
     import urllib3
     from requests.adapters import HTTPAdapter
@@ -194,7 +212,11 @@ def bounded_session(total_s: float, max_response_bytes: int = DEFAULT_MAX_RESPON
                         if on_failure is not None:
                             on_failure("deadline")
                         raise Expired(f"no complete answer within {total_s:g} s (the call's total deadline)") from e
+                    if on_error is not None:
+                        on_error(root_cause(e))
                     raise
+            if on_error is not None and not 200 <= response.status_code < 300:
+                on_error(f"HTTP {response.status_code} {response.reason or ''}".rstrip())
             response._content = body
             response._content_consumed = True
             return response

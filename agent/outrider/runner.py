@@ -77,7 +77,9 @@ class RunSummary:
     # the kernel log's names of the run's OOM-killed processes, where it is readable: "python3 (pid 18855) in memory
     # cgroup /a/b"
     oom_victims: list[str] = field(default_factory=list)
-    alerts: list[AlertRecord] = field(default_factory=list)  # fired (and resolved) during the run
+    alerts: list[AlertRecord] = field(default_factory=list)  # fired during the run (and resolved, or not)
+    # fired before the run (restored from the agent's saved alert state) and resolved during it: not this run's
+    carried_over: list[AlertRecord] = field(default_factory=list)
     verdict: RunVerdict = field(default_factory=lambda: RunVerdict("", "", {}))
     timeline: list[Segment] = field(default_factory=list)
 
@@ -120,6 +122,9 @@ class RunSummary:
             lines += _wrapped(topic, [text], "")
         for i, alert in enumerate([a.text(self.started) for a in self.alerts] or ["none fired"]):
             lines += _wrapped("" if i else "alerts", [alert], "")
+        if self.carried_over:  # their resolve went out during the run: said, apart, so that it is not a mystery
+            lines += _wrapped("", ["carried over from before this run (the agent's saved alert state), not this "
+                                   "run's: " + "; ".join(a.text(self.started) for a in self.carried_over)], "")
         v = self.verdict
         if self.oom_killed:  # what ended the run comes first; how it ran until then is the windows' verdict
             lines += ["", f"verdict: OOM-killed by the kernel ({self._oom_evidence()}): see the memory alerts and "
@@ -237,9 +242,11 @@ def _spawn(cmd: Sequence[str], env: dict[str, str]) -> int:
 
 def run(cmd: Sequence[str], config: Config, on_exit: Callable[[list[Family]], None] | None = None,
         summary_json: str | None = None, quiet: bool = False,
-        listeners: Sequence[Callable[[list[Family]], None]] = ()) -> tuple[int, RunSummary | None]:
+        listeners: Sequence[Callable[[list[Family]], None]] = (),
+        listen_fallback: bool = False) -> tuple[int, RunSummary | None]:
     """Run CMD under watch. Returns (exit code, summary). on_exit gets a final sweep taken after CMD ended (its
-    hooked processes' closing flushes included); listeners get every sweep.
+    hooked processes' closing flushes included); listeners get every sweep. listen_fallback: config.listen is the
+    default, and a busy port falls back to a free one (Agent's listen_fallback).
 
     Whatever way run() is left (CMD cannot start, the runner fails while CMD runs, an exception after it ended),
     what it started is undone in reverse order: CMD (ended and reaped if still running), the run record, the
@@ -253,7 +260,11 @@ def run(cmd: Sequence[str], config: Config, on_exit: Callable[[list[Family]], No
         config = _with_spool(config, undo)
         old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, WAITED)
         undo.callback(signal.pthread_sigmask, signal.SIG_SETMASK, old_mask)
-        agent = Agent(config, roots=(me,), exclude_pids=frozenset({me}), listen_fallback=True)
+        try:
+            agent = Agent(config, roots=(me,), exclude_pids=frozenset({me}), listen_fallback=listen_fallback)
+        except OSError as e:  # its address is held (a port asked for), or not this machine's: nothing ran
+            print(f"outrider run: {e.strerror or e}", file=sys.stderr)
+            return 1, None
         undo.callback(agent.stop)
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         oom = OomWatch(config)
@@ -391,11 +402,13 @@ def _summary(cmd: Sequence[str], child: Command, status: int, wall_s: float, usa
     if code < 0:  # killed by a signal: report it as a shell would
         code = 128 - code
     oom_kills, oom_scope, oom_counter, oom_victims = oom
+    alerts = sorted(recorder.alerts, key=lambda a: a.fired)
     return RunSummary(
         command=list(cmd), pid=child.pid, exit_code=code, signal=ended_by, wall_s=wall_s,
         **usage, signals_forwarded=child.forwarded, metrics_url=url + "/metrics", started=started_unix,
         measured=measured, oom_kills=oom_kills, oom_scope=oom_scope, oom_counter=oom_counter,
-        oom_victims=oom_victims, alerts=sorted(recorder.alerts, key=lambda a: a.fired), verdict=recorder.verdict(),
+        oom_victims=oom_victims, alerts=[a for a in alerts if a.fired >= started_unix],
+        carried_over=[a for a in alerts if a.fired < started_unix], verdict=recorder.verdict(),
         timeline=recorder.timeline(),
     )
 

@@ -15,8 +15,9 @@ from collections.abc import Callable
 from outrider import collectors as registry
 from outrider.collectors.base import Collector, CollectorContext, CollectorStatus, SweepStats
 from outrider.config import Config
-from outrider.metrics.exposition import Renderer
+from outrider.metrics.exposition import Format, KeepingRenderer, Renderer
 from outrider.metrics.family import Family
+from outrider.metrics.protobuf_exposition import ProtobufRenderer
 
 LOG = logging.getLogger("outrider.sampler")
 
@@ -65,10 +66,10 @@ class Sampler:
         self._guards: dict[str, _Guarded] = {}
         self._families: list[Family] = []
         self._generation = 0
-        self._rendered: dict[tuple[bool, bool], tuple[int, bytes]] = {}
-        self._renderers: dict[bool, Renderer] = {}
+        self._rendered: dict[tuple[Format, bool], tuple[int, bytes]] = {}
+        self._renderers: dict[Format, KeepingRenderer[str] | KeepingRenderer[bytes]] = {}
         # per (format, gzip): the last two generations served, to render ahead only for a scraper that asks every sweep
-        self._served: dict[tuple[bool, bool], tuple[int, int]] = {}
+        self._served: dict[tuple[Format, bool], tuple[int, int]] = {}
         self._render_lock = threading.Lock()
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -143,20 +144,20 @@ class Sampler:
         with self._lock:
             return self._families
 
-    def exposition(self, openmetrics: bool, compressed: bool = False) -> bytes:
+    def exposition(self, fmt: Format = "text", compressed: bool = False) -> bytes:
         """The latest sweep rendered (and gzipped if asked), computed once per sweep and format."""
-        key = (openmetrics, compressed)
+        key = (fmt, compressed)
         gen, fams, cached = self._serve(key)
         if cached is not None:
             return cached
         return self._render(key, gen, fams)
 
-    def rendered(self, openmetrics: bool, compressed: bool = False) -> bytes | None:
+    def rendered(self, fmt: Format = "text", compressed: bool = False) -> bytes | None:
         """The latest sweep's exposition if it is rendered already (rendered ahead, or by an earlier scrape of this
         sweep), else None: what the HTTP server's loop thread answers without rendering."""
-        return self._serve((openmetrics, compressed))[2]
+        return self._serve((fmt, compressed))[2]
 
-    def _serve(self, key: tuple[bool, bool]) -> tuple[int, list[Family], bytes | None]:
+    def _serve(self, key: tuple[Format, bool]) -> tuple[int, list[Family], bytes | None]:
         """A scrape of the latest sweep in this format: noted (for rendering ahead), and its body if rendered."""
         with self._lock:
             gen, fams = self._generation, self._families
@@ -166,8 +167,8 @@ class Sampler:
                 self._served[key] = (gen, last[0])
         return gen, fams, cached[1] if cached is not None and cached[0] == gen else None
 
-    def _render(self, key: tuple[bool, bool], gen: int, fams: list[Family]) -> bytes:
-        openmetrics, compressed = key
+    def _render(self, key: tuple[Format, bool], gen: int, fams: list[Family]) -> bytes:
+        fmt, compressed = key
         # One render at a time: a renderer keeps last sweep's text, and concurrent scrapes of a new sweep wait
         # for the first one's body instead of rendering it again.
         with self._render_lock:
@@ -175,10 +176,11 @@ class Sampler:
                 cached = self._rendered.get(key)
             if cached is not None and cached[0] == gen:
                 return cached[1]
-            renderer = self._renderers.get(openmetrics)
+            renderer = self._renderers.get(fmt)
             if renderer is None:
-                renderer = self._renderers[openmetrics] = Renderer(openmetrics)
-            plain = self._rendered.get((openmetrics, False))
+                renderer = self._renderers[fmt] = ProtobufRenderer() if fmt == "protobuf" else \
+                    Renderer(openmetrics=fmt == "openmetrics")
+            plain = self._rendered.get((fmt, False))
             body = plain[1] if plain is not None and plain[0] == gen else renderer.render(fams)
             if compressed:  # a gzip member (wbits 31) with no timestamp: gzip.compress's own header and CRC pass
                 body = zlib.compress(body, 1, 31)  # cost 12% more

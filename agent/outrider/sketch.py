@@ -72,6 +72,22 @@ def index(value: float) -> int | None:
     return max(MIN_INDEX, min(MAX_INDEX, _raw_index(value)))
 
 
+def downscale(buckets: Mapping[int, int], by: int) -> dict[int, int]:
+    """Exponential buckets `by` scales coarser, exactly: bucket i at scale s lies inside bucket i >> by at scale
+    s - by (2**by of them make one; >> floors, negative indices included), so each count moves whole."""
+    if by <= 0:
+        return dict(buckets)
+    out: dict[int, int] = {}
+    for i, c in buckets.items():
+        j = i >> by
+        out[j] = out.get(j, 0) + c
+    return out
+
+
+# Every bucket's upper bound, from MIN_INDEX - 1 up: the batch counter's boundaries without a power per bucket
+_UPPER = [upper_bound(i) for i in range(MIN_INDEX - 1, MAX_INDEX + 1)]
+
+
 def add_sorted(values: list[float], buckets: dict[int, float]) -> int:
     """Counts values (sorted ascending) into buckets; returns how many went to the zero bucket. The cost is one
     logarithm and one binary search per distinct bucket, not per value: recording batches is cheap where the
@@ -79,15 +95,21 @@ def add_sorted(values: list[float], buckets: dict[int, float]) -> int:
     n = len(values)
     pos = bisect_right(values, MIN_VALUE)
     zero = pos
+    upper, log2, ceil, low, get = _UPPER, math.log2, math.ceil, MIN_INDEX - 1, buckets.get
     while pos < n:
-        i = index(values[pos])
-        if i is None:  # NaN sorts anywhere: never counted as a duration (the hook refuses NaN before this)
-            zero += 1
-            pos += 1
-            continue
-        end = n if i == MAX_INDEX else bisect_right(values, upper_bound(i), pos)
-        end = max(end, pos + 1)
-        buckets[i] = buckets.get(i, 0.0) + (end - pos)
+        v = values[pos]
+        if not v < MAX_VALUE:  # the top bucket takes the rest (a NaN, which the hook refuses, would sort anywhere)
+            buckets[MAX_INDEX] = get(MAX_INDEX, 0.0) + (n - pos)
+            break
+        i = ceil(log2(v) * _PER_OCTAVE) - 1
+        if i <= MIN_INDEX:
+            i = MIN_INDEX
+        elif v <= upper[i - 1 - low]:  # a value on a boundary belongs to the bucket it closes
+            i -= 1
+        elif v > upper[i - low]:
+            i += 1
+        end = bisect_right(values, upper[i - low], pos)
+        buckets[i] = get(i, 0.0) + (end - pos)
         pos = end
     return zero
 
@@ -110,6 +132,19 @@ class Sketch:
         buckets: dict[int, float] = {}
         zero = add_sorted(sorted(values), buckets)
         return Sketch.of(zero, buckets)
+
+    @staticmethod
+    def at_scale(scale: int, zero: int, buckets: Mapping[int, int]) -> Sketch | None:
+        """The sketch of exponential buckets of another source at `scale` (OpenTelemetry's bucket index, (base**i,
+        base**(i + 1)]; a Prometheus native histogram's is one more), exactly: at a finer scale each bucket lies
+        inside one of ours. None where no sketch of them exists: a coarser scale (its buckets straddle ours), or a
+        bucket outside MIN_INDEX..MAX_INDEX (values the sketch would have clamped, which it cannot say of counts)."""
+        if scale < SCALE:
+            return None
+        ours = {i: c for i, c in downscale(buckets, scale - SCALE).items() if c > 0}
+        if ours and not MIN_INDEX <= min(ours) <= max(ours) <= MAX_INDEX:
+            return None
+        return Sketch.of(zero, ours)
 
     @property
     def count(self) -> int:
@@ -137,11 +172,12 @@ class Sketch:
         seen = self.zero
         if seen >= rank:
             return 0.0
-        for i in sorted(self.buckets):
+        order = sorted(self.buckets)
+        for i in order[:-1]:
             seen += self.buckets[i]
             if seen >= rank:
                 return representative(i)
-        return representative(max(self.buckets))
+        return representative(order[-1])  # rank <= count: the last bucket holds it
 
     def points(self) -> list[tuple[float, int]]:
         """(representative value, count) per bucket, ascending, the zero bucket as 0.0: the distribution as a

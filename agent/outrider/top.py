@@ -2,22 +2,31 @@
 
 It reads the agent's /metrics (any agent: a sidecar, a node agent, `outrider run`) and draws a screen every refresh
 with rich, fitted to the terminal's width. Rates (steps/s, samples/s, tokens/s, requests/s), the share of the loop
-waiting for data and the step and latency percentiles are taken over a window of reads that spans enough updates
-of /metrics (metrics/rate.py: at least four of each counter's updates, between reads at which it had changed),
-never between two reads a refresh apart: /metrics changes once a sweep (every 5 s by default), so two reads 2 s
-apart see either no change (0 steps/s for a running job) or a whole sweep's (2.5x the truth). /metrics is read
-every half second, so when a counter changed is known to within half a second. Until a counter has changed twice
-its rate is not known yet ("…"). `--once` reads until the rates are known (or 30 s) and draws a single screen (for
-scripts and tests). rich is imported here and nowhere else: the agent and the hook never load it (pyproject.toml's
-import-linter contracts)."""
+waiting for data and the step and latency percentiles are over one window, which the screen states: from the hook's
+publications seen at one sweep of the agent to those seen at the next, timed by the publishers' own clock (the
+heartbeats the agent serves; metrics/rate.py), never by when top read /metrics: /metrics changes once a sweep
+(every 5 s by default), so two reads 2 s apart see either no change (0 steps/s for a running job) or a whole
+sweep's (2.5x the truth). A job that stops reads 0 from the first window after it stopped. /metrics is read every
+half second; until two sweeps have been seen a rate is not known yet ("…"). `--once` reads until then (two reads
+a sweep apart, at most ONCE_LIMIT_S) and draws a single screen (for scripts and tests). rich is imported here and
+nowhere else: the agent and the hook never load it (pyproject.toml's import-linter contracts).
+
+/metrics is asked for as Prometheus asks for it with native histograms on: the protobuf exposition first
+(metrics/protobuf_format.py reads it), so the step and latency percentiles come from the recorded sketches, within
+1.08% of the workload's own clock, their growth over a window the sketches' difference. An agent that answers with
+a text format (an older one, or native_histograms: false) is read as before, from its classic buckets (coarser: 10 ms
+and 20 ms steps fall in one bucket). A page top cannot read (malformed, over protobuf_format.MAX_PAGE_BYTES, or
+dripping for over READ_LIMIT_S) is an error it says, as a lost agent is."""
 
 from __future__ import annotations
 
 import collections
+import http.client
 import io
 import math
 import shutil
 import sys
+import threading
 import time
 import urllib.request
 from collections import defaultdict
@@ -30,21 +39,93 @@ from rich.text import Text
 
 from outrider.diagnosis.bottleneck import advice
 from outrider.diagnosis.signals import Signals
-from outrider.metrics import text_format, units
+from outrider.metrics import protobuf_format, text_format, units
+from outrider.metrics.exposition import PROTOBUF_MEDIA_TYPE
 from outrider.metrics.family import HistogramValue
 from outrider.metrics.quantile import quantile
 from outrider.metrics.rate import CounterHistory
+from outrider.sketch import Sketch
 
 Sample = tuple[str, tuple[tuple[str, str], ...]]
 
 
-def parse(text: str) -> dict[Sample, float]:
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value for s in text_format.parse(text).samples}
+# What Prometheus (2.42) asks for with native histograms on: the protobuf exposition first, the text formats after,
+# so an agent that serves no protobuf (an older one, or native_histograms: false) answers with text
+ACCEPT = ("application/vnd.google.protobuf;proto=io.prometheus.client.MetricFamily;encoding=delimited,"
+          "application/openmetrics-text;version=1.0.0;q=0.8,application/openmetrics-text;version=0.0.1;q=0.75,"
+          "text/plain;version=0.0.4;q=0.5,*/*;q=0.1")
+READ_LIMIT_S = 10.0  # a whole answer, however slowly it drips
+# A histogram family's sketch, in a read: its native buckets summed over its series, one sample per bucket under the
+# family's name and this suffix (with a space: no exposition's metric name has one), labelled with the bucket's
+# index ("zero" for the zero bucket). Only where every series of the family has its sketch, so that the sum is the
+# sketch of all its values.
+SKETCH = " sketch"
+
+
+class UnreadablePage(OSError):
+    """An answer from /metrics that is not a page top can read (malformed, too large, or too slow to arrive): an
+    error like a lost connection, said and not drawn."""
+
+
+def parse(page: str | bytes, content_type: str = "") -> dict[Sample, float]:
+    """A read of /metrics as samples: a text format's as they are; the protobuf exposition's as the text format
+    gives them, and beside each histogram family its sketch (SKETCH). MalformedPage for a protobuf page that is
+    not one."""
+    if content_type.split(";", 1)[0].strip().lower() != PROTOBUF_MEDIA_TYPE:
+        text = page.decode(errors="replace") if isinstance(page, bytes) else page
+        return {(s.name, tuple(sorted(s.labels.items()))): s.value for s in text_format.parse(text).samples}
+    families = protobuf_format.parse(page.encode() if isinstance(page, str) else page)
+    # a name with a space is no metric's (and would be taken for a sketch's bucket): left out
+    out = {(s.name, tuple(sorted(s.labels.items()))): s.value for s in protobuf_format.samples(families)
+           if " " not in s.name}
+    for fam in families:
+        values = [s.value for s in fam.samples if isinstance(s.value, HistogramValue)]
+        sketches = [h.sketch for h in values if h.sketched and h.sketch is not None]
+        if not values or len(sketches) < len(values):
+            continue
+        merged = sum(sketches[1:], sketches[0])
+        out[(fam.name + SKETCH, (("bucket", "zero"),))] = float(merged.zero)
+        for i, c in merged.buckets.items():
+            out[(fam.name + SKETCH, (("bucket", str(i)),))] = float(c)
+    return out
 
 
 def fetch(url: str) -> dict[Sample, float]:
-    with urllib.request.urlopen(url.rstrip("/") + "/metrics", timeout=5) as resp:
-        return parse(resp.read().decode())
+    """One read of the agent's /metrics: the protobuf exposition where the agent serves it (the distributions at
+    their recorded resolution), a text format otherwise. The whole answer within READ_LIMIT_S (read on a thread
+    of its own, left to its socket's timeout if the answer drips for longer) and at most MAX_PAGE_BYTES; OSError
+    (UnreadablePage for an answer that is not a page) when it cannot be read."""
+    answer: list[tuple[bytes, str] | BaseException] = []
+    reader = threading.Thread(target=_read, args=(url, answer), name="outrider-top-read", daemon=True)
+    reader.start()
+    reader.join(READ_LIMIT_S)
+    if not answer:
+        raise UnreadablePage(f"no whole answer within {READ_LIMIT_S:g} s")
+    got = answer[0]
+    if isinstance(got, BaseException):
+        raise got
+    try:
+        return parse(*got)
+    except protobuf_format.MalformedPage as e:
+        raise UnreadablePage(f"not a protobuf exposition: {e}") from None
+
+
+def _read(url: str, answer: list[tuple[bytes, str] | BaseException]) -> None:
+    """The page and its content type, or the error, into `answer`."""
+    request = urllib.request.Request(url.rstrip("/") + "/metrics", headers={"Accept": ACCEPT})
+    try:
+        with urllib.request.urlopen(request, timeout=5) as resp:
+            chunks, size = [], 0
+            while chunk := resp.read1(1 << 16):  # what has arrived, not a whole buffer's worth
+                size += len(chunk)
+                if size > protobuf_format.MAX_PAGE_BYTES:
+                    raise UnreadablePage(f"a page over {protobuf_format.MAX_PAGE_BYTES} bytes")
+                chunks.append(chunk)
+            answer.append((b"".join(chunks), resp.headers.get("Content-Type", "")))
+    except http.client.HTTPException as e:  # an answer that is not HTTP
+        answer.append(UnreadablePage(f"{type(e).__name__}: {e}"))
+    except BaseException as e:
+        answer.append(e)
 
 
 def total(m: dict[Sample, float], name: str) -> float:
@@ -61,17 +142,29 @@ def by_label(m: dict[Sample, float], name: str, label: str, **match: str) -> dic
 
 
 def histogram(m: dict[Sample, float], name: str) -> HistogramValue | None:
+    """A histogram's series in a read, summed: the classic buckets, and the sketch where the read has it (SKETCH)
+    for all of its values."""
     buckets: dict[float, float] = defaultdict(float)
+    zero, native, sketched = 0.0, {}, False
     for (n, labels), v in m.items():
         if n == name + "_bucket":
             le = dict(labels)["le"]
             buckets[math.inf if le == "+Inf" else float(le)] += v
+        elif n == name + SKETCH:
+            sketched = True
+            index = labels[0][1]
+            if index == "zero":
+                zero = v
+            else:
+                native[int(index)] = v
     if not buckets:
         return None
     bounds = sorted(b for b in buckets if b != math.inf)
     cum = [buckets[b] for b in bounds] + [buckets.get(math.inf, 0.0)]
     counts = tuple(int(c - (cum[i - 1] if i else 0)) for i, c in enumerate(cum))
-    return HistogramValue(tuple(bounds), counts, total(m, name + "_sum"))
+    sketch = Sketch.of(zero, native) if sketched else None
+    return HistogramValue(tuple(bounds), counts, total(m, name + "_sum"),
+                          sketch if sketch is not None and sketch.count == sum(counts) else None)
 
 
 # The counters top shows as rates and shares: its name in the history -> (metric, labels it must have)
@@ -89,11 +182,11 @@ ONCE_LIMIT_S = 30.0
 
 
 class Reads:
-    """The reads of /metrics so far: the counters' history, for rates over enough of its updates, and the reads
-    themselves, for the histograms' growth over the same windows."""
+    """The reads of /metrics so far: the counters' history, for rates over the window between two sweeps'
+    publications, and the reads themselves, for the histograms' growth over the same windows."""
 
     def __init__(self) -> None:
-        self.counters = CounterHistory(KEPT_READS)
+        self.counters = CounterHistory(COUNTERS, KEPT_READS)
         self.latest: dict[Sample, float] = {}
         # each read's WINDOWED histograms' series only (the whole read is the latest)
         self.reads: collections.deque[tuple[float, dict[Sample, float]]] = collections.deque(maxlen=KEPT_READS)
@@ -101,16 +194,16 @@ class Reads:
     def add(self, t: float, m: dict[Sample, float]) -> None:
         self.latest = m
         self.reads.append((t, {k: v for k, v in m.items() if k[0].startswith(WINDOWED)}))
-        self.counters.add(t, {key: sum(v for (n, labels), v in m.items() if n == name
-                                       and all(dict(labels).get(k) == x for k, x in want.items()))
-                              for key, (name, want) in COUNTERS.items()})
+        self.counters.add(t, ((name, dict(labels), v) for (name, labels), v in m.items()
+                              if name in self.counters.metrics))
 
     def rate(self, key: str) -> float | None:
         return self.counters.rate(key)
 
     def known(self) -> bool:
-        """Whether every counter that is moving has its rate: what `--once` waits for."""
-        return all(self.counters.rate(k) is not None for k in ("steps", "requests") if self.counters.total(k))
+        """Whether every counter the agent serves has its rate: what `--once` waits for."""
+        return all(self.counters.rate(k) is not None for k in ("steps", "requests")
+                   if total(self.latest, COUNTERS[k][0]))
 
     def since(self, key: str) -> dict[Sample, float]:
         """The read at the start of `key`'s rate window (the oldest read while it has none)."""
@@ -120,12 +213,10 @@ class Reads:
 
 
 def delta_quantile(new: dict[Sample, float], old: dict[Sample, float], name: str, q: float) -> float | None:
-    a, b = histogram(old, name), histogram(new, name)
-    if b is None:
-        return None
-    if a is not None and a.bounds == b.bounds:
-        b = HistogramValue(b.bounds, tuple(max(0, x - y) for x, y in zip(b.counts, a.counts)), b.sum - a.sum)
-    return quantile(q, b)
+    """The q-quantile of what a histogram recorded between two reads: from the sketches' difference where both
+    reads have them (within 1.08%), else from the classic buckets'."""
+    b = histogram(new, name)
+    return None if b is None else quantile(q, b.since(histogram(old, name)))
 
 
 def _q(new: dict[Sample, float], old: dict[Sample, float], name: str, q: float) -> str:
@@ -166,6 +257,12 @@ def _rate(reads: Reads, key: str, what: str) -> str:
     return f"… {what}/s" if value is None else units.rate(value, what)
 
 
+def _over(reads: Reads, key: str) -> str:
+    """The window the line's rates and percentiles are over, by the publishers' clock."""
+    seconds = reads.counters.seconds(key)
+    return "" if seconds is None else f"  over {units.seconds(seconds)}"
+
+
 def frame(reads: Reads, url: str) -> Group:
     """One screen: GPUs, the job's KPIs, the verdict and the alerts, as rich renderables that fit any width
     (columns shrink and cut with an ellipsis; only the advice wraps)."""
@@ -182,12 +279,13 @@ def frame(reads: Reads, url: str) -> Group:
         if wait is not None:
             rates.append(f"data wait {units.percent(wait)}")
         rows.add_row("training", _cut("  ".join(rates)))
-        rows.add_row("", _cut(f"step time p50 {_q(new, old, step, 0.5)}  p99 {_q(new, old, step, 0.99)}"))
+        rows.add_row("", _cut(f"step time p50 {_q(new, old, step, 0.5)}  p99 {_q(new, old, step, 0.99)}"
+                              f"{_over(reads, 'steps')}"))
     if total(new, "outrider_requests_total"):
         req, old = "outrider_request_duration_seconds", reads.since("requests")
         rows.add_row("inference", _cut(f"{_rate(reads, 'requests', 'req')}  latency p50 "
                                       f"{_q(new, old, req, 0.5)}  p90 {_q(new, old, req, 0.9)}  "
-                                      f"p99 {_q(new, old, req, 0.99)}"))
+                                      f"p99 {_q(new, old, req, 0.99)}{_over(reads, 'requests')}"))
     rows.add_row("host", _cut(f"cpu {units.percent(total(new, 'outrider_host_cpu_utilization_ratio'))}  job rss "
                              f"{units.bytes_iec(total(new, 'outrider_watched_memory_rss_bytes'))}  memory available "
                              f"{units.bytes_iec(total(new, 'outrider_host_memory_available_bytes'))}"))
@@ -227,10 +325,10 @@ def render_text(screen: Group, width: int) -> str:
 
 def run_top(url: str, interval_s: float = 2.0, once: bool = False) -> int:
     """Draw a screen every interval_s, reading /metrics every POLL_S or interval_s if shorter (the agent serves
-    the latest sweep's rendering: a read costs it nothing more), so that when each counter changed is known to
-    within a read. Live mode redraws in place on the terminal's alternate screen (no clear, so no flicker) and
-    re-reads the terminal's width on every screen; --once draws one screen once the rates are known (at least
-    interval_s after the first read, at most ONCE_LIMIT_S) and exits."""
+    the latest sweep's rendering: a read costs it nothing more), so that a new sweep is seen within a read. Live
+    mode redraws in place on the terminal's alternate screen (no clear, so no flicker) and re-reads the terminal's
+    width on every screen; --once reads until the rates are known (a read of the agent's next sweep after the
+    first read: two reads a sweep apart, at most ONCE_LIMIT_S), draws one screen and exits."""
     reads = Reads()
     poll_s = min(POLL_S, interval_s)
     try:
@@ -245,7 +343,7 @@ def run_top(url: str, interval_s: float = 2.0, once: bool = False) -> int:
                 time.sleep(poll_s)
                 now = time.monotonic()
                 reads.add(now, fetch(url))
-                if (now - start >= interval_s and reads.known()) or now - start >= ONCE_LIMIT_S:
+                if reads.known() or now - start >= ONCE_LIMIT_S:
                     break
             sys.stdout.write(render_text(frame(reads, url), shutil.get_terminal_size().columns))
             return 0

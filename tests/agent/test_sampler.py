@@ -31,7 +31,7 @@ def test_a_failing_collector_reports_zero_and_the_sweep_goes_on(proc_fixture: Pa
     s = sampler_with_broken(proc_fixture)
     s.sweep()
     s.sweep()  # self reports the status of the previous sweep's collectors
-    parsed = samples(s.exposition(openmetrics=False).decode())
+    parsed = samples(s.exposition("text").decode())
     assert value(parsed, "outrider_collector_success", collector="broken") == 0
     assert value(parsed, "outrider_collector_success", collector="host") == 1
     assert value(parsed, "outrider_collector_errors_total", collector="broken") == 2
@@ -42,10 +42,10 @@ def test_a_failing_collector_reports_zero_and_the_sweep_goes_on(proc_fixture: Pa
 def test_exposition_is_rendered_once_per_sweep(proc_fixture: Path) -> None:
     s = sampler_with_broken(proc_fixture)
     s.sweep()
-    first = s.exposition(openmetrics=False)
-    assert s.exposition(openmetrics=False) is first, "a second scrape of the same sweep reuses the bytes"
+    first = s.exposition("text")
+    assert s.exposition("text") is first, "a second scrape of the same sweep reuses the bytes"
     s.sweep()
-    assert s.exposition(openmetrics=False) is not first
+    assert s.exposition("text") is not first
 
 
 def test_rendered_gives_a_body_only_once_it_is_rendered_and_a_scraper_every_sweep_gets_it_ahead(
@@ -54,20 +54,20 @@ def test_rendered_gives_a_body_only_once_it_is_rendered_and_a_scraper_every_swee
     made this sweep's body. A scraper asking every sweep, through rendered() alone, gets the body rendered ahead."""
     s = sampler_with_broken(proc_fixture)
     s.sweep()
-    assert s.rendered(False, compressed=True) is None, "nothing rendered yet: a worker renders it"
-    body = s.exposition(False, compressed=True)
-    assert s.rendered(False, compressed=True) is body
+    assert s.rendered("text", compressed=True) is None, "nothing rendered yet: a worker renders it"
+    body = s.exposition("text", compressed=True)
+    assert s.rendered("text", compressed=True) is body
     s.sweep()
-    assert s.rendered(False, compressed=True) is None, "a new sweep"
-    s.exposition(False, compressed=True)
+    assert s.rendered("text", compressed=True) is None, "a new sweep"
+    s.exposition("text", compressed=True)
     s.sweep()
     s._render_ahead()  # as the sweep loop does: the last two sweeps were asked for
-    ahead = s.rendered(False, compressed=True)
+    ahead = s.rendered("text", compressed=True)
     assert ahead is not None and ahead is not body
     for _ in range(3):  # asked through rendered() alone: still noted as served, so rendered ahead each sweep
         s.sweep()
         s._render_ahead()
-        assert s.rendered(False, compressed=True) is not None
+        assert s.rendered("text", compressed=True) is not None
 
 
 def test_gzip_variant_decompresses_to_the_same_text(proc_fixture: Path) -> None:
@@ -75,7 +75,7 @@ def test_gzip_variant_decompresses_to_the_same_text(proc_fixture: Path) -> None:
 
     s = sampler_with_broken(proc_fixture)
     s.sweep()
-    assert gzip.decompress(s.exposition(False, compressed=True)) == s.exposition(False)
+    assert gzip.decompress(s.exposition("text", compressed=True)) == s.exposition("text")
 
 
 def test_k8s_identity_from_the_downward_api_behind_an_allow_list(monkeypatch: object) -> None:

@@ -1,6 +1,6 @@
-"""The loop profiler (hook/profiler.py) on real loops run by this thread while the profiler's own thread samples
-it: pure Python, tensor operations written in the loop, torch modules, sleeping, a DataLoader, an optimizer,
-torch.save. Each loop is one kind of work, so the share of its class must dominate; shares, never timings."""
+"""The loop profiler (hook/profiler.py) on real loops run by this thread while the hook's thread samples it: pure
+Python, tensor operations written in the loop, torch modules, sleeping, a DataLoader, an optimizer, torch.save.
+Each loop is one kind of work, so the share of its class must dominate; shares, never timings."""
 
 from __future__ import annotations
 
@@ -22,24 +22,37 @@ SECONDS = 1.5
 
 @pytest.fixture
 def hook(tmp_path: Path) -> Iterator[Hook]:
-    h = Hook(HookSettings(spool_dir=str(tmp_path), standalone=False))
+    # flushes once an hour: the hook's thread only samples (the flush's sampler is called by the tests)
+    h = Hook(HookSettings(spool_dir=str(tmp_path), standalone=False, flush_interval_s=3600.0))
     h.progress.record_steps(1, time.perf_counter(), [0.1])  # a process with a loop: the profiler starts
     yield h
-    h.closed = True
+    h.stop()
+
+
+def sampled_by_the_hooks_thread(hook: Hook, p: LoopProfiler) -> None:
+    p.sample()  # a flush's: the loop steps, so the hook's thread samples it between flushes
+    hook.profiler = p
+    assert hook.start() and p.period_s() > 0
+    assert any(t.name == "outrider-hook" for t in threading.enumerate()), "sampled from the hook's one thread"
+
+
+def stopped(hook: Hook) -> None:
+    hook.stop()
+    deadline = time.monotonic() + 10
+    while hook.running and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not hook.running
 
 
 def profile(hook: Hook, work: Callable[[], None], hz: float = 100.0) -> LoopProfiler:
-    """Sample this thread while it runs `work` repeatedly for SECONDS; the profiler's thread is stopped after."""
+    """Sample this thread while it runs `work` repeatedly for SECONDS; the hook's thread is stopped after."""
     tid = threading.get_native_id()
     p = LoopProfiler(hook, lambda: tid, hz)
-    p.sample()
-    assert p.thread is not None and p.thread.name.startswith("outrider")
+    sampled_by_the_hooks_thread(hook, p)
     end = time.monotonic() + SECONDS
     while time.monotonic() < end:
         work()
-    hook.closed = True
-    p.thread.join(timeout=10)
-    hook.closed = False
+    stopped(hook)
     return p
 
 
@@ -153,7 +166,7 @@ def test_off_with_one_setting_and_bounded(hook: Hook) -> None:
     assert settings.profile_hz == 0 and not problems
     p = LoopProfiler(hook, lambda: 0, settings.profile_hz)
     p.sample()
-    assert p.thread is None and not any(name.startswith("outrider_train_loop") for name, _ in hook.registry._series)
+    assert p.period_s() == 0 and not any(name.startswith("outrider_train_loop") for name, _ in hook.registry._series)
     for bad in ("-1", "5000", "nan", "fast"):
         settings, problems = read({"OUTRIDER_PROFILE_HZ": bad})
         assert settings.profile_hz == 50.0 and problems, bad
@@ -180,13 +193,12 @@ def test_nothing_is_sampled_before_the_loop_thread_is_known(hook: Hook) -> None:
     known = [0]
     p = LoopProfiler(hook, lambda: known[0], 200.0)
     p.sample()
-    time.sleep(0.3)
-    assert sum(p.counts.values()) == 0
+    assert p.period_s() == 0, "no wake-up for a loop not known yet"
     known[0] = threading.get_native_id()
+    p.sample()  # the next flush knows the loop's thread
+    sampled_by_the_hooks_thread(hook, p)
     deadline = time.monotonic() + 10
     while sum(p.counts.values()) < 5 and time.monotonic() < deadline:
         pure_python()
-    hook.closed = True
-    assert p.thread is not None
-    p.thread.join(timeout=10)
+    stopped(hook)
     assert sum(p.counts.values()) >= 5, "sampled once the loop thread is known"

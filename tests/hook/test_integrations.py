@@ -37,7 +37,7 @@ def live_hook(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
     monkeypatch.setenv("OUTRIDER_STANDALONE", "false")
     assert outrider.instrument()
     yield api.S.hook
-    api.S.hook._stop.set()
+    api.S.hook.stop()
 
 
 def read(tmp_path: Path, hook: Hook) -> dict:  # type: ignore[type-arg]
@@ -239,7 +239,7 @@ def torch_hook(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
     assert outrider.instrument()
     assert api.S.torch is not None
     yield torch, api.S.hook
-    api.S.hook._stop.set()
+    api.S.hook.stop()
     api.S.torch.detach()
 
 
@@ -295,7 +295,7 @@ def test_a_process_group_initialised_before_instrument_is_seen(tmp_path: Path,
         try:
             assert value(read(tmp_path, api.S.hook), "outrider_train_first_step_pending") == 1
         finally:
-            api.S.hook._stop.set()
+            api.S.hook.stop()
             api.S.torch.detach()
     finally:
         dist.destroy_process_group()

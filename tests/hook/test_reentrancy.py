@@ -56,7 +56,7 @@ COMMON = textwrap.dedent("""
 
     def report():
         outrider.shutdown()  # the final flush
-        entries, values = hook.registry.layout()  # what that flush published (no shard size limit in the way)
+        entries, values, _ = hook.registry.layout()  # what that flush published (no shard size limit in the way)
         totals = {e[0] + "|" + ",".join(e[2].values()): values[e[3]] for e in entries}
         print(json.dumps({"main": MAIN[0], "side": SIDE[300], "side_series": SIDE[:300], "totals": totals,
                           "dropped": hook.drop.counts}))

@@ -103,5 +103,5 @@ def test_a_refused_series_is_none_of_the_series_types_and_holds_nothing(kind: st
     refused.observe(0.1)
     assert not refused.has_data() and not hasattr(refused, "__dict__")  # no cells, no value: nothing to keep
     assert reg.drop.counts == {reason: 1}
-    entries, _ = reg.layout()
+    entries, _, _ = reg.layout()
     assert [(e[0], e[1]) for e in entries if not e[0].startswith("outrider_")] == [("a_total", "counter")]

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from outrider.hook.series import SPARE_CELLS, Counter, Dropped, Gauge, NoopSeries, log_aside
+from outrider.hook.series import SPARE_CELLS, Counter, Dropped, Gauge, NoopSeries, drain_logs, log_aside
 
 
 def counter() -> tuple[Counter, Dropped]:
@@ -174,34 +174,38 @@ def records() -> Iterator[tuple[logging.Logger, Records]]:
         logger.removeHandler(handler)
 
 
-def test_log_aside_logs_from_a_daemon_thread_of_its_own(records: tuple[logging.Logger, Records]) -> None:
-    logger, handler = records
-    log_aside(logger, logging.WARNING, "dropped %d series of %s", 3, "shop")
-    assert handler.done.wait(30)
-    assert handler.seen == [(logging.WARNING, "dropped 3 series of shop", "outrider-log", True)]
-
-
-def test_log_aside_starts_nothing_for_a_level_not_logged(records: tuple[logging.Logger, Records],
-                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_log_aside_queues_and_the_drain_logs_in_order_on_the_draining_thread(
+        records: tuple[logging.Logger, Records], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The caller (a flush holding the hook's lock, a signal handler) never takes a logging lock and never starts a
+    thread; whoever drains (the hook's thread, outside its locks; the exit path) logs."""
     logger, handler = records
     started: list[threading.Thread] = []
     real = threading.Thread.start
     monkeypatch.setattr(threading.Thread, "start", lambda self: (started.append(self), real(self))[1])
-    log_aside(logger, logging.DEBUG, "not logged")
-    assert started == [] and handler.seen == []
-
-
-def test_log_aside_logs_in_place_when_no_thread_can_start(records: tuple[logging.Logger, Records],
-                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    logger, handler = records
-
-    def refuse(self: threading.Thread) -> None:
-        raise RuntimeError("can't create new thread at interpreter shutdown")
-
-    monkeypatch.setattr(threading.Thread, "start", refuse)
+    log_aside(logger, logging.WARNING, "dropped %d series of %s", 3, "shop")
     log_aside(logger, logging.ERROR, "at exit: %s", "flushed")
-    assert handler.seen == [(logging.ERROR, "at exit: flushed", threading.current_thread().name,
-                             threading.current_thread().daemon)]
+    assert handler.seen == [] and started == [], "nothing logged, nothing started by the caller"
+    drain_logs()
+    me = threading.current_thread()
+    assert handler.seen == [(logging.WARNING, "dropped 3 series of shop", me.name, me.daemon),
+                            (logging.ERROR, "at exit: flushed", me.name, me.daemon)]
+    drain_logs()
+    assert len(handler.seen) == 2, "each line once"
+
+
+def test_log_aside_queues_nothing_for_a_level_not_logged(records: tuple[logging.Logger, Records]) -> None:
+    logger, handler = records
+    log_aside(logger, logging.DEBUG, "not logged")
+    drain_logs()
+    assert handler.seen == []
+
+
+def test_a_hook_that_cannot_log_keeps_its_latest_lines_only(records: tuple[logging.Logger, Records]) -> None:
+    logger, handler = records
+    for i in range(1000):
+        log_aside(logger, logging.INFO, "line %d", i)
+    drain_logs()
+    assert [m for _, m, _, _ in handler.seen] == [f"line {i}" for i in range(1000 - 256, 1000)]
 
 
 class _TakenMeanwhile(collections.deque):  # type: ignore[type-arg]

@@ -45,7 +45,7 @@ def hooked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Hook]:
     assert outrider.instrument()
     assert api.S.torch is not None
     yield api.S.hook
-    api.S.hook._stop.set()
+    api.S.hook.stop()
     api.S.torch.detach()
 
 
@@ -227,7 +227,7 @@ def test_operations_are_read_at_the_first_step_after_a_flush_asked(tmp_path: Pat
                 opt.step()
             seen.put(torch._C._autograd._get_sequence_nr())
 
-    hooked._stop.set()  # the publisher thread flushes no more: the test's flushes are the only ones
+    hooked.stop()  # the publisher thread flushes no more: the test's flushes are the only ones
     hooked.flush()
     t = threading.Thread(target=loop)
     t.start()

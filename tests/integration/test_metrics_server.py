@@ -26,19 +26,25 @@ from pathlib import Path
 import psutil
 import pytest
 
-from outrider.exporters.http_server import HttpServer, Limits, Request, Response
 from outrider.exporters.prometheus import Endpoints, MetricsServer, alerts_api_json
+from outrider.http_server import HttpServer, Limits, Request, Response
+from outrider.metrics.exposition import PROTOBUF_CONTENT_TYPE, Format
 from tests.helpers import http_get, self_signed, wait_until
 
 pytestmark = pytest.mark.integration
 BODY = b"# HELP up_test A test gauge.\n# TYPE up_test gauge\nup_test 1\n"
+PROTOBUF_BODY = b"\x0b\x0a\x07up_test\x18\x01"  # a MetricFamily: its length, name and type
+# what Prometheus 2.42 sends with --enable-feature=native-histograms (captured from the real server)
+NATIVE_ACCEPT = ("application/vnd.google.protobuf;proto=io.prometheus.client.MetricFamily;encoding=delimited,"
+                 "application/openmetrics-text;version=1.0.0;q=0.8,application/openmetrics-text;version=0.0.1;q=0.75,"
+                 "text/plain;version=0.0.4;q=0.5,*/*;q=0.1")
 PASSWORD = "s3rver-pw-Zk2"
 CLIENT_TIMEOUT_S = 10.0  # a hang bound: a server that blocks makes the client time out, never a speed test
 
 
 def endpoints(ready: bool = True) -> Endpoints:
-    def exposition(openmetrics: bool, use_gzip: bool) -> bytes:
-        body = BODY + (b"# EOF\n" if openmetrics else b"")
+    def exposition(fmt: Format, use_gzip: bool) -> bytes:
+        body = {"openmetrics": BODY + b"# EOF\n", "protobuf": PROTOBUF_BODY}.get(fmt, BODY)
         return gzip.compress(body) if use_gzip else body
 
     # rendered: the bodies are fixed, so always ready: kept-alive scrapes are answered by the server's loop thread
@@ -329,7 +335,7 @@ def test_connections_beyond_the_table_never_hold_more_sockets_and_a_scrape_still
 # `free` closes them again, `stats` prints its accept errors and what it logged.
 OUT_OF_DESCRIPTORS = """
 import json, logging, os, resource, sys, time
-from outrider.exporters.http_server import HttpServer, Response
+from outrider.http_server import HttpServer, Response
 resource.setrlimit(resource.RLIMIT_NOFILE, (128, 128))
 logged = []
 class Keep(logging.Handler):
@@ -475,6 +481,8 @@ def test_metrics_formats_gzip_head_probes_and_alerts() -> None:
         assert (status, body) == (200, BODY) and headers["content-type"].startswith("text/plain; version=0.0.4")
         status, headers, body = get(s, headers={"Accept": "application/openmetrics-text; version=1.0.0"})
         assert headers["content-type"].startswith("application/openmetrics-text") and body.endswith(b"# EOF\n")
+        status, headers, body = get(s, headers={"Accept": NATIVE_ACCEPT})
+        assert headers["content-type"] == PROTOBUF_CONTENT_TYPE and body == PROTOBUF_BODY
         status, headers, body = get(s, headers={"Accept-Encoding": "gzip"})
         assert headers["content-encoding"] == "gzip" and gzip.decompress(body) == BODY
         status, headers, body = get(s, method="HEAD")
@@ -483,7 +491,18 @@ def test_metrics_formats_gzip_head_probes_and_alerts() -> None:
         status, headers, body = get(s, "/api/v1/alerts")
         assert status == 200 and body == b'{"status": "success", "data": {"alerts": []}}'
         assert get(s, "/nope")[0] == 404 and get(s, "/metrics", method="POST")[0] == 405
-        assert s.scrapes == 4  # the server counts its own /metrics answers (GET and HEAD)
+        assert s.scrapes == 5  # the server counts its own /metrics answers (GET and HEAD)
+    finally:
+        s.stop()
+
+
+def test_a_server_told_not_to_serve_protobuf_answers_a_native_histogram_scraper_with_openmetrics() -> None:
+    s = MetricsServer(endpoints(), "127.0.0.1", 0, protobuf=False)
+    s.start()
+    try:
+        status, headers, body = get(s, headers={"Accept": NATIVE_ACCEPT})
+        assert status == 200 and headers["content-type"].startswith("application/openmetrics-text")
+        assert body == BODY + b"# EOF\n"
     finally:
         s.stop()
 

@@ -121,7 +121,7 @@ def _kind(metric: Any) -> str:
     data = metric.WhichOneof("data")
     if data == "sum":
         return "counter" if metric.sum.is_monotonic else "updowncounter"
-    return {"gauge": "gauge", "histogram": "histogram"}[data]
+    return {"gauge": "gauge", "histogram": "histogram", "exponential_histogram": "histogram"}[data]
 
 
 def test_every_catalog_metric_under_a_convention_name_has_its_instrument_and_unit() -> None:

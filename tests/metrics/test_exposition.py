@@ -9,7 +9,7 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families 
 from prometheus_client.parser import text_string_to_metric_families as parse_text
 
 from outrider.metrics.catalog import MetricDef
-from outrider.metrics.exposition import format_value, render, wants_openmetrics
+from outrider.metrics.exposition import format_value, negotiate, render, wants_openmetrics
 from outrider.metrics.family import Family
 
 
@@ -76,6 +76,36 @@ def test_wrong_label_count_is_refused() -> None:
 ])
 def test_content_negotiation(accept: str | None, om: bool) -> None:
     assert wants_openmetrics(accept) is om
+
+
+PROMETHEUS_NATIVE = ("application/vnd.google.protobuf;proto=io.prometheus.client.MetricFamily;encoding=delimited,"
+                     "application/openmetrics-text;version=1.0.0;q=0.8,application/openmetrics-text;version=0.0.1;"
+                     "q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1")  # Prometheus 2.42, native histograms on
+PROMETHEUS = ("application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,"
+              "text/plain;version=0.0.4;q=0.5,*/*;q=0.1")  # Prometheus 2.42 without
+PB = "application/vnd.google.protobuf;proto=io.prometheus.client.MetricFamily;encoding=delimited"
+
+
+@pytest.mark.parametrize(("accept", "fmt"), [
+    (PROMETHEUS_NATIVE, "protobuf"), (PROMETHEUS, "openmetrics"), (None, "text"), ("", "text"),
+    ("text/plain;version=0.0.4", "text"),
+    (PB, "protobuf"),
+    (PB + ";q=0.5,application/openmetrics-text", "openmetrics"),  # ranked below OpenMetrics
+    (PB + ";q=0.5,application/openmetrics-text;q=0.5", "protobuf"),  # a tie goes to the richer format
+    (PB + ";q=0,text/plain", "text"),  # refused
+    ("application/vnd.google.protobuf;proto=io.prometheus.client.MetricFamily", "text"),  # not delimited
+    ("application/vnd.google.protobuf;encoding=delimited", "text"),  # no message named
+    ("application/vnd.google.protobuf; proto=io.prometheus.client.MetricFamily; encoding=delimited", "protobuf"),
+    ("application/vnd.google.protobuf;proto=io.prometheus.client.MetricFamily;encoding=text", "text"),
+])
+def test_negotiation_picks_protobuf_when_asked_first_openmetrics_when_listed_else_text(
+        accept: str | None, fmt: str) -> None:
+    assert negotiate(accept) == fmt
+
+
+def test_negotiation_without_protobuf_is_the_text_formats_negotiation() -> None:
+    assert negotiate(PROMETHEUS_NATIVE, protobuf=False) == "openmetrics"
+    assert negotiate(PB, protobuf=False) == "text"
 
 
 def test_histograms_in_both_formats() -> None:

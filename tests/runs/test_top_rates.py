@@ -1,6 +1,7 @@
-"""`outrider top`'s rates over a window of /metrics reads that spans enough of its updates: an agent sweeping every
-5 s read every 2 s once showed a running job at 0 steps/s on one screen and 2.5x its rate on the next. top now reads
-every half second and draws every 2 s."""
+"""`outrider top`'s rates over the window between two sweeps' publications, timed by the publishers' heartbeats the
+agent serves (metrics/rate.py): an agent sweeping every 5 s read every 2 s once showed a running job at 0 steps/s
+on one screen and 2.5x its rate on the next, and later a service at 690-830 req/s for 20 s after its client had
+stopped. top reads every half second, draws every 2 s, and states the window."""
 
 from __future__ import annotations
 
@@ -10,24 +11,29 @@ import re
 from outrider.top import Reads, frame, parse, render_text
 
 TRUE = 40.0  # steps per second
+EPOCH = 1_700_000_000.0
 
 
-def metrics(t: float, sweep_s: float = 5.0) -> str:
-    """/metrics at time t of an agent sweeping every sweep_s a job at TRUE steps/s (32 samples a step, 30% of
-    its loop waiting for data), and p50 step times that change after 60 s."""
+def metrics(t: float, sweep_s: float = 5.0, stop_s: float = math.inf) -> str:
+    """/metrics at time t of an agent sweeping every sweep_s a job at TRUE steps/s until stop_s (32 samples a
+    step, 30% of its loop waiting for data) whose hook publishes every second, and p50 step times that change
+    after 60 s: each sweep serves the hook's last publication and its heartbeat."""
     swept = sweep_s * math.floor(t / sweep_s)
-    steps = TRUE * swept
-    slow = swept > 60
-    fast_steps = TRUE * min(swept, 60.0)
+    at = math.floor(swept - 0.6) + 0.6  # the hook flushes at .6 of every second
+    worked = min(at, stop_s)
+    steps = TRUE * worked
+    slow = worked > 60
+    fast_steps = TRUE * min(worked, 60.0)
     return (f'outrider_train_steps_total{{rank=""}} {steps}\n'
             f'outrider_samples_total{{rank=""}} {32 * steps}\n'
-            f'outrider_train_loop_seconds_total{{part="step",rank=""}} {0.7 * swept}\n'
-            f'outrider_train_loop_seconds_total{{part="data_wait",rank=""}} {0.3 * swept}\n'
+            f'outrider_train_loop_seconds_total{{part="step",rank=""}} {0.7 * worked}\n'
+            f'outrider_train_loop_seconds_total{{part="data_wait",rank=""}} {0.3 * worked}\n'
             f'outrider_train_step_duration_seconds_bucket{{le="0.01",rank=""}} {fast_steps}\n'
             f'outrider_train_step_duration_seconds_bucket{{le="0.1",rank=""}} {steps}\n'
             f'outrider_train_step_duration_seconds_bucket{{le="+Inf",rank=""}} {steps}\n'
             f'outrider_train_step_duration_seconds_sum{{rank=""}} {0.025 * steps if slow else 0.005 * steps}\n'
-            f'outrider_train_step_duration_seconds_count{{rank=""}} {steps}\n')
+            f'outrider_train_step_duration_seconds_count{{rank=""}} {steps}\n'
+            f'outrider_hook_last_heartbeat_timestamp_seconds{{pid="7",rank=""}} {EPOCH + at}\n')
 
 
 def test_every_screen_of_a_running_job_shows_its_true_rate_or_says_it_is_measuring() -> None:
@@ -43,22 +49,28 @@ def test_every_screen_of_a_running_job_shows_its_true_rate_or_says_it_is_measuri
         assert m, screen
         shown.append((m.group(1), m.group(2), m.group(3)))
     measuring = [s for s in shown if s[0] == "…"]
-    assert 0 < len(measuring) <= 6, "the first screens say the rate is not known yet: two sweeps at most"
+    assert 0 < len(measuring) <= 3, "the first screens say the rate is not known yet: until a second sweep"
     assert all(s[0] == "…" for s in shown[:len(measuring)])
-    rates = [float(s[0].replace(",", "")) for s in shown[len(measuring):]]
-    assert min(rates) >= 0.9 * TRUE and max(rates) <= 1.1 * TRUE, rates
-    samples = [float(s[1].replace(",", "")) for s in shown[len(measuring):]]
-    assert min(samples) >= 0.9 * 32 * TRUE and max(samples) <= 1.1 * 32 * TRUE
+    assert {s[0] for s in shown[len(measuring):]} == {"40"}
+    assert {s[1] for s in shown[len(measuring):]} == {"1,280"}
     assert {s[2] for s in shown[len(measuring):]} == {"30"}
+    assert re.search(r"step time p50 [\d.]+ ms +p99 [\d.]+ ms +over 5 s\n", screen), screen
 
 
-def test_a_job_that_stops_falls_to_zero_steps_per_second() -> None:
+def test_a_job_that_stops_reads_zero_from_the_second_sweep_after_the_stop() -> None:
+    """It stops at 42.3 s: the sweep at 45 s holds its last 1.3 s of steps (its window opens at the publication
+    seen at 40 s); every screen from the sweep at 50 s reads 0."""
     reads = Reads()
+    after = []
     for i in range(160):
         t = 0.5 * i
-        reads.add(t, parse(metrics(min(t, 40.0))))  # it stops at 40 s
-    screen = render_text(frame(reads, "http://agent"), 160)
-    assert re.search(r"training +0 steps/s", screen), screen
+        reads.add(t, parse(metrics(t, stop_s=42.3)))
+        m = re.search(r"training +(\S+) steps/s", render_text(frame(reads, "http://agent"), 160))
+        assert m
+        if t >= 45:
+            after.append((t, m.group(1)))
+    assert all(rate == "0" for t, rate in after if t >= 50), after
+    assert all(rate not in ("0", "40") for t, rate in after if t < 50), after
 
 
 def test_the_step_time_percentiles_are_over_the_same_window() -> None:

@@ -15,6 +15,12 @@ metric name published with two shapes (kind or label names) by two processes is 
 longest-running live process publishing it; the other shape's series are left out and counted
 (`shape_conflict`) until no live process publishes the first shape.
 
+A duration histogram's values carry its log-bucketed sketch as their last element (outrider/sketch.py: a Sketch, or
+None where a shard has none: an older hook, or a sketch refused alone), merged like every other value: sketches add
+bucket by bucket, and None absorbs (a merge with a process that sent no sketch has none). A merged sketch that
+does not hold as many observations as the classic buckets is left out (the histogram is exported with its classic
+buckets only), so a percentile is never taken from part of the values.
+
 Shards are read through outrider.spool, which trusts nothing in them: a shard that is unreadable (truncated,
 corrupt, newer format, owned by a uid this agent does not trust, not a regular file, writable by others, too large)
 is skipped and counted once while it stays the same file; a bad series in a good shard is dropped alone and
@@ -34,12 +40,14 @@ import contextlib
 import errno
 import os
 from dataclasses import dataclass
+from typing import Any
 
 from outrider import spool
 from outrider.collectors.base import Collector, CollectorContext, StackDump
 from outrider.kernel import procfs
 from outrider.metrics.catalog import CATALOG, CUSTOM_HELP, MetricDef, custom_definition
 from outrider.metrics.family import Family, HistogramValue
+from outrider.sketch import Sketch
 
 # name, kind, labels (+training_job, rank), bounds
 SeriesKey = tuple[str, str, tuple[tuple[str, str], ...], tuple[float, ...]]
@@ -58,7 +66,7 @@ class ProcessState:
     path: str
     meta: dict[str, object]
     header: spool.ShardHeader
-    state: str  # running, stalled, unresponsive, exited
+    state: str  # running, stalled, unresponsive, stopped, exited
     uid: int
 
     @property
@@ -85,9 +93,13 @@ class Finished:
     kept: bool = False  # deletion refused (a sticky shared spool where it is not ours): not tried again
 
 
+# A series' values: a counter's or gauge's one float; a histogram's bucket counts and sum, then its sketch (or None)
+Values = list[Any]
+
+
 @dataclass
 class Retired:
-    values: list[float]
+    values: Values
     at: float  # monotonic time it was last retired into
 
 
@@ -104,8 +116,8 @@ class HookCollector(Collector):
         self.reader = spool.ShardReader(self.spool, self._trusted)
         self._retired: dict[SeriesKey, Retired] = {}
         # path -> (what was retired for it, when): taken back out if that process's shard comes back
-        self._retired_by_path: dict[str, tuple[dict[SeriesKey, list[float]], float]] = {}
-        self._last: dict[str, dict[SeriesKey, list[float]]] = {}  # live shards of the last sweep and their series
+        self._retired_by_path: dict[str, tuple[dict[SeriesKey, Values], float]] = {}
+        self._last: dict[str, dict[SeriesKey, Values]] = {}  # live shards of the last sweep and their series
         self._owners: dict[str, tuple[str, Shape]] = {}  # custom name -> (path of its shape's publisher, shape)
         self._conflicts: set[tuple[str, str]] = set()  # (path, name) counted as shape_conflict
         self._boot_s: float | None = None
@@ -122,7 +134,9 @@ class HookCollector(Collector):
         if ctx.hold_spool_lock:
             try:
                 spool.prepare_dir(self.spool, private=not self._explicit, trusted_uids=self._trusted_uids)
-                self._lock_fd = spool.try_lock(self.spool)
+                self._lock_fd = self._try_lock()
+            except spool.LockRefused as e:
+                self.drop("spool_lock", e)
             except OSError as e:
                 self.drop("spool", e)
             if self._lock_fd is None:
@@ -203,10 +217,21 @@ class HookCollector(Collector):
         except OSError as e:
             self.drop("spool reader mark", e)
 
+    def _try_lock(self) -> int | None:
+        """agent.lock, as spool.try_lock takes it: a lock file another user planted (which kept this agent a mere
+        reader that never deletes a finished shard) is replaced, said once, or refused (spool.LockRefused) with
+        the reason, logged once and counted."""
+        mode = spool.shared_file_mode(self.spool) if self._explicit else spool.PRIVATE_FILE_MODE
+        return spool.try_lock(self.spool, trusted_uids=self._trusted_uids, mode=mode,
+                              notice=lambda what: self.log.warning("hook: %s", what))
+
     def _take_over(self) -> None:
         """A reader takes agent.lock once its holder has left, and becomes the owner."""
         try:
-            self._lock_fd = spool.try_lock(self.spool)
+            self._lock_fd = self._try_lock()
+        except spool.LockRefused as e:
+            self.drop("spool_lock", e)
+            self._lock_fd = None
         except OSError:
             self._lock_fd = None
         if self._lock_fd is not None:
@@ -232,21 +257,23 @@ class HookCollector(Collector):
             pass
         try:
             spool.prepare_dir(self.spool, private=not self._explicit, trusted_uids=self._trusted_uids)
-            fd = spool.try_lock(self.spool)
+            fd = self._try_lock()
         except OSError as e:
             self.drop("spool", e)
             return
-        if fd is not None:
-            with contextlib.suppress(OSError):
-                os.close(self._lock_fd)
-            self._lock_fd = fd
+        with contextlib.suppress(OSError):
+            os.close(self._lock_fd)
+        self._lock_fd = fd
+        if fd is None:  # another agent holds the lock at the name now (it took the re-created spool first)
+            self.log.info("hook: another agent owns the spool %s now; this one reads it", self.spool)
+            self._mark_reader()
 
     def collect(self) -> list[Family]:
         started_ns = self.ctx.clock.wall_ns()  # before the listing: what a reader's mark promises the owner it has seen
         self._keep_lock()
-        merged: dict[SeriesKey, list[float]] = {}
+        merged: dict[SeriesKey, Values] = {}
         processes: list[ProcessState] = []
-        live: list[tuple[ProcessState, dict[SeriesKey, list[float]]]] = []
+        live: list[tuple[ProcessState, dict[SeriesKey, Values]]] = []
         present: set[str] = set()
         finished: dict[str, Finished] = {}
         for path in self.reader.paths() if self._usable() else ():
@@ -279,8 +306,10 @@ class HookCollector(Collector):
                 self._count("invalid_series", f"series in {name}", why)
             proc = ProcessState(path, snap.meta, snap.header, self._state(path, snap.header, snap.meta), snap.uid)
             extra = (("training_job", proc.training_job), ("rank", proc.rank))
-            entries = {(n, kind, (*sorted(labels.items()), *extra), bounds): values
-                       for n, kind, labels, values, bounds in snap.series}
+            entries: dict[SeriesKey, Values] = {
+                (n, kind, (*sorted(labels.items()), *extra), bounds):
+                    [*values, snap.sketches.get(i)] if kind == "histogram" else values
+                for i, (n, kind, labels, values, bounds) in enumerate(snap.series)}
             if floor:
                 _not_backwards(entries, floor)
             if proc.state == "exited":
@@ -338,6 +367,11 @@ class HookCollector(Collector):
                 self._boot_s = procfs.read_boot_time(self.ctx.config.proc_root)
         return self._boot_s
 
+    def _stopped(self, pid: int, meta: dict[str, object], start_ns: int) -> bool:
+        """Whether the process that wrote the shard is stopped (/proc state T, or t under a tracer)."""
+        return procfs.process_state(self.ctx.config.proc_root, pid) in ("T", "t") and \
+            self._same_process(pid, meta, start_ns)
+
     def _same_process(self, pid: int, meta: dict[str, object], start_ns: int) -> bool:
         """Whether the live process `pid` is the one that wrote the shard: same pid and same start. The hook says
         its start in clock ticks (exact); a shard without it (an older hook) is matched on wall time: the live
@@ -354,7 +388,7 @@ class HookCollector(Collector):
         return boot + ticks / os.sysconf("SC_CLK_TCK") <= start_ns / 1e9 + START_SLACK_S
 
     # --- shapes of custom names ----------------------------------------------------------------------------------
-    def _elect_shapes(self, live: list[tuple[ProcessState, dict[SeriesKey, list[float]]]]) -> dict[str, set[str]]:
+    def _elect_shapes(self, live: list[tuple[ProcessState, dict[SeriesKey, Values]]]) -> dict[str, set[str]]:
         """Each custom name's shape: its current owner's while that process lives, else that of the
         longest-running live process publishing the name; with none live, the last owner's (its retired series).
         Returns the names each process publishes in another shape (by shard path). A process has one shape per
@@ -402,6 +436,10 @@ class HookCollector(Collector):
             # Killed or crashed (no closing flush), its pid gone or reused by another process. In a pod without a
             # shared process namespace no pid is visible: there, three missed heartbeats mean gone.
             return "exited"
+        if age_s > 2 * flush_s and self._stopped(h.pid, meta, h.start_ns):
+            # SIGSTOP, a shell's job control, a debugger: its publisher is stopped with it. Not stalled: it resumes
+            # where it was when continued (one read of /proc/PID/stat, only for a process whose heartbeat ages).
+            return "stopped"
         if age_s > max(10 * flush_s, 10.0):
             return "unresponsive"  # alive, but its publisher thread has not written for a while
         if h.flags & spool.FLAG_STALLED:
@@ -427,7 +465,7 @@ class HookCollector(Collector):
             seen[path] = self.ctx.clock.monotonic()
         self._strays = seen
 
-    def _quiet_helpers(self, live: list[tuple[ProcessState, dict[SeriesKey, list[float]]]]) -> None:
+    def _quiet_helpers(self, live: list[tuple[ProcessState, dict[SeriesKey, Values]]]) -> None:
         """A helper waiting for a first step it will never take (it inherited torchrun's environment) does not make
         its rank's outrider_train_first_step_pending 1: the gauge is summed over the rank's processes."""
         groups: dict[tuple[str, str], list[ProcessState]] = {}
@@ -461,9 +499,9 @@ class HookCollector(Collector):
                 return False
         return False
 
-    def _retire(self, entries: dict[SeriesKey, list[float]], path: str) -> None:
+    def _retire(self, entries: dict[SeriesKey, Values], path: str) -> None:
         now = self.ctx.clock.monotonic()
-        kept: dict[SeriesKey, list[float]] = {}
+        kept: dict[SeriesKey, Values] = {}
         for key, values in entries.items():
             if key[1] not in ("counter", "histogram"):  # a gone process's gauges go with it
                 continue
@@ -471,7 +509,7 @@ class HookCollector(Collector):
             if have is None:
                 self._retired[key] = Retired(list(values), now)
             elif len(have.values) == len(values):
-                have.values = [a + b for a, b in zip(have.values, values)]
+                have.values = [_plus(a, b) for a, b in zip(have.values, values)]
                 have.at = now
             else:
                 continue
@@ -481,7 +519,7 @@ class HookCollector(Collector):
         while len(self._retired_by_path) > MAX_RETIRED_PATHS:
             del self._retired_by_path[next(iter(self._retired_by_path))]
 
-    def _unretire(self, path: str) -> dict[SeriesKey, list[float]] | None:
+    def _unretire(self, path: str) -> dict[SeriesKey, Values] | None:
         """The shard of a process retired here is back (the spool re-created, a process taken for dead that was
         not): its cumulative values include what was retired for it, which is taken back out. Returns what was
         retired (the values its series may not fall below)."""
@@ -491,10 +529,10 @@ class HookCollector(Collector):
         for key, values in hit[0].items():
             have = self._retired.get(key)
             if have is not None and len(have.values) == len(values):
-                have.values = [a - b for a, b in zip(have.values, values)]
+                have.values = [_minus(a, b) for a, b in zip(have.values, values)]
         return hit[0]
 
-    def _expire_retired(self, live: dict[SeriesKey, list[float]]) -> None:
+    def _expire_retired(self, live: dict[SeriesKey, Values]) -> None:
         """Bounded memory: a retired series no live process shares goes after RETIRED_TTL_S (its final value has
         been scraped many times by then), the oldest first beyond MAX_RETIRED. One a live process shares stays,
         or the merged counter would go backwards."""
@@ -549,7 +587,7 @@ class HookCollector(Collector):
             self._dynamic[name] = hit
         return hit
 
-    def _families(self, merged: dict[SeriesKey, list[float]], processes: list[ProcessState]) -> list[Family]:
+    def _families(self, merged: dict[SeriesKey, Values], processes: list[ProcessState]) -> list[Family]:
         fams: dict[str, Family] = {}
         for (name, kind, labels, bounds), values in merged.items():
             label_map = dict(labels)
@@ -565,17 +603,18 @@ class HookCollector(Collector):
                 continue  # retired series of two shapes with no live publisher to choose: the first shape shown
             label_values = tuple(label_map[n] for n in defn.label_names)
             if kind == "histogram":
-                fam.add(HistogramValue(bounds, tuple(int(v) for v in values[:-1]), values[-1]), *label_values)
+                fam.add(_histogram(bounds, values), *label_values)
             else:
                 fam.add(values[0], *label_values)
         out = list(fams.values())
         states = Family("outrider_hook_processes")
-        for state in ("running", "stalled", "unresponsive"):
+        for state in ("running", "stalled", "unresponsive", "stopped"):
             states.add(sum(1 for p in processes if p.state == state), state)
         out.append(states)
         last_step = Family("outrider_train_last_step_timestamp_seconds")
         started = Family("outrider_train_start_timestamp_seconds")
         stalled = Family("outrider_hook_stalled")
+        stopped = Family("outrider_hook_stopped")
         heartbeat = Family("outrider_hook_last_heartbeat_timestamp_seconds")
         by_rank: dict[tuple[str, str], list[ProcessState]] = {}
         for p in processes:
@@ -587,6 +626,8 @@ class HookCollector(Collector):
             started.add(min(p.header.start_ns for p in procs) / 1e9, rank, job)
             stalled.add(1 if any(p.state in ("stalled", "unresponsive") and not self._helper(p, procs)
                                  for p in procs) else 0, rank, job)
+            stopped.add(1 if any(p.state == "stopped" and not self._helper(p, procs) for p in procs) else 0,
+                        rank, job)
         for p in processes:
             heartbeat.add(p.header.heartbeat_ns / 1e9, p.rank, p.training_job, str(p.header.pid))
         errors = Family("outrider_hook_shard_errors_total")
@@ -597,7 +638,7 @@ class HookCollector(Collector):
         for reason, n in sorted(self.reader.rejected().items()):
             rejected.add(n, reason)
         owner = Family("outrider_hook_spool_owner").add(1 if self.owner else 0)
-        out.extend([last_step, started, stalled, heartbeat, errors, retired, rejected, owner])
+        out.extend([last_step, started, stalled, stopped, heartbeat, errors, retired, rejected, owner])
         return out
 
     def close(self) -> None:
@@ -622,21 +663,45 @@ def _shape(key: SeriesKey) -> Shape:
     return key[1], tuple([n for n, _ in key[2]])
 
 
-def _not_backwards(entries: dict[SeriesKey, list[float]], floor: dict[SeriesKey, list[float]]) -> None:
+def _not_backwards(entries: dict[SeriesKey, Values], floor: dict[SeriesKey, Values]) -> None:
     """One process's counters and histograms never go backwards: a series below what was seen of it before (a stale
     copy of the shard) keeps the earlier values."""
     for key, values in entries.items():
         before = floor.get(key)
         if before is None or len(before) != len(values) or key[1] == "gauge":
             continue
-        if (before[0] > values[0]) if key[1] == "counter" else (sum(before[:-1]) > sum(values[:-1])):
+        buckets = len(key[3]) + 1
+        if (before[0] > values[0]) if key[1] == "counter" else (sum(before[:buckets]) > sum(values[:buckets])):
             entries[key] = before
 
 
-def _accumulate(into: dict[SeriesKey, list[float]], key: SeriesKey, values: list[float]) -> None:
+def _accumulate(into: dict[SeriesKey, Values], key: SeriesKey, values: Values) -> None:
     have = into.get(key)
     if have is None:
         into[key] = list(values)
     elif len(have) == len(values):
         for i, v in enumerate(values):
-            have[i] += v
+            have[i] = _plus(have[i], v)
+
+
+def _plus(a: Any, b: Any) -> Any:
+    """Two values of a series added: floats, or sketches (None, a sketch missing on either side, absorbs)."""
+    if a is None or b is None:
+        return None
+    return a + b
+
+
+def _minus(a: Any, b: Any) -> Any:
+    if a is None or b is None:
+        return None
+    return a.since(b) if isinstance(a, Sketch) else a - b
+
+
+def _histogram(bounds: tuple[float, ...], values: Values) -> HistogramValue:
+    """The merged values of a histogram; its sketch kept only when it holds every observation the buckets do."""
+    n = len(bounds) + 1
+    counts = tuple(int(v) for v in values[:n])
+    sketch = values[n + 1] if len(values) > n + 1 else None
+    if not isinstance(sketch, Sketch) or sketch.count != sum(counts):
+        sketch = None
+    return HistogramValue(bounds, counts, values[n], sketch)

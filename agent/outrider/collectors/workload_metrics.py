@@ -187,7 +187,7 @@ def annotated_endpoint(annotations: Mapping[str, str], drop: Drop, whose: str = 
         return None
 
 
-def _take(metrics: dict[str, ForeignMetric], fam: text_format.ParsedFamily, drop: Drop) -> None:
+def _take(metrics: dict[str, ForeignMetric], fam: text_format.ParsedFamily[text_format.Sample], drop: Drop) -> None:
     kind = {"counter": "counter", "gauge": "gauge", "untyped": "gauge", "unknown": "gauge",
             "histogram": "histogram"}.get(fam.type)
     if kind is None:

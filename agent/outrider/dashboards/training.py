@@ -178,12 +178,18 @@ def build() -> Dashboard:
                           "are in the spool).", "short", query(f"sum(outrider_hook_stalled{{{R}}})", instant=True),
                           th=thresholds(GREEN, (1, "red")),
                           links=[runbook("degradation.md", "trainingstalled", "stalled")]))
+    d = d.with_panel(stat("Stopped ranks", "Ranks with a process stopped now (SIGSTOP, a job-control stop, a "
+                          "debugger): not stalled; its work resumes when it is continued.", "short",
+                          query(f"sum(outrider_hook_stopped{{{R}}})", instant=True),
+                          th=thresholds(GREEN, (1, "orange")),
+                          links=[runbook("degradation.md", "trainingstopped", "stopped")]))
     d = d.with_panel(stat("Oldest heartbeat", "Age of the stalest heartbeat among the instrumented processes (the "
                           "publisher thread writes one every flush).", "s",
                           query(f"time() - min(outrider_hook_last_heartbeat_timestamp_seconds{{{R}}})", instant=True),
                           th=thresholds(GREEN, (30, "orange"), (120, "red"))))
     d = d.with_panel(ts("Instrumented processes", "Processes publishing to the spool, by state: running, stalled (no "
-                        "step within the stall threshold), unresponsive (alive, publisher silent).", "short",
+                        "step within the stall threshold), unresponsive (alive, publisher silent), stopped (SIGSTOP, "
+                        "job control, a debugger).", "short",
                         query(f"sum by (state) (outrider_hook_processes{{{SEL}}})", "{{state}}"),
                         th=thresholds(GREEN, (1, "orange"))))
     d = d.with_panel(ts("Declared phases", "Share of time each rank spends in its declared phases (checkpoint, "

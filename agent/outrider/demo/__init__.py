@@ -16,7 +16,7 @@ from pathlib import Path
 from outrider.config import Config, load
 from outrider.metrics import units
 from outrider.metrics.family import Family
-from outrider.metrics.rate import CounterHistory
+from outrider.metrics.rate import CounterHistory, family_samples
 
 Key = tuple[str, tuple[str, ...]]
 
@@ -43,16 +43,17 @@ RATED = ("outrider_watched_cpu_seconds_total", "outrider_train_steps_total", "ou
 
 class LiveLine:
     """Turns the sweeps into one line of rates every every_s: what a person watching the job wants to see. Rates
-    from the counters over time (metrics/rate.py), as the summary, `outrider top` and the record take them."""
+    from the counters between two sweeps' publications (metrics/rate.py), as `outrider top` and the record take
+    them."""
 
     def __init__(self, every_s: float = 2.0) -> None:
         self.every_s = every_s
-        self._counters = CounterHistory()
+        self._counters = CounterHistory({name: (name, {}) for name in RATED})
         self._shown = self._started = time.monotonic()
 
     def __call__(self, fams: list[Family]) -> None:
         now, vals = time.monotonic(), _values(fams)
-        self._counters.add(now, {name: _sum_where(vals, name) for name in RATED})
+        self._counters.add(now, family_samples(fams, self._counters.metrics))
         if now - self._shown < self.every_s:
             return
         self._shown = now

@@ -230,6 +230,15 @@ STORAGE_PRESSURE = 0.1
 STORAGE_READ = 1e6
 
 
+def nothing_ran(s: Signals) -> bool:
+    """No steps or requests, and neither the job's CPU nor its GPUs in use: the first idle rule, and what a run's
+    record does not count as active time, whatever its window's verdict (runs/recorder.py)."""
+    # a torch job that never initialised CUDA runs on the CPU, whatever GPUs the node has
+    gpu_util = s.gpu_util if s.gpus > 0 and not s.torch_cpu_only else None
+    active = s.steps_per_s > 0 or s.requests_per_s > 0 or (s.requests_in_flight or 0.0) > 0
+    return not active and s.process_cpu_cores < IDLE_CORES and (gpu_util is None or gpu_util < IDLE_GPU)
+
+
 def classify(s: Signals) -> Verdict:
     v = _classify(s)
     reason = v.reason
@@ -284,7 +293,7 @@ def _classify(s: Signals) -> Verdict:
     if s.data_wait_alone_fraction is not None:
         wait = max(wait, s.data_wait_alone_fraction)
     active = s.steps_per_s > 0 or s.requests_per_s > 0 or (s.requests_in_flight or 0.0) > 0
-    if not active and s.process_cpu_cores < IDLE_CORES and (gpu_util is None or gpu_util < IDLE_GPU):
+    if nothing_ran(s):
         return Verdict("idle", ev, "no steps or requests, no CPU or GPU use")
     if gpu_util is not None and (s.throttle_thermal or s.throttle_power) and gpu_util > THROTTLED_BUSY:
         why = "thermal" if s.throttle_thermal else "power"

@@ -1,4 +1,5 @@
-"""The HTTP endpoint: /metrics (Prometheus text, or OpenMetrics by content negotiation, gzip on request),
+"""The HTTP endpoint: /metrics (Prometheus text, or OpenMetrics or the protobuf exposition with native histograms by
+content negotiation, gzip on request),
 /api/v1/alerts (the agent's own pending and firing alerts, in Prometheus's API shape), /healthz (the sweep loop is
 alive and current) and /readyz (the first sweep is done).
 
@@ -16,19 +17,12 @@ import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
-from outrider.exporters.http_server import HttpServer, Limits, Request, Response
-from outrider.metrics.exposition import (
-    OPENMETRICS_CONTENT_TYPE,
-    TEXT_CONTENT_TYPE,
-    format_value,
-    wants_openmetrics,
-)
+from outrider.exporters.rotation import TlsFiles
+from outrider.http_server import HttpServer, Limits, Request, Response
+from outrider.metrics.exposition import CONTENT_TYPES, Format, format_value, negotiate
 from outrider.metrics.family import Family
-
-if TYPE_CHECKING:
-    import ssl
 
 INDEX = b"""<html><head><title>Outrider</title></head><body><h1>Outrider agent</h1>
 <p><a href="/metrics">/metrics</a> &middot; <a href="/api/v1/alerts">/api/v1/alerts</a> &middot;
@@ -40,17 +34,17 @@ PROTECTED = ("/metrics", "/api/v1/alerts")  # probes (/healthz, /readyz) stay op
 
 @dataclass(frozen=True)
 class Endpoints:
-    """What the endpoint serves. exposition(openmetrics, gzip) is the latest sweep rendered; alerts_json() the
-    body of /api/v1/alerts; healthy() and ready() answer the probes; rendered(openmetrics, gzip) the exposition
-    only if it needs no rendering."""
+    """What the endpoint serves. exposition(format, gzip) is the latest sweep rendered; alerts_json() the body of
+    /api/v1/alerts; healthy() and ready() answer the probes; rendered(format, gzip) the exposition only if it needs
+    no rendering."""
 
-    exposition: Callable[[bool, bool], bytes]
+    exposition: Callable[[Format, bool], bytes]
     alerts_json: Callable[[], bytes]
     healthy: Callable[[], bool]
     ready: Callable[[], bool]
     # the latest sweep's body if it is rendered (and gzipped) already, else None: what the server's loop thread
     # answers itself; exposition() renders the rest on a worker
-    rendered: Callable[[bool, bool], bytes | None] | None = None
+    rendered: Callable[[Format, bool], bytes | None] | None = None
 
 
 class ActiveAlert(Protocol):
@@ -82,31 +76,34 @@ class MetricsServer:
     """Serves `endpoints` over HTTP(S). Binds on construction; `start()` serves on daemon threads."""
 
     def __init__(self, endpoints: Endpoints, host: str, port: int, tls: tuple[str, str] | None = None,
-                 basic_auth: tuple[str, str] | None = None, limits: Limits | None = None) -> None:
-        """tls: (certificate file, key file); basic_auth: (user, password) required on /metrics and
-        /api/v1/alerts."""
+                 basic_auth: tuple[str, str] | Callable[[], tuple[str, str]] | None = None,
+                 limits: Limits | None = None, protobuf: bool = True) -> None:
+        """tls: (certificate file, key file), loaded again when they change (exporters/rotation.py); basic_auth:
+        the (user, password) required on /metrics and /api/v1/alerts, or what gives the current ones on each
+        request (rotation.BasicAuthFiles.current); protobuf: answer a scraper that asks for the protobuf exposition
+        (native histograms) with it, else with the text formats."""
         self.endpoints = endpoints
-        self._basic_auth = basic_auth
+        self.protobuf = protobuf
+        self._basic_auth: Callable[[], tuple[str, str]] | None = None
+        if callable(basic_auth):
+            self._basic_auth = basic_auth
+        elif basic_auth is not None:
+            credentials = basic_auth
+            self._basic_auth = lambda: credentials
         self._scrapes = 0
         self._lock = threading.Lock()
-        context: ssl.SSLContext | None = None
+        self.tls_files: TlsFiles | None = None
         self.scheme = "http"
         if tls is not None:
-            import ssl  # only here: it loads OpenSSL (about 4 MiB of RSS), which a plain endpoint does without
-
-            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-            context.minimum_version = ssl.TLSVersion.TLSv1_2
-            try:
-                context.load_cert_chain(*tls)
-            except (OSError, ssl.SSLError) as e:
-                raise OSError(getattr(e, "errno", None), f"cannot load TLS certificate {tls[0]}: {e}") from None
+            self.tls_files = TlsFiles(*tls)
             self.scheme = "https"
         self._compare: Callable[[bytes, bytes], bool] = _never
         if basic_auth is not None:
             import hmac  # only with basic auth: it loads OpenSSL's libcrypto (about 3 MiB of RSS)
 
             self._compare = hmac.compare_digest
-        self._http = HttpServer(host, port, self._handle, context, limits, self._quick)
+        self._http = HttpServer(host, port, self._handle, self.tls_files.context if self.tls_files else None,
+                                limits, self._quick)
 
     @property
     def scrapes(self) -> int:
@@ -154,18 +151,18 @@ class MetricsServer:
         if path in PROTECTED and not self._authorised(request.headers.get("authorization", "")):
             return Response(401, b"", (("WWW-Authenticate", 'Basic realm="outrider"'),))
         if path == "/metrics":
-            openmetrics = wants_openmetrics(request.headers.get("accept"))
+            fmt = negotiate(request.headers.get("accept"), self.protobuf)
             use_gzip = "gzip" in request.headers.get("accept-encoding", "")
             if wait:
-                body: bytes | None = self.endpoints.exposition(openmetrics, use_gzip)
+                body: bytes | None = self.endpoints.exposition(fmt, use_gzip)
             else:
                 rendered = self.endpoints.rendered
-                body = rendered(openmetrics, use_gzip) if rendered is not None else None
+                body = rendered(fmt, use_gzip) if rendered is not None else None
             if body is None:
                 return None
             with self._lock:
                 self._scrapes += 1
-            headers = [("Content-Type", OPENMETRICS_CONTENT_TYPE if openmetrics else TEXT_CONTENT_TYPE)]
+            headers = [("Content-Type", CONTENT_TYPES[fmt])]
             if use_gzip:
                 headers.append(("Content-Encoding", "gzip"))
             return Response(200, body, tuple(headers))
@@ -183,9 +180,9 @@ class MetricsServer:
         return Response(404, b"not found\n")
 
     def _authorised(self, header: str) -> bool:
-        expected = self._basic_auth
-        if expected is None:
+        if self._basic_auth is None:
             return True
+        expected = self._basic_auth()
         scheme, _, encoded = header.partition(" ")
         if scheme.lower() != "basic":
             return False

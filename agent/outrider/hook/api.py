@@ -111,7 +111,9 @@ def _instrument(spool_dir: str | None, standalone: bool | None) -> bool:
         hook.samplers.append(threads.sample)
         from outrider.hook.profiler import LoopProfiler
 
-        hook.samplers.append(LoopProfiler(hook, lambda: S.steps.loop_tid, config.profile_hz).sample)
+        profiler = LoopProfiler(hook, lambda: S.steps.loop_tid, config.profile_hz)
+        hook.samplers.append(profiler.sample)
+        hook.profiler = profiler
         if "torch" in sys.modules:
             _attach_torch()
         else:  # torch imported later: attach once its import has run, on the importing thread

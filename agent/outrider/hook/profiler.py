@@ -1,10 +1,13 @@
 """Where the training loop's thread spends its time, measured rather than inferred: a low-rate sampler of its
 Python stack.
 
-A thread of the hook's own (`outrider-profiler`) wakes `profile_hz` times a second (default 50; 0: off), once the
-loop thread is known (the thread of the first step; before it nothing is sampled), takes the
-loop thread's innermost frame from `sys._current_frames()` and walks it outwards (at most MAX_DEPTH frames). Each
-sample is one of WHERE:
+The hook's one thread (runtime.Hook's loop, `outrider-hook`) wakes `profile_hz` times a second (default 50; 0: off)
+between its flushes, while the loop steps: once the loop thread is known (the thread of the first step; before it
+nothing is sampled) and until it has completed no step for IDLE_S or IDLE_STEPS of its recent steps' median,
+whichever is longer (a process that does not step, or stopped stepping, costs no wake-up beyond the flush's:
+an idle process paid 0.8% of a core at 50 Hz, and a thousand idle workers starved their own publishers). A
+sample takes the loop thread's innermost frame from `sys._current_frames()` and walks it outwards (at most
+MAX_DEPTH frames). Each sample is one of WHERE:
 
 - **data**: inside a DataLoader iterator's `__next__` (any frame in torch/utils/data, or the hook's own timed
   `__next__`): the loop waits for its next batch, or fetches it itself (num_workers=0);
@@ -24,7 +27,8 @@ data). For the rest: a sampler in Python needs the GIL, so it can only look at t
 lets go of it: inside a call that released it (every torch operator does; so do sleep and I/O), or, running
 Python, at the switch interval (5 ms) or sooner wherever it next calls into such code. What the thread was doing
 *when the sampler woke* is told by whether the sampler then had to wait for the GIL: a wait blocks the sampler's
-thread once more after its sleep, which the kernel counts as a voluntary context switch of that thread
+thread once more after its sleep (the hook thread's wait on its pipe), which the kernel counts as a voluntary
+context switch of that thread
 (getrusage(RUSAGE_THREAD)). The count is exact and does not depend on how late the timer woke the sampler (a VM's
 timers wake 0.1-1 ms late, which a wake-up-lag threshold took for a held GIL), nor on a neighbour keeping the
 CPUs busy (waiting for a CPU is an involuntary switch). Then:
@@ -80,6 +84,8 @@ MAX_FRAME_SERIES = 60  # distinct frame series ever registered (each one a serie
 MAX_FILE_KINDS = 8192
 MAX_LABEL = 120
 ON_CPU = 0.2
+IDLE_S = 10.0  # no step for this long (or IDLE_STEPS recent medians, if longer): the loop is idle, no samples
+IDLE_STEPS = 3.0
 # Where voluntary switches are not counted per thread (not Linux): a wake-up later than this, less the sampler's
 # own run delay, is a wait for the GIL. Timer slack (50 us) and the wake-up itself come first: measured on a
 # 2-core machine at load 60, 79-107 us (p10-p90) with the loop in a tensor operation, 190 us at p10 and 640 us at
@@ -132,9 +138,13 @@ def frame_label(path: str, line: int, function: str) -> str:
 
 
 class LoopProfiler:
+    """Samples the loop thread from the hook's thread (runtime.Sampling): period_s() says when, before_wait() and
+    after_wait() tell whether the GIL was held at the wake-up, tick() takes the sample; sample() (a flush's
+    sampler) publishes the counts and decides whether the loop is idle."""
+
     def __init__(self, hook: Any, loop_tid: Callable[[], int], hz: float) -> None:
-        """hook: where the series go, whether it is closed, and whether the process has a loop yet; loop_tid: the
-        native id of the thread that completes steps (0: none yet, nothing is sampled)."""
+        """hook: where the series go, and the process's progress (steps, phases); loop_tid: the native id of the
+        thread that completes steps (0: none yet, nothing is sampled)."""
         self.hook = hook
         self.loop_tid = loop_tid
         self.period = 1.0 / hz if hz > 0 else 0.0
@@ -142,37 +152,45 @@ class LoopProfiler:
         self.frames: dict[tuple[str, str], int] = {}
         self.kinds: dict[str, str] = {}
         self.registered: set[tuple[str, str]] = set()
-        self.thread: threading.Thread | None = None
-        self.pid = 0
+        self.active = False  # the loop steps (sample() decides, once a flush)
+        self.pid = os.getpid()
+        self.counted = _thread_switches() is not None
         self._native = -1  # the loop thread's native id the ident below is for
         self._ident = 0
         self._clock: int | None = None  # the loop thread's CPU clock, where its schedstat cannot be read
         self._sched_fd = -1  # the loop thread's /proc schedstat: CPU time and time waiting for a CPU
         self._demand = 0.0  # the loop thread's CPU time (+ its wait for a CPU), seconds
         self._at = 0.0  # when _demand was read
-        self._delay_fd = -1
-        self._delay = 0
+        self._delay_fd = -1  # the sampling thread's own schedstat, where switches are not counted
+        self._delay_tid = 0
 
-    # --- publisher thread ----------------------------------------------------------------------------------
+    # --- the flush's sampler -------------------------------------------------------------------------------
     def sample(self) -> None:
-        """Start the sampling thread once the process has a loop (again in a forked child); publish the counts."""
+        """Once a flush: start afresh in a forked child, decide whether the loop is active, publish the counts."""
         if not self.period:
             return
-        p = self.hook.progress
-        if not (p.steps or p.training):
-            return
         pid = os.getpid()
-        if pid != self.pid or self.thread is None or not self.thread.is_alive():
-            if pid != self.pid:  # a forked child: the parent's samples are the parent's
-                self.pid = pid
-                self._close_sched()  # the parent's loop thread's, inherited
-                self.counts = dict.fromkeys(WHERE, 0)
-                self.frames = {}
-                self.registered = set()
-                self._native = -1
-            self.thread = threading.Thread(target=self._run, name="outrider-profiler", daemon=True)
-            self.thread.start()
+        if pid != self.pid:  # a forked child: the parent's samples and descriptors are the parent's
+            self.pid = pid
+            self._close_sched()
+            self._close_delay()
+            self.counts = dict.fromkeys(WHERE, 0)
+            self.frames = {}
+            self.registered = set()
+            self._native = -1
+        self.active = self._stepping()
         self.publish()
+
+    def _stepping(self) -> bool:
+        """Whether the loop steps now: a step within the idle window, or a declared phase or checkpoint open."""
+        p = self.hook.progress
+        if not p.steps or not self.loop_tid():
+            return False
+        if p.open_phases or p.checkpoint_since:
+            return True
+        recent = sorted(d for d in p.recent if d > 0)
+        median = recent[len(recent) // 2] if recent else 0.0
+        return bool(time.perf_counter() - p.last_step_perf <= max(IDLE_S, IDLE_STEPS * median))
 
     def publish(self) -> None:
         # Outside the user's series caps: bounded here (the classes, MAX_FRAME_SERIES frames), and a process at its
@@ -189,44 +207,50 @@ class LoopProfiler:
                 self.registered.add(key)
             counter("outrider_train_loop_frame_samples_total", {"where": key[0], "frame": key[1]}).set_total(n)
 
-    # --- the sampling thread -------------------------------------------------------------------------------
-    def _run(self) -> None:
-        me = os.getpid()
-        counted = _thread_switches() is not None
-        if not counted:  # the lag decides: less this thread's own wait for a CPU
-            try:
-                self._delay_fd = os.open(f"/proc/self/task/{threading.get_native_id()}/schedstat", os.O_RDONLY)
-            except OSError:
-                self._delay_fd = -1
-        try:
-            self._delay = self._own_delay_ns()
-            while not self.hook.closed and os.getpid() == me:
-                s0 = _thread_switches() if counted else None
-                t0 = time.perf_counter()
-                time.sleep(self.period)
-                lag = time.perf_counter() - t0 - self.period
-                try:
-                    # the sleep blocks this thread once; blocking again before it could run is the GIL's wait
-                    s1 = _thread_switches() if counted else None
-                    held = (s1 - s0 >= 2) if s0 is not None and s1 is not None else self._lag_held(lag)
-                    self.tick(held)
-                except Exception:
-                    self.hook.drop("profiler_error")
-        finally:
-            if self._delay_fd >= 0:
-                os.close(self._delay_fd)
-                self._delay_fd = -1
-            self._close_sched()
-            self._native = -1
+    # --- the hook's thread, between flushes ----------------------------------------------------------------
+    def period_s(self) -> float:
+        """Seconds between samples now; 0: none (off, or the loop is idle or not known yet)."""
+        return self.period if self.active and os.getpid() == self.pid else 0.0
+
+    def before_wait(self) -> tuple[int | None, int]:
+        """What after_wait compares with: this thread's voluntary switches, else its wait for a CPU so far."""
+        if self.counted:
+            return _thread_switches(), 0
+        return None, self._own_delay_ns()
+
+    def after_wait(self, mark: tuple[int | None, int], overslept_s: float) -> bool:
+        """Whether the GIL was held when this thread woke: the wait blocks it once; blocking again before it could
+        run is the GIL's wait. Without a count of switches: the wake-up lag not spent waiting for a CPU."""
+        switches, delay_before = mark
+        if switches is not None:
+            now = _thread_switches()
+            if now is not None:
+                return now - switches >= 2
+        delay = self._own_delay_ns()
+        waited = overslept_s - max(0, delay - delay_before) / 1e9
+        return waited >= GIL_WAIT_S
 
     def _own_delay_ns(self) -> int:
-        """Nanoseconds this thread has waited for a CPU (schedstat's second field); 0 when unknown."""
+        """Nanoseconds the calling thread has waited for a CPU (schedstat's second field); 0 when unknown."""
+        tid = threading.get_native_id()
+        if tid != self._delay_tid:
+            self._close_delay()
+            self._delay_tid = tid
+            with contextlib.suppress(OSError):
+                self._delay_fd = os.open(f"/proc/self/task/{tid}/schedstat", os.O_RDONLY | os.O_CLOEXEC)
         if self._delay_fd < 0:
             return 0
         try:
             return int(os.pread(self._delay_fd, 64, 0).split()[1])
         except (OSError, ValueError, IndexError):
             return 0
+
+    def _close_delay(self) -> None:
+        if self._delay_fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self._delay_fd)
+            self._delay_fd = -1
+        self._delay_tid = 0
 
     def _loop_ident(self) -> int:
         native = self.loop_tid()
@@ -235,7 +259,7 @@ class LoopProfiler:
             ident = threading.main_thread().ident or 0
             if native:
                 for t in threading.enumerate():
-                    if t.native_id == native and t.ident is not None:
+                    if getattr(t, "native_id", None) == native and t.ident is not None:
                         ident = t.ident
                         break
             self._ident = ident
@@ -274,13 +298,6 @@ class LoopProfiler:
             except OSError:
                 self._clock = None
         return -1.0
-
-    def _lag_held(self, lag: float) -> bool:
-        """Without a count of switches: the wake-up lag not spent waiting for a CPU is the GIL's wait."""
-        delay = self._own_delay_ns()
-        waited = lag - max(0, delay - self._delay) / 1e9
-        self._delay = delay
-        return waited >= GIL_WAIT_S
 
     def tick(self, held: bool) -> None:
         """One sample of the loop thread; held: whether the GIL was held when this thread woke (it had to wait)."""

@@ -74,7 +74,7 @@ class ShardPublisher:
         self.drop(reason)
 
     def publish(self, pid: int, start_ns: int, meta: dict[str, Any], entries: list[list[Any]],
-                values: list[float], **header: int) -> bool:
+                values: list[float], sketches: list[list[int]] | None = None, **header: int) -> bool:
         """Write the shard (creating, growing or re-creating it as needed); False when it could not be written
         now (counted)."""
         if self.writer is not None and not self.writer.intact():
@@ -90,14 +90,15 @@ class ShardPublisher:
             self.writer = self._open(pid, start_ns)
             if self.writer is None:
                 return False
-        directory = _directory(meta, entries)
+        sketches = sketches or []
+        directory = _directory(meta, entries, sketches)
         if not self.writer.fits(len(directory), len(values)):
             bigger = self._grow(self.writer, len(directory), len(values))
             if bigger is not None:
                 try:
                     fitted, fitted_values = directory, values
                     if not bigger.fits(len(directory), len(values)):  # past the format's limit
-                        fitted, fitted_values = self._trim(meta, entries, values, bigger)
+                        fitted, fitted_values = self._trim(meta, entries, values, sketches, bigger)
                     bigger.write(fitted, fitted_values, pid=pid, start_ns=start_ns, **header)
                 except (OSError, ValueError) as e:
                     bigger.close()
@@ -107,7 +108,7 @@ class ShardPublisher:
                     self.writer = bigger
                     return True
             if not self.writer.fits(len(directory), len(values)):
-                directory, values = self._trim(meta, entries, values, self.writer)
+                directory, values = self._trim(meta, entries, values, sketches, self.writer)
         try:
             self.writer.write(directory, values, pid=pid, start_ns=start_ns, **header)
         except (OSError, ValueError) as e:
@@ -139,22 +140,29 @@ class ShardPublisher:
                       "left out until it can (retried every %g s)", self.spool_dir, error, self.retry_s)
         self.grow_failures += 1
 
-    def _trim(self, meta: dict[str, Any], entries: list[list[Any]], values: list[float],
+    def _trim(self, meta: dict[str, Any], entries: list[list[Any]], values: list[float], sketches: list[list[int]],
               writer: spool.ShardWriter) -> tuple[bytes, list[float]]:
-        """As many series as fit this shard, the hook's own first (steps, drops, phases), the rest in order; each
+        """As many series as fit this shard, the hook's own first (steps, drops, phases), the rest in order, each
+        with its sketch where that fits too (a series kept without its sketch still has its classic buckets); each
         series left out is counted once."""
         head = json.dumps({"meta": meta, "series": []}, separators=(",", ":")).encode()[:-2]
-        size = len(head) + 2
+        size = len(head) + len(',"sketches":[]') + 2
         kept: list[bytes] = []
         out: list[float] = []
-        ordered = sorted(entries, key=lambda e: not str(e[0]).startswith("outrider_"))
-        for name, kind, labels, offset, bounds in ordered:
+        sketch_of = {index: (offset, n) for index, offset, n in sketches}
+        kept_sketches: list[tuple[int, list[float]]] = []
+        order = sorted(range(len(entries)), key=lambda i: not str(entries[i][0]).startswith("outrider_"))
+        for i in order:
+            name, kind, labels, offset, bounds = entries[i]
             width = len(bounds) + 2 if kind == "histogram" else 1
             piece = json.dumps([name, kind, labels, len(out), bounds], separators=(",", ":")).encode()
             if size + len(piece) + 1 <= writer.directory_capacity and len(out) + width <= writer.value_capacity:
                 kept.append(piece)
                 size += len(piece) + 1
                 out.extend(values[offset:offset + width])
+                if i in sketch_of:
+                    at, n = sketch_of[i]
+                    kept_sketches.append((len(kept) - 1, values[at:at + 1 + 2 * n]))
                 continue
             key = json.dumps([name, labels], separators=(",", ":"), sort_keys=True)
             if key not in self.left_out:
@@ -164,7 +172,19 @@ class ShardPublisher:
                               writer.path, len(entries))
                 self.left_out.add(key)
                 self.drop("shard_full")
-        return head + b",".join(kept) + b"]}", out
+        placed: list[list[int]] = []
+        for index, data in kept_sketches:
+            piece = json.dumps([index, len(out), (len(data) - 1) // 2], separators=(",", ":")).encode()
+            if size + len(piece) + 1 <= writer.directory_capacity and len(out) + len(data) <= writer.value_capacity:
+                placed.append([index, len(out), (len(data) - 1) // 2])
+                size += len(piece) + 1
+                out.extend(data)
+            else:
+                self.drop("sketch_left_out")
+        series = head + b",".join(kept) + b"]"
+        if placed:
+            series += b',"sketches":' + json.dumps(placed, separators=(",", ":")).encode()
+        return series + b"}", out
 
     def dump_stacks(self, first_line: str, dump: Callable[[TextIO], None] | None = None) -> str | None:
         """The Python stacks of every thread, beside the shard (for the stall page); None when it failed."""
@@ -182,8 +202,11 @@ class ShardPublisher:
             self.writer.close()
 
 
-def _directory(meta: dict[str, Any], entries: list[list[Any]]) -> bytes:
-    return json.dumps({"meta": meta, "series": entries}, separators=(",", ":")).encode()
+def _directory(meta: dict[str, Any], entries: list[list[Any]], sketches: list[list[int]]) -> bytes:
+    directory: dict[str, Any] = {"meta": meta, "series": entries}
+    if sketches:
+        directory["sketches"] = sketches
+    return json.dumps(directory, separators=(",", ":")).encode()
 
 
 def _all_threads(fh: TextIO) -> None:

@@ -25,6 +25,7 @@ import re
 import threading
 from typing import Any
 
+from outrider import prometheus_names
 from outrider.hook.series import DURATION_BOUNDS, Counter, Dropped, Gauge, Histogram, NoopSeries, Series, log_aside
 
 LOG = logging.getLogger("outrider.hook")
@@ -33,8 +34,6 @@ LABEL_RE = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 MAX_LABEL_VALUE = 128
 RESERVED_LABELS = ("rank", "training_job", "le", "quantile")  # added by the agent, or owned by a histogram
 RESERVED_PREFIX = "outrider_"
-# Names the agent's exposition has without the prefix: its rule evaluation's alert series, as Prometheus names them
-RESERVED_NAMES = frozenset({"ALERTS", "ALERTS_FOR_STATE"})
 KINDS: dict[str, type[Series]] = {"counter": Counter, "gauge": Gauge, "histogram": Histogram}
 SeriesKey = tuple[str, tuple[tuple[str, str], ...]]
 
@@ -83,9 +82,13 @@ class Registry:
             reason = self._invalid(kind, name, labels, builtin)
             if reason:
                 return self._refused(reason, name, labels)
-            hist = kind == "histogram"
-            new = KINDS[kind](name, dict(labels), len(bounds) + 2 if hist else 1, self.drop,
-                              tuple(bounds) if hist else ())
+            new: Series
+            if kind == "histogram":
+                # durations (the default bounds) are also recorded in the log-bucketed sketch
+                new = Histogram(name, dict(labels), len(bounds) + 2, self.drop, tuple(bounds),
+                                sketched=tuple(bounds) == DURATION_BOUNDS)
+            else:
+                new = KINDS[kind](name, dict(labels), 1, self.drop)
             if not self.lock.acquire(blocking=False):
                 got = self._pending.setdefault(key, (new, capped))[0]
                 return got if got.kind == kind else self._refused("inconsistent_kind", name, labels)
@@ -144,10 +147,12 @@ class Registry:
             return "invalid_kind"
         if not isinstance(name, str) or not NAME_RE.fullmatch(name):
             return "invalid_name"
-        if name in RESERVED_NAMES or (not builtin and name.startswith(RESERVED_PREFIX)):
+        # the agent's names, and those Prometheus writes itself (up, ALERTS, __*: outrider/prometheus_names.py)
+        if prometheus_names.reserved_metric(name) or (not builtin and name.startswith(RESERVED_PREFIX)):
             return "reserved_name"
         for k, v in labels.items():
-            if not isinstance(k, str) or not LABEL_RE.fullmatch(k) or k.startswith("__") or k in RESERVED_LABELS:
+            if (not isinstance(k, str) or not LABEL_RE.fullmatch(k) or prometheus_names.reserved_label(k)
+                    or k in RESERVED_LABELS):
                 return "invalid_label_name"
             if not isinstance(v, str) or len(v) > MAX_LABEL_VALUE:
                 return "invalid_label_value"
@@ -173,8 +178,10 @@ class Registry:
             return "series_limit"
         return ""
 
-    def layout(self) -> tuple[list[list[Any]], list[float]]:
-        """Every series that has data, as shard directory entries and their values (summed over threads).
+    def layout(self) -> tuple[list[list[Any]], list[float], list[list[int]]]:
+        """Every series that has data, as shard directory entries and their values (summed over threads), and the
+        sketches of duration histograms: [entry index, offset, buckets] each, their values after every series'
+        (the zero bucket's count, then index and count per bucket, ascending: spool.py's format).
 
         The publisher's (one flush at a time). Registers what was parked when it can take the lock, else at the
         next flush: a parked series loses nothing meanwhile, its values are cumulative."""
@@ -194,12 +201,26 @@ class Registry:
         self.log_warnings()
         entries: list[list[Any]] = []
         values: list[float] = []
+        sketched: list[tuple[int, dict[int, float], float]] = []
         for s in list(self._series.values()):
             if not s.has_data():
                 continue
             entries.append([s.name, s.kind, s.labels, len(values), list(s.bounds)])
-            values.extend(s.total())
-        return entries, values
+            if isinstance(s, Histogram):
+                counted = s.counts()
+                values.extend(counted.cells)
+                if counted.sketch is not None:
+                    sketched.append((len(entries) - 1, counted.sketch, counted.zero))
+            else:
+                values.extend(s.total())
+        sketches: list[list[int]] = []
+        for index, buckets, zero in sketched:
+            sketches.append([index, len(values), len(buckets)])
+            values.append(zero)
+            for i in sorted(buckets):
+                values.append(float(i))
+                values.append(buckets[i])
+        return entries, values, sketches
 
     def log_warnings(self) -> None:
         """The refusals' warnings, from the publisher (see the module's docstring), through a logging thread."""

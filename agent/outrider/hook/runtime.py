@@ -1,16 +1,30 @@
-"""The hook's runtime: one Hook per process, wiring its parts together, and the publisher thread that drives them.
+"""The hook's runtime: one Hook per process, wiring its parts together, and the one thread that drives them.
 
 - registry.py: the series and their limits;  progress.py: steps, phases, stalls;
-- publisher.py: the shard in the spool;  election.py: starting the agent's process when no agent holds the spool.
+- publisher.py: the shard in the spool;  election.py: starting the agent's process when no agent holds the spool;
+- profiler.py: where the loop's thread spends its time;  exit_signal.py: SIGTERM;  native.py: OS threads and waits.
 
-The publisher thread wakes every flush interval (1 s): it runs the samplers (the step ring's drain, PyTorch's
-allocator and CUDA events), writes the shard (heartbeat, progress, values), checks for a stall (dumping the Python
-stacks when one starts) and, while no agent holds the spool's lock, starts one as a separate process. Standard
-library only: nothing of the agent is imported or run in this process (decision 9).
+The hook takes one thread, `outrider-hook`, and only one: under a thread limit (RLIMIT_NPROC, a pids cgroup) every
+thread it takes is one the workload cannot have. The thread waits on the hook's pipe (the Waker) with a timeout:
+every flush interval (1 s) it runs the samplers (the step ring's drain, PyTorch's allocator and CUDA events), writes
+the shard (heartbeat, progress, values), checks for a stall (dumping the Python stacks when one starts) and, while
+no agent holds the spool's lock, starts one as a separate process; between flushes, while the loop steps, it
+samples the loop's stack (profiler.py); a byte in the pipe wakes it at once: a signal (the pipe is the process's
+signal wakeup descriptor where free: exit_signal.py's watch), or a request from a signal handler (close and
+flush, below), or a stop. It logs what the hook has to say (series.log_aside's queue) outside every lock of the
+hook. It is an OS thread even under gevent or eventlet (native.py), so it never blocks the workload's greenlets
+and they never starve it. Standard library only: nothing of the agent is imported or run in this process
+(decision 9).
+
+Signal handlers: everything public may be called from one (a SLURM-style SIGUSR1 handler calling outrider.flush()
+to publish before preemption). A flush or close that interrupted this thread's own flush is done when that one
+ends, never waited for (it is below the handler on the stack); one that finds another thread flushing waits for it
+at most FLUSH_WAIT_S, then is counted (`flush_busy`) and skipped. SIGTERM's handler has the hook's own thread
+close the hook, waiting FLUSH_TIMEOUT_S at most.
 
 Exit paths (the last flush, marked closed): interpreter exit and sys.exit (atexit); SIGTERM with the default
-disposition (exit_signal.py: a handler that flushes, restores the default and re-raises, so the exit status stays
-the signal's, and a watch for a main thread blocked in C);
+disposition outside PID 1 (exit_signal.py: a handler that flushes, restores the default and re-raises, so the exit
+status stays the signal's, and a watch for a main thread blocked in C);
 a child forked by multiprocessing, which leaves through os._exit (a multiprocessing finalizer); os._exit
 elsewhere after an explicit outrider.flush(). SIGKILL loses what changed since the last flush.
 """
@@ -18,6 +32,7 @@ elsewhere after an explicit outrider.flush(). SIGKILL loses what changed since t
 from __future__ import annotations
 
 import atexit
+import collections
 import contextlib
 import logging
 import os
@@ -26,19 +41,23 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from outrider import spool
-from outrider.hook import exit_signal
+from outrider.hook import exit_signal, native
 from outrider.hook.election import Election
 from outrider.hook.progress import Progress
 from outrider.hook.publisher import WRITER_RETRY_S, ShardPublisher
 from outrider.hook.registry import Registry
-from outrider.hook.series import DURATION_BOUNDS, SIZE_BOUNDS, Counter, Gauge
+from outrider.hook.series import DURATION_BOUNDS, SIZE_BOUNDS, Counter, Gauge, drain_logs, log_aside
 from outrider.hook.settings import HookSettings
 from outrider.kernel import procfs
 
 LOG = logging.getLogger("outrider.hook")
+FLUSH_WAIT_S = 2.0  # how long a flush waits for another thread's flush to end
+AGAIN_MAX = 2  # flushes asked by signal handlers during a flush, done right after it (more wait for the next one)
+THREAD_NAME = "outrider-hook"
+WAKE = b"\0"  # what the hook writes into its own pipe (signal numbers, which the kernel writes, are never 0)
 
 
 @dataclass
@@ -60,6 +79,78 @@ class Identity:
         return {"pid": self.pid, "rank": self.rank, "local_rank": self.local_rank, "world_size": self.world_size,
                 "training_job": self.training_job, "argv0": self.argv0, "start_ns": self.start_ns,
                 "starttime": self.starttime, "role": self.role}
+
+
+class Sampling(Protocol):
+    """What the hook's thread asks of the loop profiler (profiler.LoopProfiler) between flushes."""
+
+    def period_s(self) -> float: ...  # 0: no sample now (off, no loop thread yet, or the loop is idle)
+    def before_wait(self) -> Any: ...
+    def after_wait(self, mark: Any, overslept_s: float) -> bool: ...  # whether the GIL was held at the wake-up
+    def tick(self, held: bool) -> None: ...
+
+
+class Waker:
+    """The hook thread's pipe: its thread waits on the read end; a signal (the write end as the wakeup descriptor),
+    a request from a signal handler or a stop writes a byte. Both ends non-blocking and close-on-exec; without a
+    pipe (out of descriptors) the thread polls every POLL_S instead."""
+
+    POLL_S = 0.1
+
+    def __init__(self) -> None:
+        self.r = self.w = -1
+        # os.read and os.write as the kernel's: eventlet makes them wait in its hub (refused in a signal handler
+        # that runs there, and never woken on the hook's own thread)
+        self._read: Callable[[int, int], bytes] = os.read
+        self._write: Callable[[int, bytes], int] = os.write
+
+    def open(self) -> bool:
+        if self.r >= 0:
+            return True
+        try:
+            r, w = os.pipe()
+        except OSError:
+            return False
+        for fd in (r, w):
+            os.set_blocking(fd, False)
+        self._read, self._write = native.original("os", "read"), native.original("os", "write")
+        self.r, self.w = r, w
+        return True
+
+    def poke(self) -> None:
+        if self.w >= 0:
+            with contextlib.suppress(OSError):  # full (already poked) or gone: either way the thread wakes
+                self._write(self.w, WAKE)
+
+    def wait(self, timeout_s: float, select: Callable[..., Any], sleep: Callable[[float], None]) -> bytes:
+        """Waits up to timeout_s for a byte; returns what was read (b"" on a timeout)."""
+        if self.r < 0:
+            sleep(min(max(0.0, timeout_s), self.POLL_S))
+            return b""
+        try:
+            ready, _, _ = select([self.r], [], [], max(0.0, timeout_s))
+        except (OSError, ValueError):
+            sleep(min(max(0.0, timeout_s), self.POLL_S))
+            return b""
+        if not ready:
+            return b""
+        out = b""
+        with contextlib.suppress(OSError):  # BlockingIOError once drained
+            while len(out) < 4096:
+                chunk = self._read(self.r, 512)
+                if not chunk:
+                    break
+                out += chunk
+        return out
+
+    def after_fork_in_child(self) -> None:
+        """The parent's pipe is the parent's: the child closes its copies (the write end was pointed at /dev/null
+        first where it was the wakeup descriptor) and makes its own at its thread's start."""
+        for fd in (self.r, self.w):
+            if fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        self.r = self.w = -1
 
 
 def spawned_child() -> bool:
@@ -108,11 +199,16 @@ class Hook:
         self.publisher = ShardPublisher(self.spool_dir, explicit, self.drop, trusted, self._retry_s())
         self.election = Election(self.spool_dir, s.listen, explicit, trusted)
         self.samplers: list[Callable[[], None]] = []
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self.profiler: Sampling | None = None
+        self.waker = Waker()
+        self._stopping = False
+        self._running = False  # the hook's thread is in its loop
+        self._thread_failed = False  # no thread could be started (said once)
+        self._requests: collections.deque[tuple[str, Any]] = collections.deque()  # from signal handlers
         # One flush at a time: the final one at exit (closing the shard) must not race a periodic one still
-        # writing on the publisher thread, which would leave older values and no closed flag as the last word.
-        self._flushing = threading.Lock()
+        # writing on the hook's thread, which would leave older values and no closed flag as the last word. An OS
+        # lock even under gevent: the hook's thread is an OS thread (native.py).
+        self._flushing = native.allocate_lock()
         self.closed = False
         # The last flush's series (registry.layout()): read whole by other threads (outrider.prometheus_collector),
         # replaced whole by the publisher, so a reader never sees half of one flush.
@@ -128,30 +224,144 @@ class Hook:
                bounds: tuple[float, ...] = DURATION_BOUNDS, builtin: bool = False) -> Any:
         return self.registry.series(kind, name, labels, bounds, builtin)
 
-    # --- the publisher thread --------------------------------------------------------------------------------
-    def start(self) -> None:
-        if self._thread is not None and self._thread.is_alive():
-            return
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="outrider-hook", daemon=True)
-        self._thread.start()
+    # --- the hook's thread -------------------------------------------------------------------------------------
+    def start(self) -> bool:
+        """Starts the hook's thread (again, after a fork or a stop); False when no thread can be started now (a
+        thread limit): the hook then publishes only at exit and on outrider.flush(), which tries again."""
+        if self._running:
+            return True
+        if self.waker.open():
+            exit_signal.take_wakeup_fd(self.waker.w)  # refused on any thread but the main one
+        self._stopping = False
+        self._running = True  # before the start: a second start() meanwhile must not start a second thread
+        if native.start_thread(self._run, THREAD_NAME):
+            return True
+        self._running = False
+        self.drop("no_thread")
+        if not self._thread_failed:
+            self._thread_failed = True
+            log_aside(LOG, logging.WARNING, "outrider: the hook could not start its thread (a thread limit: ulimit -u, "
+                      "a pids cgroup); metrics are published at exit and by outrider.flush(), which tries again")
+            drain_logs()  # no thread will: said here (instrument() or a flush, never a signal handler's close)
+        return False
+
+    def stop(self) -> None:
+        """The thread leaves its loop at its next wake-up (now: the waker is poked); the hook stays usable."""
+        self._stopping = True
+        self.waker.poke()
+
+    @property
+    def running(self) -> bool:
+        return self._running
 
     def _run(self) -> None:
-        while not self._stop.wait(self.settings.flush_interval_s):
-            try:
-                if self.settings.standalone:
-                    self.election.maybe_start_agent()
-                self.flush()
-            except Exception:  # the publisher never dies and never touches the workload
-                self.drop("flush_error")
-                LOG.debug("outrider hook flush failed", exc_info=True)
+        """The hook's thread: flushes every flush interval, samples the loop in between, and answers its pipe."""
+        select, sleep = native.original("select", "select"), native.original("time", "sleep")
+        clock = time.monotonic
+        interval = self.settings.flush_interval_s
+        next_flush = clock() + interval
+        next_tick = 0.0
+        try:
+            while not self._stopping:
+                now = clock()
+                profiler = self.profiler
+                period = profiler.period_s() if profiler is not None else 0.0
+                due = min(next_flush, max(next_tick, now)) if period else next_flush
+                watch = exit_signal.due()
+                if watch is not None:
+                    due = min(due, watch)
+                mark = profiler.before_wait() if period and profiler is not None else None
+                data = self.waker.wait(due - now, select, sleep)
+                woke = clock()
+                if data:
+                    exit_signal.on_wakeup(data, woke)
+                    self._serve_requests()
+                exit_signal.check(woke)
+                if period and profiler is not None and not data and woke >= next_tick:
+                    try:
+                        profiler.tick(profiler.after_wait(mark, woke - due))
+                    except Exception:
+                        self.drop("profiler_error")
+                    next_tick = next_tick + period if woke - next_tick < period else woke + period
+                if woke >= next_flush and not self._stopping:
+                    if self.settings.standalone:
+                        try:
+                            self.election.maybe_start_agent()
+                        except Exception:  # never the flush's problem
+                            self.drop("election_error")
+                    try:
+                        self.flush()
+                    except Exception:  # the thread never dies and never touches the workload
+                        self.drop("flush_error")
+                    next_flush = max(next_flush + interval, clock() + interval / 2)
+                drain_logs()
+        finally:
+            self._running = False
 
-    def flush(self, closing: bool = False) -> None:
-        """Sample, then publish one consistent state of this process into its shard."""
+    def _serve_requests(self) -> None:
+        """What signal handlers asked of this thread: ("flush" | "close", a lock to release when done)."""
+        while self._requests:
+            try:
+                what, done = self._requests.popleft()
+            except IndexError:
+                break
+            try:
+                if what == "close":
+                    self.close()
+                else:
+                    self.flush()
+            except Exception:
+                self.drop("flush_error")
+            finally:
+                with contextlib.suppress(RuntimeError):
+                    done.release()
+
+    def _ask_thread(self, what: str, timeout_s: float) -> bool:
+        """Has the hook's thread do `what`, waiting at most timeout_s; False when it is not running, or did not get
+        to it in time (the caller then does what it can without waiting)."""
+        if not self._running or self.waker.w < 0:
+            return False
+        done = native.allocate_lock()
+        done.acquire()
+        self._requests.append((what, done))
+        self.waker.poke()
+        return bool(done.acquire(timeout=timeout_s))
+
+    def close_from_signal(self, timeout_s: float) -> None:
+        """close(), from a signal handler: on the hook's thread (the interrupted code may hold what a flush needs),
+        else here, waiting for nothing."""
+        if not self._ask_thread("close", timeout_s):
+            self.close(wait_s=0.0)
+
+    def flush_from_signal(self, timeout_s: float) -> None:
+        if not self._ask_thread("flush", timeout_s):
+            self.flush(wait_s=0.0)
+
+    def flush(self, closing: bool = False, wait_s: float = FLUSH_WAIT_S) -> None:
+        """Sample, then publish one consistent state of this process into its shard. Called again on a thread that
+        is inside a flush (a signal handler that interrupted it), it has that flush publish once more when it ends;
+        waits at most wait_s for another thread's flush."""
+        if self._thread_failed and not self._running and not self.closed:
+            self.start()  # no thread could start at instrument() (a thread limit): try again
         self._enter()
         try:
-            with self._flushing:
+            if getattr(self._inside, "flushing", False):
+                self._inside.again = max(getattr(self._inside, "again", 0), 2 if closing else 1)
+                return
+            if not (self._flushing.acquire(timeout=wait_s) if wait_s > 0 else self._flushing.acquire(False)):
+                self.drop("flush_busy")
+                return
+            self._inside.flushing = True
+            try:
                 self._flush(closing)
+                for _ in range(AGAIN_MAX):  # bounded: a storm of handlers must not keep the loop here
+                    again, self._inside.again = getattr(self._inside, "again", 0), 0
+                    if not again:
+                        break
+                    self._flush(closing or again == 2)
+            finally:
+                self._inside.flushing = False
+                self._flushing.release()
         finally:
             self._leave()
 
@@ -159,9 +369,15 @@ class Hook:
         self._inside.depth = getattr(self._inside, "depth", 0) + 1
 
     def _leave(self) -> None:
-        """Leaving the outermost flush or close: a SIGTERM deferred meanwhile on this thread is raised now."""
+        """Leaving the outermost flush or close: a close asked meanwhile on this thread (by a signal handler) is
+        done now, then a SIGTERM deferred meanwhile is raised."""
         self._inside.depth -= 1
-        if self._inside.depth == 0 and getattr(self._inside, "deferred", 0):
+        if self._inside.depth:
+            return
+        if getattr(self._inside, "close_pending", False):
+            self._inside.close_pending = False
+            self.close()
+        if getattr(self._inside, "deferred", 0):
             signum, self._inside.deferred = self._inside.deferred, 0
             os.kill(os.getpid(), signum)
 
@@ -188,11 +404,11 @@ class Hook:
         if self.publisher.writer is None and not (p.steps or p.training or self.registry.has_data()):
             return  # nothing to say yet: no shard, no file
         stall = None if closing or self.closed else p.check()
-        entries, values = self.registry.layout()
+        entries, values, sketches = self.registry.layout()
         self.last_layout = (entries, values)
         flags = (spool.FLAG_CLOSED if closing else 0) | (spool.FLAG_STALLED if stall else 0)
         ident = self.identity
-        self.publisher.publish(ident.pid, ident.start_ns, ident.meta(), entries, values, flags=flags,
+        self.publisher.publish(ident.pid, ident.start_ns, ident.meta(), entries, values, sketches, flags=flags,
                                stalls=p.stalls, heartbeat_ns=self._wall_ns(), last_step_ns=p.last_step_wall_ns(),
                                steps=p.steps, stalled_since_ns=p.stalled_since_ns)
         if stall is not None and stall.newly:
@@ -232,25 +448,35 @@ class Hook:
                 pending.set(1.0 if p.first_step_pending else 0.0)
 
     # --- lifecycle -------------------------------------------------------------------------------------------
-    def close(self) -> None:
-        """Final flush, marked closed, so the agent can tell a finished process from a dead one."""
+    def close(self, wait_s: float = FLUSH_WAIT_S) -> None:
+        """Final flush, marked closed, so the agent can tell a finished process from a dead one. Asked on a thread
+        that is inside a flush or close (a signal handler that interrupted it), it is done once that ends."""
         if self.closed:
+            return
+        if getattr(self._inside, "depth", 0):
+            self._inside.close_pending = True
             return
         self._enter()
         try:
             self.closed = True
-            self._stop.set()
+            self.stop()
             with contextlib.suppress(Exception):
-                self.flush(closing=True)
+                self.flush(closing=True, wait_s=wait_s)
             self.election.stop()
             self.publisher.close()
         finally:
             self._leave()
+        drain_logs()  # the exit path: what the hook's thread had no time to log
 
     def after_fork_in_child(self) -> None:
         """In a forked child: its own identity and shard, zeroed series, no inherited lock or agent, a new thread."""
-        self._flushing = threading.Lock()  # the parent's publisher may have held it when the child was forked
+        self._flushing = native.allocate_lock()  # the parent's thread may have held it when the child was forked
         self._inside = threading.local()
+        self._running = self._stopping = False  # the parent's thread is not the child's
+        self._requests = collections.deque()
+        inherited = self.waker.w
+        exit_signal.after_fork_in_child(inherited)
+        self.waker.after_fork_in_child()
         self.election.after_fork_in_child()
         self.registry.reset_after_fork()
         self.progress.reset()
@@ -258,7 +484,6 @@ class Hook:
         self._settle_role()
         self.publisher = ShardPublisher(self.spool_dir, self.publisher.explicit, self.drop,
                                         self.publisher.trusted_uids, self._retry_s())
-        self._thread = None
         self.closed = False
         self.last_layout = ([], [])  # the parent's series are not the child's
         _close_at_multiprocessing_exit(self)
@@ -266,8 +491,8 @@ class Hook:
 
 
 def register_exit(hook_getter: Callable[[], Hook | None]) -> None:
-    """The final flush at interpreter exit (sys.exit included) and, where SIGTERM has its default disposition,
-    on SIGTERM (exit_signal.py)."""
+    """The final flush at interpreter exit (sys.exit included) and, where SIGTERM has its default disposition
+    (outside PID 1, where that disposition ignores it), on SIGTERM (exit_signal.py)."""
     def on_exit() -> None:
         h = hook_getter()
         if h is not None:

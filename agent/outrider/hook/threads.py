@@ -14,7 +14,8 @@ Roles:
   those already exited and reaped (the process's cutime + cstime), so a worker of a short epoch is not lost; how
   many processes they are is published beside their threads (a DataLoader worker runs three threads, so a role's
   demand per thread would read a worker decoding flat out as a third busy);
-- **outrider**: the hook's own threads, named outrider-*;
+- **outrider**: the hook's own thread, named outrider-hook (by threading, or in the kernel where a green-thread
+  library patched threading: hook/native.py);
 - **other**: every other thread: Python threads of the workload, and native threads their library named
   (gloo_*, pt_autograd_*, pt_tcpstore_*, CUDA's).
 
@@ -73,8 +74,9 @@ Key = tuple[int, int, int]  # (pid, tid, start ticks): a reused tid is a new thr
 
 
 def python_threads() -> dict[int, str]:
-    """Native id -> name of the threads Python started (threading's view)."""
-    return {tid: t.name for t in threading.enumerate() if (tid := t.native_id) is not None}
+    """Native id -> name of the threads Python started (threading's view; a green library's thread objects may
+    have no native id: eventlet's)."""
+    return {tid: t.name for t in threading.enumerate() if (tid := getattr(t, "native_id", None)) is not None}
 
 
 class Clocks(Protocol):
@@ -273,6 +275,8 @@ class ThreadCpuAccounting:
                 role = t.role
             elif t.name is None:  # a Python thread threading has let go of, on its way out: still what it was
                 role = t.role
+            elif t.name.startswith("outrider"):  # the hook's thread where threading does not know it (gevent)
+                role = "outrider"
             else:
                 role = "intra_op" if t.name == main_name else "other"
             grew = now - t.cpu

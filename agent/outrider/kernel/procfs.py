@@ -366,6 +366,15 @@ def start_ticks(root: str, pid: int | str) -> int | None:
         return None
 
 
+def process_state(root: str, pid: int | str) -> str | None:
+    """The process's state letter (stat field 3: R running, S sleeping, D disk wait, T stopped by a signal, t stopped
+    by a tracer, Z zombie, ...); None when it is gone or unreadable."""
+    try:
+        return stat_fields(read_record(f"{root}/{pid}/stat"))[1][STATE].decode()
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def parent_pid(root: str, pid: int | str) -> int | None:
     """The process's parent (stat's ppid); None when it is gone or unreadable."""
     try:
@@ -487,6 +496,26 @@ def read_proc_io(root: str, pid: int | str) -> tuple[int, int]:
 
 def count_fds(root: str, pid: int) -> int:
     return len(os.listdir(f"{root}/{pid}/fd"))
+
+
+def tasks_of_user(root: str, uid: int) -> int:
+    """Threads of every process whose real uid is `uid` (what RLIMIT_NPROC counts for that user); processes that
+    vanish while counted are skipped."""
+    total = 0
+    for pid in list_pids(root):
+        try:
+            uid_line = threads = None
+            for line in read_text(f"{root}/{pid}/status").splitlines():
+                if line.startswith("Uid:"):
+                    uid_line = line.split()
+                elif line.startswith("Threads:"):
+                    threads = line.split()
+                    break
+            if uid_line is not None and threads is not None and int(uid_line[1]) == uid:
+                total += int(threads[1])
+        except (OSError, ValueError, IndexError):
+            continue
+    return total
 
 
 def list_pids(root: str) -> list[int]:

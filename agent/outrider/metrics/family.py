@@ -26,6 +26,11 @@ class HistogramValue:
     def count(self) -> int:
         return sum(self.counts)
 
+    @property
+    def sketched(self) -> bool:
+        """Has the sketch of the same values (of the classic buckets' count): exportable at its resolution."""
+        return self.sketch is not None and self.sketch.count == self.count
+
     def __add__(self, other: HistogramValue) -> HistogramValue:
         """The two merged (same bounds); the sketch only where both have one, or it would miss values."""
         sketch = self.sketch + other.sketch if self.sketch is not None and other.sketch is not None else None

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from typing import Generic, TypeVar
 
 _NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 _LABEL = re.compile(r'[ \t]*([a-zA-Z_][a-zA-Z0-9_]*)[ \t]*=[ \t]*"((?:[^"\\\n]|\\.)*)"[ \t]*(,?)')
@@ -33,12 +34,18 @@ class Sample:
     value: float
 
 
+S = TypeVar("S")
+
+
 @dataclass
-class ParsedFamily:
+class ParsedFamily(Generic[S]):
+    """A family as a page declares it: its samples are this format's (Sample), or the protobuf format's
+    (metrics/protobuf_format.Series: a histogram whole)."""
+
     name: str
     type: str = "untyped"
     help: str = ""
-    samples: list[Sample] = field(default_factory=list)
+    samples: list[S] = field(default_factory=list)
 
 
 @dataclass
@@ -137,9 +144,9 @@ def parse(text: str) -> Page:
     return page
 
 
-def families(page: Page) -> list[ParsedFamily]:
+def families(page: Page) -> list[ParsedFamily[Sample]]:
     """The page's samples by family, in the order families first appear."""
-    out: dict[str, ParsedFamily] = {}
+    out: dict[str, ParsedFamily[Sample]] = {}
     for sample in page.samples:
         family = _family_of(sample.name, page.types)
         fam = out.get(family)

@@ -30,15 +30,13 @@ from outrider.notify.outbox import DROP_REASONS, Outbox
 from outrider.notify.pagerduty import PagerDutyNotifier
 from outrider.notify.slack import SlackNotifier
 from outrider.notify.webhook import WebhookNotifier
+from outrider.rules.notification import HEARTBEAT_SEVERITY
 
 LOG = logging.getLogger("outrider.notify")
 NOTIFIERS: dict[str, type[Notifier]] = {
     cls.type: cls for cls in (AlertmanagerNotifier, PagerDutyNotifier, SlackNotifier, WebhookNotifier, LogNotifier)}
 NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 ROUTE_KEYS = {"name", "type", "match", "match_re", "timeout_s", "group_wait_s", "heartbeats"}
-
-
-HEARTBEAT_SEVERITY = "none"
 
 
 @dataclass

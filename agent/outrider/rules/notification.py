@@ -10,6 +10,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+# The severity of heartbeats: always-firing alerts (the Watchdog) whose silence, at a dead man's switch, is the alarm
+HEARTBEAT_SEVERITY = "none"
+
 
 @dataclass(frozen=True)
 class Notification:
@@ -42,6 +45,11 @@ class Notification:
     def firing_since(self) -> float:
         """When it began firing: fired_at, or starts_at for a notification that does not carry it."""
         return self.fired_at or self.starts_at
+
+    @property
+    def heartbeat(self) -> bool:
+        """An always-firing alert (the Watchdog): news only when it stops."""
+        return self.labels.get("severity") == HEARTBEAT_SEVERITY
 
     @property
     def alertname(self) -> str:

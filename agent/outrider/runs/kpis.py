@@ -53,6 +53,33 @@ KPIS: dict[str, Kpi] = {k.key: k for k in (
 )}
 ACTIVITY = {"training": "steps_per_s", "inference": "requests_per_s"}  # the KPI that says a phase is running
 
+
+@dataclass(frozen=True)
+class Distribution:
+    """A duration histogram a run record keeps whole (runs/distributions.py): what the run recorded of it, from its
+    first sweep to its last, which `outrider compare` judges step by step and request by request."""
+
+    key: str  # its name in the record
+    metric: str  # the histogram family (all its series merged)
+    label: str
+    items: str  # what it counts: steps, requests
+    stats: tuple[float | str, ...]  # what compare compares: quantiles and "mean"
+    per_sweep: tuple[tuple[float | str, str], ...] = ()  # (statistic, the per-sweep KPI) for records without it
+    by_route: bool = False  # kept per route as well (key:route)
+
+
+DISTRIBUTIONS: dict[str, Distribution] = {d.key: d for d in (
+    Distribution("step_time", "outrider_train_step_duration_seconds", "step time", "steps", (0.5, "mean", 0.99),
+                 ((0.5, "step_p50_s"), ("mean", "step_time_s"), (0.99, "step_p99_s"))),
+    Distribution("data_wait", "outrider_train_data_wait_seconds", "data-loader wait", "waits", (0.5, "mean")),
+    Distribution("latency", "outrider_request_duration_seconds", "request latency", "requests",
+                 (0.5, 0.9, 0.99, "mean"), ((0.5, "latency_p50_s"), (0.99, "latency_p99_s")), by_route=True),
+    Distribution("ttft", "outrider_inference_time_to_first_token_seconds", "time to first token", "responses",
+                 (0.5, 0.99)),
+    Distribution("inter_token", "outrider_inference_inter_token_latency_seconds", "inter-token latency", "tokens",
+                 (0.5, 0.99)),
+)}
+
 # The diagnosis's evidence that is not a KPI (diagnosis/signals.Signals names them). A key missing here is still
 # shown in human units, by its suffix (units.by_key).
 EVIDENCE: dict[str, Kpi] = {k.key: k for k in (

@@ -1,9 +1,12 @@
 """Records a run as it goes, into the run store: KPIs per sweep (rates and the data-wait share from the job's
-counters over time, metrics/rate.py, whose running totals it keeps too; the rest from the difference with the
-previous sweep), the verdict timeline and the run's verdict so far (runs/verdict.py), alert transitions from the
-agent's own rule evaluation, and events (stalls). It also keeps what the final sweep cannot say of processes that
-never stepped (their gauges go with them): which ranks waited for a first step and which of those stalled, so the
-summary and the verdict can say the job hung before its first step rather than that it was idle.
+counters over time, metrics/rate.py, whose running totals it keeps too, errors by class included; the rest from the
+difference with the previous sweep), the run's duration distributions (step time, data wait, request latency:
+what their histograms recorded from the run's first sweep to its latest, runs/distributions.py, kept current, with
+their running count and sum in every sweep's KPIs), the verdict timeline and the run's verdict so far
+(runs/verdict.py), alert transitions from the agent's own rule evaluation, and events (stalls). It also keeps what
+the final sweep cannot say of processes that never stepped (their gauges go with them): which ranks waited for a
+first step and which of those stalled, so the summary and the verdict can say the job hung before its first step
+rather than that it was idle.
 
 It is a sweep listener (`__call__`) and an alert listener (`on_alert`, wired by the runner in front of the
 notifiers); both may be called from the sampler's thread and from the runner's final sweep, hence the lock. A
@@ -19,47 +22,60 @@ from dataclasses import replace
 from typing import Any
 
 from outrider.clock import SYSTEM, Clock
-from outrider.diagnosis.signals import signals, snapshot
+from outrider.diagnosis.bottleneck import nothing_ran
+from outrider.diagnosis.signals import Signals, signals, snapshot
 from outrider.diagnosis.window import VerdictWindow
 from outrider.metrics.family import Family, HistogramValue, merged_histogram
 from outrider.metrics.quantile import quantile
-from outrider.metrics.rate import CounterHistory
+from outrider.metrics.rate import CounterHistory, family_samples
 from outrider.rules.notification import Notification
+from outrider.runs.distributions import RunDistributions
 from outrider.runs.measured import Waiting
 from outrider.runs.store import AlertRecord, RunStore
 from outrider.runs.verdict import HUNG, IDLE, RunVerdict, Segment, VerdictTally
 
 LOG = logging.getLogger("outrider.runs")
 HISTOGRAMS = ("outrider_train_step_duration_seconds", "outrider_request_duration_seconds")
-ERRORS = {"4xx": "client_errors", "5xx": "server_errors"}
-# The job's counters a record keeps as running totals every sweep (diagnosis/signals.snapshot key -> the name in
-# the record), and the rates and shares taken from them over time (metrics/rate.py), never per sweep: a sweep
-# between two of the hook's flushes sees none, the next one two.
-TOTALS = {"step_count": "steps_total", "samples": "samples_total", "tokens": "tokens_total",
-          "requests": "requests_total", "loop_wall": "loop_seconds_total", "loop_data_wait": "data_wait_seconds_total"}
+# The job's counters a record keeps as running totals every sweep (the name in the record -> the metric and the
+# labels its series must have), and the rates and shares taken from them over the time between the hook's
+# publications seen by two sweeps (metrics/rate.py), never over the time between the sweeps: a sweep between two
+# of the hook's flushes sees none, the next one two.
+TOTALS = {"steps_total": ("outrider_train_steps_total", {}), "samples_total": ("outrider_samples_total", {}),
+          "tokens_total": ("outrider_tokens_total", {}), "requests_total": ("outrider_requests_total", {}),
+          "loop_seconds_total": ("outrider_train_loop_seconds_total", {}),
+          "data_wait_seconds_total": ("outrider_train_loop_seconds_total", {"part": "data_wait"})}
+# Counted for their rates only: finished requests by error kind
+ERRORS = {"client_errors": ("outrider_requests_total", {"status_class": "4xx"}),
+          "server_errors": ("outrider_requests_total", {"status_class": "5xx"})}
 RATES = {"steps_per_s": "steps_total", "samples_per_s": "samples_total", "tokens_per_s": "tokens_total",
-         "requests_per_s": "requests_total"}
+         "requests_per_s": "requests_total", "client_errors_per_s": "client_errors",
+         "server_errors_per_s": "server_errors"}
 SHARES = {"data_wait_fraction": ("data_wait_seconds_total", "loop_seconds_total")}
 WORKED_UNSEEN = ("the job stepped or served, but no window saw it at work (its steps or requests fell between two "
                  "of the agent's sweeps; every window judged was idle)")
+KEPT_READS = 64  # sweeps of counters kept: a window spans one sweep, or a few where the sweeps outpace the hook
+# finished requests by error class, kept as running totals in the record once the job serves (compare's counts)
+ERROR_TOTALS = {kind: f"{kind}_total" for kind in ERRORS}
 
 
 def _delta(new: HistogramValue | None, old: HistogramValue | None) -> HistogramValue | None:
     return None if new is None else new.since(old)
 
 
-def _errors(families: list[Family]) -> dict[str, float]:
-    """Finished requests by error kind (client_errors: 4xx, server_errors: 5xx), summed over routes and ranks."""
-    out = dict.fromkeys(ERRORS.values(), 0.0)
-    for f in families:
-        if f.defn.name != "outrider_requests_total":
-            continue
-        at = f.defn.label_names.index("status_class")
-        for labels, v in f.samples:
-            kind = ERRORS.get(labels[at])
-            if kind is not None and isinstance(v, float):
-                out[kind] += v
-    return out
+RESTED = "nothing ran since the previous sweep: no step or request completed, none in flight, no CPU or GPU use"
+
+
+def nothing_ran_since(s: Signals, rates: dict[str, float | None], families: list[Family]) -> bool:
+    """Whether nothing ran between the previous sweep and this one (`s`: the two sweeps' signals): the time a run's
+    verdict does not count as active, whatever its window says (a window of diagnosis_window_s still holds the work
+    before a stop). Steps and requests from the job's counters between the hook's publications (`rates`, from
+    metrics/rate.py: a sweep between two flushes sees none of a running job's), the CPU and GPUs from the sweeps; a
+    request still in flight is work."""
+    published = {key: rate for key, rate in rates.items() if rate is not None}
+    s = replace(s, steps_per_s=published.get("steps_per_s", s.steps_per_s),
+                requests_per_s=published.get("requests_per_s", s.requests_per_s))
+    in_flight = sum(v for _, _, v in family_samples(families, ("outrider_requests_in_flight",)))
+    return in_flight == 0 and nothing_ran(s)
 
 
 class RunRecorder:
@@ -71,8 +87,7 @@ class RunRecorder:
         self.tally = VerdictTally()
         self.alerts: list[AlertRecord] = []  # every time an alert fired during the run, for the summary
         self._open: dict[str, int] = {}  # fingerprint -> its entry in alerts while it fires
-        self._prev: tuple[float, float, dict[str, float], dict[str, HistogramValue | None],
-                          dict[str, float]] | None = None
+        self._prev: tuple[float, float, dict[str, float], dict[str, HistogramValue | None]] | None = None
         self._last_verdict = ""
         self._stalled: set[str] = set()
         self.hooked = False  # some hooked process published during the run
@@ -82,7 +97,8 @@ class RunRecorder:
         self._first_step_stalled: set[str] = set()  # ranks stalled while waiting for a first step
         self._lock = threading.Lock()
         self._store_failed = False
-        self.counters = CounterHistory()
+        self.counters = CounterHistory({**TOTALS, **ERRORS}, keep=KEPT_READS)
+        self.distributions = RunDistributions()
 
     def __call__(self, families: list[Family]) -> None:
         with self._lock:
@@ -92,8 +108,7 @@ class RunRecorder:
         now, t = self.clock.monotonic(), self.clock.wall()
         snap = snapshot(families)
         hists = {name: merged_histogram(families, name) for name in HISTOGRAMS}
-        errors = _errors(families)
-        prev, self._prev = self._prev, (now, t, snap, hists, errors)
+        prev, self._prev = self._prev, (now, t, snap, hists)
         kpis: dict[str, float] = {}
         for f in families:
             if f.defn.name == "outrider_watched_memory_rss_bytes" and f.samples:
@@ -101,30 +116,32 @@ class RunRecorder:
             if f.defn.name == "outrider_hook_stalled":
                 self._stalls(f, t)
         self._first_steps(families, t)
-        before = {name: self.counters.total(name) for name in TOTALS.values()}
-        self.counters.add(now, {name: snap.get(key, 0.0) for key, name in TOTALS.items()})
-        grown = {name: self.counters.total(name) - before[name] for name in TOTALS.values()}
-        kpis.update({name: self.counters.total(name) for name in TOTALS.values() if self.counters.total(name)})
-        for kpi, name in RATES.items():
-            rate = self.counters.rate(name)
-            # not measured yet is no sample; a counter that never moved since the first sweep is 0
-            if rate is not None or (prev is not None and not self.counters.total(name)):
+        before = {name: self.counters.total(name) for name in TOTALS}
+        self.counters.add(now, family_samples(families, self.counters.metrics))
+        grown = {name: self.counters.total(name) - before[name] for name in TOTALS}
+        kpis.update({name: self.counters.total(name) for name in TOTALS if self.counters.total(name)})
+        if self.counters.total("requests_total"):  # zero errors too, once serving: a record that counts them
+            kpis.update({name: self.counters.total(kind) for kind, name in ERROR_TOTALS.items()})
+        self._distributions(families, kpis)
+        rates = {kpi: self.counters.rate(name) for kpi, name in RATES.items()}
+        for kpi, rate in rates.items():
+            # not measured yet is no sample; a counter that no process publishes (a training job's requests) is 0
+            if rate is not None or (prev is not None and not self.counters.published(RATES[kpi])):
                 kpis[kpi] = rate or 0.0
         for kpi, (part, whole) in SHARES.items():
             share = self.counters.ratio(part, whole)
             if share is not None:
                 kpis[kpi] = share
+        rested = False
         if prev is not None:
             dt = now - prev[0]
             s = signals(prev[2], snap, dt)
+            rested = nothing_ran_since(s, rates, families)
             kpis["process_cpu_cores"] = s.process_cpu_cores
             for key in ("step_time_s", "gpu_util", "gpu_mem_ratio", "host_cpu_util"):
                 value = getattr(s, key)
                 if value is not None:
                     kpis[key] = value
-            if dt > 0:
-                for kind, n in errors.items():
-                    kpis[f"{kind}_per_s"] = max(0.0, n - prev[4].get(kind, 0.0)) / dt
             step = _delta(hists[HISTOGRAMS[0]], prev[3][HISTOGRAMS[0]])
             if step is not None and step.count:
                 kpis["step_p50_s"] = quantile(0.5, step) or 0.0
@@ -138,12 +155,27 @@ class RunRecorder:
         verdict = self.window.add(families, now)
         if verdict is None or prev is None:
             return
-        # This window's verdict speaks for the time since the previous sweep: that is where its segment starts.
-        self.tally.add(verdict.cls, verdict.reason, verdict.evidence, prev[1], t, verdict.frames, grown)
-        if verdict.cls != self._last_verdict:
-            self._last_verdict = verdict.cls
-            self._write(RunStore.add_verdict, prev[1], verdict.cls, verdict.reason, verdict.evidence)
+        # This window's verdict speaks for the time since the previous sweep: that is where its segment starts;
+        # unless nothing ran in that time (the window still holds the work before it)
+        cls, reason, evidence, frames = verdict.cls, verdict.reason, verdict.evidence, verdict.frames
+        if rested and cls != IDLE:
+            cls, reason, evidence, frames = IDLE, RESTED, {}, ()
+        self.tally.add(cls, reason, evidence, prev[1], t, frames, grown)
+        if cls != self._last_verdict:
+            self._last_verdict = cls
+            self._write(RunStore.add_verdict, prev[1], cls, reason, evidence)
         self._write(RunStore.set_run_verdict, self.tally.result())
+
+    def _distributions(self, families: list[Family], kpis: dict[str, float]) -> None:
+        """The run's distributions so far into the store (those that grew), and the running count and sum of each
+        (all routes merged) into this sweep's KPIs: a mean over any stretch of the run, by counts."""
+        self.distributions.add(families)
+        for key, whole, steady in self.distributions.changed():
+            self._write(RunStore.set_distribution, key, whole, steady)
+        for key, total in self.distributions.totals.items():
+            if ":" not in key:
+                kpis[f"{key}_count"] = float(total.count)
+                kpis[f"{key}_sum_s"] = total.sum
 
     def _stalls(self, fam: Family, t: float) -> None:
         for labels, v in fam.samples:
@@ -190,7 +222,10 @@ class RunRecorder:
             return Waiting(sorted(self._waiting), sorted(self._first_step_stalled), max(self._waiting.values()))
 
     def on_alert(self, n: Notification) -> None:
-        """An alert transition from the agent's rule engine (firing or resolved); never raises into the engine."""
+        """An alert transition from the agent's rule engine (firing or resolved); never raises into the engine.
+        Heartbeats (the Watchdog, always firing) are not the run's news: not kept."""
+        if n.heartbeat:
+            return
         try:
             with self._lock:
                 summary = n.annotations.get("summary", "") or n.annotations.get("description", "")

@@ -123,7 +123,14 @@ def _charts_section(rec: RunRecord) -> str:
                      f'{plot.chart(lines, c.kind, span)}</section>')
     note = (f'<p class="note">Not measured, or zero throughout this run: {html.escape(", ".join(skipped))}.</p>'
             if skipped else "")
-    return f'<div class="charts">{"".join(drawn)}</div>{note}'
+    return f'<div class="charts">{"".join(drawn)}</div>{RATES_NOTE}{note}'
+
+
+# Where the charts' rates come from (metrics/rate.py), said once under them
+RATES_NOTE = ('<p id="rates-window" class="note">Rates (throughput, requests, errors) and the data wait at each sweep '
+              "are the job's counters' growth between the hook's publications seen by that sweep and the one before "
+              "(one sweep interval, timed by the publishing processes' own clock): a job that stops reads 0 from "
+              "the second sweep after.</p>")
 
 
 def _measured_section(rec: RunRecord) -> str:

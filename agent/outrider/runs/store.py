@@ -1,8 +1,10 @@
 """The embedded run store: one SQLite file (runs.db) under runs_dir.
 
 Per run: its KPIs per sweep (samples), its verdict changes (the timeline), its verdict so far (run_verdicts, kept
-current while it runs, so a run cut short still has one), the alerts that fired and resolved during it, and events
-(stalls). Tables are only ever added, so an older runs.db opens as it is."""
+current while it runs, so a run cut short still has one), the alerts that fired and resolved during it, events
+(stalls), and its duration distributions (distributions: what the run's step, data-wait and request histograms
+recorded from its first sweep to its latest, whole and without its warm-up, runs/distributions.py; kept current
+too). Tables are only ever added, so an older runs.db opens as it is, and its records have no distributions."""
 
 from __future__ import annotations
 
@@ -17,6 +19,8 @@ from typing import Any
 
 from outrider.clock import SYSTEM, Clock
 from outrider.metrics import units
+from outrider.metrics.family import HistogramValue
+from outrider.runs.distributions import RUN, STEADY, from_json, to_json
 from outrider.runs.verdict import RunVerdict, Segment, from_timeline
 
 SCHEMA = """
@@ -30,6 +34,8 @@ CREATE TABLE IF NOT EXISTS run_verdicts (run_id TEXT PRIMARY KEY, verdict TEXT);
 CREATE TABLE IF NOT EXISTS alerts (run_id TEXT, fingerprint TEXT, name TEXT, labels TEXT, summary TEXT, fired REAL,
                                    resolved REAL);
 CREATE TABLE IF NOT EXISTS alert_pending (run_id TEXT, fingerprint TEXT, fired REAL, pending REAL);
+CREATE TABLE IF NOT EXISTS distributions (run_id TEXT, name TEXT, part TEXT, value TEXT,
+                                          PRIMARY KEY (run_id, name, part));
 """
 
 
@@ -96,6 +102,9 @@ class RunRecord:
     events: list[tuple[float, str, str]] = field(default_factory=list)
     alerts: list[AlertRecord] = field(default_factory=list)
     verdict: RunVerdict | None = None  # None for a record written before runs kept their verdict
+    # name -> part (run, steady) -> what the run recorded (runs/distributions.py); empty for a record written before
+    # runs kept them
+    distributions: dict[str, dict[str, HistogramValue]] = field(default_factory=dict)
 
     def values(self, name: str) -> list[float]:
         return [v for _, v in self.samples.get(name, [])]
@@ -189,6 +198,11 @@ class RunStore:
         if pending is not None and pending < fired:
             self._db.execute("INSERT INTO alert_pending VALUES (?, ?, ?, ?)", (run_id, fingerprint, fired, pending))
 
+    def set_distribution(self, run_id: str, name: str, whole: HistogramValue, steady: HistogramValue) -> None:
+        with self._lock, self._db:
+            self._db.executemany("INSERT OR REPLACE INTO distributions VALUES (?, ?, ?, ?)",
+                                 [(run_id, name, RUN, to_json(whole)), (run_id, name, STEADY, to_json(steady))])
+
     def finish_run(self, run_id: str, exit_code: int, summary: dict[str, Any]) -> None:
         with self._lock, self._db:
             self._db.execute("UPDATE runs SET ended = ?, exit_code = ?, summary = ? WHERE id = ?",
@@ -228,6 +242,9 @@ class RunStore:
                           "SELECT a.name, a.labels, a.summary, a.fired, a.resolved, p.pending FROM alerts a "
                           "LEFT JOIN alert_pending p ON p.run_id = a.run_id AND p.fingerprint = a.fingerprint "
                           "AND p.fired = a.fired WHERE a.run_id = ? ORDER BY a.fired", (run_id,))]
+        for name, part, value in self._db.execute("SELECT name, part, value FROM distributions WHERE run_id = ?",
+                                                  (run_id,)):
+            rec.distributions.setdefault(name, {})[part] = from_json(value)
         row = self._db.execute("SELECT verdict FROM run_verdicts WHERE run_id = ?", (run_id,)).fetchone()
         if row is not None:
             rec.verdict = RunVerdict.from_json(json.loads(row[0]))
