@@ -53,7 +53,8 @@ def build() -> Dashboard:
                           links=[runbook("degradation.md", "trainingstalled", "stalled")]))
     d = d.with_panel(stat("Bottleneck", "The agent's verdict on why the job is slow (outrider_bottleneck): "
                           "checkpoint_bound, input_bound, host_bound, python_bound, compute_bound, "
-                          "communication_bound, memory_pressure, memory_bandwidth_bound, throttled, idle or balanced "
+                          "communication_bound, memory_pressure, memory_bandwidth_bound, throttled, waiting (on "
+                          "something outside the process), idle or balanced "
                           "(none while a window is not judged); outrider top and outrider report show the evidence "
                           "and the advice.",
                           "short",
@@ -102,11 +103,13 @@ def build() -> Dashboard:
                               "[$__rate_interval]))", "cpu {{role}} rank {{rank}}"),
                         query(f"sum by (rank, role) (rate(outrider_thread_run_delay_seconds_total{{{R}}}"
                               "[$__rate_interval]))", "run delay {{role}} rank {{rank}}")))
-    d = d.with_panel(ts("Threads", "Threads by role, and the intra-op threads torch is set to use: more runnable "
+    d = d.with_panel(ts("Threads", "Threads by role, the intra-op threads torch is set to use, and the child "
+                        "processes (DataLoader workers) whose threads the data_workers role counts: more runnable "
                         "threads than CPUs makes them wait.", "short",
                         query(f"sum by (rank, role) (outrider_threads{{{R}}})", "{{role}} rank {{rank}}"),
                         query(f"max by (rank) (outrider_torch_intra_op_threads{{{R}}})",
-                              "torch intra-op setting rank {{rank}}")))
+                              "torch intra-op setting rank {{rank}}"),
+                        query(f"sum by (rank) (outrider_child_processes{{{R}}})", "child processes rank {{rank}}")))
     d = d.with_panel(ts("Main-thread CPU per autograd operation", "CPU seconds of the main thread per "
                         "differentiable operation: high with many operations is framework overhead (small ops), "
                         "low is the math itself.", "s",
