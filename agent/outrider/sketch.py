@@ -102,13 +102,14 @@ def add_sorted(values: list[float], buckets: dict[int, float]) -> int:
             buckets[MAX_INDEX] = get(MAX_INDEX, 0.0) + (n - pos)
             break
         i = ceil(log2(v) * _PER_OCTAVE) - 1
-        if i <= MIN_INDEX:
+        if i < MIN_INDEX:
             i = MIN_INDEX
-        elif v <= upper[i - 1 - low]:  # a value on a boundary belongs to the bucket it closes
+        elif i > MIN_INDEX and v <= upper[i - 1 - low]:  # a value on a boundary belongs to the bucket it closes
             i -= 1
-        elif v > upper[i - low]:
+        elif v > upper[i - low]:  # log2 rounded down (the first bucket's too: clamping it skipped this once)
             i += 1
-        end = bisect_right(values, upper[i - low], pos)
+        # at least the value at pos: a bucket chosen wrong by a float's last bit miscounts one value, never loops
+        end = max(bisect_right(values, upper[i - low], pos), pos + 1)
         buckets[i] = get(i, 0.0) + (end - pos)
         pos = end
     return zero

@@ -57,6 +57,27 @@ def test_every_value_counts_once_in_the_classic_buckets_the_sum_and_the_sketch()
     assert drop.counts == {}
 
 
+def test_a_value_one_float_above_the_first_buckets_bound_is_counted_not_looped_on() -> None:
+    """log2 of this value rounds down into the first bucket, whose clamp once skipped the boundary check: the
+    fold then found no value under that bucket's bound and looped for ever, in the workload's thread. The fold runs
+    in a thread given a minute (it takes microseconds) so that a regression fails here instead of hanging the run."""
+    first = sketch.upper_bound(sketch.MIN_INDEX)
+    values = [first, math.nextafter(first, math.inf), math.nextafter(first, math.inf), 0.01]
+    h, drop = histogram()
+    done = threading.Event()
+
+    def record() -> None:
+        for v in values:
+            h.observe(v)
+        h.counts()
+        done.set()
+
+    threading.Thread(target=record, daemon=True).start()
+    assert done.wait(60), "the fold did not end"
+    assert sketched(h).buckets == {sketch.MIN_INDEX: 1, sketch.MIN_INDEX + 1: 2, sketch.index(0.01): 1}
+    assert drop.counts == {}
+
+
 def test_the_hook_threads_counts_leave_the_buffer_and_count_each_value_once_however_often_it_looks() -> None:
     h, _ = histogram()
     for v in VALUES[:5]:
