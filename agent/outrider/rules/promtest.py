@@ -90,7 +90,7 @@ def read_test_file(path: Path) -> dict[str, Any]:
     from outrider.config import ConfigError, read_yaml_file
 
     try:
-        spec = read_yaml_file(str(path))
+        spec = read_yaml_file(str(path), max_bytes=None)  # promtool takes a test file of any size
     except ConfigError as e:
         raise PromTestError(str(e)) from None
     rule_files, tests = spec.get("rule_files") or [], spec.get("tests") or []
