@@ -84,6 +84,30 @@ def self_signed(directory: Path) -> tuple[Path, Path]:
     return cert_path, key_path
 
 
+class SecretVolume:
+    """A directory laid out as the kubelet lays out a Secret volume: each key a link into `..data`, itself a link
+    to a timestamped directory that an update replaces whole, by one rename of the link."""
+
+    def __init__(self, root: Path, keys: tuple[str, ...]) -> None:
+        self.root = root
+        self.generation = 0
+        root.mkdir(parents=True, exist_ok=True)
+        for key in keys:
+            (root / key).symlink_to(f"..data/{key}")
+
+    def write(self, files: dict[str, bytes]) -> None:
+        self.generation += 1
+        target = self.root / f"..{self.generation}"
+        target.mkdir()
+        for key, data in files.items():
+            (target / key).write_bytes(data)
+        (self.root / "..data_tmp").symlink_to(target.name)
+        os.replace(self.root / "..data_tmp", self.root / "..data")
+
+    def path(self, key: str) -> str:
+        return str(self.root / key)
+
+
 def wait_until(fn: Callable[[], T | None], timeout_s: float = 30.0, interval_s: float = 0.1,
                what: str = "condition") -> T:
     """Poll fn until it returns something truthy; fail with `what` after timeout_s (a bound, not a speed test)."""

@@ -184,9 +184,10 @@ def connection_budget(limit: int) -> int:
 class HttpServer:
     """Binds on construction (so a busy port is an error at once); `start()` runs the loop and the workers."""
 
-    def __init__(self, host: str, port: int, handler: Handler, tls: ssl.SSLContext | None = None,
+    def __init__(self, host: str, port: int, handler: Handler, tls: Callable[[], ssl.SSLContext] | None = None,
                  limits: Limits | None = None, quick: QuickHandler | None = None) -> None:
-        """quick: answers on the loop thread what it can without waiting (module docstring), else None."""
+        """tls: gives the TLS context of each new connection, on the loop thread (a rotated certificate's, once
+        loaded); quick: answers on the loop thread what it can without waiting (module docstring), else None."""
         self.handler = handler
         self.quick = quick
         self.tls = tls
@@ -387,7 +388,7 @@ class HttpServer:
                 if sock.family in (socket.AF_INET, socket.AF_INET6):
                     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 if self.tls is not None:
-                    sock = self.tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
+                    sock = self.tls().wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
             except (OSError, ValueError) as e:
                 LOG.debug("HTTP server: dropping a new connection from %s: %s", addr[0], e)
                 sock.close()

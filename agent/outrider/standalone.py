@@ -151,7 +151,9 @@ def run(workload_pid: int, spool_dir: str | None, listen: str | None, detach_fir
         return spool.EXIT_ANOTHER_AGENT
     try:
         try:
-            agent = Agent(config, roots=(workload_pid,) if workload_pid > 0 else (), listen_fallback=True,
+            # the default address may be held (another job's agent): a free port then; one asked for, or none
+            fallback = not listen and loaded.sources["listen"] == "default"
+            agent = Agent(config, roots=(workload_pid,) if workload_pid > 0 else (), listen_fallback=fallback,
                           hold_spool_lock=False)
         except OSError as e:
             print(f"outrider: the agent for {path} could not start: {e.strerror or e}", file=sys.stderr)

@@ -499,6 +499,9 @@ _DEFS: tuple[MetricDef, ...] = (
     MetricDef("outrider_threads", "outrider.thread.count", "{thread}", "gauge",
               "Threads of an instrumented process (and of its child processes) by role.",
               (*BY_RANK, Label("role", "outrider.thread.role")), "hook"),
+    MetricDef("outrider_child_processes", "outrider.child_process.count", "{process}", "gauge",
+              "Child processes of an instrumented process and their descendants (DataLoader workers) at their last "
+              "reading; their threads are outrider_threads{role=\"data_workers\"}.", BY_RANK, "hook"),
     MetricDef("outrider_torch_intra_op_threads", "outrider.torch.intra_op.threads", "{thread}", "gauge",
               "Threads torch's intra-op parallelism uses (torch.get_num_threads()), the calling thread included.",
               BY_RANK, "hook"),
@@ -593,7 +596,8 @@ _DEFS: tuple[MetricDef, ...] = (
     MetricDef("outrider_bottleneck", "outrider.bottleneck", "1", "gauge",
               "1 for the bottleneck class of the last window (idle, throttled, memory_pressure, checkpoint_bound, "
               "input_bound, memory_bandwidth_bound, compute_bound, host_bound, python_bound, communication_bound, "
-              "balanced), 0 for the others; all 0 for a window not judged (without the evidence its rule needs).",
+              "waiting, balanced), 0 for the others; all 0 for a window not judged (without the evidence its rule "
+              "needs).",
               (Label("class", "outrider.bottleneck.class"),), "diagnosis"),
     MetricDef("outrider_diagnosis_signal", "outrider.diagnosis.signal", "1", "gauge",
               "The evidence behind the verdict: data-wait fraction, GPU utilisation, process CPU cores, step time, "
