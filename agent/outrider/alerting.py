@@ -98,7 +98,8 @@ class Alerting:
         routes = receivers(config)
         self.state_dir, self._lock_fd = claim_state_dir(config)
         self.engine = RuleEngine(groups, config.rule_interval_s, self.state_dir, job=config.alert_job,
-                                 instance=config.alert_instance, stack_dumps=stack_dumps)
+                                 instance=config.alert_instance, stack_dumps=stack_dumps,
+                                 compat=config.promql_compat)
         self.dispatcher = Dispatcher(routes, self.state_dir, self.engine.firing_notifications,
                                      config.resend_interval_s)
         self.engine.notify = self.dispatcher.notify

@@ -164,18 +164,77 @@ def cmd_rules_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _promql_compat(args: argparse.Namespace, command: str) -> int | None:
+    """--promql-compat, else OUTRIDER_PROMQL_COMPAT, else the configuration's default (3); None after saying why a
+    value is wrong."""
+    import os
+
+    from outrider.config import CONVERTERS, Config
+
+    raw, source = args.promql_compat, "--promql-compat"
+    if raw is None:
+        raw, source = os.environ.get("OUTRIDER_PROMQL_COMPAT"), "OUTRIDER_PROMQL_COMPAT"
+    if raw is None:
+        return Config.promql_compat
+    try:
+        return int(CONVERTERS["promql_compat"](raw))
+    except ValueError as e:
+        print(f"outrider rules {command}: {source}: {raw!r}: expected {e}", file=sys.stderr)
+        return None
+
+
 def cmd_rules_check(args: argparse.Namespace) -> int:
     from outrider.rules.files import default_rules_path
     from outrider.rules.rule import RuleLoadError, load_groups
 
+    compat = _promql_compat(args, "check")
+    if compat is None:
+        return 2
     try:
         for path in args.files or [str(default_rules_path())]:
             groups = load_groups([path])
-            print(f"{path}: ok ({sum(len(g.rules) for g in groups)} rules the agent can evaluate)")
+            print(f"{path}: ok ({sum(len(g.rules) for g in groups)} rules the agent can evaluate, as Prometheus "
+                  f"{compat} evaluates them: promql_compat {compat})")
+            for line in _compat_report(groups, compat):
+                print(f"{path}: {line}")
     except RuleLoadError as e:
         print(f"outrider rules check: {e}", file=sys.stderr)
         return 2
     return 0
+
+
+def _compat_report(groups: list[Any], compat: int) -> list[str]:
+    """Where the rules' results can differ between Prometheus 2 and 3: a warning per rule whose le matcher 3 never
+    matches, and one line each for the rules reading range windows and the regexes whose `.` meets newlines."""
+    from outrider.rules.promql import compat_differences
+    from outrider.rules.rule import AlertingRule
+
+    other = 2 if compat == 3 else 3
+    ranges, regexes, out = [], [], []
+    for g in groups:
+        for rule in g.rules:
+            found = compat_differences(rule.expr)
+            where = f"group {g.name!r}, {'alert' if isinstance(rule, AlertingRule) else 'recording rule'} {rule.name!r}"
+            if found.ranges:
+                ranges.append(rule.name)
+            if found.newline_regexes:
+                regexes.append(rule.name)
+            for written, stored in found.normalised_le:
+                out.append(f"warning: {where}: le=\"{written}\" selects nothing scraped by Prometheus 3, which "
+                           f"stores that bucket as le=\"{stored}\" (Prometheus 2 keeps the page's text)")
+    if ranges:
+        out.append(f"{_rules(len(ranges))} read range windows, which Prometheus 3 leaves open at the start and 2 "
+                   "closes: a sample exactly one range old counts under Prometheus 2 only, so results on a sampling "
+                   f"grid (promtool's tests, the agent's sweeps) can differ under promql_compat {other}: "
+                   + ", ".join(sorted(set(ranges))))
+    if regexes:
+        out.append(f"{_rules(len(regexes))} match regexes whose `.` matches a newline in Prometheus 3, not in 2 (a "
+                   "label value with a newline): " + ", ".join(sorted(set(regexes))))
+    return out
+
+
+def _rules(n: int) -> str:
+    return f"{n} rule" if n == 1 else f"{n} rules"
 
 
 def cmd_rules_test(args: argparse.Namespace) -> int:
@@ -183,11 +242,18 @@ def cmd_rules_test(args: argparse.Namespace) -> int:
     from outrider.rules.promtest import main as replay
     from outrider.rules.rule import RuleLoadError
 
+    compat = _promql_compat(args, "test")
+    if compat is None:
+        return 2
     try:
-        return replay(args.files)
+        return replay(args.files, compat)
     except (PromTestError, RuleLoadError) as e:  # a test file, or a rule file it names, that cannot be used
         print(f"outrider rules test: {e}", file=sys.stderr)
         return 2
+
+
+PROMQL_COMPAT_HELP = ("evaluate as Prometheus 2 or 3 does (default: $OUTRIDER_PROMQL_COMPAT, else 3; "
+                      "docs/alerting.md, Prometheus 2 and 3)")
 
 
 # --- dashboards ------------------------------------------------------------------------------------------------
@@ -404,9 +470,11 @@ def build_parser() -> argparse.ArgumentParser:
     r = actions.add_parser("check", help="load rule files as the agent's embedded evaluator does (default: the "
                                          "catalog)")
     r.add_argument("files", nargs="*", metavar="FILE")
+    r.add_argument("--promql-compat", choices=("2", "3"), help=PROMQL_COMPAT_HELP)
     r.set_defaults(func=cmd_rules_check)
     r = actions.add_parser("test", help="replay promtool rule unit-test files through the embedded evaluator")
     r.add_argument("files", nargs="+", metavar="FILE")
+    r.add_argument("--promql-compat", choices=("2", "3"), help=PROMQL_COMPAT_HELP)
     r.set_defaults(func=cmd_rules_test)
 
     actions = _group(sub, "dashboards", "the Grafana dashboards: export them to files or push them to Grafana")

@@ -113,6 +113,9 @@ class Config:
                 "(RULE.threshold=VALUE, RULE.for=DURATION)"})
     rule_interval_s: float = field(default=15.0, metadata={
         "help": "seconds between rule evaluations (a group's own interval, if longer, wins)"})
+    promql_compat: int = field(default=3, metadata={
+        "help": "evaluate rules as Prometheus 3 (left-open range windows, `.` matching newlines, le labels "
+                "normalised, Kahan sums) or as Prometheus 2; see docs/alerting.md, Prometheus 2 and 3"})
     docs_url: str = field(default=links.DEFAULT_DOCS_URL, metadata={
         "help": "base URL of Outrider's documentation, where the dashboards' runbook links point (a mirror or an "
                 "internal wiki; `outrider dashboards export/push` read it from the environment or --docs-url)"})
@@ -249,6 +252,8 @@ BOUNDS: dict[str, hook_settings.Bounds] = {
     "workload_metrics_port": hook_settings.Bounds(0, 65535),
     "diagnosis_window_s": hook_settings.Bounds(0.1, 86400.0),
     "rule_interval_s": hook_settings.Bounds(0.1, 86400.0),
+    # the Prometheus major versions whose PromQL the evaluator follows (rules/promql.COMPATS)
+    "promql_compat": hook_settings.Bounds(2, 3),
     "resend_interval_s": hook_settings.Bounds(0.1, 86400.0),
     "k8s_pod_resources_timeout_s": hook_settings.Bounds(0.05, 60.0),
     "pod_discovery_interval_s": hook_settings.Bounds(1.0, 3600.0),
@@ -425,6 +430,7 @@ CONVERTERS: dict[str, Callable[[Any], Any]] = {
     "rule_files": _str_list,
     "rule_settings": _str_list,
     "rule_interval_s": _number("rule_interval_s"),
+    "promql_compat": _number("promql_compat", integer=True),
     "docs_url": lambda raw: links.docs_url(_str(raw)),
     "alert_job": _str,
     "alert_instance": _str,
@@ -511,9 +517,10 @@ def _otel_defaults(env: Mapping[str, str], values: dict[str, Any], sources: dict
 MAX_CONFIG_BYTES = 4 * 1024 * 1024
 
 
-def read_yaml_file(path: str) -> dict[str, Any]:
+def read_yaml_file(path: str, max_bytes: int | None = MAX_CONFIG_BYTES) -> dict[str, Any]:
     """A YAML mapping from a file; every way the file can be wrong is a ConfigError naming it, never a traceback
-    (and never a hang: a FIFO or a device is refused before it is opened for reading)."""
+    (and never a hang: a FIFO or a device is refused before it is opened for reading). max_bytes None: any size
+    (a promtool test file, which promtool reads whatever its length)."""
     import stat
 
     import yaml
@@ -523,11 +530,11 @@ def read_yaml_file(path: str) -> dict[str, Any]:
         st = os.stat(path)
         if not stat.S_ISREG(st.st_mode):
             raise ConfigError(f"{source}: not a regular file")
-        if st.st_size > MAX_CONFIG_BYTES:
+        if max_bytes is not None and st.st_size > max_bytes:
             raise ConfigError(f"{source}: {st.st_size} bytes, more than a configuration needs "
-                              f"({MAX_CONFIG_BYTES} at most)")
+                              f"({max_bytes} at most)")
         with open(path, "rb") as fh:
-            text = fh.read(MAX_CONFIG_BYTES + 1).decode("utf-8")
+            text = (fh.read() if max_bytes is None else fh.read(max_bytes + 1)).decode("utf-8")
         data = yaml.safe_load(text)
     except OSError as e:
         raise ConfigError(f"{source}: cannot read: {e.strerror or e}") from None

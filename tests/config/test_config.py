@@ -242,9 +242,9 @@ STATED_BOUNDS = {
     "startup_grace_s": (0.0, 2_592_000.0), "flush_interval_s": (0.05, 3600.0),
     "hook_max_series_per_metric": (1, 100_000), "stall_factor": (1.0, 10_000.0),
     "stall_floor_s": (1.0, 2_592_000.0), "first_step_timeout_s": (1.0, 2_592_000.0),
-    "phase_timeout_s": (1.0, 2_592_000.0), "profile_hz": (0.0, 1000.0),
+    "phase_timeout_s": (1.0, 2_592_000.0), "profile_hz": (0.0, 1000.0), "promql_compat": (2, 3),
 }
-INTEGER_KEYS = {"process_top_n", "workload_metrics_port", "hook_max_series_per_metric"}
+INTEGER_KEYS = {"process_top_n", "workload_metrics_port", "hook_max_series_per_metric", "promql_compat"}
 
 
 def test_every_bounded_key_is_stated() -> None:

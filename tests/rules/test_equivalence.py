@@ -27,7 +27,7 @@ def promtool_test(spec: dict, tmp_path: Path) -> subprocess.CompletedProcess[str
 
 @pytest.mark.parametrize("path", TESTS, ids=lambda p: p.name)
 def test_embedded_evaluator_passes_the_promtool_cases(path: Path) -> None:
-    failures = [f for case in run_file(path) for f in case.failures]
+    failures = [f for case in run_file(path, compat=2) for f in case.failures]
     assert failures == []
 
 
@@ -55,7 +55,8 @@ def test_the_cross_check_can_fail(tmp_path: Path) -> None:
 def test_outrider_rules_test_and_check_commands(tmp_path: Path) -> None:
     from tests.helpers import outrider_cmd
 
-    ok = subprocess.run(outrider_cmd("rules", "test", *map(str, TESTS)), capture_output=True, text=True)
+    ok = subprocess.run(outrider_cmd("rules", "test", "--promql-compat", "2", *map(str, TESTS)), capture_output=True,
+                        text=True)
     assert ok.returncode == 0 and "SUCCESS" in ok.stdout, ok.stdout + ok.stderr
     spec = yaml.safe_load(TESTS[0].read_text())
     spec["rule_files"] = [str((TESTS[0].parent / f).resolve()) for f in spec["rule_files"]]

@@ -21,7 +21,7 @@ CORPUS = Path(__file__).with_name("promql_corpus.test.yaml")
 
 
 def test_the_embedded_evaluator_reproduces_every_corpus_case() -> None:
-    results = run_file(CORPUS)
+    results = run_file(CORPUS, compat=2)
     failures = [f for r in results for f in r.failures]
     assert failures == [], "\n".join(failures)
 

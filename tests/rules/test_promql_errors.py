@@ -83,9 +83,11 @@ def test_arguments_of_the_wrong_type_are_refused_by_the_evaluator_too() -> None:
 
 def test_what_is_outside_the_subset_is_named() -> None:
     cases = (
-        (lambda: promql._aggregate_values("count_values", [1.0], 0.0), "the aggregation count_values"),
+        (lambda: promql._aggregate_values("count_values", [1.0], 0.0, promql.COMPAT_3),
+         "the aggregation count_values"),
         (lambda: promql._simple_function("atan", []), "the function atan()"),
-        (lambda: promql._range_function("holt_winters", [0, 1], [1.0, 2.0], 60.0, 0, 1, 1, []),
+        (lambda: promql._range_function("holt_winters", [0, 1], [1.0, 2.0], promql.Window(60.0, 0, 1, 1), [],
+                                               promql.COMPAT_3),
          "the function holt_winters()"),
         (lambda: promql._apply("atan2", 1.0, 2.0), "the operator atan2"),
     )

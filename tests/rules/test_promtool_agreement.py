@@ -31,7 +31,7 @@ def both(tmp_path: Path, case: dict[str, Any]) -> tuple[bool, bool, str]:
     test.write_text(yaml.safe_dump({"rule_files": ["r.yaml"], "evaluation_interval": "1m", "tests": [case]},
                                    width=1000))
     prom = subprocess.run([need_binary("promtool"), "test", "rules", str(test)], capture_output=True, text=True)
-    failures = [f for r in run_file(test) for f in r.failures]
+    failures = [f for r in run_file(test, compat=2) for f in r.failures]
     return prom.returncode == 0, failures == [], prom.stdout + prom.stderr + "\n".join(failures)
 
 

@@ -29,7 +29,7 @@ from outrider.metrics.catalog import CATALOG, Label
 from outrider.metrics.exposition import format_le
 from outrider.metrics.family import Family, HistogramValue
 from outrider.rules.notification import Notification
-from outrider.rules.promql import Evaluator
+from outrider.rules.promql import Evaluator, normalised_le
 from outrider.rules.rule import Alert, AlertingRule, Group, retention
 from outrider.rules.store import Labels, Series, SeriesStore, is_stale
 
@@ -57,12 +57,15 @@ class RuleEngine:
     def __init__(self, groups: list[Group], interval_s: float, state_dir: str | None = None,
                  notify: Callable[[Notification], None] | None = None, job: str = "outrider",
                  instance: str = "", stack_dumps: StackDumps | None = None,
-                 clock: Callable[[], int] | None = None) -> None:
+                 clock: Callable[[], int] | None = None, compat: int = 3) -> None:
         self.groups = groups
         self.interval_ms = int(interval_s * 1000)
         self.retention_ms = retention(groups, self.interval_ms)
         self.store = SeriesStore(self.retention_ms)
-        self.evaluator = Evaluator(self.store)
+        self.evaluator = Evaluator(self.store, compat=compat)
+        # A bucket's le as the Prometheus of that version stores it from the agent's page: 2 keeps the text
+        # (format_le's "1000000.0"), 3 normalises it ("1e+06"), so a rule's {le="..."} selects what it would there
+        self._le = normalised_le if compat >= 3 else format_le
         self.state_dir = state_dir
         self.notify = notify or (lambda n: None)
         self.target = {"job": job, "instance": instance or socket.gethostname()}
@@ -124,7 +127,7 @@ class RuleEngine:
         store = self.store
         if store.wants(name + "_bucket"):
             for bound, count in zip((*value.bounds, math.inf), value.cumulative()):
-                key = _labels(name + "_bucket", {**base, "le": format_le(bound)})
+                key = _labels(name + "_bucket", {**base, "le": self._le(bound)})
                 store.add(key, ts, float(count))
                 present[name + "_bucket"].add(key)
         for suffix, v in (("_sum", value.sum), ("_count", float(value.count))):

@@ -1,10 +1,13 @@
 """The PromQL subset the agent evaluates itself, over its own bounded store (rules/store.py).
 
 Expressions are parsed with `promql-parser` (Prometheus's grammar, in Rust); this module checks that a parsed
-expression stays inside the subset (`check`) and evaluates it at one instant (`Evaluator.instant`). The semantics
-follow Prometheus 2.x, the version `promtool` runs in CI: closed range windows `[t - range, t]`, a 5-minute lookback
-for instant selectors, staleness markers, extrapolated rate/increase/delta, and its vector-matching rules. Every
-alert test in alerts/tests is replayed through both to keep them equal (rules/promtest.py).
+expression stays inside the subset (`check`) and evaluates it at one instant (`Evaluator.instant`), as Prometheus 3
+evaluates it (`compat=3`, the agent's default) or as Prometheus 2 does (`compat=2`, the version `promtool` runs in
+CI). Where the two differ (the `Compat` switches below, docs/alerting.md) both are implemented, each checked by a
+case for both: tests/rules/promql_compat_v2.test.yaml (promtool 2.42 states its values), promql_compat_v3.test.yaml
+(values Prometheus 3's own test files state) and test_promql_compat.py. The corpus (promql_corpus.test.yaml) and
+every alert test in alerts/tests are replayed through the evaluator under 2 and checked by promtool
+(rules/promtest.py); scripts/promql_conformance.py runs Prometheus's own PromQL test files under either.
 """
 
 from __future__ import annotations
@@ -21,11 +24,54 @@ from typing import Any
 
 import promql_parser as pp
 
-from outrider import regex
+from outrider import prometheus_names, regex
 from outrider.rules.store import Labels, SeriesStore
+from outrider.rules.templates import go_v
 
 LOOKBACK_MS = 300_000
 NAME = "__name__"
+# The labels Prometheus 3 drops with the name (the metadata labels of its type-and-unit feature); 2 knows only one
+METADATA_3 = frozenset({NAME, "__type__", "__unit__"})
+COMPATS = (2, 3)
+
+
+@dataclass(frozen=True)
+class Compat:
+    """Where Prometheus 2 and 3 evaluate the same expression differently, each a switch of its own so that the
+    code says which difference it applies. docs/alerting.md lists them side by side."""
+
+    version: int
+    # A range [r] selects (t - r, t] and the lookback (t - 5m, t]: 2 closes both on the left
+    left_open: bool
+    # `.` in a regex matches a newline (matchers and label_replace): 2 compiles without the s flag
+    dot_matches_newline: bool
+    # Kahan-compensated sum() and avg() (a direct mean until the sum overflows): 2 adds one by one
+    compensated_aggregation: bool
+    # stddev/stdvar of a group whose first value is NaN or infinite is NaN: 2 starts from 0
+    nan_first_deviation: bool
+    # A comparison that filters the many side still counts its matches (an error without group_left): 2 filters first
+    match_before_filter: bool
+    # A destination label of label_replace is any UTF-8 name: 2 takes [a-zA-Z_][a-zA-Z0-9_]*
+    utf8_label_names: bool
+    # A Kahan sum that reaches an infinity forgets its compensation (no inf - inf = NaN): 2 keeps it
+    kahan_forgets_at_infinity: bool
+    # topk/bottomk with k below 1 give nothing before k is checked (topk(-Inf, x) is empty): 2 refuses it first
+    k_below_one_first: bool
+    # rate/increase take a gap to the window's start longer than 1.1 sample intervals as half an interval before
+    # cutting it where the counter was zero (2.51 and later): 2.42, which promtool runs in CI, cuts it first
+    zero_cut_after_gap: bool
+    labels_dropped_with_name: frozenset[str]
+
+    @staticmethod
+    def of(version: int) -> Compat:
+        if version not in COMPATS:
+            raise ValueError(f"promql_compat: {version!r} is not one of {', '.join(map(str, COMPATS))}")
+        three = version >= 3
+        return Compat(version, three, three, three, three, three, three, three, three, three,
+                      METADATA_3 if three else frozenset({NAME}))
+
+
+COMPAT_2, COMPAT_3 = Compat.of(2), Compat.of(3)
 
 
 class PromQLError(ValueError):
@@ -134,11 +180,11 @@ def check(node: Any) -> None:
         if name not in RANGE_FUNCTIONS and name not in INSTANT_FUNCTIONS:
             raise PromQLError(f"the function {name}()")
         for arg in node.args:
-            if name in RANGE_FUNCTIONS and isinstance(arg, pp.SubqueryExpr):
+            if name in RANGE_FUNCTIONS and isinstance(unwrap(arg), pp.SubqueryExpr):
                 raise PromQLError(f"a subquery as the argument of {name}()")
             check(arg)
-        if name == "label_replace" and len(node.args) == 5 and isinstance(node.args[4], pp.StringLiteral):
-            _check_regex(str(node.args[4].val))
+        if name == "label_replace" and len(node.args) == 5 and isinstance(unwrap(node.args[4]), pp.StringLiteral):
+            _check_regex(str(unwrap(node.args[4]).val))
         return
     if isinstance(node, pp.AggregateExpr):
         op = str(node.op)
@@ -151,6 +197,9 @@ def check(node: Any) -> None:
         op = str(node.op)
         if op not in ARITHMETIC | COMPARISON | SET_OPS:
             raise PromQLError(f"the operator {op}")
+        fill = node.modifier.fill_values if node.modifier is not None else None
+        if fill is not None and (fill.lhs is not None or fill.rhs is not None):
+            raise PromQLError("the fill modifiers (fill, fill_left, fill_right: a Prometheus 3 feature flag)")
         check(node.lhs)
         return check(node.rhs)
     raise PromQLError(f"the expression type {type(node).__name__}")
@@ -167,6 +216,13 @@ def _check_regex(pattern: str) -> None:
         regex.compile(pattern, dotall=True)
     except regex.RegexError as e:
         raise PromQLRegexError(f"the pattern {e}") from None
+
+
+def unwrap(node: Any) -> Any:
+    """The expression inside any brackets: Prometheus takes a function's argument so (`rate((x[5m]))`)."""
+    while isinstance(node, pp.ParenExpr):
+        node = node.expr
+    return node
 
 
 def selectors(node: Any) -> Iterable[tuple[Any, int]]:
@@ -188,6 +244,82 @@ def selectors(node: Any) -> Iterable[tuple[Any, int]]:
         yield from selectors(node.rhs)
 
 
+@dataclass(frozen=True)
+class CompatDifferences:
+    """Where an expression's result can differ between Prometheus 2 and 3 (`compat_differences`)."""
+
+    ranges: list[str]  # the range windows it reads ("5m"): a sample exactly on the left edge counts in 2 only
+    newline_regexes: list[str]  # regexes whose `.` would meet a newline in a label value: matched in 3 only
+    normalised_le: list[tuple[str, str]]  # (le as written, as 3 stores it) where they are not the same
+
+
+def compat_differences(node: Any) -> CompatDifferences:
+    """What of the expression Prometheus 2 and 3 evaluate differently, read from its syntax (docs/alerting.md,
+    Prometheus 2 and 3). The differences of arithmetic (Kahan sums, NaN in stddev) are left out: they change the
+    last bits of a value, or a value that is NaN anyway."""
+    out = CompatDifferences([], [], [])
+    for vs, _ in selectors(node):
+        for m in vs.matchers.matchers:
+            if m.op in (pp.MatchOp.Re, pp.MatchOp.NotRe) and _dot_outside_class(str(m.value)):
+                out.newline_regexes.append(str(m.value))
+            if str(m.name) == "le" and m.op == pp.MatchOp.Equal:
+                with contextlib.suppress(ValueError):
+                    stored = normalised_le(float(str(m.value)))
+                    if stored != str(m.value):
+                        out.normalised_le.append((str(m.value), stored))
+    _walk_compat(node, out)
+    return out
+
+
+def normalised_le(bound: float) -> str:
+    """The le label Prometheus 3 stores for a scraped bucket, whatever the page wrote (textparse's
+    normalizeFloatsInLabelValues, labels.FormatOpenMetricsFloat): Go's shortest %g, with ".0" added where it has
+    neither "." nor "e". It differs from the page's format_le from 1e6 up ("1e+06", not "1000000.0") and below
+    1e-4."""
+    text = go_v(bound)
+    return text if "." in text or "e" in text or "Inf" in text or text == "NaN" else text + ".0"
+
+
+def _walk_compat(node: Any, out: CompatDifferences) -> None:
+    if isinstance(node, pp.MatrixSelector):
+        out.ranges.append(pp.display_duration(node.range))
+    elif isinstance(node, (pp.ParenExpr, pp.UnaryExpr)):
+        _walk_compat(node.expr, out)
+    elif isinstance(node, pp.Call):
+        if node.func.name == "label_replace" and len(node.args) == 5:
+            pattern = unwrap(node.args[4])
+            if isinstance(pattern, pp.StringLiteral) and _dot_outside_class(str(pattern.val)):
+                out.newline_regexes.append(str(pattern.val))
+        for arg in node.args:
+            _walk_compat(arg, out)
+    elif isinstance(node, pp.AggregateExpr):
+        _walk_compat(node.expr, out)
+    elif isinstance(node, pp.BinaryExpr):
+        _walk_compat(node.lhs, out)
+        _walk_compat(node.rhs, out)
+
+
+def _dot_outside_class(pattern: str) -> bool:
+    """Whether the pattern has a `.` that is neither escaped nor inside a [class]: the one that matches any
+    character (a newline too, in Prometheus 3)."""
+    i, in_class = 0, False
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "\\":
+            i += 2
+            continue
+        if in_class:
+            in_class = c != "]"
+        elif c == "[":
+            in_class = True
+            if pattern.startswith("]", i + 1) or pattern.startswith("^]", i + 1):
+                i += 1 + pattern.startswith("^", i + 1)  # a leading ] is a member, not the end
+        elif c == ".":
+            return True
+        i += 1
+    return False
+
+
 def _ms(td: timedelta | None) -> int:
     if td is None:
         return 0
@@ -205,8 +337,9 @@ def selector_name(vs: Any) -> str | None:
 
 # --- labels -----------------------------------------------------------------------------------------------------
 
-def drop_name(labels: Labels) -> Labels:
-    return tuple(kv for kv in labels if kv[0] != NAME)
+def drop_name(labels: Labels, dropped: frozenset[str] = frozenset({NAME})) -> Labels:
+    """The labels less the name (and, as Prometheus 3 drops them with it, `dropped`'s others)."""
+    return tuple(kv for kv in labels if kv[0] not in dropped)
 
 
 def get(labels: Labels, name: str) -> str:
@@ -233,24 +366,26 @@ def _equals(value: str) -> Callable[[str], bool]:
     return lambda v: v == value
 
 
-def _matcher(m: Any) -> Callable[[str], bool]:
+def _matcher(m: Any, dot_matches_newline: bool) -> Callable[[str], bool]:
     value = str(m.value)
     if m.op == pp.MatchOp.Equal:
         return lambda v: v == value
     if m.op == pp.MatchOp.NotEqual:
         return lambda v: v != value
-    fullmatch = _fullmatcher(value)
+    fullmatch = _fullmatcher(value, dot_matches_newline)
     if m.op == pp.MatchOp.Re:
         return lambda v: fullmatch(v) is not None
     return lambda v: fullmatch(v) is None
 
 
-def _fullmatcher(pattern: str) -> Callable[[str], regex.Match | None]:
-    """The pattern's full match, linear in the text whatever the pattern. "." does not match a newline, as in
-    Prometheus 2.x (it compiles "^(?:pattern)$" without the s flag); it is compiled so only for a text that has one,
-    the one place where the two differ: `.*`, with dotall, stays in outrider.regex's linear subset (RE2 is not
-    loaded for the built-in rules)."""
+def _fullmatcher(pattern: str, dot_matches_newline: bool) -> Callable[[str], regex.Match | None]:
+    """The pattern's full match, linear in the text whatever the pattern. Prometheus 3 compiles "^(?s:pattern)$":
+    "." matches a newline. Prometheus 2 compiles "^(?:pattern)$", without the s flag; for it the pattern is compiled
+    so only for a text that has a newline, the one place where the two differ: `.*`, with dotall, stays in
+    outrider.regex's linear subset (RE2 is not loaded for the built-in rules)."""
     dotall = regex.compile(pattern, dotall=True)
+    if dot_matches_newline:
+        return dotall.fullmatch
     strict: list[regex.Pattern] = []
 
     def fullmatch(text: str) -> regex.Match | None:
@@ -265,10 +400,12 @@ def _fullmatcher(pattern: str) -> Callable[[str], regex.Match | None]:
 # --- evaluation -------------------------------------------------------------------------------------------------
 
 class Evaluator:
-    """Evaluates parsed expressions against a SeriesStore at an instant (milliseconds since the epoch)."""
+    """Evaluates parsed expressions against a SeriesStore at an instant (milliseconds since the epoch), as
+    Prometheus `compat` (2 or 3) evaluates them."""
 
-    def __init__(self, store: SeriesStore, lookback_ms: int = LOOKBACK_MS) -> None:
+    def __init__(self, store: SeriesStore, lookback_ms: int = LOOKBACK_MS, compat: int = 3) -> None:
         self.store = store
+        self.compat = Compat.of(compat)
         self.lookback_ms = lookback_ms
         # Compiled matchers by what the selector says (name and matchers), never by id(): a node parsed for one
         # expression and freed can leave its id to a node of the next one (`rules test` parses each expr).
@@ -292,7 +429,7 @@ class Evaluator:
         key = (str(vs.name or ""), tuple((str(m.name), str(m.op), str(m.value)) for m in vs.matchers.matchers))
         got = self._matchers.get(key)
         if got is None:
-            got = [(str(m.name), _matcher(m)) for m in vs.matchers.matchers]
+            got = [(str(m.name), _matcher(m, self.compat.dot_matches_newline)) for m in vs.matchers.matchers]
             if vs.name:
                 got.append((NAME, _equals(str(vs.name))))
             self._matchers[key] = got
@@ -308,7 +445,7 @@ class Evaluator:
         ref = self.ts - _ms(vs.offset)
         out = []
         for labels, series in self._series(vs):
-            got = series.at(ref, self.lookback_ms)
+            got = series.at(ref, self.lookback_ms, self.compat.left_open)
             if got is not None:
                 out.append(Sample(labels, got))
         return out
@@ -318,7 +455,7 @@ class Evaluator:
         ref = self.ts - _ms(vs.offset)
         out = []
         for labels, series in self._series(vs):
-            if series.at(ref, self.lookback_ms) is not None:
+            if series.at(ref, self.lookback_ms, self.compat.left_open) is not None:
                 out.append((labels, series.times[bisect.bisect_right(series.times, ref) - 1]))
         return out
 
@@ -328,7 +465,7 @@ class Evaluator:
         start = end - _ms(ms.range)
         out = []
         for labels, series in self._series(vs):
-            times, values = series.window(start, end)
+            times, values = series.window(start, end, self.compat.left_open)
             if times:
                 out.append((labels, times, values))
         return out
@@ -348,7 +485,7 @@ class Evaluator:
                 return -inner
             if isinstance(inner, str):
                 raise PromQLError("unary minus on a string")
-            return [Sample(drop_name(s.labels), -s.value) for s in inner]
+            return _unique([Sample(self._drop(s.labels), -s.value) for s in inner])
         if isinstance(node, pp.VectorSelector):
             return self._select_instant(node)
         if isinstance(node, pp.Call):
@@ -359,29 +496,19 @@ class Evaluator:
             return self._binary(node)
         raise PromQLError(f"cannot evaluate {type(node).__name__}")
 
+    def _drop(self, labels: Labels) -> Labels:
+        return drop_name(labels, self.compat.labels_dropped_with_name)
+
     # functions
 
     def _call(self, node: Any) -> Value:
-        name = node.func.name
-        args = node.args
+        out = self._function(node.func.name, [unwrap(a) for a in node.args])
+        # A function that drops the name can leave two series with one label set: Prometheus refuses the result
+        return _unique(out) if isinstance(out, list) else out
+
+    def _function(self, name: str, args: list[Any]) -> Value:
         if name in RANGE_FUNCTIONS:
-            # quantile_over_time(phi, m[r]) takes its range second; every other range function first
-            at = 1 if name == "quantile_over_time" else 0
-            ms = args[at] if len(args) > at else None
-            if not isinstance(ms, pp.MatrixSelector):
-                raise PromQLError(f"{name}() needs a range vector selector")
-            rng = self._select_range(ms)
-            if name == "absent_over_time":
-                return [] if rng else [Sample(_absent_labels(ms.vector_selector), 1.0)]
-            extra = [self._scalar(a) for i, a in enumerate(args) if i != at]
-            range_s = _ms(ms.range) / 1000
-            end = self.ts - _ms(ms.vector_selector.offset)
-            out = []
-            for labels, times, values in rng:
-                v = _range_function(name, times, values, range_s, end - _ms(ms.range), end, self.ts, extra)
-                if v is not None:
-                    out.append(Sample(labels if name == "last_over_time" else drop_name(labels), v))
-            return out
+            return self._range_call(name, args)
         if name == "time":
             return self.ts / 1000
         if name == "vector":
@@ -396,22 +523,43 @@ class Evaluator:
             vs = args[0] if isinstance(args[0], pp.VectorSelector) else None
             return [Sample(_absent_labels(vs) if vs is not None else (), 1.0)]
         if name == "histogram_quantile":
-            return _histogram_quantile(self._scalar(args[0]), self._vector(args[1]))
+            return _histogram_quantile(self._scalar(args[0]), self._vector(args[1]), self._drop)
         if name == "label_replace":
             return self._label_replace(self._vector(args[0]), *[self._string(a) for a in args[1:]])
         if name == "timestamp":
             if isinstance(args[0], pp.VectorSelector):  # the time of the sample it selects, as Prometheus gives
-                return [Sample(drop_name(labels), t / 1000) for labels, t in self._sample_times(args[0])]
-            return [Sample(drop_name(s.labels), self.ts / 1000) for s in self._vector(args[0])]
+                return [Sample(self._drop(labels), t / 1000) for labels, t in self._sample_times(args[0])]
+            return [Sample(self._drop(s.labels), self.ts / 1000) for s in self._vector(args[0])]
         vec = self._vector(args[0])
         extra = [self._scalar(a) for a in args[1:]]
         if name == "clamp" and extra[1] < extra[0]:  # a maximum below the minimum: no result, as Prometheus
             return []
         fn = _simple_function(name, extra)
-        return [Sample(drop_name(s.labels), fn(s.value)) for s in vec]
+        return [Sample(self._drop(s.labels), fn(s.value)) for s in vec]
+
+    def _range_call(self, name: str, args: list[Any]) -> Vector:
+        # quantile_over_time(phi, m[r]) takes its range second; every other range function first
+        at = 1 if name == "quantile_over_time" else 0
+        ms = args[at] if len(args) > at else None
+        if not isinstance(ms, pp.MatrixSelector):
+            raise PromQLError(f"{name}() needs a range vector selector")
+        rng = self._select_range(ms)
+        if name == "absent_over_time":
+            return [] if rng else [Sample(_absent_labels(ms.vector_selector), 1.0)]
+        extra = [self._scalar(a) for i, a in enumerate(args) if i != at]
+        window = Window(_ms(ms.range) / 1000, self.ts - _ms(ms.vector_selector.offset) - _ms(ms.range),
+                        self.ts - _ms(ms.vector_selector.offset), self.ts)
+        out = []
+        for labels, times, values in rng:
+            v = _range_function(name, times, values, window, extra, self.compat)
+            if v is not None:
+                out.append(Sample(labels if name == "last_over_time" else self._drop(labels), v))
+        return out
 
     def _label_replace(self, vec: Vector, dst: str, repl: str, src: str, regexp: str) -> Vector:
-        fullmatch = _fullmatcher(regexp)
+        if not _valid_label_name(dst, self.compat.utf8_label_names):
+            raise PromQLError(f"invalid destination label name in label_replace(): {dst}")
+        fullmatch = _fullmatcher(regexp, self.compat.dot_matches_newline)
         out = []
         for s in vec:
             m = fullmatch(get(s.labels, src))
@@ -447,6 +595,10 @@ class Evaluator:
         by = mod is None or mod.type == pp.AggModifierType.By
         names = list(mod.labels) if mod is not None else []
         param = self._scalar(node.param) if op in ("quantile", "topk", "bottomk") else 0.0
+        if op in ("topk", "bottomk"):
+            k = _k(param, self.compat)
+            if k < 1:
+                return []
         groups: dict[Labels, list[Sample]] = {}
         for s in vec:
             if by:
@@ -456,17 +608,15 @@ class Evaluator:
             groups.setdefault(key, []).append(s)
         out: Vector = []
         for key, members in groups.items():
-            values = [s.value for s in members]
             if op in ("topk", "bottomk"):
-                k = int(param)
                 # NaN ranks last in both, as in Prometheus's heaps (a NaN in a key would leave sorted() unsorted)
                 if op == "topk":
                     ranked = sorted(members, key=lambda s: (not math.isnan(s.value), s.value), reverse=True)
                 else:
                     ranked = sorted(members, key=lambda s: (math.isnan(s.value), s.value))
-                out.extend(ranked[:max(0, k)])
+                out.extend(ranked[:k])
                 continue
-            out.append(Sample(key, _aggregate_values(op, values, param)))
+            out.append(Sample(key, _aggregate_values(op, [s.value for s in members], param, self.compat)))
         return out
 
     # binary operators
@@ -483,7 +633,7 @@ class Evaluator:
             value, keep = _apply(op, lhs, rhs)
             return (1.0 if keep else 0.0) if op in COMPARISON else value
         if isinstance(lhs, float) or isinstance(rhs, float):
-            return self._vector_scalar(op, lhs, rhs, return_bool)
+            return _unique(self._vector_scalar(op, lhs, rhs, return_bool))
         assert isinstance(lhs, list) and isinstance(rhs, list)
         matching = mod.matching if mod is not None else None
         on = matching is not None and matching.type == pp.LabelModifierType.Include
@@ -492,7 +642,7 @@ class Evaluator:
             return _set_op(op, lhs, rhs, names, on)
         card = mod.card if mod is not None else pp.VectorMatchCardinality.OneToOne
         include = list(mod.group_labels or []) if mod is not None else []
-        return _vector_vector(op, lhs, rhs, names, on, card, include, return_bool)
+        return _vector_vector(op, lhs, rhs, Matching(names, on, card, include, return_bool), self.compat)
 
     def _vector_scalar(self, op: str, lhs: Value, rhs: Value, return_bool: bool) -> Vector:
         swap = isinstance(lhs, float)
@@ -510,9 +660,58 @@ class Evaluator:
             if not keep:
                 continue
             if op in ARITHMETIC or return_bool:
-                labels = drop_name(labels)
+                labels = self._drop(labels)
             out.append(Sample(labels, value))
         return out
+
+
+@dataclass(frozen=True)
+class Window:
+    """A range function's window: its length in seconds, its start and end (ms), and the evaluation time."""
+
+    range_s: float
+    start: int
+    end: int
+    ts: int
+
+
+@dataclass(frozen=True)
+class Matching:
+    """How a binary operator matches two vectors: on/ignoring these names, its cardinality, the labels group_left
+    or group_right copies, and `bool`."""
+
+    names: list[str]
+    on: bool
+    card: Any
+    include: list[str]
+    return_bool: bool
+
+
+def _unique(vec: Vector) -> Vector:
+    """vec, unless two of its samples have one label set, which Prometheus refuses as a result."""
+    if len({s.labels for s in vec}) != len(vec):
+        raise PromQLError("vector cannot contain metrics with the same labelset")
+    return vec
+
+
+_MIN_INT64, _MAX_INT64 = -(2.0**63), 2.0**63
+
+
+def _k(param: float, compat: Compat) -> int:
+    """topk/bottomk's k, as Prometheus takes it: NaN and what an int64 cannot hold are errors (3 returns nothing
+    first for a k below 1, whatever it is)."""
+    if compat.k_below_one_first and param < 1:
+        return 0
+    if math.isnan(param):
+        raise PromQLError("Parameter value is NaN" if compat.version >= 3 else "Scalar value NaN overflows int64")
+    if not _MIN_INT64 < param < _MAX_INT64:
+        raise PromQLError(f"Scalar value {param} overflows int64")
+    return int(param)
+
+
+def _valid_label_name(name: str, utf8: bool) -> bool:
+    """Prometheus 3 takes any non-empty UTF-8 name (a parsed string is always UTF-8 here); 2 the legacy grammar."""
+    return bool(name) if utf8 else prometheus_names.LABEL_NAME.fullmatch(name) is not None
 
 
 _TEMPLATE_NAME = re.compile(r"\{(\w+)\}|(\w+)")
@@ -616,9 +815,9 @@ def _set_op(op: str, lhs: Vector, rhs: Vector, names: list[str], on: bool) -> Ve
     return lhs + [s for s in rhs if _signature(s.labels, names, on) not in left]
 
 
-def _vector_vector(op: str, lhs: Vector, rhs: Vector, names: list[str], on: bool, card: Any,
-                   include: list[str], return_bool: bool) -> Vector:
-    swapped = card == pp.VectorMatchCardinality.OneToMany
+def _vector_vector(op: str, lhs: Vector, rhs: Vector, matching: Matching, compat: Compat) -> Vector:
+    names, on = matching.names, matching.on
+    swapped = matching.card == pp.VectorMatchCardinality.OneToMany
     many, one = (rhs, lhs) if swapped else (lhs, rhs)
     one_side: dict[Labels, Sample] = {}
     for s in one:
@@ -628,7 +827,7 @@ def _vector_vector(op: str, lhs: Vector, rhs: Vector, names: list[str], on: bool
             raise PromQLError(f"found duplicate series for the match group {dict(sig)} on the {side} hand side "
                               "of the operation: many-to-many matching not allowed")
         one_side[sig] = s
-    one_to_one = card == pp.VectorMatchCardinality.OneToOne
+    one_to_one = matching.card == pp.VectorMatchCardinality.OneToOne
     seen: set[Labels] = set()
     out: Vector = []
     for s in many:
@@ -638,21 +837,21 @@ def _vector_vector(op: str, lhs: Vector, rhs: Vector, names: list[str], on: bool
             continue
         lv, rv = (other.value, s.value) if swapped else (s.value, other.value)
         value, keep = _apply(op, lv, rv)
-        if return_bool:
+        if matching.return_bool:
             value, keep = (1.0 if keep else 0.0), True
+        if one_to_one and compat.match_before_filter:
+            _match_once(sig, seen)
         if not keep:
             continue
         labels = s.labels
-        if op in ARITHMETIC or return_bool:
-            labels = drop_name(labels)
+        if op in ARITHMETIC or matching.return_bool:
+            labels = drop_name(labels, compat.labels_dropped_with_name)
         if one_to_one:
             labels = tuple(kv for kv in labels if kv[0] in names) if on else tuple(
                 kv for kv in labels if kv[0] not in names)
-            if sig in seen:
-                raise PromQLError(f"multiple matches for labels {dict(sig)}: many-to-one matching must be explicit "
-                                  "(group_left/group_right)")
-            seen.add(sig)
-        for name in include:
+            if not compat.match_before_filter:
+                _match_once(sig, seen)
+        for name in matching.include:
             labels = with_label(labels, name, get(other.labels, name))
         out.append(Sample(labels, value))
     if not one_to_one:
@@ -663,15 +862,28 @@ def _vector_vector(op: str, lhs: Vector, rhs: Vector, names: list[str], on: bool
     return out
 
 
-def _aggregate_values(op: str, values: list[float], param: float) -> float:
+def _match_once(sig: Labels, seen: set[Labels]) -> None:
+    """One-to-one matching: a second sample of the many side with this signature is an error."""
+    if sig in seen:
+        raise PromQLError(f"multiple matches for labels {dict(sig)}: many-to-one matching must be explicit "
+                          "(group_left/group_right)")
+    seen.add(sig)
+
+
+def _aggregate_values(op: str, values: list[float], param: float, compat: Compat) -> float:
     n = len(values)
-    if op == "sum":  # one by one, neither Kahan nor exactly rounded, as Prometheus 2.x's sum()
-        total = 0.0
+    if op == "sum":
+        if compat.compensated_aggregation:
+            total = c = 0.0
+            for v in values:
+                total, c = _kahan(v, total, c, compat)
+            return total + c
+        total = 0.0  # one by one, neither Kahan nor exactly rounded, as Prometheus 2's sum()
         for v in values:
             total += v
         return total
     if op == "avg":
-        return _running_mean(values)
+        return _direct_mean(values, compat) if compat.compensated_aggregation else _running_mean(values)
     if op == "min":
         real = [v for v in values if not math.isnan(v)]
         return min(real) if real else math.nan
@@ -684,6 +896,8 @@ def _aggregate_values(op: str, values: list[float], param: float) -> float:
         return 1.0
     if op in ("stddev", "stdvar"):  # Welford's, from the first value, as Prometheus's
         mean, aux = values[0], 0.0
+        if compat.nan_first_deviation and not math.isfinite(mean):
+            aux = math.nan
         for i, v in enumerate(values[1:], 2):
             delta = v - mean
             mean += delta / i
@@ -695,8 +909,8 @@ def _aggregate_values(op: str, values: list[float], param: float) -> float:
 
 
 def _running_mean(values: Sequence[float]) -> float:
-    """avg() as Prometheus's: a running mean (it does not overflow where the sum would); once infinite it stays so,
-    unless an infinity of the other sign or a NaN comes."""
+    """avg() as Prometheus 2's: a running mean (it does not overflow where the sum would); once infinite it stays
+    so, unless an infinity of the other sign or a NaN comes."""
     mean = 0.0
     for i, v in enumerate(values, 1):
         if not _stays_infinite(mean, v):
@@ -704,29 +918,56 @@ def _running_mean(values: Sequence[float]) -> float:
     return mean
 
 
+def _direct_mean(values: Sequence[float], compat: Compat) -> float:
+    """avg() and avg_over_time() as Prometheus 3's: the Kahan-compensated sum divided by the count, until the sum
+    would overflow; from there a compensated running mean."""
+    total, c = values[0], 0.0
+    mean = 0.0
+    incremental = False
+    count = 1.0
+    for i, v in enumerate(values[1:], 2):
+        count = float(i)
+        if not incremental:
+            new_total, new_c = _kahan(v, total, c, compat)
+            if not math.isinf(new_total):
+                total, c = new_total, new_c
+                continue
+            incremental = True
+            mean = total / (count - 1)
+            c /= count - 1
+        q = (count - 1) / count
+        mean, c = _kahan(v / count, q * mean, q * c, compat)
+    if incremental:
+        return mean + c
+    return total / count + c / count
+
+
 def _stays_infinite(mean: float, v: float) -> bool:
     """An infinite mean is kept as it is when v is a number or an infinity of its sign (mean - mean is NaN)."""
     return math.isinf(mean) and (math.isfinite(v) or v == mean)
 
 
-def _over_time(op: str, values: Sequence[float]) -> float:
-    """sum_, avg_, stdvar_ and stddev_over_time as Prometheus's: Kahan-compensated sums."""
+def _over_time(op: str, values: Sequence[float], compat: Compat) -> float:
+    """sum_, avg_, stdvar_ and stddev_over_time as Prometheus's: Kahan-compensated sums (avg_over_time a running
+    mean in 2, the direct mean of avg() in 3)."""
     if op == "sum":
         total = c = 0.0
         for v in values:
-            total, c = _kahan(v, total, c)
+            total, c = _kahan(v, total, c, compat)
         return total if math.isinf(total) else total + c
     if op == "avg":
+        if compat.compensated_aggregation:
+            return _direct_mean(values, compat)
         mean = c = 0.0
         for i, v in enumerate(values, 1):
             if not _stays_infinite(mean, v):
-                mean, c = _kahan(v / i - mean / i, mean, c)
+                mean, c = _kahan(v / i - mean / i, mean, c, compat)
         return mean if math.isinf(mean) else mean + c
     mean = c_mean = aux = c_aux = 0.0
     for i, v in enumerate(values, 1):
         delta = v - (mean + c_mean)
-        mean, c_mean = _kahan(delta / i, mean, c_mean)
-        aux, c_aux = _kahan(delta * (v - (mean + c_mean)), aux, c_aux)
+        mean, c_mean = _kahan(delta / i, mean, c_mean, compat)
+        aux, c_aux = _kahan(delta * (v - (mean + c_mean)), aux, c_aux, compat)
     var = (aux + c_aux) / len(values)
     return math.sqrt(var) if op == "stddev" else var
 
@@ -822,11 +1063,11 @@ def _go_min(a: float, b: float) -> float:
     return a if a < b or (a == b and math.copysign(1.0, a) < 0) else b
 
 
-def _range_function(name: str, times: Sequence[int], values: Sequence[float], range_s: float, start: int, end: int,
-                    ts: int, extra: list[float]) -> float | None:
+def _range_function(name: str, times: Sequence[int], values: Sequence[float], window: Window, extra: list[float],
+                    compat: Compat) -> float | None:
     n = len(values)
     if name in ("rate", "increase", "delta"):
-        return _extrapolated(times, values, start, end, range_s, name != "delta", name == "rate")
+        return _extrapolated(times, values, window, name != "delta", name == "rate", compat)
     if name in ("irate", "idelta"):
         if n < 2:
             return None
@@ -841,7 +1082,7 @@ def _range_function(name: str, times: Sequence[int], values: Sequence[float], ra
     if name in ("deriv", "predict_linear"):
         if n < 2:
             return None
-        slope, intercept = _linear_regression(times, values, times[0] if name == "deriv" else ts)
+        slope, intercept = _linear_regression(times, values, times[0] if name == "deriv" else window.ts, compat)
         return slope if name == "deriv" else slope * extra[0] + intercept
     if name == "changes":
         return float(sum(1 for a, b in itertools.pairwise(values) if a != b and not (math.isnan(a) and math.isnan(b))))
@@ -852,15 +1093,17 @@ def _range_function(name: str, times: Sequence[int], values: Sequence[float], ra
     if name == "present_over_time":
         return 1.0
     if name in ("sum_over_time", "avg_over_time", "stdvar_over_time", "stddev_over_time"):
-        return _over_time(name[: -len("_over_time")], values)
+        return _over_time(name[: -len("_over_time")], values, compat)
     if name.endswith("_over_time"):  # the aggregation of the same name, over time instead of over series
-        return _aggregate_values(name[: -len("_over_time")], list(values), extra[0] if extra else 0.0)
+        return _aggregate_values(name[: -len("_over_time")], list(values), extra[0] if extra else 0.0, compat)
     raise PromQLError(f"the function {name}()")
 
 
-def _extrapolated(times: Sequence[int], values: Sequence[float], start: int, end: int, range_s: float,
-                  is_counter: bool, is_rate: bool) -> float | None:
-    """Prometheus's extrapolatedRate: the change over the window, extrapolated to its edges."""
+def _extrapolated(times: Sequence[int], values: Sequence[float], window: Window, is_counter: bool,
+                  is_rate: bool, compat: Compat) -> float | None:
+    """Prometheus's extrapolatedRate: the change over the window, extrapolated to its edges: a gap to an edge
+    longer than 1.1 sample intervals is taken as half an interval, and a counter's gap to the start is cut where it
+    would have been zero (before the first rule in 2.42, after it from 2.51 on: `zero_cut_after_gap`)."""
     n = len(values)
     if n < 2:
         return None
@@ -871,34 +1114,39 @@ def _extrapolated(times: Sequence[int], values: Sequence[float], start: int, end
             if v < last:
                 result += last
             last = v
-    to_start = (times[0] - start) / 1000
-    to_end = (end - times[-1]) / 1000
+    to_start = (times[0] - window.start) / 1000
+    to_end = (window.end - times[-1]) / 1000
     sampled = (times[-1] - times[0]) / 1000
     average = sampled / (n - 1)
-    if is_counter and result > 0 and values[0] >= 0:
-        to_zero = sampled * (values[0] / result)
-        if to_zero < to_start:
-            to_start = to_zero
     threshold = average * 1.1
-    interval = sampled
-    interval += to_start if to_start < threshold else average / 2
-    interval += to_end if to_end < threshold else average / 2
-    factor = interval / sampled
+    if compat.zero_cut_after_gap and to_start >= threshold:
+        to_start = average / 2
+    if is_counter and result > 0 and values[0] >= 0:
+        to_start = min(to_start, sampled * (values[0] / result))
+    if not compat.zero_cut_after_gap and to_start >= threshold:
+        to_start = average / 2
+    if to_end >= threshold:
+        to_end = average / 2
+    factor = (sampled + to_start + to_end) / sampled
     if is_rate:
-        factor /= range_s
+        factor /= window.range_s
     return result * factor
 
 
-def _kahan(inc: float, total: float, c: float) -> tuple[float, float]:
+def _kahan(inc: float, total: float, c: float, compat: Compat) -> tuple[float, float]:
+    """Prometheus's Kahan-Neumaier step: the new sum and its compensation."""
     t = total + inc
-    if abs(total) >= abs(inc):
+    if compat.kahan_forgets_at_infinity and math.isinf(t):
+        c = 0.0
+    elif abs(total) >= abs(inc):
         c += (total - t) + inc
     else:
         c += (inc - t) + total
     return t, c
 
 
-def _linear_regression(times: Sequence[int], values: Sequence[float], intercept_time: int) -> tuple[float, float]:
+def _linear_regression(times: Sequence[int], values: Sequence[float], intercept_time: int,
+                       compat: Compat) -> tuple[float, float]:
     init = values[0]
     if all(v == init for v in values):
         return (math.nan, math.nan) if math.isinf(init) else (0.0, init)
@@ -906,10 +1154,10 @@ def _linear_regression(times: Sequence[int], values: Sequence[float], intercept_
     sx = cx = sy = cy = sxy = cxy = sx2 = cx2 = 0.0
     for t, v in zip(times, values):
         x = (t - intercept_time) / 1000
-        sx, cx = _kahan(x, sx, cx)
-        sy, cy = _kahan(v, sy, cy)
-        sxy, cxy = _kahan(x * v, sxy, cxy)
-        sx2, cx2 = _kahan(x * x, sx2, cx2)
+        sx, cx = _kahan(x, sx, cx, compat)
+        sy, cy = _kahan(v, sy, cy, compat)
+        sxy, cxy = _kahan(x * v, sxy, cxy, compat)
+        sx2, cx2 = _kahan(x * x, sx2, cx2, compat)
     sx, sy, sxy, sx2 = sx + cx, sy + cy, sxy + cxy, sx2 + cx2
     cov = sxy - sx * sy / n
     var = sx2 - sx * sx / n
@@ -917,7 +1165,7 @@ def _linear_regression(times: Sequence[int], values: Sequence[float], intercept_
     return slope, sy / n - slope * sx / n
 
 
-def _histogram_quantile(q: float, vec: Vector) -> Vector:
+def _histogram_quantile(q: float, vec: Vector, drop: Callable[[Labels], Labels]) -> Vector:
     groups: dict[Labels, list[tuple[float, float]]] = {}
     for s in vec:
         le = get(s.labels, "le")
@@ -927,9 +1175,11 @@ def _histogram_quantile(q: float, vec: Vector) -> Vector:
             bound = float(le)
         except ValueError:
             continue
-        key = tuple(kv for kv in s.labels if kv[0] not in ("le", NAME))
+        # grouped with the name, as Prometheus groups: two histograms of one label set are two results (which
+        # _unique then refuses), not one merged histogram
+        key = tuple(kv for kv in s.labels if kv[0] != "le")
         groups.setdefault(key, []).append((bound, s.value))
-    return [Sample(key, bucket_quantile(q, buckets)) for key, buckets in groups.items()]
+    return [Sample(drop(key), bucket_quantile(q, buckets)) for key, buckets in groups.items()]
 
 
 def bucket_quantile(q: float, buckets: list[tuple[float, float]]) -> float:

@@ -90,7 +90,7 @@ def read_test_file(path: Path) -> dict[str, Any]:
     from outrider.config import ConfigError, read_yaml_file
 
     try:
-        spec = read_yaml_file(str(path))
+        spec = read_yaml_file(str(path), max_bytes=None)  # promtool takes a test file of any size
     except ConfigError as e:
         raise PromTestError(str(e)) from None
     rule_files, tests = spec.get("rule_files") or [], spec.get("tests") or []
@@ -105,7 +105,8 @@ def read_test_file(path: Path) -> dict[str, Any]:
     return spec
 
 
-def run_file(path: str | Path) -> list[CaseResult]:
+def run_file(path: str | Path, compat: int = 3) -> list[CaseResult]:
+    """Every test case of the file, evaluated as Prometheus `compat` (2 or 3) evaluates it."""
     path = Path(path)
     spec = read_test_file(path)
     eval_interval = parse_duration(spec.get("evaluation_interval", "1m"))
@@ -113,7 +114,7 @@ def run_file(path: str | Path) -> list[CaseResult]:
     results = []
     for i, case in enumerate(spec.get("tests") or []):
         groups = _ordered(load_groups(rule_files, eval_interval), spec)
-        results.append(run_case(case, groups, eval_interval, str(path), i))
+        results.append(run_case(case, groups, eval_interval, str(path), i, compat))
     return results
 
 
@@ -124,7 +125,7 @@ def _ordered(groups: list[Group], spec: dict[str, Any]) -> list[Group]:
 
 
 def run_case(case: dict[str, Any], groups: list[Group], eval_interval: int, file: str = "",
-             index: int = 0) -> CaseResult:
+             index: int = 0, compat: int = 3) -> CaseResult:
     result = CaseResult(file, index, str(case.get("name", f"test {index}")))
     interval = parse_duration(case.get("interval", eval_interval)) if case.get("interval") else eval_interval
     store = SeriesStore(None)
@@ -142,7 +143,7 @@ def run_case(case: dict[str, Any], groups: list[Group], eval_interval: int, file
         by_time.setdefault(parse_duration(t["eval_time"]), []).append(t)
     times = list(by_time) + [parse_duration(t["eval_time"]) for t in expr_tests]
     max_t = max(times, default=0)
-    ev = Evaluator(store)
+    ev = Evaluator(store, compat=compat)
     alerting = [r for g in groups for r in g.rules if isinstance(r, AlertingRule)]
     ts = 0
     while ts <= max_t:
@@ -193,10 +194,10 @@ def _check_expr(test: dict[str, Any], ev: Evaluator, ts: int, result: CaseResult
                                f"expected {want}, got {got}")
 
 
-def main(paths: list[str]) -> int:
+def main(paths: list[str], compat: int = 3) -> int:
     failed = 0
     for p in paths:
-        for r in run_file(p):
+        for r in run_file(p, compat):
             for f in r.failures:
                 print("FAILED:", f)
             failed += len(r.failures)
@@ -208,9 +209,10 @@ def _duration_text(ms: int) -> str:
     return f"{ms // 1000}s" if ms % 1000 == 0 else f"{ms}ms"
 
 
-def as_promtool_expectations(path: str | Path) -> dict[str, Any]:
+def as_promtool_expectations(path: str | Path, compat: int = 2) -> dict[str, Any]:
     """The test file rewritten so that promtool checks, at every evaluation step and for every alert the rule
-    files define, exactly the firing alerts the embedded evaluator produced."""
+    files define, exactly the firing alerts the embedded evaluator produced (as Prometheus 2 evaluates them by
+    default: the promtool CI runs is 2.42)."""
     path = Path(path).resolve()
     spec = read_test_file(path)
     eval_interval = parse_duration(spec.get("evaluation_interval", "1m"))
@@ -221,7 +223,7 @@ def as_promtool_expectations(path: str | Path) -> dict[str, Any]:
     # Without an order promtool evaluates groups in map order, which varies from step to step.
     out["group_eval_order"] = [g.name for g in _ordered(load_groups(rule_files, eval_interval), spec)]
     out["tests"] = []
-    for case, result in zip(spec.get("tests") or [], run_file(path)):
+    for case, result in zip(spec.get("tests") or [], run_file(path, compat)):
         rewritten = {k: v for k, v in case.items() if k not in ("alert_rule_test", "promql_expr_test")}
         tests = []
         for ts in result.steps_ms:

@@ -50,19 +50,21 @@ class Series:
             self.stale += 1
         return True
 
-    def at(self, ref: int, lookback: int) -> float | None:
-        """The value an instant selector sees at ref: the latest sample in [ref - lookback, ref], unless stale."""
+    def at(self, ref: int, lookback: int, left_open: bool) -> float | None:
+        """The value an instant selector sees at ref: the latest sample in [ref - lookback, ref] (Prometheus 2), or
+        in (ref - lookback, ref] (`left_open`, Prometheus 3), unless stale."""
         i = bisect.bisect_right(self.times, ref) - 1
-        if i < 0 or self.times[i] < ref - lookback:
+        if i < 0 or self.times[i] < ref - lookback or (left_open and self.times[i] == ref - lookback):
             return None
         v = self.values[i]
         if v != v and is_stale(v):
             return None
         return v
 
-    def window(self, start: int, end: int) -> tuple[Sequence[int], Sequence[float]]:
-        """Samples with start <= t <= end, staleness markers left out."""
-        lo = bisect.bisect_left(self.times, start)
+    def window(self, start: int, end: int, left_open: bool) -> tuple[Sequence[int], Sequence[float]]:
+        """Samples with start <= t <= end (Prometheus 2), or start < t <= end (`left_open`, Prometheus 3), staleness
+        markers left out."""
+        lo = (bisect.bisect_right if left_open else bisect.bisect_left)(self.times, start)
         hi = bisect.bisect_right(self.times, end)
         times, values = self.times[lo:hi], self.values[lo:hi]
         if self.stale:
