@@ -44,6 +44,7 @@ class Training:
     tokens_per_s: float | None = None
     checkpoint_fraction: float | None = None  # the loop's wall time inside recognised checkpoints
     mfu: float | None = None  # model FLOPs utilisation over the steps whose FLOPs and peak are known, all ranks
+    mfu_timed_s: float = 0.0  # the loop's wall time those steps took (the ranks' summed): what the MFU covers
     peak_flops: float | None = None  # the peak a rank's MFU is judged against (its devices', at its usual dtype)
     peak_dtype: str = ""
     device_tokens_per_s: float | None = None  # tokens_per_s over the devices the ranks use
@@ -192,6 +193,7 @@ def _efficiency(families: list[Family], tokens_per_s: float | None) -> dict[str,
     timed = _sum(families, "outrider_train_flops_timed_seconds_total")
     if timed > 0:
         out["mfu"] = _sum(families, "outrider_train_flops_peak_seconds_total") / timed
+        out["mfu_timed_s"] = timed
     ranks: dict[tuple[str, str], dict[str, float]] = {}
     devices: dict[tuple[str, str], int] = {}  # every rank that stepped: its CUDA devices, else 1 (the CPU)
     for f in families:
