@@ -4,7 +4,9 @@
 #   1. the base: a Debian bookworm root filesystem with python3, made by mmdebstrap from Debian's packages (the
 #      build stage and the tests' workload image run on it), and the runtime root cut from it
 #      (scripts/image/runtime-root.py: only the files of the packages the agent runs on, no shell, no package
-#      manager); both imported with `podman import`, the tarballs cached, keyed by this script's hash;
+#      manager); both made images by `podman build --timestamp EPOCH` of the tarball alone (not `podman import`,
+#      which stamps the image with the tarball file's time, new with every mmdebstrap run: the agent image's
+#      manifest names its base's digest, and so changed with it), the tarballs cached, keyed by this script's hash;
 #   2. a wheelhouse built on the host: the project's wheel (its build backend pinned by
 #      scripts/image/build-constraints.txt) and the locked dependencies (scripts/image/requirements.txt, checked by
 #      sha256) for CPython 3.11 on manylinux; no torch;
@@ -12,11 +14,13 @@
 #      file's mtime and the image's creation time are SOURCE_DATE_EPOCH, byte code is hash-checked.
 # The image is tagged by a hash of what goes into it, so an unchanged tree is not built again: running this script
 # twice costs the second time a few hundred milliseconds. Prints KEY=VALUE lines on stdout (IMAGE, IMAGE_ID,
-# BASE_IMAGE, RUNTIME_IMAGE, WHEELHOUSE, BUILD_SECONDS, SIZE_BYTES) for the container tests; progress goes to stderr.
+# IMAGE_DIGEST: the manifest's, what `image@sha256:` pins; BASE_IMAGE, RUNTIME_IMAGE, WHEELHOUSE, BUILD_SECONDS,
+# SIZE_BYTES) for the container tests; progress goes to stderr.
 #
 #   scripts/build-image.sh                 build if missing
-#   OUTRIDER_IMAGE_REBUILD=1 scripts/...   build the wheel and the image again from the cached base and locked
-#                                          wheels, without podman's layer cache (the reproducibility test)
+#   OUTRIDER_IMAGE_REBUILD=1 scripts/...   build the base images from the cached tarballs, the wheel and the image
+#                                          again from the locked wheels, without podman's layer cache (the
+#                                          reproducibility test)
 #   OUTRIDER_IMAGE_CACHE=DIR               the cache of tarballs and wheels (default /var/tmp/outrider-image-cache)
 #   OUTRIDER_DEBIAN_MIRROR=URL             Debian's archive (default http://deb.debian.org/debian; a
 #                                          snapshot.debian.org/archive/debian/<date> URL pins the packages' date)
@@ -47,7 +51,8 @@ base_key=$( (cat "$REPO/scripts/build-image.sh" "$REPO/scripts/image/runtime-roo
              echo "$MIRROR $SOURCE_DATE_EPOCH $ARCH") | sha256sum | cut -c1-16)
 BASE_IMAGE=localhost/outrider-base:$base_key
 RUNTIME_IMAGE=localhost/outrider-runtime:$base_key
-if ! podman image exists "$BASE_IMAGE" || ! podman image exists "$RUNTIME_IMAGE"; then
+rebuild=${OUTRIDER_IMAGE_REBUILD:-}
+if [ -n "$rebuild" ] || ! podman image exists "$BASE_IMAGE" || ! podman image exists "$RUNTIME_IMAGE"; then
   tarball=$CACHE/base-$base_key.tar
   runtime=$CACHE/runtime-$base_key.tar
   if [ ! -s "$tarball" ] || [ ! -s "$runtime" ]; then
@@ -84,9 +89,20 @@ if ! podman image exists "$BASE_IMAGE" || ! podman image exists "$RUNTIME_IMAGE"
     find "$CACHE" -maxdepth 1 \( -name 'base-*.tar' -o -name 'runtime-*.tar' -o -name 'packages-*.txt' \) \
       ! -name "*-$base_key.*" -delete
   fi
-  log "importing $tarball and $runtime"
-  podman import --quiet "$tarball" "$BASE_IMAGE" >/dev/null
-  podman import --quiet "$runtime" "$RUNTIME_IMAGE" >/dev/null
+  # An image of one tarball, reproducibly: its time SOURCE_DATE_EPOCH (so are its files' and its one history
+  # entry's, which an image built FROM it without --omit-history needs: one per layer).
+  from_tarball() {
+    local dir
+    dir=$(mktemp -d "$CACHE/root.XXXXXX")
+    ln "$1" "$dir/root.tar" 2>/dev/null || cp "$1" "$dir/root.tar"
+    printf 'FROM scratch\nADD root.tar /\n' >"$dir/Containerfile"
+    podman build --quiet --network none --pull=never --no-cache --layers=false --timestamp "$SOURCE_DATE_EPOCH" \
+      --identity-label=false -t "$2" "$dir" >/dev/null
+    rm -rf "$dir"
+  }
+  log "making the base images from $tarball and $runtime"
+  from_tarball "$tarball" "$BASE_IMAGE"
+  from_tarball "$runtime" "$RUNTIME_IMAGE"
   for repository in localhost/outrider-base localhost/outrider-runtime; do
     podman images --noheading --format '{{.Repository}}:{{.Tag}}' "$repository" | grep -v ":$base_key\$" \
       | xargs -r podman rmi >/dev/null 2>&1 || true  # older bases (kept while an image still uses one)
@@ -105,7 +121,6 @@ IMAGE=localhost/outrider:src-$src_key
 WHEELHOUSE=$CACHE/wheelhouse-$src_key
 DEPS=$CACHE/deps-$lock_key-$ARCH
 
-rebuild=${OUTRIDER_IMAGE_REBUILD:-}
 build_image=
 if [ -n "$rebuild" ] || ! podman image exists "$IMAGE"; then build_image=1; fi
 if [ -n "$build_image" ] || [ ! -d "$WHEELHOUSE" ]; then
@@ -166,6 +181,7 @@ fi
 t1=$(date +%s.%N)
 echo "IMAGE=$IMAGE"
 echo "IMAGE_ID=$(podman image inspect --format '{{.Id}}' "$IMAGE")"
+echo "IMAGE_DIGEST=$(podman image inspect --format '{{.Digest}}' "$IMAGE")"
 echo "BASE_IMAGE=$BASE_IMAGE"
 echo "RUNTIME_IMAGE=$RUNTIME_IMAGE"
 echo "WHEELHOUSE=$WHEELHOUSE"

@@ -49,10 +49,11 @@ def threads_cpu_ns(pid: int) -> int:
     return total
 
 
-def rss_bytes(pid: int) -> int:
+def rss_bytes(pid: int, field: str = "VmRSS") -> int:
+    """A process's resident memory now (VmRSS), or its peak so far (field="VmHWM")."""
     with open(f"/proc/{pid}/status") as fh:
         for line in fh:
-            if line.startswith("VmRSS:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1]) * 1024
     return 0
 
@@ -81,6 +82,30 @@ def self_signed(directory: Path) -> tuple[Path, Path]:
     key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                                            serialization.NoEncryption()))
     return cert_path, key_path
+
+
+class SecretVolume:
+    """A directory laid out as the kubelet lays out a Secret volume: each key a link into `..data`, itself a link
+    to a timestamped directory that an update replaces whole, by one rename of the link."""
+
+    def __init__(self, root: Path, keys: tuple[str, ...]) -> None:
+        self.root = root
+        self.generation = 0
+        root.mkdir(parents=True, exist_ok=True)
+        for key in keys:
+            (root / key).symlink_to(f"..data/{key}")
+
+    def write(self, files: dict[str, bytes]) -> None:
+        self.generation += 1
+        target = self.root / f"..{self.generation}"
+        target.mkdir()
+        for key, data in files.items():
+            (target / key).write_bytes(data)
+        (self.root / "..data_tmp").symlink_to(target.name)
+        os.replace(self.root / "..data_tmp", self.root / "..data")
+
+    def path(self, key: str) -> str:
+        return str(self.root / key)
 
 
 def wait_until(fn: Callable[[], T | None], timeout_s: float = 30.0, interval_s: float = 0.1,

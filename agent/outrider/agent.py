@@ -12,31 +12,35 @@ from typing import Any
 from outrider import alerting, lifecycle
 from outrider.config import Config, ConfigError, otlp_enabled
 from outrider.exporters.prometheus import Endpoints, MetricsServer, alerts_api_json
+from outrider.exporters.rotation import BasicAuthFiles, SecretFileError
 from outrider.sampler import Sampler
 
 LOG = logging.getLogger("outrider.agent")
 
 
-def _endpoint_security(config: Config) -> tuple[tuple[str, str] | None, tuple[str, str] | None]:
-    """TLS files and basic-auth credentials for /metrics, checked now so a mistake stops the start, clearly."""
+def _endpoint_security(config: Config) -> tuple[tuple[str, str] | None, BasicAuthFiles | None]:
+    """TLS files and basic-auth credentials for /metrics, checked now so a mistake stops the start, clearly; both
+    are read again when their files change (exporters/rotation.py)."""
     tls = None
     if config.tls_cert_file or config.tls_key_file:
         if not (config.tls_cert_file and config.tls_key_file):
             raise ConfigError("tls_cert_file and tls_key_file go together: set both or neither")
         tls = (config.tls_cert_file, config.tls_key_file)
     auth = None
-    if config.basic_auth_username or config.basic_auth_password_file:
-        if not (config.basic_auth_username and config.basic_auth_password_file):
-            raise ConfigError("basic_auth_username and basic_auth_password_file go together: set both or neither")
+    user_set = bool(config.basic_auth_username or config.basic_auth_username_file)
+    if user_set or config.basic_auth_password_file:
+        if config.basic_auth_username and config.basic_auth_username_file:
+            raise ConfigError("basic_auth_username and basic_auth_username_file: set one of them")
+        if not (user_set and config.basic_auth_password_file):
+            raise ConfigError("basic_auth_username (or basic_auth_username_file) and basic_auth_password_file go "
+                              "together: set both or neither")
         try:
-            with open(config.basic_auth_password_file, encoding="utf-8") as fh:
-                password = fh.read().strip()
-        except OSError as e:
-            raise ConfigError(f"basic_auth_password_file: cannot read {config.basic_auth_password_file}: "
-                              f"{e.strerror}") from None
-        if not password:
-            raise ConfigError(f"basic_auth_password_file: {config.basic_auth_password_file} is empty")
-        auth = (config.basic_auth_username, password)
+            auth = BasicAuthFiles(config.basic_auth_password_file, config.basic_auth_username,
+                                  config.basic_auth_username_file)
+        except SecretFileError as e:
+            key = "basic_auth_username_file" if e.path == config.basic_auth_username_file else \
+                "basic_auth_password_file"
+            raise ConfigError(f"{key}: {e}") from None
     return tls, auth
 
 
@@ -45,8 +49,10 @@ class Agent:
                  listen_fallback: bool = False, hold_spool_lock: bool = True) -> None:
         """Binds the listener at once, so a busy port is an error before anything starts.
 
-        listen_fallback: on a busy port, take a free one instead (for `outrider run`, where a sidecar or a
-        second run may already hold the default port).
+        listen_fallback: on a busy port, take a free one instead, saying so (for `outrider run` and the standalone
+        agent on the default address, which a sidecar or a second run may already hold). Never for an address the
+        configuration names: whoever holds it would answer the scrapes meant for this agent (another user's
+        process can bind a free port first and serve a page of its own), so that is an error.
         """
         self.config = config
         tls, basic_auth = _endpoint_security(config)
@@ -61,13 +67,20 @@ class Agent:
         self.workload = lifecycle.attach(self.sampler, config)  # None unless exit_when_workload_exits
         host, port = config.listen_address
         try:
-            self.server = MetricsServer(self._endpoints(), host, port, tls, basic_auth,
-                                        protobuf=config.native_histograms)
+            self.server = MetricsServer(self._endpoints(), host, port, tls,
+                                        basic_auth.current if basic_auth else None, protobuf=config.native_histograms)
         except OSError as e:
-            if not (listen_fallback and e.errno == errno.EADDRINUSE):
+            if e.errno == errno.EADDRINUSE and not listen_fallback:
+                raise OSError(e.errno, f"cannot listen on {config.listen}: {e.strerror or e}: another process holds "
+                                       "it and would answer the scrapes meant for this agent; stop it, or listen "
+                                       "elsewhere") from None
+            if e.errno != errno.EADDRINUSE:
                 raise OSError(e.errno, f"cannot listen on {config.listen}: {e.strerror or e}") from None
-            LOG.warning("%s is in use; serving /metrics on a free port instead", config.listen)
-            self.server = MetricsServer(self._endpoints(), host, 0, tls, basic_auth, protobuf=config.native_histograms)
+            self.server = MetricsServer(self._endpoints(), host, 0, tls, basic_auth.current if basic_auth else None,
+                                        protobuf=config.native_histograms)
+            LOG.warning("%s (the default address) is held by another process, which answers whatever scrapes it; "
+                        "this agent serves %s/metrics instead (set listen to make a busy port an error)",
+                        config.listen, self.server.url)
         ctx.reporters.setdefault("self", []).append(self.server.families)
         self.otlp: Any = None
         if otlp_enabled(config):

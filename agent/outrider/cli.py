@@ -108,7 +108,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     # --quiet: nothing on stderr but what needs acting on (warnings, errors), unless a log level was asked for
     asked = loaded.sources.get("log_level", "default") != "default"
     setup_logging("warning" if args.quiet and not asked else cfg.log_level)
-    code, _ = run(cmd, cfg, summary_json=args.summary_json, quiet=args.quiet)
+    # A second run (or a sidecar) may hold the default port: it falls back, but a port asked for is this run's or none
+    code, _ = run(cmd, cfg, summary_json=args.summary_json, quiet=args.quiet,
+                  listen_fallback=loaded.sources["listen"] == "default")
     return code
 
 
@@ -361,7 +363,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workload-pid", type=int, default=0, metavar="PID",
                    help="the starting process: its tree is watched, and the agent outlives it by a grace period")
     p.add_argument("--spool-dir", help="the spool (default: the per-user default spool)")
-    p.add_argument("--listen", help="host:port for /metrics; a busy port falls back to a free one")
+    p.add_argument("--listen", help="host:port for /metrics (a busy one is an error); by default 127.0.0.1:9477, "
+                                    "or a free port while that one is busy")
     p.add_argument("--detach", action="store_true",
                    help="once the spool's lock is held, fork and let the first process exit 0")
     p.set_defaults(func=cmd_standalone)

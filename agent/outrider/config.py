@@ -45,8 +45,12 @@ class Config:
                                  metadata={"help": "regex of network interfaces left out"})
     process_top_n: int = field(default=10, metadata={
         "help": "watched processes reported one by one; the rest are summed under pid=\"other\""})
+    process_command_arguments: bool = field(default=False, metadata={
+        "help": "export watched processes' arguments too, secret-looking values <redacted> (by default the command "
+                "label is the program and its script only)"})
     process_full_command: bool = field(default=False, metadata={
-        "help": "export watched command lines unredacted (by default secret-looking values are <redacted>)"})
+        "help": "export watched command lines whole and unredacted (an explicit opt-in: /metrics may be readable by "
+                "every pod on the node)"})
     pids: tuple[int, ...] = field(default=(), metadata={
         "help": "roots of the process trees to watch (empty: every process visible to the agent)"})
     otlp_endpoint: str = field(default="", metadata={
@@ -83,12 +87,17 @@ class Config:
         "help": "seconds of sweeps the bottleneck diagnosis looks at"})
     runs_dir: str = field(default="", metadata={
         "help": "where `outrider run` keeps run records; empty: $XDG_DATA_HOME/outrider or ~/.local/share/outrider"})
-    tls_cert_file: str = field(default="", metadata={"help": "serve /metrics over TLS with this certificate (PEM)"})
+    tls_cert_file: str = field(default="", metadata={
+        "help": "serve /metrics over TLS with this certificate (PEM); a replaced certificate and key are served "
+                "from the next connection (looked at once a second at most)"})
     tls_key_file: str = field(default="", metadata={"help": "the TLS certificate's private key (PEM)"})
     basic_auth_username: str = field(default="", metadata={
         "help": "require HTTP basic auth on /metrics with this user (health endpoints stay open for probes)"})
+    basic_auth_username_file: str = field(default="", metadata={
+        "help": "file holding the basic-auth user instead (a mounted Secret), read again when it changes"})
     basic_auth_password_file: str = field(default="", metadata={
-        "help": "file holding the basic-auth password (a mounted Secret; never the password itself)"})
+        "help": "file holding the basic-auth password (a mounted Secret; never the password itself), read again "
+                "when it changes: the old password stops working"})
     native_histograms: bool = field(default=True, metadata={
         "help": "answer a scraper that asks for the protobuf exposition (Prometheus with native histograms on) "
                 "with it: the recorded distributions as native histograms, classic buckets beside them; false: "
@@ -199,7 +208,9 @@ class Config:
                 "metrics, exported beside the agent's; empty: none (e.g. 127.0.0.1:4318)"})
     startup_grace_s: float = field(default=900.0, metadata={
         "help": "with exit_when_workload_exits: stop all the same if no workload has appeared this long after the "
-                "agent started (it failed before instrument(), or never calls it); 0: wait for one forever"})
+                "agent started (it failed before instrument(), or never calls it; in a pod sharing its PID "
+                "namespace, no process of another container either: the chart's legacy sidecar sets 30); 0: wait "
+                "for one forever"})
     kmsg_path: str = field(default="/dev/kmsg", metadata={
         "help": "the kernel log the oom collector reads for the name and cgroup of each process the OOM killer "
                 "kills (readable by root, or with CAP_SYSLOG; a container sees it only where it is mounted); "
@@ -410,6 +421,7 @@ CONVERTERS: dict[str, Callable[[Any], Any]] = {
     "disk_exclude": _regex,
     "network_exclude": _regex,
     "process_top_n": _number("process_top_n", integer=True),
+    "process_command_arguments": _bool,
     "process_full_command": _bool,
     "pids": _pid_list,
     "otlp_endpoint": _str,
@@ -432,6 +444,7 @@ CONVERTERS: dict[str, Callable[[Any], Any]] = {
     "runs_dir": _str,
     "tls_key_file": _str,
     "basic_auth_username": _str,
+    "basic_auth_username_file": _str,
     "basic_auth_password_file": _str,
     "native_histograms": _bool,
     "k8s_labels": _k8s_labels,

@@ -11,11 +11,21 @@ closed last, and a flush of OTLP; then `outrider agent` exits 0.
 
 A workload that is never seen (it failed before `instrument()`, or never calls it, and no `pids` are given) ends
 the agent the same way after `startup_grace_s` (0: the agent then runs until it is told to stop).
+
+A sidecar in a pod that shares its PID namespace (shareProcessNamespace) sees the pod's other containers'
+processes (PodPeers). Until the workload has published, those stand for it: a trainer still importing before
+`instrument()` is seen and keeps the agent, and one that dies before publishing (killed in its first second, a
+crash at import) ends it after the grace period instead of startup_grace_s. Once something has published, the
+shards alone count again, so another sidecar that runs on (a proxy) does not hold the agent. startup_grace_s is
+then only how long no process of another container has been there at all: the chart lists its legacy sidecar
+after the workload's containers (the kubelet starts them in order) and sets it short, since nothing there when the
+agent starts means the workload has already exited.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
@@ -112,6 +122,58 @@ def live_processes(proc_root: str, roots: tuple[int, ...]) -> Callable[[Sequence
     return live
 
 
+class PodPeers:
+    """The processes of the pod's other containers, seen from a container that shares the pod's PID namespace:
+    every process but the namespace's PID 1 (the pod's pause process) and this container's own (the tree of its
+    first process, the one whose parent is outside the namespace: ppid 0)."""
+
+    def __init__(self, proc_root: str, own_root: int) -> None:
+        self.proc_root = proc_root
+        self.own_root = own_root
+        self.published = False  # the workload has published to the spool: from then on its shards count, not these
+
+    @classmethod
+    def around(cls, proc_root: str, pid: int | None = None) -> PodPeers | None:
+        """PodPeers of this process (or `pid`) where its container's first process is not PID 1, i.e. it was
+        started into a PID namespace another container's process heads; None elsewhere (a container of its own,
+        the host, a process whose parents cannot be read)."""
+        pid = os.getpid() if pid is None else pid
+        for _ in range(64):  # a parent chain longer than this is no container's
+            parent = procfs.parent_pid(proc_root, pid)
+            if parent is None:
+                return None
+            if parent == 0:
+                return cls(proc_root, pid) if pid != 1 else None
+            pid = parent
+        return None
+
+    def alive(self) -> int:
+        """The other containers' live (not zombie) processes."""
+        ours = set(procfs.descendants(self.proc_root, (self.own_root,)))
+        n = 0
+        for pid in procfs.list_pids(self.proc_root):
+            if pid == 1 or pid in ours:
+                continue
+            try:
+                if procfs.read_proc_stat(self.proc_root, pid).state not in ("Z", "X"):
+                    n += 1
+            except (OSError, ValueError, IndexError):
+                continue  # exited between listing and reading
+        return n
+
+    def until_published(self, hooked: Callable[[Sequence[Family]], int]) -> Callable[[Sequence[Family]], int]:
+        """What counts as the workload: `hooked` (the spool's live processes, `pids`' trees) once anything has
+        published, and the other containers' processes until then."""
+
+        def live(families: Sequence[Family]) -> int:
+            n = hooked(families)
+            if n or ran_and_exited(families):
+                self.published = True
+            return n if self.published else self.alive()
+
+        return live
+
+
 def ran_and_exited(families: Sequence[Family]) -> bool:
     """Whether the sweep holds values of hooked processes that already exited (their series, retired)."""
     return any(v > 0 for f in families if f.defn.name == "outrider_hook_retired_series"
@@ -126,7 +188,13 @@ def attach(sampler: Sampler, config: Config) -> WorkloadWatch | None:
     if "hook" not in {c.name for c in sampler.collectors} and not roots:
         LOG.warning("exit_when_workload_exits: with neither the hook collector nor pids there is no workload to "
                     "watch; the agent runs until it is stopped")
-    watch = WorkloadWatch(live_processes(config.proc_root, roots), grace_s(config.interval_s), ran=ran_and_exited,
+    live = live_processes(config.proc_root, roots)
+    peers = PodPeers.around(config.proc_root)
+    if peers is not None:
+        LOG.info("sharing the pod's PID namespace: until the workload publishes, the pod's other containers' "
+                 "processes stand for it")
+        live = peers.until_published(live)
+    watch = WorkloadWatch(live, grace_s(config.interval_s), ran=ran_and_exited,
                           startup_grace_s=config.startup_grace_s)
     sampler.listeners.append(watch.on_sweep)
     return watch

@@ -471,8 +471,8 @@ class Nvml:
         return out
 
     def nvlink_links(self, index: int, handle: Any) -> tuple[int, ...]:
-        """The GPU's active NVLink links, found once per NVML session (a link beyond the GPU's count answers
-        'invalid argument'; a GPU without NVLink answers 'not supported')."""
+        """The GPU's NVLink links, found once per NVML session: every link NVML answers for, active or not (a link
+        beyond the GPU's count answers 'invalid argument'; a GPU without NVLink answers 'not supported')."""
         cached = self._nvlinks.get(index)
         if cached is not None:
             return cached
@@ -483,13 +483,24 @@ class Nvml:
                                key=f"nvmlDeviceGetNvLinkState:{link}", expected=("InvalidArgument",))
             if "nvmlDeviceGetNvLinkState" in self._missing:
                 break
-            if state is not NA and int(state) == 1:  # NVML_FEATURE_ENABLED
+            if state is not NA:
                 links.append(link)
         self._nvlinks[index] = tuple(links)
         return self._nvlinks[index]
 
+    def nvlink_states(self, index: int, handle: Any) -> dict[int, bool]:
+        """Whether each of the GPU's links is active now (NVML_FEATURE_ENABLED), read every sweep: a link that was
+        active and is not any more is a fault (alerts GPUNVLinkDown). A link that does not answer is absent."""
+        out: dict[int, bool] = {}
+        for link in self.nvlink_links(index, handle):
+            state = self.query("nvmlDeviceGetNvLinkState", handle, link, device=index,
+                               key=f"nvmlDeviceGetNvLinkState:{link}", expected=("InvalidArgument",))
+            if state is not NA:
+                out[link] = int(state) == 1
+        return out
+
     def nvlink_errors(self, index: int, handle: Any) -> dict[str, int]:
-        """NVLink error counters summed over the GPU's active links, by type; a type no link answers is absent."""
+        """NVLink error counters summed over the GPU's links, by type; a type no link answers is absent."""
         out: dict[str, int] = {}
         for link in self.nvlink_links(index, handle):
             for name, counter in NVLINK_ERROR_COUNTERS:

@@ -243,9 +243,11 @@ def _spawn(cmd: Sequence[str], env: dict[str, str]) -> int:
 
 def run(cmd: Sequence[str], config: Config, on_exit: Callable[[list[Family]], None] | None = None,
         summary_json: str | None = None, quiet: bool = False,
-        listeners: Sequence[Callable[[list[Family]], None]] = ()) -> tuple[int, RunSummary | None]:
+        listeners: Sequence[Callable[[list[Family]], None]] = (),
+        listen_fallback: bool = False) -> tuple[int, RunSummary | None]:
     """Run CMD under watch. Returns (exit code, summary). on_exit gets a final sweep taken after CMD ended (its
-    hooked processes' closing flushes included); listeners get every sweep.
+    hooked processes' closing flushes included); listeners get every sweep. listen_fallback: config.listen is the
+    default, and a busy port falls back to a free one (Agent's listen_fallback).
 
     Whatever way run() is left (CMD cannot start, the runner fails while CMD runs, an exception after it ended),
     what it started is undone in reverse order: CMD (ended and reaped if still running), the run record, the
@@ -260,7 +262,11 @@ def run(cmd: Sequence[str], config: Config, on_exit: Callable[[list[Family]], No
         _measure_cpu_peak(config)
         old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, WAITED)
         undo.callback(signal.pthread_sigmask, signal.SIG_SETMASK, old_mask)
-        agent = Agent(config, roots=(me,), exclude_pids=frozenset({me}), listen_fallback=True)
+        try:
+            agent = Agent(config, roots=(me,), exclude_pids=frozenset({me}), listen_fallback=listen_fallback)
+        except OSError as e:  # its address is held (a port asked for), or not this machine's: nothing ran
+            print(f"outrider run: {e.strerror or e}", file=sys.stderr)
+            return 1, None
         undo.callback(agent.stop)
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         oom = OomWatch(config)

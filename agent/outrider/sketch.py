@@ -172,11 +172,12 @@ class Sketch:
         seen = self.zero
         if seen >= rank:
             return 0.0
-        for i in sorted(self.buckets):
+        order = sorted(self.buckets)
+        for i in order[:-1]:
             seen += self.buckets[i]
             if seen >= rank:
                 return representative(i)
-        return representative(max(self.buckets))
+        return representative(order[-1])  # rank <= count: the last bucket holds it
 
     def points(self) -> list[tuple[float, int]]:
         """(representative value, count) per bucket, ascending, the zero bucket as 0.0: the distribution as a

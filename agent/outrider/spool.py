@@ -51,6 +51,10 @@ Why it is safe for both sides:
 - Every file is opened with O_NOFOLLOW (new ones also O_EXCL); the reader accepts only regular files owned by a
   uid it trusts, and stack dumps only from the shard's owner, so planted symlinks or files are never followed,
   read or sent anywhere.
+- A lock file (agent.lock, spawn.lock) that no process holds and that is not ours to use (a link, not a regular
+  file, a file of an untrusted uid: planted by another user, it would keep every agent out) is replaced by one of
+  ours, flocked before it is renamed over it, under a flock of the directory (try_lock); LockRefused says why where
+  the directory does not allow it (sticky, someone else's). A lock a live process holds counts, whoever's it is.
 - The default directory is private (0700, owned by the user, not a symlink; files 0600); an explicitly configured
   one (a pod's shared volume) must not be a symlink and must be owned by the user, root or a trusted uid, and its
   files are readable by the directory's group (setgid, e.g. Kubernetes' fsGroup) or else by all, so a sidecar of
@@ -77,7 +81,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from outrider import sketch
+from outrider import prometheus_names, sketch
 from outrider.sketch import Sketch
 
 MAGIC = b"OUTRSHD1"
@@ -115,8 +119,9 @@ HEAD_BYTES = _HEAD.size + _LAYOUT.size
 _SEQ = struct.Struct("<Q")
 SEQ_OFFSET = 16
 
-# What the reader accepts in a directory entry: Prometheus's grammar for names, and the labels the agent adds
-# itself (rank, training_job) or that a histogram owns (le) kept out of the workload's hands.
+# What the reader accepts in a directory entry: Prometheus's grammar for names, neither a name nor a label Prometheus
+# keeps for itself (up, ALERTS, __*: outrider/prometheus_names.py), and the labels the agent adds itself (rank,
+# training_job) or that a histogram owns (le) kept out of the workload's hands.
 METRIC_NAME_RE = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 LABEL_NAME_RE = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 RESERVED_LABELS = frozenset({"rank", "training_job", "le", "quantile"})
@@ -236,29 +241,137 @@ def check_dir(path: str, *, private: bool, trusted_uids: frozenset[int] = frozen
                                       "(add it to spool_trusted_uids if it should be)")
 
 
-def try_lock(spool_dir: str, name: str = LOCK_NAME) -> int | None:
+PRIVATE_FILE_MODE = 0o600
+
+
+class LockRefused(SpoolError):
+    """A lock file that is not this user's to use (a symbolic link, not a regular file, or a file of a uid it does
+    not trust) that no process holds, and that this user cannot replace (a sticky directory of someone else's)."""
+
+
+def try_lock(spool_dir: str, name: str = LOCK_NAME, *, trusted_uids: frozenset[int] = frozenset(),
+             mode: int = PRIVATE_FILE_MODE, notice: Callable[[str], None] | None = None) -> int | None:
     """Take one of the spool's locks (the agent's, by default) without blocking; the fd holds it. None: another
-    process holds it, or the lock file is not ours to use (a symlink, someone else's file in a shared spool)."""
+    process holds it (whoever's the file is: a sidecar may run as any uid).
+
+    A lock file nobody holds that is not ours to use (a link, a FIFO, a file of a uid other than this user, root and
+    trusted_uids: planted by another user of a shared spool, which would keep every agent out of it) is replaced by
+    one of ours, and `notice` told why; LockRefused (an OSError) when it cannot be replaced. The file is created with
+    `mode` (a shared spool's: readable, so that agents of other uids can probe it)."""
     path = os.path.join(spool_dir, name)
+    trusted = trusted_uids | {os.geteuid(), 0}
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    except OSError as e:
-        if e.errno in (errno.ELOOP, errno.EACCES, errno.EPERM):
-            return None
-        raise
+        fd = _open_lock(path, mode)
+    except _Planted as planted:
+        return _replace_lock(spool_dir, path, planted, mode, notice)
+    if fd is None:
+        return None
     try:
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_uid not in (os.geteuid(), 0):
-            os.close(fd)
-            return None
+        if not stat.S_ISREG(st.st_mode):
+            raise _Planted(f"not a regular file (mode {st.st_mode:o})", identity(os.lstat(path)))
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except _Planted as planted:
+        os.close(fd)
+        return _replace_lock(spool_dir, path, planted, mode, notice)
     except OSError:
         os.close(fd)
+        return None  # held: a live process has it
+    if st.st_uid in trusted:
+        return fd
+    os.close(fd)  # nobody held it, but it is a stranger's file: not used
+    return _replace_lock(spool_dir, path, _Planted(f"owned by uid {st.st_uid}, which is not trusted", identity(st)),
+                         mode, notice)
+
+
+class _Planted(Exception):
+    """A lock file not ours to use: why, and the file (its identity) as it was found."""
+
+    def __init__(self, why: str, found: Identity | None) -> None:
+        super().__init__(why)
+        self.why, self.found = why, found
+
+
+def _open_lock(path: str, mode: int) -> int | None:
+    """The lock file opened (created if missing, never through a link), read-write or, another uid's, read-only
+    (flock needs no write access); None where another uid's file of a trusted owner cannot even be opened (taken
+    as held, as before files were readable); _Planted for a file not ours to use."""
+    try:
+        return os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    except OSError as e:
+        if e.errno not in (errno.ELOOP, errno.EACCES, errno.EPERM, errno.EISDIR, errno.ENXIO):
+            raise
+    try:
+        found = os.lstat(path)
+    except FileNotFoundError:
+        return None  # gone meanwhile: looked at again next time
+    if stat.S_ISLNK(found.st_mode):
+        raise _Planted("a symbolic link", identity(found))
+    if not stat.S_ISREG(found.st_mode):
+        raise _Planted(f"not a regular file (mode {found.st_mode:o})", identity(found))
+    try:
+        return os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as e:
+        if e.errno not in (errno.EACCES, errno.EPERM):
+            raise
+    # Another uid's file this user cannot open (an agent of an older version made its lock 0600): the kernel's
+    # table of locks says whether a process holds it; where that cannot be read, it is taken as held, as before.
+    if _listed_in_proc_locks(found) is not False:
         return None
+    raise _Planted(f"owned by uid {found.st_uid} and not readable by this user", identity(found))
+
+
+def _listed_in_proc_locks(st: os.stat_result, proc_locks: str = "/proc/locks") -> bool | None:
+    """Whether a lock on the file is listed in /proc/locks (its processes in this PID namespace: a sidecar sharing the
+    pod's, a node agent on the host's); None when the table cannot be read."""
+    key = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    try:
+        with open(proc_locks, "rb") as fh:
+            text = fh.read(4 << 20).decode("ascii", "replace")
+    except OSError:
+        return None
+    return any(key in line.split() for line in text.splitlines())
+
+
+def _replace_lock(spool_dir: str, path: str, planted: _Planted, mode: int,
+                  notice: Callable[[str], None] | None) -> int | None:
+    """Replace a planted lock file with one of ours, flocked before it is renamed over it, so no process ever finds
+    ours free. Replacements are made under a flock of the directory, and only while the name still holds the file
+    found planted: two processes never both replace it (the second finds ours, held or trusted). None: another
+    process is replacing it now, or the name changed meanwhile (looked at again next time)."""
+    dfd = os.open(spool_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        try:
+            fcntl.flock(dfd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return None
+        try:
+            now: Identity | None = identity(os.lstat(path))
+        except FileNotFoundError:
+            now = None
+        if now != planted.found:
+            return None
+        made = f"{path}.{os.urandom(8).hex()}.new"
+        fd = os.open(made, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+        try:
+            os.fchmod(fd, mode)
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            os.rename(made, path)
+        except OSError as e:
+            with contextlib.suppress(OSError):
+                os.unlink(made)
+            os.close(fd)
+            raise LockRefused(e.errno or errno.EPERM,
+                              f"{path} is {planted.why}, and no process holds it, so no agent can own this spool; "
+                              f"it cannot be replaced ({e.strerror or e}): remove it, or set spool_dir to a "
+                              "directory of this user's") from None
+    finally:
+        os.close(dfd)
+    if notice is not None:
+        notice(f"{path} was {planted.why}, and no process held it (planted by another user?): replaced with one of "
+               "this user's")
     return fd
 
-
-PRIVATE_FILE_MODE = 0o600
 
 
 def shared_file_mode(spool_dir: str) -> int:
@@ -919,6 +1032,8 @@ def _series(entry: Any, values: tuple[float, ...]) -> SeriesEntry:
     name = _text(name, "the metric name")
     if not METRIC_NAME_RE.fullmatch(name) or name.startswith("__"):
         raise ValueError(f"invalid metric name {name[:80]!r}")
+    if prometheus_names.reserved_metric(name):
+        raise ValueError(f"reserved metric name {name!r}: Prometheus writes a series of that name itself")
     if kind not in KINDS:
         raise ValueError(f"{name}: unknown kind {str(kind)[:20]!r}")
     if not isinstance(labels, dict):
@@ -926,7 +1041,7 @@ def _series(entry: Any, values: tuple[float, ...]) -> SeriesEntry:
     clean: dict[str, str] = {}
     for k, v in labels.items():
         k = _text(k, f"{name}: a label name")
-        if not LABEL_NAME_RE.fullmatch(k) or k.startswith("__") or k in RESERVED_LABELS:
+        if not LABEL_NAME_RE.fullmatch(k) or prometheus_names.reserved_label(k) or k in RESERVED_LABELS:
             raise ValueError(f"{name}: invalid or reserved label name {k[:80]!r}")
         v = _text(v, f"{name}: the value of label {k}")
         if len(v) > MAX_LABEL_VALUE:

@@ -103,11 +103,13 @@ def raise_descriptor_limit(cap: int = MAX_DESCRIPTORS) -> None:
 
 
 def take_lock(spool_dir: str, private: bool, trusted_uids: frozenset[int], wait_s: float = LOCK_WAIT_S) -> int | None:
-    """The spool's agent lock, retried for wait_s; None when another agent keeps it."""
+    """The spool's agent lock, retried for wait_s; None when another agent keeps it. A lock file another user
+    planted is replaced (said), or spool.LockRefused raised where it cannot be."""
     spool.prepare_dir(spool_dir, private=private, trusted_uids=trusted_uids)
+    mode = spool.PRIVATE_FILE_MODE if private else spool.shared_file_mode(spool_dir)
     deadline = time.monotonic() + wait_s
     while True:
-        fd = spool.try_lock(spool_dir)
+        fd = spool.try_lock(spool_dir, trusted_uids=trusted_uids, mode=mode, notice=LOG.warning)
         if fd is not None or time.monotonic() >= deadline:
             return fd
         time.sleep(0.02)
@@ -149,7 +151,9 @@ def run(workload_pid: int, spool_dir: str | None, listen: str | None, detach_fir
         return spool.EXIT_ANOTHER_AGENT
     try:
         try:
-            agent = Agent(config, roots=(workload_pid,) if workload_pid > 0 else (), listen_fallback=True,
+            # the default address may be held (another job's agent): a free port then; one asked for, or none
+            fallback = not listen and loaded.sources["listen"] == "default"
+            agent = Agent(config, roots=(workload_pid,) if workload_pid > 0 else (), listen_fallback=fallback,
                           hold_spool_lock=False)
         except OSError as e:
             print(f"outrider: the agent for {path} could not start: {e.strerror or e}", file=sys.stderr)

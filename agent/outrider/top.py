@@ -37,7 +37,8 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from outrider.diagnosis.bottleneck import RECOMMENDATIONS
+from outrider.diagnosis.bottleneck import advice
+from outrider.diagnosis.signals import Signals
 from outrider.metrics import protobuf_format, text_format, units
 from outrider.metrics.exposition import PROTOBUF_MEDIA_TYPE
 from outrider.metrics.family import HistogramValue
@@ -321,7 +322,10 @@ def frame(reads: Reads, url: str) -> Group:
                                      overflow="ellipsis"))
     if verdict:
         rows.add_row("verdict", Text(verdict[0], style="bold", no_wrap=True, overflow="ellipsis"))
-        rows.add_row("", Text(RECOMMENDATIONS.get(verdict[0], "")))  # the advice wraps: it is read, not scanned
+        # the advice follows the evidence the agent serves beside the verdict (which input, a service, a GPU or
+        # none), as the run's summary does; it wraps: it is read, not scanned
+        evidence = Signals.from_evidence(by_label(new, "outrider_diagnosis_signal", "signal"))
+        rows.add_row("", Text(advice(verdict[0], evidence)))
     stalled = [r or "-" for r, v in by_label(new, "outrider_hook_stalled", "rank").items() if v]
     # severity "none" is the Watchdog, a heartbeat for a dead man's switch that always fires: not news
     firing = sorted({dict(labels).get("alertname", "") for (n, labels), v in new.items()

@@ -26,8 +26,9 @@ TESTS = sorted((REPO / "alerts" / "tests").glob("*.test.yaml"))
 # agent: "node" for the DaemonSet, "sidecar" for a workload's own agent; helm/outrider/templates/*monitor.yaml).
 TARGET_LABELS = frozenset({"job", "instance", "namespace", "pod", "node", "container", "endpoint", "service",
                            "agent_role"})
-# Series of other exporters the rules read (Prometheus's own, Alertmanager's): not the agent's to check.
-FOREIGN = re.compile(r"(up|ALERTS|ALERTS_FOR_STATE|prometheus_\w+|alertmanager_\w+)")
+# Series of other exporters the rules read (Prometheus's own, Alertmanager's, kube-state-metrics' for the optional
+# group): not the agent's to check.
+FOREIGN = re.compile(r"(up|ALERTS|ALERTS_FOR_STATE|prometheus_\w+|alertmanager_\w+|kube_\w+)")
 
 
 def _definition(name: str) -> tuple[MetricDef, bool] | None:

@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from outrider.clock import ManualClock
 from outrider.collectors.base import CollectorContext
 from outrider.collectors.host import HostCollector
 from outrider.config import Config
-from outrider.kernel import procfs
+from outrider.kernel import procfs, timex
 from outrider.metrics.exposition import render
 from outrider.metrics.family import Family
 from outrider.sampler import SweepStats
@@ -30,10 +32,16 @@ def sys_tree(proc_root: Path) -> Path:
     return root
 
 
-def collector(root: Path, **cfg: object) -> HostCollector:
+def fixed_clock() -> timex.ClockState:
+    """The kernel's view of a synchronised clock, as adjtimex gives it (a fixture: the machine's own varies)."""
+    return timex.state(0, 0x2001, 120_500)  # TIME_OK, STA_PLL | STA_NANO, 120.5 ms
+
+
+def collector(root: Path, read_clock: Callable[[], timex.ClockState] = fixed_clock, **cfg: object) -> HostCollector:
     config = Config(proc_root=str(root), **{"filesystems": (), "sys_root": str(sys_tree(root)),  # type: ignore[arg-type]
                                             **cfg})
-    return HostCollector(CollectorContext(config, SweepStats()))
+    return HostCollector(CollectorContext(config, SweepStats(), clock=ManualClock(epoch=1_700_000_000.0).clock()),
+                         read_clock)
 
 
 def by_name(fams: list[Family]) -> dict[str, dict[tuple[str, ...], float]]:
@@ -315,3 +323,69 @@ def test_picked_fields_match_whole_keys_where_one_name_ends_another() -> None:
     # the picked subset reads what parsing every line reads
     assert procfs.read_meminfo("/unused", lambda rel: meminfo, ("SwapCached", "Cached")) == {
         k: v for k, v in procfs.read_meminfo("/unused", lambda rel: meminfo).items() if k in ("SwapCached", "Cached")}
+
+
+def test_cgroup_v2_cpu_limit_and_cfs_throttling(proc_fixture: Path) -> None:
+    m = by_name(collector(proc_fixture).collect())
+    assert m["outrider_cgroup_cpu_limit_cores"][()] == 4.0  # cpu.max 400000 of 100000
+    assert m["outrider_cgroup_cpu_periods_total"][()] == 12000
+    assert m["outrider_cgroup_cpu_throttled_periods_total"][()] == 3000
+    assert m["outrider_cgroup_cpu_throttled_seconds_total"][()] == 450.0
+    cgroup = sys_tree(proc_fixture) / "fs" / "cgroup"
+    (cgroup / "cpu.max").write_text("max 100000\n")
+    # without the cpu controller enabled, cpu.stat has its usage only: no periods, nothing throttled to report
+    (cgroup / "cpu.stat").write_text("usage_usec 81234567\nuser_usec 61234567\nsystem_usec 20000000\n")
+    m = by_name(collector(proc_fixture).collect())
+    assert not any(n.startswith("outrider_cgroup_cpu_") for n in m), "absent, not zero: nothing is enforced"
+
+
+def test_cgroup_v1_cpu_controller(proc_fixture: Path) -> None:
+    root = sys_tree(proc_fixture)
+    shutil.rmtree(root / "fs" / "cgroup")
+    cpu = root / "fs" / "cgroup" / "cpu,cpuacct" / "docker" / "abc"
+    cpu.mkdir(parents=True)
+    (cpu / "cpu.cfs_quota_us").write_text("150000\n")
+    (cpu / "cpu.cfs_period_us").write_text("100000\n")
+    (cpu / "cpu.stat").write_text("nr_periods 500\nnr_throttled 125\nthrottled_time 2500000000\n")
+    (proc_fixture / "self" / "cgroup").write_text("5:cpuacct,cpu:/docker/abc\n4:memory:/docker/abc\n0::/\n")
+    m = by_name(collector(proc_fixture).collect())
+    assert m["outrider_cgroup_cpu_limit_cores"][()] == 1.5
+    assert (m["outrider_cgroup_cpu_periods_total"][()], m["outrider_cgroup_cpu_throttled_periods_total"][()]) == \
+        (500, 125)
+    assert m["outrider_cgroup_cpu_throttled_seconds_total"][()] == 2.5  # throttled_time is in ns on v1
+    (cpu / "cpu.cfs_quota_us").write_text("-1\n")
+    assert "outrider_cgroup_cpu_limit_cores" not in by_name(collector(proc_fixture).collect()), "v1's no limit"
+
+
+def test_the_clock_its_time_and_the_kernels_view_of_its_synchronisation(proc_fixture: Path) -> None:
+    m = by_name(collector(proc_fixture).collect())
+    assert m["outrider_host_time_seconds"][()] == 1_700_000_000.0, "the wall clock the collector was given"
+    assert m["outrider_host_clock_synchronized"][()] == 1
+    assert m["outrider_host_clock_max_error_seconds"][()] == pytest.approx(0.1205)
+    # the kernel says unsynchronised by its status bit (STA_UNSYNC) or by its answer (TIME_ERROR)
+    for result, status in ((0, 0x0040), (5, 0x2001)):
+        m = by_name(collector(proc_fixture, read_clock=lambda r=result, s=status: timex.state(r, s, 16_000_000))
+                    .collect())
+        assert (m["outrider_host_clock_synchronized"][()], m["outrider_host_clock_max_error_seconds"][()]) == (0, 16.0)
+
+
+def test_the_machines_own_clock_reads_through_adjtimex() -> None:
+    """The real syscall on this machine: a state it can have (no fixture can say adjtimex's struct is laid out
+    right: a wrong layout reads maxerror from another field, beyond the kernel's 16 s cap, or a status with bits
+    the kernel never sets)."""
+    try:
+        state = timex.read_clock()
+    except OSError as e:
+        pytest.skip(f"adjtimex cannot be called here: {e}")
+    assert 0.0 <= state.max_error_s <= 16.0
+    assert state.synchronized in (True, False)
+
+
+def test_without_adjtimex_the_time_is_still_reported(proc_fixture: Path) -> None:
+    def refused() -> timex.ClockState:
+        raise OSError(1, "adjtimex: Operation not permitted")
+
+    c = collector(proc_fixture, read_clock=refused)
+    m = by_name(c.collect())
+    assert "outrider_host_time_seconds" in m and "outrider_host_clock_synchronized" not in m
+    assert c.errors == 0

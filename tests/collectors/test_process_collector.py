@@ -265,7 +265,7 @@ def test_identity_of_a_shown_process_user_command_and_start_time() -> None:
 
     me = os.getpid()
     key = (me, procfs.read_proc_stat("/proc", me).start_ticks)
-    start, info = ProcessIdentities("/proc").families([key], {key: "python"})
+    start, info = ProcessIdentities("/proc", full_command=True).families([key], {key: "python"})
     (labels, started), = start.samples
     assert labels == (str(me), "python")
     assert abs(started - psutil.Process(me).create_time()) <= 1.0 / procfs.CLOCK_TICKS + 1.0  # btime is whole seconds

@@ -43,15 +43,21 @@ def _pod_containers(podman: Podman, pod: str) -> dict[str, str]:
             if c["Id"] != info["InfraContainerID"]}
 
 
+def training_pod(image: str, native: bool, otlp_endpoint: str = "", **sidecar: Any) -> list[dict[str, Any]]:
+    """The chart's training-Job example, rendered: the sidecar native or not (with `sidecar` values besides)."""
+    return render(image, {
+        "nodeAgent": {"enabled": False}, "dashboards": {"enabled": False}, "examples": {"trainingJob": True},
+        "sidecar": {"native": native, **sidecar},
+        "config": {"interval_s": 1, "rule_files": []},
+        **({"otlp": {"endpoint": otlp_endpoint, "intervalSeconds": 3600}} if otlp_endpoint else {})})
+
+
 def run_training_pod(podman: Podman, image: str, workload_image: str, tmp_path: Path, native: bool,
                      workload_uid: int | None = None, fs_group: int | None = None,
-                     steps_timeout_s: float = 120) -> dict[str, Any]:
+                     steps_timeout_s: float = 120, workload_env: dict[str, str] | None = None,
+                     **sidecar: Any) -> dict[str, Any]:
     with OtlpHttpReceiver() as receiver:
-        docs = render(image, {
-            "nodeAgent": {"enabled": False}, "dashboards": {"enabled": False}, "examples": {"trainingJob": True},
-            "sidecar": {"native": native},
-            "config": {"interval_s": 1, "rule_files": []},
-            "otlp": {"endpoint": receiver.endpoint, "intervalSeconds": 3600}})
+        docs = training_pod(image, native, receiver.endpoint, **sidecar)
         spec = pod_spec(docs, "Job")
         if fs_group is not None:
             spec["securityContext"]["fsGroup"] = fs_group
@@ -68,7 +74,8 @@ def run_training_pod(podman: Podman, image: str, workload_image: str, tmp_path: 
         side = kubelet.create(spec, sidecar, Override(env={"OUTRIDER_LISTEN": f"127.0.0.1:{port}"}), pod)
         work = kubelet.create(spec, trainer, Override(
             image=workload_image, command=["/opt/workload/bin/python", "/opt/workload/workload.py"],
-            env={"WORKLOAD_STEPS": str(STEPS)}, mounts=[f"{control}:/control:rw"], run_as_user=workload_uid), pod)
+            env={"WORKLOAD_STEPS": str(STEPS), **(workload_env or {})}, mounts=[f"{control}:/control:rw"],
+            run_as_user=workload_uid), pod)
 
         def sidecar_alive() -> None:
             assert podman.exit_code(side) is None, f"the sidecar exited:\n{podman.logs(side)}"
@@ -146,3 +153,47 @@ def test_a_workload_of_another_uid_is_seen_by_the_sidecar(
     assert r["workload_uid"] == 1000
     assert r["steps"] == STEPS and r["otlp_steps"] == STEPS
     assert r["sidecar_exit"] == 0 and set(r["pod_containers"].values()) == {"exited"}
+
+
+def test_a_legacy_sidecar_waits_for_a_trainer_still_starting_past_its_startup_grace(
+        podman: Podman, built: dict[str, str], workload_image: str, tmp_path: Path) -> None:
+    """Sharing the pod's PID namespace, the agent sees the trainer's process before it publishes anything (here:
+    12 s of imports and data loading before instrument(), past a 5 s startup grace): the workload has started, and
+    the agent stays for its steps, then ends with it."""
+    r = run_training_pod(podman, built["IMAGE"], workload_image, tmp_path, native=False,
+                         workload_env={"WORKLOAD_START_DELAY_S": "12"}, startupGraceSeconds=5)
+    assert r["steps"] == STEPS and r["otlp_steps"] == STEPS, r["sidecar_log"]
+    assert r["sidecar_exit"] == 0 and "the workload is gone" in r["sidecar_log"], r["sidecar_log"]
+
+
+def test_a_legacy_sidecar_whose_trainer_was_killed_at_once_ends_the_pod_after_its_startup_grace(
+        podman: Podman, built: dict[str, str], workload_image: str, tmp_path: Path) -> None:
+    """The kubelet starts a pod's containers in order, the legacy sidecar after the trainer; a trainer SIGKILLed in
+    its first second is gone before the agent's first look and never published. The chart's startup grace for the
+    legacy sidecar (sidecar.startupGraceSeconds, 30 s), not the agent's 15-minute default, ends the pod."""
+    docs = training_pod(built["IMAGE"], native=False)
+    spec = pod_spec(docs, "Job")
+    sidecar, trainer = spec["containers"][-1], spec["containers"][0]
+    assert (sidecar["name"], trainer["name"]) == ("outrider", "trainer"), "the sidecar after the workload"
+    grace = float(next(e["value"] for e in sidecar["env"] if e["name"] == "OUTRIDER_STARTUP_GRACE_S"))
+    kubelet = Kubelet(podman, tmp_path, configmaps(docs))
+    pod = kubelet.create_pod(spec)
+    port = free_port()
+    work = kubelet.create(spec, trainer, Override(
+        image=workload_image, command=["/opt/workload/bin/python", "/opt/workload/workload.py"],
+        env={"WORKLOAD_KILLED_AT_ONCE": "1"}), pod)
+    side = kubelet.create(spec, sidecar, Override(env={"OUTRIDER_LISTEN": f"127.0.0.1:{port}"}), pod)
+    podman("start", work)
+    wait_until(lambda: podman.exit_code(work) is not None, timeout_s=60, what="the trainer killed at once")
+    assert podman.exit_code(work) == 137
+    started = time.monotonic()
+    podman("start", side)
+    wait_until(lambda: podman.exit_code(side) is not None, timeout_s=grace + 90, interval_s=0.5,
+               what=f"the sidecar to end within its startup grace ({grace:g} s), not 15 minutes")
+    ended_after_s = time.monotonic() - started
+    log = podman.logs(side)
+    assert podman.exit_code(side) == 0, log
+    assert f"no workload appeared within startup_grace_s ({grace:g} s)" in log, log
+    assert ended_after_s >= grace, "it waited its startup grace: a trainer listed after it would have been seen"
+    FIGURES.append(f"legacy sidecar, trainer SIGKILLed at once: pod ended {ended_after_s:.0f} s after the sidecar "
+                   f"started (startup grace {grace:g} s; the agent's default is 900 s)")

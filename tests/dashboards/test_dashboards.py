@@ -42,12 +42,25 @@ ABSENT_WITHOUT_A_LIMIT = {
                                           "machine); tests/collectors/test_host_collector.py reads limits from "
                                           "fixture trees",
 }
+ABSENT_WITHOUT_A_CPU_LIMIT = {
+    "outrider_cgroup_cpu_limit_cores": "absent by design where the agent's cgroup has no CFS quota; the host "
+                                       "collector's tests read quotas from fixture trees",
+}
 # Series that exist only once what they count happened: queried, but allowed to be empty here.
 ABSENT_WITHOUT_AN_EVENT = {
     "outrider_oom_victim_kills_total": "a victim's series appears with its first OOM kill (the oom collector's and "
                                        "`outrider run`'s OOM tests make kills)",
     "outrider_oom_kernel_log_readable{": "queried as == 0: empty where the kernel log is readable",
 }
+
+
+def own_cpu_limit() -> bool:
+    """Whether this process's cgroup has a CFS quota, as the agent's own cgroup reader sees it."""
+    cg = cgroupfs.find_cpu_cgroup("/proc", "/sys")
+    try:
+        return cg is not None and cgroupfs.read_cpu(cg).limit_cores is not None
+    except (OSError, ValueError):
+        return False
 
 
 def own_memory_limit() -> bool:
@@ -257,7 +270,8 @@ def test_every_query_returns_data_from_the_real_prometheus(fake_nvml: dict[str, 
                 prom.wait_for(f'outrider_gpu_process_memory_bytes{{pid="{publisher.pid}", exported_pod="train-0"}}',
                               timeout_s=60)
                 empty: list[str] = []
-                absent_here = [*ABSENT_WITHOUT_AN_EVENT, *([] if own_memory_limit() else ABSENT_WITHOUT_A_LIMIT)]
+                absent_here = [*ABSENT_WITHOUT_AN_EVENT, *([] if own_memory_limit() else ABSENT_WITHOUT_A_LIMIT),
+                               *([] if own_cpu_limit() else ABSENT_WITHOUT_A_CPU_LIMIT)]
                 for name, d in sorted(DASHBOARDS.items()):
                     for what, expr in queries(d):
                         def answered(e: str = expr) -> bool:

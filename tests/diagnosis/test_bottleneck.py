@@ -219,3 +219,24 @@ def test_a_cpu_torch_job_on_a_gpu_node_is_judged_by_its_cpu() -> None:
     assert verdict(old, new) == "compute_bound"
     cuda = [Family("outrider_torch_cuda_memory_bytes").add(1e9, "", "", "0", "allocated")]
     assert verdict(old + cuda, new + cuda) == "host_bound", "with CUDA in use, the idle GPU waits for the host"
+
+
+def test_the_window_of_the_first_steps_after_an_idle_one_is_not_judged_never_idle() -> None:
+    """An idle start (a job waiting for its data to mount), then the first steps in a window that began before them:
+    not judged, with its reason; idle never speaks for a window in which the job stepped."""
+    from outrider.diagnosis.bottleneck import NOT_JUDGED
+    from outrider.diagnosis.window import FIRST_STEPS, VerdictWindow
+
+    def sweep(steps: int) -> list[Family]:
+        return [Family("outrider_watched_cpu_seconds_total").add(0.0, "user")] + (loop(0, steps * 0.01, steps=steps)
+                                                                                   if steps else [])
+
+    w = VerdictWindow(5.0)
+    w.add(sweep(0), now=0.0)
+    idle = w.add(sweep(0), now=5.0)
+    assert idle is not None and idle.cls == "idle"
+    first = w.add(sweep(100), now=10.0)
+    assert first is not None and (first.cls, first.reason) == (NOT_JUDGED, FIRST_STEPS)
+    assert first.evidence["steps_per_s"] == 20.0 and w.verdict is first
+    v = w.add(sweep(200), now=15.0)
+    assert v is not None and v.reason != FIRST_STEPS, "judged by the rules once a window begins with the job at work"

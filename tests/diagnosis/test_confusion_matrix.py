@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from outrider.diagnosis.bottleneck import CHECKPOINT_SHARE, NOT_JUDGED
+from outrider.diagnosis.bottleneck import CHECKPOINT_SHARE, NOT_JUDGED, STORAGE_READ
 from outrider.runs.store import RunRecord, RunStore
 from tests.helpers import free_port, outrider_cmd
 
@@ -34,13 +34,13 @@ SECONDS = "10"
 # workload -> (its bottleneck, ranks: 0 for a plain process, N for torchrun with N ranks)
 WORKLOADS = {
     "input": ("input_bound", 0),  # one worker decoding samples in Python
-    "input_io": ("input_bound", 0),  # two workers waiting on storage
+    "input_io": ("input_bound", 0),  # two workers waiting 10 ms a sample off CPU (a sleep: not storage)
     "compute": ("compute_bound", 0),  # large matrix products
     "host": ("host_bound", 0),  # hundreds of tiny operations per step
     "comm": ("communication_bound", 2),  # a large all_reduce per step, gloo
     "straggler": ("communication_bound", 4),  # DDP over gloo, rank 2 with extra matrix products per step
     "python": ("python_bound", 0),  # a pure-Python tokeniser in the loop
-    "idle": ("idle", 0),  # a loop sleeping 0.66 s a step
+    "sleeping": ("waiting", 0),  # a loop sleeping 0.66 s a step: it steps, so it is never idle; it waits
     "starved": ("input_bound", 2),  # DDP over gloo, rank 1 reading from slow storage, rank 0 waiting for it
     "checkpoint": ("checkpoint_bound", 0),  # torch.save of a large state every 4 steps of a small model
     "inference": ("compute_bound", 0),  # a WSGI model service, an MLP's forward under no_grad per request
@@ -151,3 +151,5 @@ def test_zero_config_verdict(matrix: dict[tuple[str, bool], tuple[Result, dict[s
         assert training["checkpoints"] > 0 and training["checkpoint_fraction"] >= CHECKPOINT_SHARE, training
     if workload == "inference":  # judged as a service: requests, no steps
         assert evidence["requests_per_s"] > 0 and not evidence.get("steps_per_s"), evidence
+    if workload == "input_io":  # the workers sleep: storage is not named without its evidence
+        assert evidence.get("storage_read_bytes_per_s", 0.0) < STORAGE_READ, evidence

@@ -3,7 +3,7 @@
 and beside a CPU hog. The labels the matrix checks the verdicts against must hold by these timings, on this
 machine, under this load: the input workloads wait for data at least docs/diagnosis.md's 30% of the loop's own time (its
 wall time less the time its thread waited for a CPU: neighbours stretch the step, never the wait for storage), the
-Python-bound one spends at least half of its loop in the tokeniser (and building tensors from its lists), the idle
+Python-bound one spends at least half of its loop in the tokeniser (and building tensors from its lists), the waiting
 one sleeps 80% of its own time or more (on this machine its tiny step waits for a CPU longer than it sleeps), the
 checkpoint-heavy one spends at least docs/diagnosis.md's 30% of its loop inside torch.save, the inference service spends
 80% of its serving loop or more in the model's forward (it is busy, never waiting for clients), and the compute and
@@ -55,7 +55,7 @@ def truth(name: str, hog: bool) -> dict[str, float]:
     ("input", "data_alone", b.INPUT_WAIT, 1.0),
     ("input_io", "data_alone", b.INPUT_WAIT, 1.0),
     ("python", "python", b.PYTHON_SHARE, 1.0),
-    ("idle", "sleep_alone", 0.8, 1.0),
+    ("sleeping", "sleep_alone", 0.8, 1.0),
     ("checkpoint", "checkpoint", b.CHECKPOINT_SHARE, 1.0),
     ("inference", "request", 0.8, 1.0),
     ("compute", "data", 0.0, 0.1),

@@ -7,7 +7,16 @@ from __future__ import annotations
 
 import pytest
 
-from outrider.diagnosis.signals import PROFILE_MIN_SAMPLES, SEP, TOP_FRAMES, RankSignals, Signals, signals, snapshot
+from outrider.diagnosis.signals import (
+    PROFILE_MIN_SAMPLES,
+    SEP,
+    TOP_FRAMES,
+    RankSignals,
+    Signals,
+    gpu_share,
+    signals,
+    snapshot,
+)
 from outrider.metrics.family import Family, HistogramValue
 
 DT = 10.0
@@ -52,6 +61,11 @@ def test_every_signal_of_a_worked_window() -> None:
     assert s.main_thread_cpu == 6 / DT / 2 and s.main_thread_busy == (6 + 1) / DT / 2
     assert s.intra_op_busy == (6 + 2) / DT / 2 and s.intra_op_threads == 8.0
     assert s.data_workers_cpu_cores == 12 / DT and s.data_worker_busy == (12 + 4) / DT / 4
+    # the workers' run delay, in cores and each worker's share of the time; the other threads' demand per process
+    assert s.data_workers_delay_cores == 4 / DT and s.data_worker_delay_fraction == 4 / DT / 4
+    assert s.other_threads_busy == (1 + 0.5) / DT / 2
+    # the loop's thread: busy 35%, data 20%, collectives 15%, checkpoints 40%, the GPU 75%: nothing left outside
+    assert s.loop_waiting_fraction == 0.0
     assert s.ops_counted is True and s.main_cpu_us_per_op == 6 / 6e4 * 1e6 and s.ops_per_step == 6e4 / 50
     # the loop's own time: its wait, and the rest less the main thread's run delay (never under its CPU)
     assert s.data_wait_alone_fraction == 2 / (2 + max(10 - 2 - 1, 6))
@@ -64,6 +78,125 @@ def test_every_signal_of_a_worked_window() -> None:
     assert s.top_frames == [("python", "train.py:10 loss", 300 / 500), ("waiting", "queue.py:180 get", 50 / 500),
                             ("native", "linear.py:125 forward", 10 / 500)]
     assert (s.ranks, s.straggler, s.starved) == ([], None, None)
+
+
+SERVICE_OLD = {"requests": 100.0, "request_count": 100.0, "request_sum": 20.0, "queue_sum": 1.0, "cpu_main": 1.0,
+               "cpu_other": 2.0, "delay_other": 0.5, "cpu_outrider": 3.0, "process_cpu": 9.0}
+SERVICE_NEW = {"requests": 500.0, "request_count": 500.0, "request_sum": 40.0, "queue_sum": 3.0, "cpu_main": 1.5,
+               "cpu_other": 3.5, "delay_other": 1.0, "cpu_outrider": 9.0, "process_cpu": 19.0, "in_flight": 3.0,
+               "main_threads": 1.0, "has_run_delay": 1.0}
+
+
+def test_a_services_requests_split_into_queue_cpu_and_waiting() -> None:
+    """400 requests in 10 s, 20 s of latency in all (50 ms each), 2 s of it queued; the job's threads (the hook's
+    own left out) used 2 s of CPU and waited 0.5 s for one: 5 ms and 1.25 ms per request. One process busy 0.25
+    cores: a request also waits 1/3 of that for the others' CPU, so 6.25 ms / 0.75 of the 45 ms it is handled."""
+    s = signals(SERVICE_OLD, SERVICE_NEW, DT)
+    assert (s.requests_per_s, s.requests_in_flight, s.request_latency_s) == (40.0, 3.0, 20 / 400)
+    assert (s.request_queue_s, s.request_cpu_s, s.request_cpu_wait_s) == (2 / 400, 2 / 400, 0.5 / 400)
+    assert s.demand_per_process == 2.5 / DT
+    handled = 400 * (20 / 400 - 2 / 400) / DT  # 1.8 requests in their handlers at once
+    assert s.request_waiting_fraction == pytest.approx(1 - 2.5 / DT / (1 - 0.25) / handled)
+    no_queue = signals({k: v for k, v in SERVICE_OLD.items() if k != "queue_sum"},
+                       {k: v for k, v in SERVICE_NEW.items() if k != "queue_sum"}, DT)
+    assert no_queue.request_queue_s is None
+    assert no_queue.request_waiting_fraction == pytest.approx(1 - 2.5 / DT / 0.75 / (400 * 0.05 / DT))
+    # without per-thread CPU, the watched tree's (10 s here: more than the requests' time)
+    tree = signals({k: v for k, v in SERVICE_OLD.items() if not k.startswith(("cpu_", "delay_"))},
+                   {k: v for k, v in SERVICE_NEW.items() if not k.startswith(("cpu_", "delay_"))}, DT)
+    assert (tree.request_cpu_s, tree.request_cpu_wait_s, tree.demand_per_process) == (10 / 400, 0.0, 1.0)
+    assert tree.request_waiting_fraction == 0.0, "a process whose threads want a whole CPU: saturated"
+    # a GPU's busy share of the time is not a wait outside the process
+    gpu = signals({**SERVICE_OLD, "gpu_busy": 0.0, "gpu_observed": 0.0},
+                  {**SERVICE_NEW, "gpu_busy": 3.0, "gpu_observed": 10.0}, DT)
+    assert gpu.request_waiting_fraction == pytest.approx(s.request_waiting_fraction - 0.3)
+
+
+def test_requests_in_flight_with_none_finished_are_split_by_the_gauge() -> None:
+    old = {k: v for k, v in SERVICE_OLD.items()}
+    new = {**old, "cpu_other": 2.5, "in_flight": 4.0, "main_threads": 1.0}
+    s = signals(old, new, DT)
+    assert (s.requests_per_s, s.request_latency_s, s.request_cpu_s, s.requests_in_flight) == (0.0, None, None, 4.0)
+    assert s.demand_per_process == 0.5 / DT
+    assert s.request_waiting_fraction == pytest.approx(1 - 0.05 / 0.95 / 4)
+    assert signals(old, {**old, "in_flight": 0.0}, DT).request_waiting_fraction is None, "nothing served"
+    bare = signals({"requests": 1.0}, {"requests": 2.0, "request_count": 1.0, "request_sum": 0.1}, DT)
+    assert bare.requests_in_flight is None and bare.request_waiting_fraction is None, "no CPU measured: no split"
+
+
+def test_the_service_split_at_its_edges() -> None:
+    """One request finished, or one in flight, is a service to split; nothing finished nor in flight (no gauge at
+    all) is none; the run delay counts only where the threads are measured with it; demand is per process."""
+    old = {"cpu_main": 0.0, "cpu_other": 0.0, "delay_other": 0.0, "request_count": 0.0, "request_sum": 0.0}
+    one = {"cpu_main": 0.0, "cpu_other": 0.05, "delay_other": 0.05, "request_count": 1.0, "request_sum": 1.0,
+           "has_run_delay": 1.0}
+    s = signals(old, one, DT)
+    assert (s.request_latency_s, s.request_cpu_s, s.request_cpu_wait_s) == (1.0, 0.05, 0.05)
+    assert s.demand_per_process == pytest.approx(0.01)
+    handled = 1 * 1.0 / DT  # a tenth of a request in its handler, on average: under one
+    assert s.request_waiting_fraction == pytest.approx(1 - 0.01 / 0.99 / handled)
+    assert signals(old, {**one, "main_threads": 2.0}, DT).demand_per_process == pytest.approx(0.005)
+    unmeasured = signals(old, {k: v for k, v in one.items() if k != "has_run_delay"}, DT)
+    assert unmeasured.request_cpu_wait_s == 0.0, "no run delay measured: none counted"
+    held = signals(old, {**old, "cpu_other": 0.1, "in_flight": 1.0}, DT)
+    assert held.request_waiting_fraction == pytest.approx(1 - 0.01 / 0.99 / 1.0)
+    nothing = signals(old, {**old, "cpu_other": 0.1}, DT)
+    assert (nothing.requests_in_flight, nothing.request_waiting_fraction, nothing.demand_per_process) == \
+        (None, None, None)
+    # the threads counted from mid-window hold time from before it: the watched tree's CPU, and no run delay
+    tree = signals({"process_cpu": 0.0, "request_count": 0.0, "request_sum": 0.0},
+                   {**one, "process_cpu": 0.2, "delay_main": 9.0}, DT)
+    assert (tree.request_cpu_s, tree.request_cpu_wait_s) == (0.2, 0.0)
+    # every request's time queued: nothing handled, nothing waiting outside
+    queued = signals({**old, "queue_sum": 0.0}, {**one, "queue_sum": 1.0}, DT)
+    assert (queued.request_queue_s, queued.request_waiting_fraction) == (1.0, 0.0)
+    # a process at 95% of a CPU is saturated, just under it is not
+    assert serving_at(0.95).request_waiting_fraction == 0.0
+    assert serving_at(0.94).request_waiting_fraction == pytest.approx(1 - 0.94 / 0.06 / 100)
+
+
+def serving_at(demand: float) -> Signals:
+    """100 requests of 10 s each finished in 10 s (100 handled at once), one process using `demand` cores."""
+    return signals({"cpu_main": 0.0, "cpu_other": 0.0, "request_count": 0.0, "request_sum": 0.0},
+                   {"cpu_main": 0.0, "cpu_other": demand * DT, "request_count": 100.0, "request_sum": 1000.0}, DT)
+
+
+def test_the_gpus_share_is_of_a_gpu_the_job_uses() -> None:
+    assert gpu_share(Signals(window_s=DT, gpus=0, gpu_util=0.5)) is None, "no GPU counted"
+    assert gpu_share(Signals(window_s=DT, gpus=1, gpu_util=0.5)) == 0.5
+    assert gpu_share(Signals(window_s=DT, gpus=1, gpu_util=0.5, torch_cpu_only=True)) is None
+    assert gpu_share(Signals(window_s=DT, gpus=1, gpu_util=0.5, gpu_busy_ratio=0.2)) == 0.2
+
+
+def test_the_loop_waiting_outside_is_what_its_thread_and_the_jobs_waits_leave() -> None:
+    old = {"step_count": 0.0, "cpu_main": 0.0, "loop_wall": 0.0, "loop_data_wait": 0.0, "collective_wait": 0.0,
+           "loop_checkpoint": 0.0}
+    new = {"step_count": 20.0, "cpu_main": 1.0, "delay_main": 0.5, "loop_wall": 10.0, "loop_data_wait": 1.0,
+           "collective_wait": 2.0, "loop_checkpoint": 0.5, "has_run_delay": 1.0}
+    s = signals(old, new, DT)
+    assert s.loop_waiting_fraction == pytest.approx(1 - 0.15 - 0.1 - 0.2 - 0.05)
+    cuda = signals({**old, "gpu_busy": 0.0, "gpu_observed": 0.0}, {**new, "gpu_busy": 3.0, "gpu_observed": 10.0}, DT)
+    assert cuda.loop_waiting_fraction == pytest.approx(s.loop_waiting_fraction - 0.3), "the GPU's share is the job's"
+    nvml = signals(old, {**new, "gpus": 1.0, "gpu_util": 0.2}, DT)
+    assert nvml.loop_waiting_fraction == pytest.approx(s.loop_waiting_fraction - 0.2)
+    cpu_torch = signals(old, {**new, "gpus": 1.0, "gpu_util": 0.2, "intra_op_threads": 2.0}, DT)
+    assert cpu_torch.loop_waiting_fraction == s.loop_waiting_fraction, "a GPU a CPU torch job never used"
+    assert signals(old, {**new, "cpu_main": 9.0}, DT).loop_waiting_fraction == 0.0, "never below nothing"
+    assert signals(old, {**new, "step_count": 0.0}, DT).loop_waiting_fraction is None, "no steps: no loop"
+    assert signals(old, {**new, "step_count": 5.0}, DT).loop_waiting_fraction is not None, "a step every 2 s"
+    assert signals({"step_count": 0.0}, {"step_count": 5.0}, DT).loop_waiting_fraction is None, "no threads"
+
+
+def test_workers_are_busy_per_process_where_the_hook_counts_them() -> None:
+    old = {"cpu_main": 0.0, "cpu_data_workers": 0.0, "delay_data_workers": 0.0}
+    new = {"cpu_main": 1.0, "cpu_data_workers": 15.0, "delay_data_workers": 3.0, "worker_threads": 6.0,
+           "worker_processes": 2.0}
+    s = signals(old, new, DT)
+    assert s.data_worker_busy == 18 / DT / 2
+    assert s.data_workers_delay_cores is None and s.data_worker_delay_fraction is None, "no run delay measured"
+    assert signals(old, {**new, "worker_processes": 0.0}, DT).data_worker_busy == 18 / DT / 6
+    delayed = signals(old, {**new, "has_run_delay": 1.0}, DT)
+    assert delayed.data_workers_delay_cores == 3 / DT and delayed.data_worker_delay_fraction == 3 / DT / 2
 
 
 def test_a_window_of_no_time_has_no_signals() -> None:
@@ -246,6 +379,15 @@ def sweep() -> list[Family]:
         .add(5, "1", "j", "python", "a.py:1 f"),
         Family("outrider_threads").add(2, "0", "j", "main").add(1, "1", "j", "main").add(3, "0", "j", "data_workers")
         .add(8, "0", "j", "intra_op"),
+        Family("outrider_child_processes").add(1, "0", "j").add(2, "1", "j"),
+        # a service's requests: their durations, the server's queue phase (its other phases not), in flight now
+        Family("outrider_request_duration_seconds").add(HistogramValue((1.0,), (3, 0), 0.6), "/a", "GET", "http",
+                                                        "200", "2xx", "0", "j")
+        .add(HistogramValue((1.0,), (3, 1), 2.4), "/b", "POST", "http", "500", "5xx", "0", "j"),
+        Family("outrider_request_phase_duration_seconds").add(HistogramValue((1.0,), (5, 0), 0.25), "queue", "0", "j")
+        .add(HistogramValue((1.0,), (5, 0), 0.75), "compute", "0", "j"),
+        Family("outrider_requests_in_flight").add(2, "/a", "GET", "http", "0", "j").add(1, "/b", "POST", "http", "0",
+                                                                                         "j"),
         Family("outrider_torch_intra_op_threads").add(8, "0", "j").add(4, "1", "j"),
         Family("outrider_host_pressure_stalled_seconds_total").add(7, "io", "some").add(9, "io", "full")
         .add(11, "cpu", "some"),
@@ -277,6 +419,7 @@ def test_a_sweeps_snapshot_sums_what_it_sums_and_means_what_it_means() -> None:
         f"{r}1{SEP}prof_waiting": 10.0, f"{r}1{SEP}prof_total": 10.0, f"frame{SEP}python{SEP}a.py:1 f": 35.0,
         "main_threads": 3.0, "worker_threads": 3.0, "intra_op_threads": 4.0, "io_pressure": 7.0,
         "gpu_util": 0.6, "gpus": 2.0, "gpu_mem_ratio": 0.75, "throttle_thermal": 0.0, "throttle_power": 1.0,
+        "worker_processes": 3.0, "request_sum": 3.0, "request_count": 7.0, "queue_sum": 0.25, "in_flight": 3.0,
     }
 
 

@@ -12,7 +12,7 @@ from outrider.diagnosis import signals as sig
 from outrider.diagnosis.bottleneck import NOT_JUDGED, classify
 from outrider.diagnosis.signals import STARVED_WAIT, Signals, signals, snapshot
 from outrider.diagnosis.window import VerdictWindow
-from outrider.metrics.family import Family
+from outrider.metrics.family import Family, HistogramValue
 from outrider.runs.verdict import VerdictTally
 from tests.diagnosis.test_bottleneck import ZERO, loop, threads
 
@@ -25,6 +25,25 @@ def cpu(**kw: object) -> Signals:
                                "main_thread_busy": 0.9, "intra_op_busy": 0.05, "data_wait_fraction": 0.0}
     base.update(kw)
     return Signals(**base)  # type: ignore[arg-type]
+
+
+def resting(**kw: object) -> Signals:
+    """A loop stepping 1.5 times a second whose thread is off CPU 90% of the time beside everything the job
+    measures (signals.loop_waiting_fraction), torch's pool idle."""
+    base: dict[str, object] = {"steps_per_s": 1.5, "main_thread_busy": 0.1, "intra_op_busy": 0.02,
+                               "loop_waiting_fraction": 0.9}
+    base.update(kw)
+    return cpu(**base)
+
+
+def service(**kw: object) -> Signals:
+    """A service answering 40 requests a second, no steps: 50 ms each, 1 ms of CPU, 98% of it outside the process."""
+    base: dict[str, object] = {"steps_per_s": 0.0, "requests_per_s": 40.0, "requests_in_flight": 2.0,
+                               "request_latency_s": 0.05, "request_cpu_s": 0.001, "request_cpu_wait_s": 0.0,
+                               "demand_per_process": 0.04, "request_waiting_fraction": 0.98,
+                               "main_thread_busy": 0.0, "process_cpu_cores": 0.04}
+    base.update(kw)
+    return cpu(**base)
 
 
 def gpu(**kw: object) -> Signals:
@@ -94,11 +113,18 @@ THRESHOLDS: list[tuple[object, str, float, float, Callable[[float], str], str, s
      "memory_bandwidth_bound"),
     (b, "SM_BUSY", 0.5, 1, lambda x: cls(gpu(gpu_busy_ratio=0.5, dram_activity=0.8, sm_activity=x)),
      "memory_bandwidth_bound", "balanced"),
-    (b, "IDLE_MAIN", 0.2, 1, lambda x: cls(cpu(steps_per_s=1.5, main_thread_busy=x, intra_op_busy=0.02)), "idle",
-     "balanced"),
-    (b, "RESTING_SHARE", 0.5, 1, lambda x: cls(cpu(steps_per_s=1.5, main_thread_busy=0.17, intra_op_busy=0.3,
-                                                   loop_samples=500.0, profile={"waiting": x, "native": 1 - x})),
-     "balanced", "idle"),
+    # a loop off CPU most of its time beside what the job measures waits (outside the process)...
+    (b, "WAITING_SHARE", 0.5, 1, lambda x: cls(resting(loop_waiting_fraction=x)), "balanced", "waiting"),
+    # ...and so does a service whose requests' time is mostly off CPU (else it is CPU: compute_bound)
+    (b, "WAITING_SHARE", 0.5, 1, lambda x: cls(service(request_waiting_fraction=x)), "compute_bound", "waiting"),
+    # ...while torch's pool rests...
+    (b, "POOL_RESTING", 0.2, 1, lambda x: cls(resting(intra_op_busy=x)), "waiting", "balanced"),
+    # ...or the loop thread's samples say it waits beside a pool that spins...
+    (b, "RESTING_SHARE", 0.5, 1, lambda x: cls(resting(main_thread_busy=0.17, intra_op_busy=0.3, loop_samples=500.0,
+                                                       profile={"waiting": x, "native": 1 - x})),
+     "balanced", "waiting"),
+    # ...and the process's other threads do not work for it
+    (b, "OTHER_BUSY", 0.5, 1, lambda x: cls(resting(other_threads_busy=x)), "waiting", "balanced"),
     (b, "PYTHON_SHARE", 0.5, 1, lambda x: cls(cpu(main_cpu_us_per_op=900.0, loop_samples=1000.0,
                                                   profile={"python": x, "native": 1 - x})),
      "compute_bound", "python_bound"),
@@ -127,9 +153,29 @@ THRESHOLDS: list[tuple[object, str, float, float, Callable[[float], str], str, s
     (b, "PROCESS_COMPUTE_CORES", 1.5, 1,
      lambda x: cls(cpu(main_thread_busy=None, intra_op_busy=None, process_cpu_cores=x)), NOT_JUDGED,
      "compute_bound"),
-    (b, "WORKERS_WAITING", 0.3, 1,
-     lambda x: reason_says("wait for storage", cpu(data_wait_fraction=0.6, data_worker_busy=x)), "said",
-     "not said"),
+    (b, "WORKERS_WAITING", 0.5, 1,
+     lambda x: reason_says("wait for storage", cpu(data_wait_fraction=0.6, data_worker_busy=x,
+                                                   io_pressure_fraction=0.5)), "said", "not said"),
+    # workers starved of CPU: their run delay as long as their CPU (1 core here)...
+    (b, "WORKERS_STARVED", 1.0, 1,
+     lambda x: reason_says("starved of CPU", cpu(data_wait_fraction=0.6, data_worker_busy=0.9,
+                                                 data_workers_cpu_cores=1.0, data_workers_delay_cores=x,
+                                                 data_worker_delay_fraction=1.0)), "not said", "said"),
+    # ...and at least half the loop's wait for data
+    (b, "WORKERS_DELAYED", 0.5, 1,
+     lambda x: reason_says("starved of CPU", cpu(data_wait_fraction=0.6, data_worker_busy=0.9,
+                                                 data_workers_cpu_cores=0.5, data_workers_delay_cores=2.0,
+                                                 data_worker_delay_fraction=x)), "not said", "said"),
+    # storage is named on its evidence only: the host's I/O pressure...
+    (b, "STORAGE_PRESSURE", 0.1, 1,
+     lambda x: reason_says("wait for storage", cpu(data_wait_fraction=0.6, data_worker_busy=0.1,
+                                                   io_pressure_fraction=x)), "not said", "said"),
+    # ...or the job's reads from storage
+    (b, "STORAGE_READ", 1e6, 1,
+     lambda x: reason_says("wait for storage", cpu(data_wait_fraction=0.6, data_worker_busy=0.1,
+                                                   storage_read_bytes_per_s=x)), "not said", "said"),
+    # a process whose threads want 95% of a CPU or more: its own work explains its requests' waits
+    (sig, "SATURATED", 0.95, 1, lambda x: cls(serving(x)), "waiting", "compute_bound"),
     (b, "CONTENDED", 0.2, 1, lambda x: reason_says("CPU contention", cpu(main_cpu_us_per_op=50.0,
                                                                           run_delay_fraction=x)), "not said",
      "said"),
@@ -153,6 +199,19 @@ THRESHOLDS: list[tuple[object, str, float, float, Callable[[float], str], str, s
      "starved"),
 ]
 NEAR = 0.02  # just below and just above: 2% of the line either side
+
+
+def serving(demand: float) -> Signals:
+    """A service's window of 10 s: 100 requests of 10 s each finished (100 handled at once, on average), its one
+    process's threads using `demand` cores (no run delay)."""
+    def sweep(count: int, cpu_s: float) -> list[Family]:
+        return [Family("outrider_request_duration_seconds").add(
+                    HistogramValue((1.0, 10.0), (0, count, 0), 10.0 * count), "/", "GET", "http", "200", "2xx", "",
+                    ""),
+                Family("outrider_requests_total").add(float(count), "/", "GET", "http", "200", "2xx", "", ""),
+                *threads((0.0, 0.0), (0.0, 0.0)), Family("outrider_thread_cpu_seconds_total").add(cpu_s, "", "",
+                                                                                                   "other")]
+    return signals(snapshot(sweep(0, 0.0)), snapshot(sweep(100, 10.0 * demand)), 10.0)
 
 
 @pytest.mark.parametrize(("module", "name", "value", "line", "outcome", "below", "above"), THRESHOLDS,
@@ -209,22 +268,52 @@ def test_python_share_threshold_and_the_hottest_line_named() -> None:
                         profile={"python": 0.9})).cls == "compute_bound"
 
 
-def test_an_almost_idle_loop_is_idle_never_compute_bound() -> None:
-    """0.036 cores, a loop sleeping 0.66 s a step: the pool's spin after each op once made it compute_bound."""
-    at_rest = cpu(steps_per_s=1.5, process_cpu_cores=0.036, main_thread_busy=0.03, intra_op_busy=0.02,
-                  loop_samples=500.0, profile={"waiting": 0.97, "native": 0.03},
-                  top_frames=[("waiting", "train.py:30 main", 0.97)])
+def test_a_loop_at_rest_waits_never_idle_nor_compute_bound() -> None:
+    """0.036 cores, a loop sleeping 0.66 s a step: the pool's spin after each op once made it compute_bound, and a
+    rule for loops at rest called it idle under the steps it counted. It steps: it waits, at the line it sleeps on."""
+    at_rest = resting(process_cpu_cores=0.036, main_thread_busy=0.03, loop_waiting_fraction=0.97,
+                      loop_samples=500.0, profile={"waiting": 0.97, "native": 0.03},
+                      top_frames=[("waiting", "train.py:30 main", 0.97)])
     v = classify(at_rest)
-    assert v.cls == "idle" and "train.py:30 main" in v.reason, v.reason
-    assert classify(cpu(steps_per_s=1.5, main_thread_busy=b.IDLE_MAIN - EPS, intra_op_busy=0.02)).cls == "idle"
-    assert classify(cpu(steps_per_s=1.5, main_thread_busy=b.IDLE_MAIN + EPS, intra_op_busy=0.02)).cls != "idle"
-    assert classify(cpu(steps_per_s=1.5, main_thread_busy=0.03, intra_op_busy=b.IDLE_MAIN + EPS)).cls != "idle"
-    # the pool spinning on a crowded machine, the loop thread's samples mostly waiting: at rest all the same
-    assert classify(cpu(steps_per_s=1.5, main_thread_busy=0.17, intra_op_busy=b.IDLE_MAIN + EPS, loop_samples=500.0,
-                        profile={"waiting": 0.83, "native": 0.17})).cls == "idle"
+    assert v.cls == "waiting" and "train.py:30 main" in v.reason and "off CPU 97%" in v.reason, v.reason
+    # the pool spinning on a crowded machine, the loop thread's samples mostly waiting: waiting all the same
+    assert classify(resting(main_thread_busy=0.17, intra_op_busy=b.POOL_RESTING + EPS, loop_samples=500.0,
+                            profile={"waiting": 0.83, "native": 0.17})).cls == "waiting"
+    # a loop that waits for its own process's threads (a producer thread) waits on the job's work, not outside it
+    assert classify(resting(other_threads_busy=0.9)).cls != "waiting"
     # without operations counted the pool decides, but only beside a busy main thread
     assert classify(cpu(main_thread_busy=0.25, intra_op_busy=0.3)).cls != "compute_bound"
     assert classify(cpu(main_thread_busy=0.9, intra_op_busy=0.9)).cls == "compute_bound"
+    # however long the loop waits, a process that steps or serves is never idle
+    for active in (resting(process_cpu_cores=0.0), service(process_cpu_cores=0.0),
+                   service(requests_per_s=0.0, requests_in_flight=1.0, request_latency_s=None)):
+        assert classify(active).cls != "idle", active
+
+
+def test_a_service_is_judged_on_its_requests() -> None:
+    """Handlers waiting 50 ms downstream on 1 ms of CPU wait; handlers whose time is CPU are compute_bound; a
+    request in flight with none finished says how many, and waits only where the process's threads rest."""
+    v = classify(service())
+    assert v.cls == "waiting" and v.reason.startswith(
+        "handlers wait: 50 ms per request (mean latency), 1 ms of CPU and 0 s waiting for a CPU per request; 98% of "
+        "the requests' time off CPU, outside the process"), v.reason
+    queued = classify(service(request_queue_s=0.01)).reason
+    assert "0 s waiting for a CPU per request, 10 ms of it queued; " in queued, queued
+    busy = classify(service(request_cpu_s=0.04, request_waiting_fraction=0.2, demand_per_process=0.9))
+    assert busy.cls == "compute_bound" and busy.reason.startswith(
+        "the requests' time is CPU: 50 ms per request (mean latency), 40 ms of CPU"), busy.reason
+    assert "More worker processes" in busy.recommendation and "CUDA" not in busy.recommendation
+    held = classify(service(requests_per_s=0.0, requests_in_flight=3.0, request_latency_s=None))
+    assert held.cls == "waiting" and held.reason.startswith("3 requests in flight and none finished"), held.reason
+    working = service(requests_per_s=0.0, requests_in_flight=3.0, request_latency_s=None,
+                      request_waiting_fraction=0.1)
+    assert classify(working).cls == NOT_JUDGED
+    # a GPU decides a service whose requests are not waiting: the GPU's rules, not the CPU's
+    assert classify(service(request_waiting_fraction=0.1, gpus=1, gpu_util=0.9)).cls == "compute_bound"
+    assert "CPU:" not in classify(service(request_waiting_fraction=0.1, gpus=1, gpu_util=0.9)).reason
+    assert classify(service(request_waiting_fraction=None)).cls != "waiting", "no CPU measured: not split"
+    # a loop that also answers requests is judged as a loop
+    assert classify(service(steps_per_s=5.0, main_thread_busy=0.9, main_cpu_us_per_op=50.0)).cls == "host_bound"
 
 
 def test_a_window_without_per_thread_cpu_is_not_judged_and_never_votes() -> None:
@@ -274,20 +363,100 @@ def test_input_bound_on_the_loops_own_time_under_contention() -> None:
     assert alone.cls != "input_bound" and alone.evidence["data_wait_alone_fraction"] == pytest.approx(0.2)
 
 
-def test_input_bound_says_whether_the_workers_decode_or_wait_for_storage() -> None:
+def test_input_bound_says_what_the_loop_waits_for_from_its_evidence() -> None:
+    """The data pipeline's CPU, CPU starvation, storage or something else, each from its own evidence: storage only
+    with reads or I/O pressure, starvation only with the workers' run delay; and the advice follows."""
     def io(read: float, stalled: float) -> list[Family]:
         return [Family("outrider_watched_io_bytes_total").add(read, "read").add(0.0, "write"),
                 Family("outrider_host_pressure_stalled_seconds_total").add(stalled, "io", "some")]
 
-    old = loop(0, 0, steps=10) + ZERO + io(0.0, 0.0)
-    storage = classify(signals(snapshot(old), snapshot(loop(7.0, 3.0, steps=110) + io(250e6, 4.0) + threads(
-        (3.0, 0.0), (0.1, 0.0), workers=b.WORKERS_WAITING * 10 - 1)), 10.0))
+    def judged(read: float, stalled: float, workers: tuple[float, float], processes: int = 2) -> b.Verdict:
+        cpu_s, delay_s = workers
+        new = loop(7.0, 3.0, steps=110) + io(read, stalled) + threads((3.0, 0.0), (0.1, 0.0))
+        new += [Family("outrider_thread_cpu_seconds_total").add(cpu_s, "", "", "data_workers"),
+                Family("outrider_thread_run_delay_seconds_total").add(delay_s, "", "", "data_workers"),
+                Family("outrider_threads").add(3.0 * processes - 1, "", "", "data_workers"),
+                Family("outrider_child_processes").add(float(processes), "", "")]
+        return classify(signals(snapshot(loop(0, 0, steps=10) + ZERO + io(0.0, 0.0)), snapshot(new), 10.0))
+
+    storage = judged(250e6, 4.0, (1.0, 0.0))
     assert storage.cls == "input_bound"
-    assert "wait for storage at 25.0 MB/s, I/O pressure on the host 40%" in storage.reason, storage.reason
-    assert storage.evidence["storage_read_bytes_per_s"] == 25e6
-    decode = classify(signals(snapshot(old), snapshot(loop(7.0, 3.0, steps=110) + io(0.0, 0.0) + threads(
-        (3.0, 0.0), (0.1, 0.0), workers=b.WORKERS_WAITING * 10 + 1)), 10.0))
-    assert decode.cls == "input_bound" and "the DataLoader workers decode" in decode.reason, decode.reason
+    assert storage.reason.endswith("; the DataLoader workers (each busy 5% of the time) wait for storage: 23.8 MiB/s "
+                                   "read from storage, I/O pressure on the host 40%"), storage.reason
+    assert storage.evidence["storage_read_bytes_per_s"] == 25e6 and storage.evidence["data_worker_busy"] == 0.05
+    assert storage.recommendation.startswith("Storage paces the loader")
+    elsewhere = judged(0.0, 0.0, (1.0, 0.0))
+    assert "wait off CPU, and not for storage (0 B/s read from storage, I/O pressure on the host 0%)" in \
+        elsewhere.reason
+    assert elsewhere.recommendation.startswith("The loader waits for something that is neither a CPU nor storage")
+    decode = judged(0.0, 0.0, (19.0, 0.0))
+    assert "the data pipeline's CPU: the DataLoader workers decode, each busy 95% of the time" in decode.reason
+    assert decode.recommendation.startswith("The data pipeline's CPU paces the loop")
+    assert "GPU" not in decode.recommendation and "pin_memory" not in decode.recommendation, "a CPU job"
+    # two CPU hogs beside the job: the workers wait for a CPU 16 s against 0.7 s used, reading next to nothing
+    starved = judged(0.8e6, 0.0, (0.7, 16.0))
+    assert starved.cls == "input_bound" and "storage" not in starved.reason.split("(")[0]
+    assert "the DataLoader workers are starved of CPU: 1.60 s a second waiting for a CPU and 0.07 s on one, each " \
+           "worker 80% of the time waiting (78.1 KiB/s read from storage)" in starved.reason, starved.reason
+    assert "Fewer DataLoader workers" in starved.recommendation and "more workers would wait longer" in \
+        starved.recommendation
+    assert starved.evidence["data_workers_delay_cores"] == 1.6
+    # a wake-up's delay after each sleep or read is no starvation: 1 s waiting for a CPU against 0.5 s used, each
+    # worker 5% of the time; said beside what they wait for
+    woken = judged(0.0, 0.0, (0.5, 1.0))
+    assert "starved" not in woken.reason and "a sleep in the loader; they also wait for a CPU (0.10 s a second " \
+        "waiting for a CPU and 0.05 s on one, each worker 5% of the time waiting); slowed by" in woken.reason, woken
+    # ...and the advice puts CPUs before more workers there, and only there
+    assert woken.recommendation.endswith(b.CPUS_SHORT) and woken.recommendation.startswith("The loader waits")
+    assert judged(0.0, 0.0, (0.5, 0.5)).recommendation.endswith(b.CPUS_SHORT), "as long as their CPU"
+    for calm in (elsewhere, decode, storage, starved, judged(0.0, 0.0, (0.5, 0.49))):
+        assert not calm.recommendation.endswith(b.CPUS_SHORT), calm.recommendation
+    assert not b.workers_wait_for_cpus(cpu(data_workers_delay_cores=0.0)), "no wait at all is not as long as none"
+    # no workers: the loader on the loop's saturated thread is its CPU; an idle thread waits off CPU
+    inline = classify(cpu(data_wait_fraction=0.6, main_thread_busy=0.9))
+    assert "the loader works on the loop's thread (no DataLoader workers; busy 90%" in inline.reason, inline.reason
+    assert inline.recommendation.startswith("The data pipeline's CPU paces the loop: the loader runs on the loop's")
+    assert "waits off CPU, and not for storage" in classify(cpu(data_wait_fraction=0.6, main_thread_busy=0.1)).reason
+
+
+def test_a_service_is_a_window_of_requests_without_steps() -> None:
+    """Requests finished or in flight, and no steps: a loop that also answers requests is judged as a loop."""
+    none = {"steps_per_s": 0.0, "requests_per_s": 0.0, "requests_in_flight": None}
+    assert [b.serving(Signals(window_s=1.0, **{**none, **kw})) for kw in (  # type: ignore[arg-type]
+        {}, {"requests_per_s": 0.5}, {"requests_in_flight": 0.5}, {"requests_in_flight": 0.0},
+        {"requests_per_s": 0.5, "steps_per_s": 0.5}, {"requests_in_flight": 2.0, "steps_per_s": 0.5})] == \
+        [False, True, True, False, False, False]
+
+
+def test_what_the_loop_waits_for_is_not_said_without_per_thread_cpu() -> None:
+    assert b.input_cause(cpu(data_wait_fraction=0.6, main_thread_busy=None)) == ""
+    assert b.input_cause(cpu(data_wait_fraction=0.6, data_workers_cpu_cores=1.0)) == "", "workers without a count"
+    assert b.input_cause(cpu(data_wait_fraction=0.6)) == "loop_cpu"
+    assert classify(cpu(steps_per_s=0.0, process_cpu_cores=0.5)).recommendation == b.NOT_JUDGED_ADVICE
+
+
+def test_no_accelerator_advice_without_an_accelerator() -> None:
+    """A CPU job (no GPU, or a torch that never initialised CUDA on a GPU node) never reads about CUDA, GPUs or
+    tensor cores; a job with one does where it helps."""
+    words = ("CUDA", "GPU", "tensor cores", "accelerator underused")
+    cpu_only = [cpu(main_cpu_us_per_op=900.0), cpu(main_cpu_us_per_op=50.0), cpu(data_wait_fraction=0.6),
+                cpu(host_mem_available_ratio=0.01), cpu(collective_wait_fraction=0.5, data_wait_fraction=0.0),
+                cpu(data_wait_fraction=0.6, data_worker_busy=0.9), cpu(gpus=1, gpu_util=0.0, torch_cpu_only=True,
+                                                                     main_cpu_us_per_op=900.0)]
+    for s in cpu_only:
+        v = classify(s)
+        assert v.judged
+        said = [w for w in words if w in v.recommendation or w in v.reason]
+        assert said == [], (v.cls, said, v.recommendation)
+    with_gpu = classify(gpu(gpu_busy_ratio=0.9))
+    assert with_gpu.cls == "compute_bound" and "tensor cores" in with_gpu.recommendation
+    assert "CUDA graphs" in classify(gpu(gpu_busy_ratio=0.1)).recommendation
+    assert "PYTORCH_CUDA_ALLOC_CONF" in classify(gpu(gpu_mem_ratio=0.99)).recommendation
+    assert "on the GPU" in classify(gpu(data_wait_fraction=0.6, data_worker_busy=0.9,
+                                        gpu_busy_ratio=0.1)).recommendation
+    short = classify(gpu(data_wait_fraction=0.6, data_worker_busy=0.9, gpu_busy_ratio=0.1, data_workers_cpu_cores=1.0,
+                         data_workers_delay_cores=1.0, data_worker_delay_fraction=0.25)).recommendation
+    assert "on the GPU" in short and short.endswith(b.CPUS_SHORT), short
 
 
 def test_the_starved_rank_is_named_and_a_rank_that_merely_waits_is_not() -> None:

@@ -1,7 +1,7 @@
 """Labelled CPU training scripts for the confusion matrix: each calls only `outrider.instrument()` (no loader
 wrapper, no step timing), the way a new user would, and has one known bottleneck.
 
-    python tests/diagnosis/zero_config.py input|input_io|compute|host|python|idle|checkpoint|inference SECONDS
+    python tests/diagnosis/zero_config.py input|input_io|compute|host|python|sleeping|checkpoint|inference SECONDS
     python -m torch.distributed.run --nproc-per-node N tests/diagnosis/zero_config.py comm|straggler|starved SECONDS
 
 (The inference service wraps its WSGI app in the middleware Outrider ships, as any instrumented service does:
@@ -131,7 +131,8 @@ def input_bound(seconds: float) -> None:
 
 
 def input_io(seconds: float) -> None:
-    """Two workers waiting on storage (10 ms a sample)."""
+    """Two workers waiting 10 ms a sample off CPU (a sleep standing for a remote read: no storage read, so storage
+    is not what the verdict names; behaviours.py's disk_loader reads a disk)."""
     loader = torch.utils.data.DataLoader(SlowDataset(io_s=0.01), batch_size=8, num_workers=2)
     train(small(), loader, seconds, loss_fn="mse")
 
@@ -203,7 +204,7 @@ def python_step(texts: list[str], vocab: dict[str, int], model: torch.nn.Module,
 
 
 def at_rest(seconds: float) -> None:
-    """A loop that sleeps 0.66 s a step (polling for work, rate-limited): nothing limits it, it is idle."""
+    """A loop that sleeps 0.66 s a step (polling for work, rate-limited): it waits on nothing of its own: waiting."""
     model = small()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     x, y = torch.randn(8, 32), torch.randint(0, 4, (8,))
@@ -347,6 +348,6 @@ if __name__ == "__main__":
         starved(secs)
     else:
         {"input": input_bound, "input_io": input_io, "compute": compute, "host": host, "python": python_bound,
-         "idle": at_rest, "checkpoint": checkpoint_heavy, "inference": inference}[what](secs)
+         "sleeping": at_rest, "checkpoint": checkpoint_heavy, "inference": inference}[what](secs)
     if "--truth" in sys.argv:
         print(json.dumps(TRUTH))

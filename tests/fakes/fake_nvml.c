@@ -20,6 +20,7 @@
  *                                      ui, ul, ull (the default), sll, si, us (nvmlValueType_t)
  *   gpu I nvlinks N                    links 0..N-1 are active (nvmlDeviceGetNvLinkState; a link past N is an
  *                                      invalid argument); without it the GPU has no NVLink (not supported)
+ *   gpu I nvlinks_down MASK            the links whose bit is set in MASK are not active (NVML_FEATURE_DISABLED)
  *   gpu I nvlink_error LINK COUNTER V  an NVLink error counter (nvmlNvLinkErrorCounter_t COUNTER) of a link; a
  *                                      counter not given is not supported on that link
  *   gpu I gpm METRIC_ID VALUE          a GPM metric (nvmlGpmMetricsGet); gpm_supported 1 enables GPM
@@ -54,7 +55,7 @@ enum key {
     K_PSTATE, K_FAN, K_CLOCK_REASONS, K_VIOL_POWER_NS, K_VIOL_THERMAL_NS, K_VIOL_SYNC_BOOST_NS, K_VIOL_BOARD_NS,
     K_VIOL_LOW_UTIL_NS, K_VIOL_RELIABILITY_NS, K_PCIE_TX_KBPS, K_PCIE_RX_KBPS, K_PCIE_REPLAY, K_ECC_CORR_VOLATILE,
     K_ECC_UNC_VOLATILE, K_ECC_CORR_AGGREGATE, K_ECC_UNC_AGGREGATE, K_REMAP_CORR, K_REMAP_UNC, K_REMAP_PENDING,
-    K_REMAP_FAILURE, K_MIG_MODE, K_LOST, K_GPM_SUPPORTED, K_GPU_INSTANCE, K_MAX_MIG, K_NVLINKS, K_COUNT
+    K_REMAP_FAILURE, K_MIG_MODE, K_LOST, K_GPM_SUPPORTED, K_GPU_INSTANCE, K_MAX_MIG, K_NVLINKS, K_NVLINKS_DOWN, K_COUNT
 };
 static const char *KEY_NAMES[K_COUNT] = {
     "memory_total", "memory_used", "memory_free", "memory_reserved", "util_gpu", "util_mem", "enc_util", "dec_util",
@@ -63,7 +64,7 @@ static const char *KEY_NAMES[K_COUNT] = {
     "violation_board_limit_ns", "violation_low_util_ns", "violation_reliability_ns", "pcie_tx_kbps", "pcie_rx_kbps",
     "pcie_replay", "ecc_corr_volatile", "ecc_unc_volatile", "ecc_corr_aggregate", "ecc_unc_aggregate", "remap_corr",
     "remap_unc", "remap_pending", "remap_failure", "mig_mode", "lost", "gpm_supported", "gpu_instance", "max_mig",
-    "nvlinks",
+    "nvlinks", "nvlinks_down",
 };
 
 struct named_code { char fn[64]; int code; };
@@ -525,7 +526,7 @@ API nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t device, int count, nvmlFi
 API nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t device, unsigned int link, nvmlEnableState_t *active) {
     READ(K_NVLINKS, "nvmlDeviceGetNvLinkState", device, ({
         if (link >= (unsigned int)g->v[K_NVLINKS]) return NVML_ERROR_INVALID_ARGUMENT;
-        *active = NVML_FEATURE_ENABLED;
+        *active = ((unsigned long long)g->v[K_NVLINKS_DOWN] >> link) & 1 ? NVML_FEATURE_DISABLED : NVML_FEATURE_ENABLED;
     }));
 }
 API nvmlReturn_t nvmlDeviceGetNvLinkErrorCounter(nvmlDevice_t device, unsigned int link,

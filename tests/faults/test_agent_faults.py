@@ -198,6 +198,7 @@ def test_planted_secrets_stay_out_of_otlp_the_alerts_api_and_notifications(tmp_p
         with ScriptedReceiver(WEBHOOK_SCHEMA) as hook:
             receivers.write_text(f"receivers:\n  - {{name: hook, type: webhook, url: '{hook.url}/'}}\n")
             env = {"OUTRIDER_RULE_FILES": str(rules), "OUTRIDER_RULE_INTERVAL_S": "0.3",
+                   "OUTRIDER_PROCESS_COMMAND_ARGUMENTS": "true",  # the arguments, redacted, go everywhere below
                    "OUTRIDER_RECEIVERS_FILE": str(receivers), "OUTRIDER_LOG_LEVEL": "debug",
                    "OUTRIDER_OTLP_ENDPOINT": f"http://otlp:{OTLP_PASSWORD}@127.0.0.1:{otlp.port}",
                    "OUTRIDER_OTLP_PROTOCOL": protocol, "OUTRIDER_OTLP_INTERVAL_S": "0.3",

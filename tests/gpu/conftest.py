@@ -79,11 +79,11 @@ def sweep(c: GpuCollector) -> dict:  # type: ignore[type-arg]
 # What one sweep asks NVML once the first sweep has found what the driver offers: the device count, then every
 # reading of every GPU once (34: utilisation x3, memory, temperature, field values, power, energy, clocks x2,
 # performance state, fan, clock event reasons, violations x6, PCIe x3, ECC x4, remapped rows, MIG mode, GPM x4,
-# processes x2), each active NVLink's four error counters, and with MIG on, the slot count and four readings per
+# processes x2), each NVLink's four error counters and its state, and with MIG on, the slot count and four readings per
 # slot. A reading the driver does not offer is not asked again, so a real GPU asks at most this.
 NVML_CALLS_PER_SWEEP = 1
 NVML_CALLS_PER_GPU = 34
-NVML_CALLS_PER_NVLINK = 4
+NVML_CALLS_PER_NVLINK = 5
 NVML_CALLS_PER_MIG_SLOT = 4
 
 

@@ -300,9 +300,28 @@ def test_nvlink_errors_summed_over_links_absent_where_unsupported(fake_nvml: dic
     sweep(c2)
     calls = c2.nvml.calls
     sweep(c2)
-    assert per_sweep - (c2.nvml.calls - calls) == 5, (
-        "after the first sweep only the 5 (link, counter) pairs the scenario offers are asked: no link probing, "
-        "no unsupported counter again")
+    assert per_sweep - (c2.nvml.calls - calls) == 5 + 4, (
+        "after the first sweep only the 5 (link, counter) pairs the scenario offers and the 4 links' states are "
+        "asked: no link probing, no unsupported counter again")
+
+
+def test_each_nvlinks_state_is_read_every_sweep(fake_nvml: dict[str, str], scenario: Scenario) -> None:
+    """Links found once, their states read each sweep: link 2 of GPU 0 goes down between two sweeps, and the next
+    sweep says so (the GPUNVLinkDown alert's input); a GPU without NVLink has no link series."""
+    scenario.write(FULL + NVLINK)
+    c = make_collector(fake_nvml["full"])
+
+    def states(parsed: dict) -> dict[str, float]:  # type: ignore[type-arg]
+        return {dict(labels)["link"]: v for (name, labels), v in parsed.items()
+                if name == "outrider_gpu_nvlink_link_active" and ("gpu", "0") in labels}
+
+    assert states(sweep(c)) == {"0": 1, "1": 1, "2": 1, "3": 1}
+    scenario.write(FULL + NVLINK + "gpu 0 nvlinks_down 4\n")  # bit 2
+    parsed = sweep(c)
+    assert states(parsed) == {"0": 1, "1": 1, "2": 0, "3": 1}, "a link down is still a link, now inactive"
+    assert not [k for k in parsed if k[0] == "outrider_gpu_nvlink_link_active" and ("gpu", "1") in k[1]]
+    labels = next(dict(lb) for (name, lb) in parsed if name == "outrider_gpu_nvlink_link_active")
+    assert {"gpu", "uuid", "model", "link"} <= set(labels)
 
 
 def test_a_sweep_asks_each_reading_of_each_gpu_once(fake_nvml: dict[str, str], scenario: Scenario) -> None:

@@ -29,7 +29,7 @@ def serialize_file(*args: Any, **kwargs: Any) -> str:
 class Progress:
     open_phases: tuple[str, ...] = ()
 
-    def checkpoint_begin(self) -> None:
+    def checkpoint_begin(self, local_storage: bool = True, kind: str = "") -> None:
         pass
 
     def checkpoint_end(self) -> None:

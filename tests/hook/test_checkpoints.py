@@ -48,10 +48,10 @@ def hooked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Hook]:
 
 
 class SlowFile(io.RawIOBase):
-    """A file-like torch.save writes into: each write goes to a real file in CHUNK pieces, each full one after a
-    pause of `pause_s`, as a slow disk, while `go_on()` says so (then the rest is dropped: the test has seen what it
-    waited for); every piece is flushed to the page cache (it counts as written). Small writes (the zip's headers,
-    the pickle) go at once."""
+    """A file object torch.save writes into, on a real local file: each write goes to it in CHUNK pieces, each full
+    one after a pause of `pause_s`, as a slow disk, while `go_on()` says so (then the rest is dropped: the test has
+    seen what it waited for); every piece is flushed to the page cache (it counts as written). Small writes (the
+    zip's headers, the pickle) go at once."""
 
     def __init__(self, path: Path, pause_s: float, go_on: Callable[[], bool] = lambda: True,
                  write_data: bool = True) -> None:
@@ -62,6 +62,11 @@ class SlowFile(io.RawIOBase):
 
     def writable(self) -> bool:
         return True
+
+    def fileno(self) -> int:
+        """The real file's: a file object on local storage, whose writes /proc/self/io counts (a save into it is a
+        local one; one into a buffer or an upload is not)."""
+        return self.fh.fileno()
 
     def write(self, data: Any) -> int:
         view = memoryview(data).cast("B")
@@ -264,3 +269,171 @@ def test_the_whole_torch_save_is_the_checkpoint_its_zip_file_opened_and_finished
     saved = value(parsed, "outrider_train_checkpoint_duration_seconds_sum")
     assert value(parsed, "outrider_train_checkpoint_duration_seconds_count") == 3
     assert saved is not None and 3 * 0.3 <= saved <= took, (saved, took)
+
+
+class NetworkFile(io.RawIOBase):
+    """A file object with no descriptor whose writes go nowhere local, slowly (a socket to object storage, an
+    s3fs file): each CHUNK after a pause of `pause_s`, none of it reaching this machine's storage."""
+
+    def __init__(self, pause_s: float) -> None:
+        self.pause_s = pause_s
+        self.sent = 0
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        n = len(memoryview(data).cast("B"))
+        for _ in range(n // CHUNK):
+            time.sleep(self.pause_s)
+        self.sent += n
+        return n
+
+
+def test_a_save_to_the_network_that_writes_nothing_locally_is_no_stall(tmp_path: Path, hooked: Hook) -> None:
+    """torch.save into a file object that streams to object storage: /proc/self/io sees no write, which for a local
+    save means hung. It was called a stall once the step threshold passed (5 minutes in production, paged at 7):
+    a save to the network is judged by its own limit alone."""
+    train(20)
+    hooked.flush()
+    threshold = hooked.progress._step_threshold()
+    seen: list[bool] = []
+    dest = NetworkFile(pause_s=0.05)
+    original = dest.write
+
+    def write(data: Any) -> int:
+        seen.append(hooked.progress.checkpoint_local)
+        return original(data)
+
+    dest.write = write  # type: ignore[method-assign]
+    t0 = time.perf_counter()
+    torch.save({"weights": torch.zeros(16 << 20, dtype=torch.uint8)}, dest)  # 64 pieces: about 3 s
+    took = time.perf_counter() - t0
+    assert took > 2 * threshold, "the save outlasted the stall threshold"
+    assert seen and not any(seen), "a save into a file object without a local file is a network save"
+    train(3)
+    hooked.flush()
+    assert hooked.progress.stalls == 0 and not stall_messages(tmp_path)
+    assert hooked.progress.checkpoints == 1
+
+
+def test_an_upload_through_fsspec_is_a_checkpoint_to_the_network(tmp_path: Path, hooked: Hook) -> None:
+    """`with fsspec.open("s3://...", "wb") as f: torch.save(state, f)`: the save writes into fsspec's buffer, and the
+    file uploads what is left when closed, after torch.save returned. Both are checkpoints to the network: the close
+    took the steps past the stall threshold and was called a stall. The filesystem is a real fsspec implementation
+    (AbstractFileSystem with AbstractBufferedFile) whose uploads are slow and leave nothing on local storage."""
+    fsspec = pytest.importorskip("fsspec")
+    from fsspec.spec import AbstractBufferedFile, AbstractFileSystem
+
+    uploads: list[tuple[int, bool]] = []
+
+    class SlowUpload(AbstractBufferedFile):  # type: ignore[misc]
+        def _initiate_upload(self) -> None:
+            pass
+
+        def _upload_chunk(self, final: bool = False) -> bool:
+            data = self.buffer.getvalue()
+            uploads.append((len(data), hooked.progress.checkpoint_local))
+            time.sleep(0.05 * max(1, len(data) // CHUNK))  # the network's pace
+            return True
+
+    class SlowObjectStore(AbstractFileSystem):  # type: ignore[misc]
+        protocol = "outrider-slow-object-store"
+
+        def _open(self, path: str, mode: str = "rb", block_size: int | None = None, **kwargs: Any) -> SlowUpload:
+            # parts of 64 MiB: the save's 12 MiB stay in the buffer until the close uploads them
+            return SlowUpload(self, path, mode, block_size=64 << 20, **kwargs)
+
+    fsspec.register_implementation(SlowObjectStore.protocol, SlowObjectStore, clobber=True)
+    train(20)
+    hooked.flush()
+    threshold = hooked.progress._step_threshold()
+    api.S.torch.checkpoints.poll()  # type: ignore[union-attr]  # the publisher's next look at sys.modules, now
+    f = fsspec.open(f"{SlowObjectStore.protocol}://bucket/ckpt.pt", "wb").open()
+    torch.save({"weights": torch.zeros(12 << 20, dtype=torch.uint8)}, f)  # into fsspec's buffer (below a part)
+    t0 = time.perf_counter()
+    f.close()  # the whole 12 MiB uploaded by the close, after torch.save returned
+    took = time.perf_counter() - t0
+    assert took > 2 * threshold, "the close's upload alone outlasted the stall threshold"
+    assert [local for _, local in uploads] == [False], "uploaded in a checkpoint to the network"
+    train(3)
+    hooked.flush()
+    assert hooked.progress.stalls == 0 and not stall_messages(tmp_path)
+    assert hooked.progress.checkpoints == 2, "the save, and the close that finished the upload"
+
+
+@pytest.mark.parametrize(("writer", "local"), [("filesystem", True), ("fsspec", False)])
+def test_a_distributed_checkpoints_storage_writer_says_where_it_writes(tmp_path: Path, hooked: Hook, writer: str,
+                                                                      local: bool) -> None:
+    """dcp.save through torch's FileSystemWriter writes local files; through an fsspec writer (object storage; here
+    fsspec's in-memory filesystem) it writes where /proc/self/io never looks."""
+    pytest.importorskip("fsspec")
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import FileSystemWriter
+    from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
+
+    api.S.torch.checkpoints.poll()  # type: ignore[union-attr]  # the publisher's next look, now
+    train(5)
+    storage = FileSystemWriter(str(tmp_path / "dcp")) if writer == "filesystem" else \
+        FsspecWriter(f"memory://outrider-test-{tmp_path.name}")
+    seen: list[bool] = []
+    original = storage.write_data
+
+    def write_data(*args: Any, **kwargs: Any) -> Any:
+        seen.append(hooked.progress.checkpoint_local)
+        return original(*args, **kwargs)
+
+    storage.write_data = write_data  # type: ignore[method-assign]
+    with pytest.warns(UserWarning, match="single process"):
+        dcp.save({"model": train.model.state_dict()}, storage_writer=storage)  # type: ignore[attr-defined]
+    assert seen == [local]
+    assert hooked.progress.checkpoints == 1
+
+
+def test_an_upload_through_boto3_is_a_checkpoint_to_the_network(tmp_path: Path, hooked: Hook) -> None:
+    """A checkpoint uploaded with boto3 after a local save (client.upload_file, client.upload_fileobj) to an S3
+    endpoint: a real boto3 client against a local HTTP server that answers each PUT after 3 s, as a slow link
+    would. Steps pause while it uploads; it writes nothing to local storage: it was a stall past the threshold."""
+    boto3 = pytest.importorskip("boto3")
+    import http.server
+
+    class SlowS3(http.server.BaseHTTPRequestHandler):
+        def do_PUT(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            time.sleep(3.0)
+            self.send_response(200)
+            self.send_header("ETag", '"0"')
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), SlowS3)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        def client() -> Any:
+            return boto3.client("s3", endpoint_url=f"http://127.0.0.1:{server.server_port}", region_name="us-east-1",
+                                aws_access_key_id="test", aws_secret_access_key="test")
+
+        client()  # boto3 binds its S3 transfer methods when a client's class is first made
+        api.S.torch.checkpoints.poll()  # type: ignore[union-attr]  # the publisher's next look at sys.modules, now
+        s3 = client()
+        train(20)
+        hooked.flush()
+        threshold = hooked.progress._step_threshold()
+        torch.save(train.model.state_dict(), tmp_path / "ckpt.pt")  # type: ignore[attr-defined]
+        t0 = time.perf_counter()
+        s3.upload_file(str(tmp_path / "ckpt.pt"), "bucket", "ckpt.pt")
+        with open(tmp_path / "ckpt.pt", "rb") as fh:
+            s3.upload_fileobj(fh, "bucket", "ckpt-copy.pt")
+        took = time.perf_counter() - t0
+        assert took > 2 * threshold, "the uploads outlasted the stall threshold"
+        train(3)
+        hooked.flush()
+        assert hooked.progress.stalls == 0 and not stall_messages(tmp_path)
+        assert hooked.progress.checkpoint_kinds["boto3 upload"][0] == 2, "each upload a checkpoint"
+        assert not hooked.progress.checkpoint_local
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from outrider import spool
+from tests.conftest import need_binary
 from tests.helpers import wait_until
 
 pytestmark = pytest.mark.integration
@@ -94,6 +95,17 @@ elif mode == "chained-handler":
     steps(5)  # the last steps before a graceful stop (a checkpoint, in Lightning)
     (control / "graceful").touch()
     sys.exit(0)
+elif mode == "pid-1":
+    # PID 1 of its namespace (a container's command with no init): the kernel drops a SIGTERM it has no handler
+    # for, so it trains on through one; so it must with the hook.
+    assert os.getpid() == 1
+    outrider.flush()
+    (control / "ready").touch()
+    wait_for("release")  # SIGTERM arrives while this waits
+    steps(5)
+    outrider.flush()
+    (control / "trained").touch()
+    wait_for("finish")
 elif mode in ("sigterm", "user-handler", "ignored"):
     (control / "ready").touch()
     wait_for("release")  # SIGTERM arrives while this waits
@@ -116,15 +128,22 @@ elif mode == "multiprocessing":
 """
 
 
-def _run(tmp_path: Path, mode: str) -> tuple[subprocess.Popen[bytes], Path, Path]:
+def _run(tmp_path: Path, mode: str, prefix: list[str] | None = None) -> tuple[subprocess.Popen[bytes], Path, Path]:
     sp, control = tmp_path / "spool", tmp_path / "control"
     control.mkdir()
     script = tmp_path / "workload.py"
     script.write_text(WORKLOAD)
     env = {k: v for k, v in os.environ.items() if not k.startswith("OUTRIDER_")}
     env.update({"OUTRIDER_SPOOL_DIR": str(sp), "OUTRIDER_STANDALONE": "false", "OUTRIDER_FLUSH_INTERVAL_S": "3600"})
-    p = subprocess.Popen([sys.executable, str(script), mode, str(control)], env=env, stderr=subprocess.PIPE)
+    p = subprocess.Popen([*(prefix or []), sys.executable, str(script), mode, str(control)], env=env,
+                         stderr=subprocess.PIPE)
     return p, sp, control
+
+
+def _pending_signals(pid: int) -> int:
+    """The signals pending for the process, its own and its thread group's (a mask by signal number)."""
+    fields = dict(line.split(":\t", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines())
+    return int(fields["SigPnd"], 16) | int(fields["ShdPnd"], 16)
 
 
 def _shards(sp: Path) -> dict[int, spool.ShardSnapshot]:
@@ -239,6 +258,43 @@ def test_an_ignored_sigterm_stays_ignored(tmp_path: Path) -> None:
         (control / "release").touch()
     assert code == 0, err
     assert _shards(sp)[p.pid].header.steps == 17
+
+
+def test_a_pid_1_workload_trains_on_through_the_sigterm_it_ignores_and_its_shard_stays_open(tmp_path: Path) -> None:
+    """PID 1 of a PID namespace (a container's command, with no init) ignores a SIGTERM it has no handler for: the
+    kernel drops it. The hook must leave it so: had it taken SIGTERM there, its handler would close the shard and
+    re-raise a signal the kernel drops again, and the process would train on unseen (its shard closed: the agent
+    takes it for finished and retires its series)."""
+    unshare = need_binary("unshare")
+    probe = subprocess.run([unshare, "--user", "--map-root-user", "--pid", "--fork", "--mount-proc", "true"],
+                           capture_output=True, text=True)
+    if probe.returncode != 0:
+        pytest.skip(f"no PID namespace can be made here: {probe.stderr.strip()}")
+    p, sp, control = _run(tmp_path, "pid-1", [unshare, "--user", "--map-root-user", "--pid", "--fork",
+                                                "--mount-proc"])
+    try:
+        wait_until(lambda: (control / "ready").exists(), timeout_s=60, what="the workload's steps")
+        (pid,) = map(int, Path(f"/proc/{p.pid}/task/{p.pid}/children").read_text().split())  # its pid out here
+        before = _shards(sp)[1]
+        assert before.header.steps == 17 and not before.header.flags & spool.FLAG_CLOSED
+        os.kill(pid, signal.SIGTERM)  # as the container runtime stops a container
+        # Delivered (to a handler, which then runs before the loop's next look) or dropped: pending no more
+        wait_until(lambda: not _pending_signals(pid) & (1 << (signal.SIGTERM - 1)), timeout_s=60,
+                   what="SIGTERM delivered or dropped")
+        (control / "release").touch()
+        wait_until(lambda: (control / "trained").exists() or p.poll() is not None, timeout_s=60,
+                   what="the steps after SIGTERM")
+        assert p.poll() is None, "the workload died of the SIGTERM it ignores without the hook"
+        during = _shards(sp)[1]
+        assert not during.header.flags & spool.FLAG_CLOSED, "its shard was closed while it trained on"
+        assert during.header.steps == 22, "the steps after the signal are published"
+    finally:
+        (control / "release").touch()
+        (control / "finish").touch()
+    code, err = _finish(p)
+    assert code == 0, err
+    after = _shards(sp)[1]
+    assert after.header.steps == 22 and after.header.flags & spool.FLAG_CLOSED, "closed at its own exit"
 
 
 def test_a_forked_child_publishes_its_own_steps_under_its_own_pid(tmp_path: Path) -> None:

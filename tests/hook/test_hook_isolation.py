@@ -29,7 +29,8 @@ outrider.shutdown()
 print(json.dumps(sorted(set(sys.modules) - before)))
 """
 
-HOOK_SIDE = ("outrider.hook", "outrider.spool", "outrider.kernel", "outrider.version", "outrider.sketch")  # + outrider
+HOOK_SIDE = ("outrider.hook", "outrider.spool", "outrider.kernel", "outrider.version", "outrider.sketch",
+             "outrider.prometheus_names")  # + outrider
 
 
 def _hook_side(module: str) -> bool:

@@ -42,11 +42,14 @@ def test_invalid_and_excess_series_are_refused_and_counted(tmp_path: Path) -> No
     assert isinstance(h.series("counter", "bad name"), NoopSeries)
     assert isinstance(h.series("counter", "outrider_fake_total"), NoopSeries), "the outrider_ prefix is reserved"
     assert isinstance(h.series("counter", "x_total", {"rank": "1"}), NoopSeries)
+    for name in ("up", "scrape_samples_scraped", "ALERTS_FOR_STATE", "__x"):  # Prometheus's own series
+        assert isinstance(h.series("gauge", name), NoopSeries), name
+    assert isinstance(h.series("gauge", "x", {"__name__": "y"}), NoopSeries), "a label Prometheus keeps"
     assert isinstance(h.series("counter", "x_total", {"k": "v" * 500}), NoopSeries)
     for i in range(5):  # a request id used as a label: capped at 3 series
         h.series("counter", "req_total", {"id": str(i)}).inc()
     h.series("counter", "req_total", {"other": "x"})
-    assert h.drop.counts == {"invalid_name": 1, "reserved_name": 1, "invalid_label_name": 1,
+    assert h.drop.counts == {"invalid_name": 1, "reserved_name": 5, "invalid_label_name": 2,
                              "invalid_label_value": 1, "series_limit_per_metric": 2, "inconsistent_label_names": 1}
     h.flush()
     _, parsed = agent_view(tmp_path)
@@ -382,3 +385,66 @@ def test_the_closing_flush_is_the_last_word_even_beside_a_slow_periodic_one(tmp_
     assert dict((s[0], s[3]) for s in snap.series)["work_total"] == [2.0]
     h.flush()  # a publisher waking after close() writes nothing more
     assert spool.decode(next(tmp_path.glob("*.shard")).read_bytes()).header.flags & spool.FLAG_CLOSED
+
+
+def test_a_stopped_process_is_stopped_not_stalled(tmp_path: Path) -> None:
+    """A real process stepping under the hook, SIGSTOPped: its heartbeat stops with it, and the agent (its clock moved
+    past the unresponsive threshold) reads /proc/PID/stat's T: stopped, not stalled (outrider_hook_stalled was 1
+    within 12 s of a SIGSTOP, and TrainingStalled paged). Continued, it runs again."""
+    import signal
+    import subprocess
+    import sys
+    import textwrap
+
+    from outrider.clock import ManualClock
+    from tests.helpers import wait_until
+
+    script = tmp_path / "loop.py"
+    script.write_text(textwrap.dedent("""
+        import time
+        import outrider
+        outrider.instrument()
+        while True:
+            with outrider.step(samples=8):
+                time.sleep(0.01)
+    """))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OUTRIDER_")}
+    env.update({"OUTRIDER_SPOOL_DIR": str(tmp_path), "OUTRIDER_STANDALONE": "false",
+                "OUTRIDER_FLUSH_INTERVAL_S": "0.1", "OUTRIDER_TRAINING_JOB": "llm", "RANK": "0"})
+    proc = subprocess.Popen([sys.executable, str(script)], env=env)
+    try:
+        manual = ManualClock()
+        c = HookCollector(CollectorContext(Config(spool_dir=str(tmp_path), flush_interval_s=0.1),
+                                           clock=manual.clock()))
+
+        def collect() -> dict:  # type: ignore[type-arg]
+            return samples(render(c.collect()).decode())
+
+        wait_until(lambda: value(collect(), "outrider_train_steps_total", rank="0", training_job="llm") or None,
+                   timeout_s=30, what="the loop's steps in the spool")
+        proc.send_signal(signal.SIGSTOP)
+        wait_until(lambda: procfs_state(proc.pid) == "T", timeout_s=10, what="the process stopped")
+        collect()  # the last heartbeat it wrote, seen now
+        manual.now += 20.0  # past max(10 x flush, 10 s): unresponsive, were it not stopped
+        parsed = collect()
+        assert value(parsed, "outrider_hook_processes", state="stopped") == 1
+        assert value(parsed, "outrider_hook_processes", state="unresponsive") == 0
+        assert value(parsed, "outrider_hook_stopped", rank="0", training_job="llm") == 1
+        assert value(parsed, "outrider_hook_stalled", rank="0", training_job="llm") == 0
+        proc.send_signal(signal.SIGCONT)
+
+        def running_again() -> bool:
+            manual.now += 0.05
+            parsed = collect()
+            return value(parsed, "outrider_hook_processes", state="running") == 1
+        wait_until(running_again, timeout_s=30, what="the continued process running again")
+        assert value(collect(), "outrider_hook_stopped", rank="0", training_job="llm") == 0
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def procfs_state(pid: int) -> str | None:
+    from outrider.kernel import procfs
+
+    return procfs.process_state("/proc", pid)

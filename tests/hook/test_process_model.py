@@ -180,7 +180,8 @@ def test_the_agent_runs_in_a_session_of_its_own_at_the_lowest_priority_and_ends_
         (control / "measure").touch()
         modules = _report(control)["modules"]
         assert isinstance(modules, list) and modules
-        hook_side = ("outrider.hook", "outrider.spool", "outrider.kernel", "outrider.version", "outrider.sketch")
+        hook_side = ("outrider.hook", "outrider.spool", "outrider.kernel", "outrider.version", "outrider.sketch",
+                     "outrider.prometheus_names")
         assert all(m == "outrider" or m.startswith(hook_side) for m in modules), modules
         (control / "release").touch()
         assert p.wait(timeout=60) == 0
@@ -427,11 +428,12 @@ def test_no_hook_module_names_an_agent_module_even_as_a_string() -> None:
 
     root = Path(outrider.__file__).parent
     agent_modules = {"outrider." + ".".join(p.relative_to(root).with_suffix("").parts) for p in root.rglob("*.py")
-                     if p.parts[len(root.parts)] not in ("hook", "spool.py", "version.py", "sketch.py", "__init__.py")}
+                     if p.parts[len(root.parts)] not in ("hook", "spool.py", "version.py", "sketch.py",
+                                                         "prometheus_names.py", "__init__.py")}
     agent_modules |= {m.rsplit(".", 1)[0] for m in agent_modules if m.endswith(".__init__")}
     assert "outrider.standalone" in agent_modules and "outrider.agent" in agent_modules
     hook_side = [root / "__init__.py", root / "spool.py", root / "version.py", root / "sketch.py",
-                 *sorted((root / "hook").glob("*.py"))]
+                 root / "prometheus_names.py", *sorted((root / "hook").glob("*.py"))]
     named = {(p.name, m) for p in hook_side
              for m in re.findall(r"""["'](outrider\.[\w.]+)["']""", p.read_text()) if m in agent_modules}
     assert named == set(), named

@@ -1,6 +1,7 @@
 """Names the agent owns are refused from the public API: a stalled workload that publishes outrider_hook_stalled 0
-(or its own steps, latency or ALERTS) cannot hide or fake what the agent says; the refusal is warned about once and
-counted in outrider_hook_dropped_total{reason="reserved_name"}."""
+(or its own steps, latency or ALERTS) cannot hide or fake what the agent says, nor can `up 0` or `scrape_*` make
+Prometheus record the agent's target as down; the refusal is warned about once and counted in
+outrider_hook_dropped_total{reason="reserved_name"}."""
 
 from __future__ import annotations
 
@@ -35,6 +36,8 @@ WORKLOAD = textwrap.dedent("""
         outrider.counter("outrider_train_steps").inc(1000)
         outrider.histogram("outrider_latency_seconds", {"name": "db"}).observe(99.0)
         outrider.gauge("ALERTS", {"alertname": "x"}).set(1)
+        outrider.gauge("up").set(0)
+        outrider.gauge("scrape_duration_seconds").set(99)
     outrider.record_latency(0.002, "db")  # the hook's own function still reaches the real series
     outrider.gauge("queue_depth").set(7)  # and the workload's own names are published
     print("ready", flush=True)
@@ -75,8 +78,8 @@ def test_a_stalled_workload_cannot_publish_the_agents_names(tmp_path: Path) -> N
     assert value(parsed, "outrider_train_steps_total", rank="0", training_job="") == 5
     assert value(parsed, "outrider_latency_seconds_count", name="db", rank="0", training_job="") == 1
     assert value(parsed, "outrider_latency_seconds_sum", name="db", rank="0", training_job="") < 1
-    assert not any(n == "ALERTS" for n, _ in parsed)
+    assert not any(n in ("ALERTS", "up", "scrape_duration_seconds") for n, _ in parsed)
     assert value(parsed, "queue_depth", rank="0", training_job="") == 7
-    assert value(parsed, "outrider_hook_dropped_total", reason="reserved_name", rank="0", training_job="") == 5
+    assert value(parsed, "outrider_hook_dropped_total", reason="reserved_name", rank="0", training_job="") == 7
     warnings = [line for line in err.splitlines() if "reserved_name" in line]
     assert len(warnings) == 1 and "outrider_hook_stalled" in warnings[0], err

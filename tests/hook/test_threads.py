@@ -80,6 +80,13 @@ def test_roles_from_what_python_knows_and_from_names(tmp_path: Path) -> None:
     assert delay == pytest.approx({"main": 1.0, "intra_op": 0.5, "data_workers": 0.3, "other": 0.1, "outrider": 0.0})
     assert published(hook, "outrider_threads") == {"main": 1, "intra_op": 1, "data_workers": 1, "other": 2,
                                                    "outrider": 1}
+    assert processes(hook) == 1.0
+
+
+def processes(hook: Hook) -> float:
+    """The published count of child processes (the data workers), whose threads the roles count."""
+    (value,) = [s.total()[0] for (n, _), s in hook.registry._series.items() if n == "outrider_child_processes"]
+    return float(value)
 
 
 def test_counters_never_go_backwards_and_reaped_workers_are_kept(tmp_path: Path) -> None:
@@ -102,6 +109,7 @@ def test_counters_never_go_backwards_and_reaped_workers_are_kept(tmp_path: Path)
     assert cpu["other"] == pytest.approx(0.4 + 0.2 + 0.05), "a reused tid is a new thread, counted from zero"
     assert cpu["outrider"] == pytest.approx(0.1)
     assert cpu["data_workers"] == pytest.approx(2.5), "the reaped worker's full CPU, from cutime"
+    assert processes(hook) == 0.0, "a reaped worker is no process any more"
 
 
 def test_without_schedstat_cpu_comes_from_ticks_and_no_run_delay_is_claimed(tmp_path: Path) -> None:
@@ -197,6 +205,7 @@ def test_a_large_tree_of_workers_is_read_every_few_flushes_and_counted_exactly_o
         s.sample()
     assert [pid for pid in reads if pid != PID] == [], "three flushes carry the last readings"
     assert published(hook, "outrider_threads")["data_workers"] == n
+    assert processes(hook) == n, "the processes read last, carried like their threads"
     assert published(hook, "outrider_thread_run_delay_seconds_total")["data_workers"] == pytest.approx(0.5 * n)
     s.sample()  # the fourth reads them again: each worker's growth once
     assert published(hook, "outrider_thread_cpu_seconds_total")["data_workers"] == pytest.approx(2.0 * n)

@@ -535,6 +535,32 @@ def test_each_pod_has_its_own_series_caps_and_a_type_clash_costs_the_second_pod(
     c.close()
 
 
+@pytest.mark.parametrize(("first_page", "second_page", "first", "kept", "left_out"), [
+    ("# TYPE clash counter\nclash_total 1\n", "# TYPE clash_total gauge\nclash_total 2\n", "clash", "counter",
+     "gauge"),
+    ("# TYPE clash_total gauge\nclash_total 2\n", "# TYPE clash counter\nclash_total 1\n", "clash_total", "gauge",
+     "counter"),
+])
+def test_a_gauge_under_the_name_another_pods_counter_is_exported_as_is_left_out_not_merged_into_it(
+        api: ApiServer, pages: _Pages, make: Make, first_page: str, second_page: str, first: str, kept: str,
+        left_out: str) -> None:
+    """A counter `clash` is exported as clash_total, the name a gauge `clash_total` has: one name on /metrics is one
+    family, the first pod's (by namespace and name), and the other pod's is left out, counted, as a clash of one
+    family name is; never its samples under the first pod's type."""
+    api.pods = [pod("p0", "127.0.0.12", pages.serve("127.0.0.12", first_page)),
+                pod("p1", "127.0.0.13", pages.serve("127.0.0.13", second_page))]
+    c = make()
+    got: list[str] = []
+    c.drop = lambda key, why: got.append(str(why))  # type: ignore[method-assign]
+    fams = [f for f in c.collect() if f.samples]
+    assert [(f.defn.name, f.defn.type, [labels[-2] for labels, _ in f.samples]) for f in fams] == \
+        [("clash_total", kept, ["p0"])], "p0's series only, under p0's type"
+    assert got == [f"{first}: a {left_out} in shop/p1 but a {kept} in shop/p0; shop/p1's is left out"]
+    text = render(fams).decode()
+    assert text.count("# TYPE clash_total ") == 1 and "p1" not in text
+    c.close()
+
+
 def test_a_pods_page_is_read_to_one_mib_and_one_larger_costs_only_that_pods_series(
         api: ApiServer, pages: _Pages, make: Make) -> None:
     """MAX_PAGE_BYTES and MAX_SWEEP_BYTES bound the node agent's memory, where the sidecar's one page may be 8 MiB."""
@@ -727,8 +753,8 @@ def test_one_bad_item_costs_that_item_and_fields_are_typed_strictly() -> None:
 
 
 def test_two_pods_of_one_name_the_second_is_left_out(api: ApiServer, pages: _Pages, make: Make) -> None:
-    api.pods = [pod("same", "127.0.0.21", pages.serve("127.0.0.21", "# TYPE up gauge\nup 1\n")),
-                pod("same", "127.0.0.22", pages.serve("127.0.0.22", "# TYPE up gauge\nup 2\n"))]
+    api.pods = [pod("same", "127.0.0.21", pages.serve("127.0.0.21", "# TYPE ready gauge\nready 1\n")),
+                pod("same", "127.0.0.22", pages.serve("127.0.0.22", "# TYPE ready gauge\nready 2\n"))]
     c = make()
     fams = c.collect()
     assert [v for _, v in fams[0].samples] == [1.0] and c.errors == 1

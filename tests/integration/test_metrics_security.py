@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import free_port, outrider_cmd, reap, self_signed, wait_until
+from tests.helpers import SecretVolume, free_port, outrider_cmd, reap, self_signed, wait_until
 
 pytestmark = pytest.mark.integration
 PASSWORD = "s3cret-planted-Xq9"
@@ -68,10 +68,57 @@ def test_tls_and_basic_auth(tmp_path: Path) -> None:
     assert PASSWORD not in output, "the password never reaches the log"
 
 
+def test_a_rotated_certificate_and_password_take_effect_without_a_restart(tmp_path: Path) -> None:
+    """The chart's Secrets, updated as the kubelet updates a Secret volume (exporters/rotation.py): within the 15 s
+    the agent is given, new connections get the new certificate, the new password works and the old one gets
+    401."""
+    tls_dir, auth_dir = SecretVolume(tmp_path / "tls", ("tls.crt", "tls.key")), \
+        SecretVolume(tmp_path / "auth", ("username", "password"))
+    first, second = self_signed(tmp_path / "first"), self_signed(tmp_path / "second")
+    tls_dir.write({"tls.crt": first[0].read_bytes(), "tls.key": first[1].read_bytes()})
+    auth_dir.write({"username": b"prometheus", "password": PASSWORD.encode()})
+    env = {"OUTRIDER_TLS_CERT_FILE": tls_dir.path("tls.crt"), "OUTRIDER_TLS_KEY_FILE": tls_dir.path("tls.key"),
+           "OUTRIDER_BASIC_AUTH_USERNAME_FILE": auth_dir.path("username"),
+           "OUTRIDER_BASIC_AUTH_PASSWORD_FILE": auth_dir.path("password")}
+    port = free_port()
+    base = {k: v for k, v in os.environ.items() if not k.startswith("OUTRIDER_")}
+    proc = subprocess.Popen(outrider_cmd("agent", "--listen", f"127.0.0.1:{port}", "--interval", "0.5"),
+                            env={**base, **env}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    trusts_first = ssl.create_default_context(cafile=str(first[0]))
+    trusts_second = ssl.create_default_context(cafile=str(second[0]))
+    url = f"https://127.0.0.1:{port}"
+
+    def answers(context: ssl.SSLContext, auth: tuple[str, str] | None = None) -> int | None:
+        try:
+            return get(url + "/metrics", context, auth)[0]
+        except (urllib.error.URLError, ConnectionError, OSError):
+            return None  # the handshake failed: the certificate is not the one this client trusts
+
+    try:
+        wait_until(lambda: get(url + "/readyz", trusts_first)[0] == 200, timeout_s=30, what="the TLS agent")
+        assert answers(trusts_first, ("prometheus", PASSWORD)) == 200 and answers(trusts_second) is None
+        tls_dir.write({"tls.crt": second[0].read_bytes(), "tls.key": second[1].read_bytes()})
+        auth_dir.write({"username": b"scraper", "password": b"rotated-Zk2"})
+        wait_until(lambda: answers(trusts_second) is not None, timeout_s=15, what="the new certificate served")
+        assert answers(trusts_first) is None, "the replaced certificate is served no more"
+        wait_until(lambda: answers(trusts_second, ("scraper", "rotated-Zk2")) == 200, timeout_s=15,
+                   what="the new credentials accepted")
+        assert answers(trusts_second, ("prometheus", PASSWORD)) == 401, "the old password stops working"
+        assert answers(trusts_second, ("prometheus", "rotated-Zk2")) == 401, "and the old user"
+    finally:
+        proc.terminate()
+        reap([proc], timeout_s=20)
+
+
 @pytest.mark.parametrize(("env", "message"), [
     ({"OUTRIDER_TLS_CERT_FILE": "/x.crt"}, "go together"),
     ({"OUTRIDER_BASIC_AUTH_USERNAME": "p"}, "go together"),
-    ({"OUTRIDER_BASIC_AUTH_USERNAME": "p", "OUTRIDER_BASIC_AUTH_PASSWORD_FILE": "/nonexistent"}, "cannot read"),
+    ({"OUTRIDER_BASIC_AUTH_USERNAME": "p", "OUTRIDER_BASIC_AUTH_PASSWORD_FILE": "/nonexistent"},
+     "basic_auth_password_file: cannot read /nonexistent"),
+    ({"OUTRIDER_BASIC_AUTH_USERNAME": "p", "OUTRIDER_BASIC_AUTH_USERNAME_FILE": "/u",
+      "OUTRIDER_BASIC_AUTH_PASSWORD_FILE": "/p"}, "set one of them"),
+    ({"OUTRIDER_BASIC_AUTH_USERNAME_FILE": "/nonexistent-user", "OUTRIDER_BASIC_AUTH_PASSWORD_FILE": "/etc/hostname"},
+     "basic_auth_username_file: cannot read /nonexistent-user"),
     ({"OUTRIDER_TLS_CERT_FILE": "/nonexistent.crt", "OUTRIDER_TLS_KEY_FILE": "/nonexistent.key"},
      "cannot load TLS certificate"),
 ])

@@ -26,8 +26,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from outrider.exporters.http_server import HttpServer, Limits, Request, Response
 from outrider.exporters.prometheus import Endpoints, MetricsServer, alerts_api_json
+from outrider.http_server import HttpServer, Limits, Request, Response
 from outrider.metrics.exposition import PROTOBUF_CONTENT_TYPE, Format
 from tests.helpers import http_get, self_signed, wait_until
 
@@ -335,7 +335,7 @@ def test_connections_beyond_the_table_never_hold_more_sockets_and_a_scrape_still
 # `free` closes them again, `stats` prints its accept errors and what it logged.
 OUT_OF_DESCRIPTORS = """
 import json, logging, os, resource, sys, time
-from outrider.exporters.http_server import HttpServer, Response
+from outrider.http_server import HttpServer, Response
 resource.setrlimit(resource.RLIMIT_NOFILE, (128, 128))
 logged = []
 class Keep(logging.Handler):

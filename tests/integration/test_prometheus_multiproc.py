@@ -16,8 +16,9 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.parser import text_string_to_metric_families
 
+from outrider.collectors import prometheus_multiproc
 from outrider.collectors.base import CollectorContext
-from outrider.collectors.prometheus_multiproc import PrometheusMultiprocCollector, read_entries
+from outrider.collectors.prometheus_multiproc import PrometheusMultiprocCollector, read_entries, read_file
 from outrider.config import Config
 from outrider.metrics.exposition import render
 from outrider.sampler import SweepStats
@@ -150,3 +151,40 @@ def test_the_series_cap_holds(tmp_path: Path) -> None:
         Config(prometheus_multiproc_dir=str(tmp_path), hook_max_series_per_metric=100), SweepStats()))
     (fam,) = collector.collect()
     assert len(fam.samples) == 100 and collector.errors == 1
+
+
+def test_a_file_is_read_a_window_at_a_time_entries_across_windows_included(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    entries = b"".join(_entry(b'["c", "c_total", {"id": "%d"}, "h"]' % i, float(i)) for i in range(50))
+    path = tmp_path / "counter_1.db"
+    path.write_bytes((8 + len(entries)).to_bytes(4, "little") + b"\0" * 4 + entries + b"\0" * 100)
+    monkeypatch.setattr(prometheus_multiproc, "READ_CHUNK", 64)  # an entry is 56 bytes: most cross a window
+    assert list(read_file(str(path))) == list(read_entries(path.read_bytes()))
+    assert len(list(read_file(str(path)))) == 50
+    path.write_bytes(path.read_bytes()[:300])  # cut short under the reader: the used size promises more
+    with pytest.raises(ValueError, match="used size"):
+        list(read_file(str(path)))
+
+
+def test_past_the_caps_series_are_dropped_as_they_are_read_and_each_cut_counted_once(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(prometheus_multiproc, "MAX_SERIES", 150)
+    # two workers' files: the first 100 ids of `c` are kept, and summed over both files; `d` gets what is left of
+    # the 150 in all
+    for pid in (1, 2):
+        entries = b"".join(_entry(b'["c", "c_total", {"id": "%d"}, "h"]' % i, 1.0) for i in range(300))
+        entries += b"".join(_entry(b'["d", "d_total", {"id": "%d"}, "h"]' % i, 1.0) for i in range(80))
+        (tmp_path / f"counter_{pid}.db").write_bytes((8 + len(entries)).to_bytes(4, "little") + b"\0" * 4 + entries)
+    collector = PrometheusMultiprocCollector(CollectorContext(
+        Config(prometheus_multiproc_dir=str(tmp_path), hook_max_series_per_metric=100), SweepStats()))
+    merged = prometheus_multiproc._Merged(100)
+    for pid in (1, 2):
+        for key, v, stamp in read_file(str(tmp_path / f"counter_{pid}.db")):
+            collector._take(merged, "counter", "", pid, key, v, stamp)
+    assert merged.series == 150 and {f: len(m.values) for f, m in merged.metrics.items()} == {"c": 100, "d": 50}, \
+        "no more is ever held than the caps allow"
+    assert set(merged.metrics["c"].values.values()) == {2.0}, "a kept series is summed over both files"
+    errors = collector.errors
+    fams = {f.defn.name: f.samples for f in collector.collect()}
+    assert len(fams["c_total"]) == 100 and len(fams["d_total"]) == 50
+    assert collector.errors - errors == 2, "each cut once a sweep: c's cap, then the cap in all"

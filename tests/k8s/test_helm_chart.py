@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from tests.helpers import REPO
+from tests.k8s import pod_security
 
 CHART = REPO / "helm" / "outrider"
 VALUES_FILES = [None, *sorted(p.name for p in (CHART / "ci").glob("*-values.yaml"))]
@@ -106,20 +107,43 @@ def test_containers_are_hardened(values_file: str | None) -> None:
         assert len(found) == 1
         sc = found[0]["securityContext"]
         assert sc["readOnlyRootFilesystem"] and not sc["allowPrivilegeEscalation"]
-        assert sc["capabilities"]["drop"] == ["ALL"]
-        reads_pod_resources = any(v["name"] == "pod-resources" for v in spec.get("volumes", []))
-        # Only the node agent that asks the kubelet which pod owns each GPU runs as root (the socket's rule)
-        assert reads_pod_resources == (doc["kind"] == "DaemonSet" and sc["runAsUser"] == 0)
-        if not reads_pod_resources:
-            assert sc["runAsNonRoot"] and sc["runAsUser"] == 65532
+        assert sc["capabilities"]["drop"] == ["ALL"] and sc["seccompProfile"] == {"type": "RuntimeDefault"}
+        assert sc["runAsNonRoot"] and sc["runAsUser"] == 65532, "no agent runs as root unless asked (runAsRoot)"
         assert found[0]["startupProbe"]["httpGet"]["path"] == "/readyz"
         assert found[0]["readinessProbe"]["httpGet"]["path"] == "/readyz"
         assert found[0]["livenessProbe"]["httpGet"]["path"] == "/healthz"
         assert found[0]["resources"]["limits"]["memory"]
 
 
-def test_node_agent_asks_the_kubelet_which_pod_owns_each_gpu_or_runs_without_root() -> None:
+def test_the_node_agent_runs_as_non_root_by_default_and_as_root_only_when_asked() -> None:
+    """As node_exporter's chart runs it: uid 65532, no capabilities, the host's /proc, /sys and / read-only; no
+    kubelet socket. Root is an opt-in (privileges: root), with every capability still dropped; the kubelet's
+    pod-resources socket (root only) needs it, and without it the chart refuses rather than mount a socket it cannot
+    use; every process's I/O needs CAP_SYS_PTRACE and CAP_DAC_READ_SEARCH besides (privileges: all-processes), and
+    nothing else is ever added."""
     (ds,) = kind(render(None), "DaemonSet")
+    spec = ds["spec"]["template"]["spec"]
+    (agent,) = agents(spec)
+    assert spec["securityContext"] == {"runAsNonRoot": True, "runAsUser": 65532, "runAsGroup": 65532,
+                                       "fsGroup": 65532, "seccompProfile": {"type": "RuntimeDefault"}}
+    assert agent["securityContext"]["runAsUser"] == 65532 and agent["securityContext"]["runAsNonRoot"]
+    assert agent["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert "pod-resources" not in {v["name"] for v in spec["volumes"]}
+    assert "OUTRIDER_K8S_POD_RESOURCES_SOCKET" not in env_of(agent)
+
+    for privileges, added in (("root", None), ("all-processes", ["DAC_READ_SEARCH", "SYS_PTRACE"])):
+        (ds,) = kind(render(None, {"nodeAgent": {"privileges": privileges}}), "DaemonSet")
+        spec = ds["spec"]["template"]["spec"]
+        (agent,) = agents(spec)
+        assert (spec["securityContext"]["runAsUser"], spec["securityContext"]["runAsNonRoot"]) == (0, False)
+        sc = agent["securityContext"]
+        assert (sc["runAsUser"], sc["runAsGroup"], sc["runAsNonRoot"]) == (0, 0, False)
+        assert sc["capabilities"].get("add") == added and sc["capabilities"]["drop"] == ["ALL"]
+        assert not sc["allowPrivilegeEscalation"] and sc["readOnlyRootFilesystem"]
+        assert "pod-resources" not in {v["name"] for v in spec["volumes"]}, "root alone mounts no socket"
+
+    (ds,) = kind(render(None, {"nodeAgent": {"privileges": "root", "podResources": {"enabled": True}}}),
+                 "DaemonSet")
     spec = ds["spec"]["template"]["spec"]
     (agent,) = agents(spec)
     mounts = {m["name"]: m for m in agent["volumeMounts"]}
@@ -129,12 +153,8 @@ def test_node_agent_asks_the_kubelet_which_pod_owns_each_gpu_or_runs_without_roo
     assert volumes["pod-resources"]["hostPath"]["path"] == "/var/lib/kubelet/pod-resources"
     assert env_of(agent)["OUTRIDER_K8S_POD_RESOURCES_SOCKET"]["value"] == \
         "/var/lib/kubelet/pod-resources/kubelet.sock"
-    (ds,) = kind(render(None, {"nodeAgent": {"podResources": {"enabled": False}}}), "DaemonSet")
-    spec = ds["spec"]["template"]["spec"]
-    (agent,) = agents(spec)
-    assert "pod-resources" not in {v["name"] for v in spec["volumes"]}
-    assert "OUTRIDER_K8S_POD_RESOURCES_SOCKET" not in env_of(agent)
-    assert agent["securityContext"]["runAsUser"] == 65532 and agent["securityContext"]["runAsNonRoot"]
+    with pytest.raises(helm.HelmError, match=r"nodeAgent\.podResources needs nodeAgent\.privileges=root"):
+        render(None, {"nodeAgent": {"podResources": {"enabled": True}}})
 
 
 def test_node_agent_lists_its_nodes_pods_with_a_role_that_may_only_get_and_list_pods() -> None:
@@ -199,11 +219,37 @@ def test_a_config_change_rolls_the_pods() -> None:
     checksum = ds["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
     changed = kind(render(None, {"config": {"interval_s": 10}}), "DaemonSet")[0]
     assert changed["spec"]["template"]["metadata"]["annotations"]["checksum/config"] != checksum
-    job = kind(render("training-job-values.yaml"), "Job")[0]
-    job2 = kind(render("training-job-values.yaml", {"config": {"interval_s": 10}}), "Job")[0]
-    assert (job["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
-            != job2["spec"]["template"]["metadata"]["annotations"]["checksum/config"]), "sidecar pods roll too"
+    deployment = kind(render("inference-deployment-values.yaml"), "Deployment")[0]
+    deployment2 = kind(render("inference-deployment-values.yaml", {"config": {"interval_s": 10}}), "Deployment")[0]
+    assert (deployment["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
+            != deployment2["spec"]["template"]["metadata"]["annotations"]["checksum/config"]), "sidecar pods roll too"
     assert {c["metadata"]["name"] for c in kind(docs, "ConfigMap")} >= {"outrider", "outrider-training"}
+
+
+def upgrade_refusals(before: list[dict[str, Any]], after: list[dict[str, Any]]) -> list[str]:
+    """What `helm upgrade` from `before` to `after` would have the API server refuse: a Job's pod template is
+    immutable, so a Job kept under its name must keep its template (one under a new name is a new Job)."""
+    old = {d["metadata"]["name"]: d for d in before if d["kind"] == "Job"}
+    return [name for name, job in ((d["metadata"]["name"], d) for d in after if d["kind"] == "Job")
+            if name in old and old[name]["spec"]["template"] != job["spec"]["template"]]
+
+
+def test_helm_upgrade_of_a_release_with_a_job_never_changes_its_immutable_pod_template() -> None:
+    """A new agent configuration leaves the Job as it is (a Job's pods are never rolled: no checksum/config on its
+    template); a new image is a new template, and so a new Job, named by its template's hash; the same values give
+    the same Job, which the upgrade leaves alone."""
+    base = render("training-job-values.yaml")
+    (job,) = kind(base, "Job")
+    assert "checksum/config" not in job["spec"]["template"]["metadata"].get("annotations", {})
+    assert re.fullmatch(r"outrider-example-training-[0-9a-f]{8}", job["metadata"]["name"])
+    for changed in ({"config": {"interval_s": 10}}, {"image": {"tag": "0.2.0"}}, {"sidecar": {"native": False}},
+                    {"sidecar": {"resources": {"limits": {"memory": "256Mi"}}}}):
+        after = render("training-job-values.yaml", changed)
+        assert upgrade_refusals(base, after) == [], changed
+    assert kind(render("training-job-values.yaml"), "Job")[0]["metadata"]["name"] == job["metadata"]["name"]
+    assert kind(render("training-job-values.yaml", {"config": {"interval_s": 10}}), "Job") == [job]
+    assert kind(render("training-job-values.yaml", {"image": {"tag": "0.2.0"}}), "Job")[0]["metadata"]["name"] != \
+        job["metadata"]["name"], "a new image: a new Job"
 
 
 def test_everything_on_wires_monitoring_otlp_auth_secrets_and_extras() -> None:
@@ -217,9 +263,15 @@ def test_everything_on_wires_monitoring_otlp_auth_secrets_and_extras() -> None:
     assert env["OTEL_RESOURCE_ATTRIBUTES"]["value"] == "deployment.environment=prod"
     assert env["PAGERDUTY_ROUTING_KEY"]["valueFrom"]["secretKeyRef"] == {"name": "outrider-pager",
                                                                           "key": "routing-key"}
-    assert env["OUTRIDER_BASIC_AUTH_USERNAME"]["valueFrom"]["secretKeyRef"] == {"name": "outrider-metrics-auth",
-                                                                                 "key": "username"}
+    # from the Secret's volume, which the kubelet updates in place and the agent reads again (no restart)
+    assert env["OUTRIDER_BASIC_AUTH_USERNAME_FILE"]["value"] == "/etc/outrider/basic-auth/username"
     assert env["OUTRIDER_BASIC_AUTH_PASSWORD_FILE"]["value"] == "/etc/outrider/basic-auth/password"
+    assert "OUTRIDER_BASIC_AUTH_USERNAME" not in env, "an environment variable keeps the old user until a restart"
+    auth = next(v for v in spec["volumes"] if v["name"] == "outrider-basic-auth")["secret"]
+    assert auth == {"secretName": "outrider-metrics-auth", "items": [{"key": "username", "path": "username"},
+                                                                     {"key": "password", "path": "password"}]}
+    assert {"name": "outrider-basic-auth", "mountPath": "/etc/outrider/basic-auth", "readOnly": True} in \
+        agent["volumeMounts"], "a directory, not a subPath: a subPath mount is never updated"
     assert agent["readinessProbe"]["httpGet"]["scheme"] == "HTTPS"
     passwords = list(_values_of("password", docs))
     assert passwords and all(isinstance(v, dict) and set(v) == {"name", "key"} for v in passwords), \
@@ -363,11 +415,19 @@ def test_training_job_runs_the_agent_as_a_native_sidecar() -> None:
 
 
 def test_legacy_sidecar_is_a_container_that_exits_with_the_workload() -> None:
+    """Listed after the workload's containers, which the kubelet starts first: a workload none of whose processes
+    is there when the agent starts has exited already, and the agent waits for it sidecar.startupGraceSeconds."""
     spec = kind(render("legacy-sidecar-values.yaml"), "Job")[0]["spec"]["template"]["spec"]
     assert "initContainers" not in spec
     sidecar = agents(spec)[0]
-    assert sidecar in spec["containers"] and "restartPolicy" not in sidecar
-    assert env_of(sidecar)["OUTRIDER_EXIT_WHEN_WORKLOAD_EXITS"]["value"] == "true"
+    assert spec["containers"][-1] is sidecar and "restartPolicy" not in sidecar
+    env = env_of(sidecar)
+    assert env["OUTRIDER_EXIT_WHEN_WORKLOAD_EXITS"]["value"] == "true"
+    assert env["OUTRIDER_STARTUP_GRACE_S"]["value"] == "30"
+    from outrider.config import load
+
+    assert load(env={"OUTRIDER_STARTUP_GRACE_S": env["OUTRIDER_STARTUP_GRACE_S"]["value"]}).config.startup_grace_s \
+        == 30.0
 
 
 def test_a_native_sidecar_on_a_cluster_without_them_stops_the_install(capfd: pytest.CaptureFixture[str]) -> None:
@@ -416,6 +476,9 @@ def test_sidecar_examples_share_the_spool_and_the_process_namespace(values_file:
     ({"prometheusRule": {"runbookUrlBase": "wiki/runbooks"}}, "runbookUrlBase"),
     ({"nodeAgent": {"annotatedPods": {"discoveryIntervalSeconds": 0}}}, "discoveryIntervalSeconds"),
     ({"nodeAgent": {"annotatedPods": {"port": 8000}}}, "port"),
+    ({"nodeAgent": {"privileges": "admin"}}, "privileges"),
+    ({"nodeAgent": {"enabled": "auto"}}, "enabled"),
+    ({"sidecar": {"startupGraceSeconds": -1}}, "startupGraceSeconds"),
 ])
 def test_schema_rejects_bad_values(values: dict[str, Any], message: str) -> None:
     chart = helm.Chart.load(str(CHART))
@@ -441,16 +504,16 @@ spec:
       labels:
         {{- include "outrider.sidecarPodLabels" . | nindent 8 }}
         outrider.dev/job: {{ .Release.Name }}-train
-      annotations:
-        {{- include "outrider.sidecarPodAnnotations" . | nindent 8 }}
     spec:
       restartPolicy: Never
       shareProcessNamespace: true
+      securityContext: {runAsNonRoot: true, runAsUser: 1000, seccompProfile: {type: RuntimeDefault}}
       initContainers:
         {{- include "outrider.sidecar" . | nindent 8 }}
       containers:
         - name: trainer
           image: {{ .Values.image.repository }}:{{ .Values.image.tag }}
+          securityContext: {allowPrivilegeEscalation: false, capabilities: {drop: [ALL]}}
           env:
             {{- include "outrider.workloadEnv" . | nindent 12 }}
           volumeMounts:
@@ -483,25 +546,33 @@ spec:
 """
 
 
-def test_a_parent_chart_includes_the_sidecar_with_the_subcharts_values(tmp_path: Path) -> None:
-    """A workload's own chart depending on outrider (a file:// dependency, fetched by Helm's dependency update)
-    renders the sidecar with outrider's defaults plus what its values pass under `outrider:`, never its own
-    `image`; a second workload passes values of its own inline. Helm's `global` reaches the subchart's schema."""
+def render_parent(tmp_path: Path, outrider_values: dict[str, Any]) -> list[dict[str, Any]]:
+    """A workload's chart depending on outrider (a file:// dependency, fetched by Helm's dependency update), with
+    these values under `outrider:`, rendered and validated."""
     parent = tmp_path / "trainer"
     (parent / "templates").mkdir(parents=True)
     (parent / "Chart.yaml").write_text(yaml.safe_dump({
         "apiVersion": "v2", "name": "trainer", "version": "1.0.0",
         "dependencies": [{"name": "outrider", "version": "0.1.0", "repository": f"file://{CHART}"}]}))
     (parent / "values.yaml").write_text(yaml.safe_dump({
-        "image": {"repository": "example.com/trainer", "tag": "2.0"},
-        "global": {"team": "ml"},
-        "outrider": {"nodeAgent": {"enabled": False}, "dashboards": {"enabled": False},
-                     "image": {"tag": "9.9.9"}, "config": {"interval_s": 2}}}))
+        "image": {"repository": "example.com/trainer", "tag": "2.0"}, "global": {"team": "ml"},
+        "outrider": outrider_values}))
     (parent / "templates" / "workloads.yaml").write_text(PARENT_TEMPLATE)
     helm.dependency_update(str(parent))
     out = helm.Chart.load(str(parent)).render({}, name="run1", namespace="ml")
     docs = [d for p, text in sorted(out.items()) if p.endswith(".yaml") for d in yaml.safe_load_all(text) if d]
     validate(docs)
+    return docs
+
+
+def test_a_parent_chart_includes_the_sidecar_with_the_subcharts_values(tmp_path: Path) -> None:
+    """A workload's own chart depending on outrider renders the sidecar with outrider's defaults plus what its
+    values pass under `outrider:`, never its own `image`; a second workload passes values of its own inline. Helm's
+    `global` reaches the subchart's schema. The sidecar is all it gets: no second node-agent DaemonSet (which would
+    clash with the cluster's on the node's port) and no second copy of the dashboards, unless asked for."""
+    docs = render_parent(tmp_path, {"image": {"tag": "9.9.9"}, "config": {"interval_s": 2}})
+    assert sorted(d["kind"] for d in docs) == ["ConfigMap", "Deployment", "Job"], \
+        "the sidecar's ConfigMap and the parent's workloads: no DaemonSet, Service or dashboards"
     configmap = next(d for d in docs if d["kind"] == "ConfigMap")
     assert configmap["metadata"]["name"] == "run1-outrider" and "interval_s: 2" in configmap["data"]["outrider.yaml"]
 
@@ -521,6 +592,50 @@ def test_a_parent_chart_includes_the_sidecar_with_the_subcharts_values(tmp_path:
     assert env_of(inline)["OUTRIDER_SPOOL_DIR"]["value"] == "/spool"
     assert env_of(serve["containers"][0])["OUTRIDER_SPOOL_DIR"]["value"] == "/spool"
     assert inline["image"] == "ghcr.io/outrider-dev/outrider:9.9.9"
+    train = kind(docs, "Job")[0]["spec"]["template"]
+    assert pod_security.restricted(train["spec"]) == [], "a workload written so passes PodSecurity restricted"
+
+
+def test_a_parent_chart_gets_the_node_agent_and_dashboards_only_when_it_asks(tmp_path: Path) -> None:
+    docs = render_parent(tmp_path, {"nodeAgent": {"enabled": True}, "dashboards": {"enabled": True}})
+    assert len(kind(docs, "DaemonSet")) == 1 and len(kind(docs, "Service")) == 1
+    assert any(d["metadata"].get("labels", {}).get("grafana_dashboard") for d in kind(docs, "ConfigMap"))
+    on_its_own = render(None)
+    assert len(kind(on_its_own, "DaemonSet")) == 1, "installed on its own, the chart is the node agents' by default"
+    assert any(d["metadata"].get("labels", {}).get("grafana_dashboard") for d in kind(on_its_own, "ConfigMap"))
+    assert kind(render(None, {"nodeAgent": {"enabled": False}}), "DaemonSet") == []
+
+
+@pytest.mark.parametrize("values_file", ["training-job-values.yaml", "inference-deployment-values.yaml",
+                                         "legacy-sidecar-values.yaml"])
+def test_the_example_workloads_pass_podsecurity_restricted(values_file: str) -> None:
+    """The Pod Security Standards' "restricted" profile, which a namespace labelled
+    pod-security.kubernetes.io/enforce=restricted admits (tests/k8s/pod_security.py has its controls)."""
+    workload = next(d for d in render(values_file) if d["kind"] in ("Job", "Deployment"))
+    template = workload["spec"]["template"]
+    assert pod_security.restricted(template["spec"], template["metadata"].get("annotations")) == []
+
+
+def test_the_pod_security_checks_find_what_each_profile_forbids() -> None:
+    """The checks themselves: the node agent needs the "privileged" level (the host's network and paths), which
+    baseline already refuses, and an example pod stripped of its settings fails restricted on each one."""
+    (ds,) = kind(render(None), "DaemonSet")
+    assert sorted(pod_security.baseline(ds["spec"]["template"]["spec"])) == [
+        "pod: hostNetwork", "volume host-proc: hostPath", "volume host-root: hostPath", "volume host-sys: hostPath"]
+    pod = kind(render("training-job-values.yaml"), "Job")[0]["spec"]["template"]["spec"]
+    assert pod_security.baseline(pod) == []
+    del pod["securityContext"]
+    trainer = next(c for c in pod["containers"] if c["name"] == "trainer")
+    del trainer["securityContext"]
+    assert pod_security.restricted(pod) == [
+        "container trainer: allowPrivilegeEscalation is not false",
+        "container trainer: runAsNonRoot is not true (here or on the pod)",
+        "container trainer: seccomp profile is not RuntimeDefault or Localhost (here or on the pod)",
+        "container trainer: does not drop ALL capabilities"], "the sidecar carries its own settings"
+    pod["volumes"].append({"name": "data", "hostPath": {"path": "/data"}})
+    pod["containers"][0]["securityContext"] = {"capabilities": {"add": ["SYS_ADMIN"]}, "privileged": True}
+    assert {"volume data: hostPath", "container trainer: privileged",
+            "container trainer: adds capabilities ['SYS_ADMIN']"} <= set(pod_security.baseline(pod))
 
 
 def test_every_value_is_documented() -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import concurrent.futures
 import os
 import statistics
+import struct
 import subprocess
 import sys
 import time
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO, AgentProcess, http_get, reap, rss_bytes, samples, value, wait_until
+from tests.helpers import REPO, AgentProcess, after_more, http_get, reap, rss_bytes, samples, value, wait_until
 
 pytestmark = pytest.mark.integration
 HERE = Path(__file__).parent
@@ -120,3 +121,41 @@ def test_a_workload_spawning_thousands_of_processes_stays_bounded(tmp_path: Path
 
     summary = json.loads((tmp_path / "s.json").read_text())
     assert summary["max_processes"] >= 20, "the bursts were seen"
+
+
+def multiproc_file(path: Path, series: int, size: int) -> None:
+    """A prometheus_client multiprocess file of one counter with `series` label values (about 220 bytes an entry),
+    sparse up to `size` bytes, as a worker's file grows by doubling."""
+    pad = b"p" * 124
+    with path.open("wb") as fh:
+        fh.write(b"\0" * 8)
+        for i in range(series):
+            key = b'["requests", "requests_total", {"path": "/api/%s/%08d"}, "Requests."]' % (pad, i)
+            fh.write(len(key).to_bytes(4, "little") + key + b"\0" * (8 - (len(key) + 4) % 8)
+                     + struct.pack("<dd", 1.0, 0.0))
+        used = fh.tell()
+        fh.truncate(size)
+        fh.seek(0)
+        fh.write(used.to_bytes(4, "little"))
+
+
+def test_a_64_mib_multiprocess_file_of_300000_series_leaves_the_agent_within_its_memory_limit(tmp_path: Path) -> None:
+    """The agent's peak RSS reading a service's prometheus_client file of 300,000 label values (64 MiB), beside the
+    same agent reading a file of 100: the caps apply as the file is read, so no more than they allow is ever held
+    (the whole file and every series were held before: a peak of 186 MiB from 23 MiB; the chart's limit is
+    128 MiB)."""
+    peaks = {}
+    for series, size in ((100, 1 << 16), (300_000, 64 << 20)):
+        directory = tmp_path / str(series)
+        directory.mkdir()
+        multiproc_file(directory / "counter_1.db", series, size)
+        env = {"PROMETHEUS_MULTIPROC_DIR": str(directory), "OUTRIDER_COLLECTORS": "prometheus_multiproc,self",
+               "OUTRIDER_RULE_FILES": ""}
+        with AgentProcess(env=env, interval_s=0.5) as agent:
+            parsed = samples(after_more(agent, "outrider_agent_sweeps_total", 3, timeout_s=120))
+            assert sum(1 for (n, _) in parsed if n == "requests_total") == 100, "hook_max_series_per_metric kept"
+            assert value(parsed, "outrider_collector_success", collector="prometheus_multiproc") == 1
+            peaks[series] = rss_bytes(agent.proc.pid, "VmHWM")
+    print(f"\npeak RSS: {peaks[100] / 2**20:.1f} MiB with 100 series, {peaks[300_000] / 2**20:.1f} MiB with "
+          f"300,000 in 64 MiB ({peaks[300_000] / (128 << 20):.2f} of the chart's 128 MiB limit)")
+    assert peaks[300_000] - peaks[100] < 16 << 20, peaks

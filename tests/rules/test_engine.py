@@ -73,7 +73,10 @@ def test_the_builtin_catalog_loads_and_its_store_keeps_only_what_rules_read() ->
     # a recorded series: the hour around this time yesterday (offset 23h30m) the latency alert compares with
     assert kept["outrider:request_latency_seconds:p99_5m"] == 23 * 3_600_000 + 30 * 60_000 + 3_600_000 + 15_000
     # the baselines read a day of hourly means, in the recording group's own 30 s interval
-    assert kept["outrider:train_step_seconds:mean1h"] == 24 * 3_600_000 + 30_000
+    assert kept["outrider:train_rank_step_seconds:mean1h"] == 24 * 3_600_000 + 30_000
+    # the error budget's ticket reads 3 days of failed requests, and of the recorded traffic it is reckoned on
+    assert kept["outrider_requests_total"] == 3 * 86_400_000 + 15_000
+    assert kept["outrider:requests:rate5m"] == 3 * 86_400_000 + 15_000  # read by a group of the default interval
 
 
 def test_the_store_is_trimmed_to_the_rules_windows() -> None:

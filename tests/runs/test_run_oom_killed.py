@@ -1,11 +1,14 @@
-"""A real OOM kill under `outrider run`: the run is put in a memory cgroup of its own with a limit (created and
-removed by the test, as a container runtime would for a 512 MiB container), and its command leaks memory at a pace
-that reaches the limit about 165 s after it starts, until the kernel's OOM killer kills it.
+"""A real OOM kill under `outrider run`: the run is put in a memory cgroup of its own with a 1 GiB limit (created and
+removed by the test, as a container runtime would for a 1 GiB container), and its command, a training loop under the
+hook, leaks memory from its first step at about 6 MiB/s, paced to reach the limit 135 s (2 min 15 s) after it
+starts, until the kernel's OOM killer kills it.
 
 Before the kill, the agent's own rules page a real webhook receiver with ContainerMemoryFillingFast, read from the
-cgroup's own counters (the working set and the limit). The rule runs as shipped but for its warm-up guard, which
-needs a 5-minute-old series and is shortened to 60 s with the rule's tunable (warm_up_seconds): the leak's minute
-of history, its two-minute horizon and the 30 s `for` are the rule's. ContainerMemoryExhaustionPredicted needs 30
+cgroup's own counters (the working set and the limit), with the shipped rules and defaults: nothing shortened, no
+tunable set. The warm-up ends when the loop has stepped for a minute (its steps counter above 0 a minute ago and
+since): the rule is pending from then (the store's samples and the memory group's evaluations come every 15 s:
+about 75 s in), fires after its 30 s `for` (about 105 s in), some 30 s before the kill. With the warm-up guard of
+before (the series 5 minutes old) the page came after the kill, never. ContainerMemoryExhaustionPredicted needs 30
 minutes of history and 10 of `for`: too long for a test run; alerts/tests/memory.test.yaml covers it.
 
 After the kill, the run exits 137 and its summary and verdict say OOM-killed, with the counter that says so (the
@@ -13,6 +16,7 @@ run's cgroup's) and, where the kernel log is readable, the killed process by nam
 
 Needs root and a memory controller this process may create a child cgroup in (cgroup v1's memory hierarchy under
 its own cgroup, or v2's root with memory in cgroup.subtree_control); skipped otherwise, saying which step failed.
+Long: about 2 min 30 s.
 """
 
 from __future__ import annotations
@@ -36,22 +40,24 @@ from outrider.kernel import cgroupfs
 from tests.helpers import outrider_cmd, wait_until
 from tests.servers import WebhookReceiver
 
-pytestmark = pytest.mark.integration
-LIMIT = 512 << 20
-LEAK_S = 165  # from the command's start to the limit: the rule's minute of history and 2-minute horizon, and room
-WARM_UP_S = 60
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+LIMIT = 1 << 30
+LEAK_S = 135  # from the command's start to the limit: 2 min 15 s, at about 6 MiB/s
 
 LEAK = """
     import os, pathlib, sys, time
+    import outrider
+    outrider.instrument()
     limit, seconds, usage_file, pid_file = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3], sys.argv[4]
     pathlib.Path(pid_file).write_text(str(os.getpid()))
     start, t0 = int(open(usage_file).read()), time.monotonic()
     rate = (limit - start) / seconds  # paced by the clock, whatever the machine's load: the kill comes on time
     held = []
-    while True:
-        while len(held) << 20 < rate * (time.monotonic() - t0):
-            held.append(b"\\x01" * (1 << 20))  # written, so charged to the cgroup
-        time.sleep(0.05)
+    while True:  # a training loop that leaks from its first step
+        with outrider.step(samples=32):
+            while len(held) << 20 < rate * (time.monotonic() - t0):
+                held.append(b"\\x01" * (1 << 20))  # written, so charged to the cgroup
+            time.sleep(0.05)
 """
 
 
@@ -148,8 +154,7 @@ def test_a_leak_in_a_memory_limited_run_is_paged_before_the_kernel_oom_kills_it(
         receivers = tmp_path / "receivers.yaml"
         receivers.write_text(f"receivers:\n  - name: oncall\n    type: webhook\n    url: {webhook.url}\n")
         env = {k: v for k, v in os.environ.items() if not k.startswith(("OUTRIDER_", "TORCHELASTIC_", "OTEL_"))}
-        env.update({"OUTRIDER_RULE_SETTINGS": f"ContainerMemoryFillingFast.warm_up_seconds={WARM_UP_S}",
-                    "OUTRIDER_RECEIVERS_FILE": str(receivers), "OUTRIDER_ALERT_INSTANCE": "trainer-0",
+        env.update({"OUTRIDER_RECEIVERS_FILE": str(receivers), "OUTRIDER_ALERT_INSTANCE": "trainer-0",
                     "OUTRIDER_STATE_DIR": str(tmp_path / "state"), "OUTRIDER_RUNS_DIR": str(tmp_path / "runs")})
         run = outrider_cmd("run", "--listen", "127.0.0.1:0", "--interval", "1", "--summary-json", str(summary), "--",
                            sys.executable, str(prog), str(LIMIT), str(LEAK_S), str(cgroup / usage), str(pid_file))
@@ -187,3 +192,6 @@ def test_a_leak_in_a_memory_limited_run_is_paged_before_the_kernel_oom_kills_it(
         assert f"(pid {leak_pid})" in first
     fired = [a for a in data["alerts"] if a["name"] == "ContainerMemoryFillingFast"]
     assert fired and fired[0]["fired"] - data["started"] < data["wall_s"], data["alerts"]
+    pending = fired[0].get("pending") or fired[0]["fired"]
+    print(f"pending at {pending - data['started']:.0f} s, paged at {fired[0]['fired'] - data['started']:.0f} s, "
+          f"the run OOM-killed and over at {data['wall_s']:.0f} s")

@@ -80,3 +80,30 @@ def test_records_written_before_these_fields_still_load() -> None:
     assert loaded.waiting is None and loaded.hooked is False
     new = Measured(waiting=Waiting(["0"], ["0"], 12.0), hooked=True)
     assert Measured.from_json(new.to_json()) == new
+
+
+def test_a_run_that_stepped_or_served_between_sweeps_is_never_called_idle() -> None:
+    """Every window idle (its work fell between two sweeps: its counters never moved inside one) while the summary
+    counts steps or requests: no verdict, saying why, never "idle: no steps, requests or CPU use" above them."""
+    from outrider.clock import ManualClock
+    from outrider.runs.recorder import WORKED_UNSEEN
+
+    def still(name: str, labels: tuple[str, ...]) -> list[Family]:  # a counter already at 12 when watching began
+        return [Family(name).add(12.0, *labels), Family("outrider_watched_cpu_seconds_total").add(0.1, "user")]
+
+    for name, labels in (("outrider_train_steps_total", ("0", "")),
+                         ("outrider_requests_total", ("/", "GET", "http", "200", "2xx", "0", ""))):
+        clock = ManualClock()
+        rec = RunRecorder(None, "run", window_s=4.0, clock=clock.clock())
+        for _ in range(5):
+            rec(still(name, labels))
+            clock.now += 1.0
+        verdict = rec.verdict()
+        assert (verdict.cls, verdict.reason) == ("", WORKED_UNSEEN), verdict
+        assert verdict.headline() == f"none: {WORKED_UNSEEN}" and verdict.seconds == {"idle": 4.0}
+    clock = ManualClock()
+    idle = RunRecorder(None, "run", window_s=4.0, clock=clock.clock())
+    idle([Family("outrider_watched_cpu_seconds_total").add(0.1, "user")])
+    clock.now += 1.0
+    idle([Family("outrider_watched_cpu_seconds_total").add(0.1, "user")])
+    assert idle.verdict().cls == "idle", "a run that did neither is idle"

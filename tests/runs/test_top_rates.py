@@ -86,3 +86,23 @@ def test_the_step_time_percentiles_are_over_the_same_window() -> None:
     late = render_text(frame(reads, "http://agent"), 160)
     p50 = float(re.search(r"step time p50 ([\d.]+) ms", late).group(1))  # type: ignore[union-attr]
     assert p50 > 10, "the window's steps (all slow by now), not the whole run's"
+
+
+def test_the_advice_follows_the_evidence_the_agent_serves_beside_the_verdict() -> None:
+    """input_bound with its workers starved of CPU: top says fewer workers or more CPUs, as the run's summary does,
+    not the decoding advice's "more workers"; a CPU job never reads about the GPU."""
+    def screen(evidence: dict[str, float]) -> str:
+        text = "".join(f'outrider_bottleneck{{class="{c}"}} {1 if c == "input_bound" else 0}\n'
+                       for c in ("idle", "input_bound", "waiting"))
+        text += "".join(f'outrider_diagnosis_signal{{signal="{k}"}} {v}\n' for k, v in evidence.items())
+        reads = Reads()
+        reads.add(0.0, parse(text))
+        return " ".join(render_text(frame(reads, "http://agent"), 200).split())
+
+    starved = {"steps_per_s": 20.0, "data_wait_fraction": 0.6, "data_worker_busy": 0.8, "data_workers_cpu_cores": 0.1,
+               "data_workers_delay_cores": 1.6, "data_worker_delay_fraction": 0.8, "gpus": 0.0}
+    shown = screen(starved)
+    assert re.search(r"verdict +input_bound", shown) and "Fewer DataLoader workers" in shown, shown
+    decoding = screen({**starved, "data_workers_delay_cores": 0.0})
+    advice = decoding.split("verdict input_bound ", 1)[1].split(" alerts ", 1)[0]
+    assert advice.startswith("The data pipeline's CPU paces the loop") and "GPU" not in advice, decoding

@@ -42,6 +42,16 @@ def test_idle_and_unjudged_time_never_win_however_long() -> None:
     assert tally.result().cls == "balanced"
 
 
+def test_a_run_with_windows_not_judged_beside_idle_ones_is_not_idle() -> None:
+    """A window is not judged only once the job has worked (its first steps, a window without the measurements its
+    rule needs) or while it uses CPU: idle would say otherwise."""
+    tally = VerdictTally()
+    tally.add("idle", "", {}, 0.0, 500.0)
+    tally.add(NOT_JUDGED, "the first steps", {}, 500.0, 501.0)
+    assert tally.result() == RunVerdict("", "", {}, {"idle": 500.0, NOT_JUDGED: 1.0})
+    assert tally.result().headline().startswith("none: not judged (1 s without")
+
+
 def test_a_zero_length_window_does_not_make_its_class_active() -> None:
     tally = VerdictTally()
     tally.add("idle", "", {}, 0.0, 10.0)
@@ -106,8 +116,8 @@ def test_each_headline_written_out() -> None:
     assert RunVerdict("", "", {}, {}).headline() == "none: the run ended before the agent had two sweeps to compare"
     assert RunVerdict("", "", {}, {NOT_JUDGED: 12.0}).headline() == (
         "none: not judged (12 s without the measurements the rules need: per-thread CPU, operations or steps)")
-    assert RunVerdict("idle", "", {}, {}).headline() == (
-        "idle: no steps, requests or CPU use in 0 s (or a loop whose threads rest between steps)")
+    assert RunVerdict("idle", "", {}, {}).headline() == "idle: no steps, requests or CPU use in 0 s"
+    assert RunVerdict("", "the job worked unseen", {}, {"idle": 9.0}).headline() == "none: the job worked unseen"
     assert RunVerdict("idle", "", {}, {"idle": 9.0}).headline().startswith("idle: no steps, requests or CPU use in 9 s")
     # the others largest first, one that never held left out, one under a second kept; idle and unjudged aside
     assert RunVerdict("input_bound", "r", {}, {"input_bound": 30.0, "balanced": 0.5, "host_bound": 2.0,

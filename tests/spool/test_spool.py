@@ -197,8 +197,12 @@ def test_a_planted_lock_link_is_not_followed(tmp_path: Path) -> None:
     sp = tmp_path / "spool"
     sp.mkdir(mode=0o700)
     (sp / spool.LOCK_NAME).symlink_to(tmp_path / "created-by-the-agent")
-    assert spool.try_lock(str(sp)) is None
+    said: list[str] = []
+    fd = spool.try_lock(str(sp), notice=said.append)
+    assert fd is not None and said and "a symbolic link" in said[0], "replaced by a lock file of ours"
+    os.close(fd)
     assert not (tmp_path / "created-by-the-agent").exists()
+    assert stat.S_ISREG(os.lstat(sp / spool.LOCK_NAME).st_mode)
 
 
 def test_the_private_spool_refuses_a_directory_someone_else_prepared(tmp_path: Path) -> None:

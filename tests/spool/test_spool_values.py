@@ -6,10 +6,14 @@ rejected files, the parsed directories it keeps), read back from real files in t
 from __future__ import annotations
 
 import errno
+import fcntl
 import json
 import os
+import shutil
 import stat
 import struct
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -201,18 +205,103 @@ def test_the_agent_lock_is_taken_once_and_by_name(tmp_path: Path) -> None:
     again = spool.try_lock(str(tmp_path))
     assert again is not None, "free once its holder closed it"
     os.close(again)
-    (tmp_path / "fifo.lock").parent.mkdir(exist_ok=True)
     os.mkfifo(tmp_path / "fifo.lock")
-    assert spool.try_lock(str(tmp_path), "fifo.lock") is None, "not a regular file"
+    said: list[str] = []
+    fd = spool.try_lock(str(tmp_path), "fifo.lock", notice=said.append)
+    assert fd is not None and stat.S_ISREG(os.lstat(tmp_path / "fifo.lock").st_mode), "a FIFO is replaced, not used"
+    assert len(said) == 1 and "not a regular file" in said[0]
+    os.close(fd)
     with pytest.raises(FileNotFoundError):
         spool.try_lock(str(tmp_path / "missing"))
 
 
 @needs_root
-def test_a_lock_file_of_a_stranger_is_not_used(tmp_path: Path) -> None:
-    (tmp_path / "agent.lock").write_text("")
-    os.chown(tmp_path / "agent.lock", STRANGER, STRANGER)
-    assert spool.try_lock(str(tmp_path)) is None
+def test_a_lock_file_of_a_stranger_that_nobody_holds_is_replaced_and_one_held_is_left(tmp_path: Path) -> None:
+    lock = tmp_path / "agent.lock"
+    lock.write_text("")
+    lock.chmod(0o644)
+    os.chown(lock, STRANGER, STRANGER)
+    held = os.open(lock, os.O_RDONLY)  # the stranger's process holding it: as a sidecar of another uid would
+    try:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        said: list[str] = []
+        assert spool.try_lock(str(tmp_path), notice=said.append) is None, "held: another agent serves the spool"
+        assert said == [] and os.lstat(lock).st_uid == STRANGER
+    finally:
+        os.close(held)
+    fd = spool.try_lock(str(tmp_path), notice=said.append, mode=0o644)
+    assert fd is not None, "planted, held by nobody: replaced with ours, which we hold"
+    try:
+        st = os.lstat(lock)
+        assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (os.geteuid(), 0o644)
+        assert (st.st_dev, st.st_ino) == (os.fstat(fd).st_dev, os.fstat(fd).st_ino)
+        assert said == [f"{lock} was owned by uid {STRANGER}, which is not trusted, and no process held it (planted "
+                        "by another user?): replaced with one of this user's"]
+        assert spool.try_lock(str(tmp_path)) is None, "ours now, and held"
+        assert sorted(os.listdir(tmp_path)) == ["agent.lock"], "nothing left behind"
+    finally:
+        os.close(fd)
+    os.chown(lock, STRANGER, STRANGER)
+    fd = spool.try_lock(str(tmp_path), trusted_uids=frozenset({STRANGER}))
+    assert fd is not None and os.lstat(lock).st_uid == STRANGER, "a trusted uid's lock file is used as it is"
+    os.close(fd)
+
+
+def without_capabilities(capabilities: str, code: str, *args: str) -> list[str]:
+    """What `code` prints, run by this interpreter as root without the given capabilities (capsh): as another user
+    is, since other uids cannot run this interpreter here. Skips where capsh (libcap2-bin) is missing."""
+    capsh = shutil.which("capsh")
+    if capsh is None:
+        pytest.skip("capsh (libcap2-bin) drops the capabilities")
+    r = subprocess.run([capsh, f"--drop={capabilities}", "--", "-c", 'exec "$0" -c "$@"', sys.executable, code,
+                        *args], capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert r.returncode == 0, r.stderr
+    return r.stdout.splitlines()
+
+
+def planted(directory: Path, mode: int, owner: int = 0) -> Path:
+    """A spool shared by several users, with the other user's empty agent.lock in it."""
+    directory.mkdir()
+    directory.chmod(mode)
+    os.chown(directory, owner, owner)
+    lock = directory / "agent.lock"
+    lock.write_text("")
+    lock.chmod(0o600)
+    os.chown(lock, STRANGER, STRANGER)
+    return lock
+
+
+@needs_root
+def test_another_users_lock_this_user_cannot_read_is_probed_in_the_kernels_lock_table(tmp_path: Path) -> None:
+    """A 0600 lock file of another uid (an older agent's, or planted): held by a live process, it counts as held;
+    held by none, it is replaced. "This user" cannot read it: root without the capabilities that read any file."""
+    lock = planted(tmp_path / "emptydir", 0o777)
+    code = "import sys; from outrider import spool; print(spool.try_lock(sys.argv[1], notice=print) is not None)"
+    without = "cap_dac_override,cap_dac_read_search"
+    held = os.open(lock, os.O_RDONLY)  # the other uid's agent, alive and holding it
+    try:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        assert without_capabilities(without, code, str(lock.parent)) == ["False"], "held: an agent serves the spool"
+    finally:
+        os.close(held)
+    said, taken = without_capabilities(without, code, str(lock.parent))
+    assert taken == "True" and f"owned by uid {STRANGER} and not readable by this user" in said
+    assert os.lstat(lock).st_uid == 0
+
+
+@needs_root
+def test_a_planted_lock_that_cannot_be_replaced_is_refused_with_the_reason(tmp_path: Path) -> None:
+    """A sticky directory of another user (a shared /tmp-like spool): a process without CAP_FOWNER, as any other
+    user is, cannot rename over the stranger's file."""
+    lock = planted(tmp_path / "shared", 0o1777, owner=STRANGER)
+    code = ("import sys; from outrider import spool\n"
+            "try:\n    spool.try_lock(sys.argv[1])\nexcept spool.LockRefused as e:\n    print('refused:', e)")
+    (out,) = without_capabilities("cap_fowner", code, str(lock.parent))
+    assert out.startswith("refused: "), out
+    assert f"{lock} is owned by uid {STRANGER}, which is not trusted, and no process holds it" in out
+    assert "remove it, or set spool_dir" in out
+    assert sorted(os.listdir(lock.parent)) == ["agent.lock"], "nothing left behind"
 
 
 def test_a_readers_mark_is_made_whole_then_stamped_by_each_sweep(tmp_path: Path) -> None:
@@ -919,6 +1008,8 @@ def entry_error(entry: object, values: tuple[float, ...] = (1.0, 2.0, 3.0, 4.0))
     (["\udce9", "counter", {}, 0, []], "the metric name is not valid UTF-8"),
     (["9x", "counter", {}, 0, []], "invalid metric name '9x'"),
     (["__x", "counter", {}, 0, []], "invalid metric name '__x'"),
+    (["up", "gauge", {}, 0, []], "reserved metric name 'up': Prometheus writes a series of that name itself"),
+    (["ALERTS", "gauge", {}, 0, []], "reserved metric name 'ALERTS': Prometheus writes a series of that name itself"),
     (["a" * 100 + "-", "counter", {}, 0, []], "invalid metric name '" + "a" * 80 + "'"),
     (["x", "summary" * 5, {}, 0, []], "x: unknown kind 'summarysummarysummar'"),
     (["x", None, {}, 0, []], "x: unknown kind 'None'"),
@@ -1099,7 +1190,10 @@ def test_a_lock_or_a_spool_of_root_is_trusted_by_another_user(tmp_path: Path,
     spool.check_dir(str(shared), private=False)  # a volume of root's
     os.chown(tmp_path / "agent.lock", 1, 1)
     os.chown(shared, 1, 1)
-    assert spool.try_lock(str(tmp_path)) is None, "uid 1 is no one this agent trusts"
+    said: list[str] = []
+    fd = spool.try_lock(str(tmp_path), notice=said.append)
+    assert fd is not None and said and "uid 1, which is not trusted" in said[0], "uid 1 is no one this agent trusts"
+    os.close(fd)
     with pytest.raises(spool.SpoolError, match="belongs to uid 1, which is not trusted"):
         spool.check_dir(str(shared), private=False)
 

@@ -39,9 +39,11 @@ Prometheus renames it when honor_labels is false: `exported_<name>` (and again w
 are each pod's own: hook_max_series_per_metric per metric of a pod, and an even share of MAX_SERIES
 (metrics/foreign.py) for each pod, MAX_SERIES // the number of targets (at least 1), so that a noisy pod cannot
 crowd out the others' series; each cut names its pod. A metric that one pod calls a counter and another a gauge is
-taken from the first pod (by namespace and name) and left out of the others, counted. At most MAX_TARGETS pods are
-scraped (the rest, counted); of two pods with one namespace and name (never so in a true list), the second is left
-out, counted. hostNetwork pods and pods whose IP no pod can have are left out (k8s/node_pods.py), counted.
+taken from the first pod (by namespace and name) and left out of the others, counted; so is one exported under a
+name the first pod's family has (a counter `x` is x_total on /metrics and x on OTLP, as a gauge `x_total` or `x`
+is). At most MAX_TARGETS pods are scraped (the rest, counted); of two pods with one namespace and name (never so in
+a true list), the second is left out, counted. hostNetwork pods and pods whose IP no pod can have are left out
+(k8s/node_pods.py), counted.
 """
 
 from __future__ import annotations
@@ -160,10 +162,19 @@ class AnnotatedPodsCollector(Collector):
         targets = self._targets(pods)
         share = max(1, MAX_SERIES // len(targets)) if targets else MAX_SERIES
         per_target = self._scrape_all(targets, share)
+        # One family per name it is exported under: a counter `x` is x_total on /metrics (as a gauge `x_total` is)
+        # and x on OTLP (as a gauge `x` is); the exposition would merge a second family of one name into the first's
+        # type. The first pod's claims the names, and another pod's family that shares one clashes with it.
         metrics: dict[str, list[tuple[Target, ForeignMetric]]] = {}
+        claimed: dict[str, str] = {}  # a name on /metrics or OTLP -> the family (as its first pod names it) holding it
         for target in targets:  # in the targets' order (namespace, name): the first pod's type wins a clash
             for family, m in per_target.get(target.who, {}).items():
-                metrics.setdefault(family, []).append((target, m))
+                names = (family, f"{family}_total") if m.kind == "counter" else (family,)
+                first = next((claimed[n] for n in names if n in claimed), None)
+                if first is None:  # a family left out in a clash claims nothing
+                    first = family
+                    claimed.update(dict.fromkeys(names, family))
+                metrics.setdefault(first, []).append((target, m))
         # each pod is within its own caps already: the overall ones only trim rounding
         return self._defs.families({family: self._merged(family, parts) for family, parts in metrics.items()},
                                    MAX_SERIES, self.drop)

@@ -250,6 +250,8 @@ class GpuCollector(Collector):
             gpu.add("outrider_gpu_nvlink_bytes_total", fields[FIELD_NVLINK_RX] * 1024, "receive")
         for kind, n in sorted(nv.nvlink_errors(i, h).items()):
             gpu.add("outrider_gpu_nvlink_errors_total", n, kind)
+        for link, active in sorted(nv.nvlink_states(i, h).items()):
+            gpu.add("outrider_gpu_nvlink_link_active", 1 if active else 0, str(link))
 
     def _power(self, gpu: _Gpu) -> None:
         """Power drawn, its limit, and the energy used since the driver loaded."""

@@ -67,7 +67,7 @@ class ProcessState:
     path: str
     meta: dict[str, object]
     header: spool.ShardHeader
-    state: str  # running, stalled, unresponsive, exited
+    state: str  # running, stalled, unresponsive, stopped, exited
     uid: int
 
     @property
@@ -136,7 +136,9 @@ class HookCollector(Collector):
         if ctx.hold_spool_lock:
             try:
                 spool.prepare_dir(self.spool, private=not self._explicit, trusted_uids=self._trusted_uids)
-                self._lock_fd = spool.try_lock(self.spool)
+                self._lock_fd = self._try_lock()
+            except spool.LockRefused as e:
+                self.drop("spool_lock", e)
             except OSError as e:
                 self.drop("spool", e)
             if self._lock_fd is None:
@@ -217,10 +219,21 @@ class HookCollector(Collector):
         except OSError as e:
             self.drop("spool reader mark", e)
 
+    def _try_lock(self) -> int | None:
+        """agent.lock, as spool.try_lock takes it: a lock file another user planted (which kept this agent a mere
+        reader that never deletes a finished shard) is replaced, said once, or refused (spool.LockRefused) with
+        the reason, logged once and counted."""
+        mode = spool.shared_file_mode(self.spool) if self._explicit else spool.PRIVATE_FILE_MODE
+        return spool.try_lock(self.spool, trusted_uids=self._trusted_uids, mode=mode,
+                              notice=lambda what: self.log.warning("hook: %s", what))
+
     def _take_over(self) -> None:
         """A reader takes agent.lock once its holder has left, and becomes the owner."""
         try:
-            self._lock_fd = spool.try_lock(self.spool)
+            self._lock_fd = self._try_lock()
+        except spool.LockRefused as e:
+            self.drop("spool_lock", e)
+            self._lock_fd = None
         except OSError:
             self._lock_fd = None
         if self._lock_fd is not None:
@@ -246,14 +259,16 @@ class HookCollector(Collector):
             pass
         try:
             spool.prepare_dir(self.spool, private=not self._explicit, trusted_uids=self._trusted_uids)
-            fd = spool.try_lock(self.spool)
+            fd = self._try_lock()
         except OSError as e:
             self.drop("spool", e)
             return
-        if fd is not None:
-            with contextlib.suppress(OSError):
-                os.close(self._lock_fd)
-            self._lock_fd = fd
+        with contextlib.suppress(OSError):
+            os.close(self._lock_fd)
+        self._lock_fd = fd
+        if fd is None:  # another agent holds the lock at the name now (it took the re-created spool first)
+            self.log.info("hook: another agent owns the spool %s now; this one reads it", self.spool)
+            self._mark_reader()
 
     def collect(self) -> list[Family]:
         started_ns = self.ctx.clock.wall_ns()  # before the listing: what a reader's mark promises the owner it has seen
@@ -358,6 +373,11 @@ class HookCollector(Collector):
                 self._boot_s = procfs.read_boot_time(self.ctx.config.proc_root)
         return self._boot_s
 
+    def _stopped(self, pid: int, meta: dict[str, object], start_ns: int) -> bool:
+        """Whether the process that wrote the shard is stopped (/proc state T, or t under a tracer)."""
+        return procfs.process_state(self.ctx.config.proc_root, pid) in ("T", "t") and \
+            self._same_process(pid, meta, start_ns)
+
     def _same_process(self, pid: int, meta: dict[str, object], start_ns: int) -> bool:
         """Whether the live process `pid` is the one that wrote the shard: same pid and same start. The hook says
         its start in clock ticks (exact); a shard without it (an older hook) is matched on wall time: the live
@@ -422,6 +442,10 @@ class HookCollector(Collector):
             # Killed or crashed (no closing flush), its pid gone or reused by another process. In a pod without a
             # shared process namespace no pid is visible: there, three missed heartbeats mean gone.
             return "exited"
+        if age_s > 2 * flush_s and self._stopped(h.pid, meta, h.start_ns):
+            # SIGSTOP, a shell's job control, a debugger: its publisher is stopped with it. Not stalled: it resumes
+            # where it was when continued (one read of /proc/PID/stat, only for a process whose heartbeat ages).
+            return "stopped"
         if age_s > max(10 * flush_s, 10.0):
             return "unresponsive"  # alive, but its publisher thread has not written for a while
         if h.flags & spool.FLAG_STALLED:
@@ -590,12 +614,13 @@ class HookCollector(Collector):
                 fam.add(values[0], *label_values)
         out = list(fams.values())
         states = Family("outrider_hook_processes")
-        for state in ("running", "stalled", "unresponsive"):
+        for state in ("running", "stalled", "unresponsive", "stopped"):
             states.add(sum(1 for p in processes if p.state == state), state)
         out.append(states)
         last_step = Family("outrider_train_last_step_timestamp_seconds")
         started = Family("outrider_train_start_timestamp_seconds")
         stalled = Family("outrider_hook_stalled")
+        stopped = Family("outrider_hook_stopped")
         heartbeat = Family("outrider_hook_last_heartbeat_timestamp_seconds")
         by_rank: dict[tuple[str, str], list[ProcessState]] = {}
         for p in processes:
@@ -607,6 +632,8 @@ class HookCollector(Collector):
             started.add(min(p.header.start_ns for p in procs) / 1e9, rank, job)
             stalled.add(1 if any(p.state in ("stalled", "unresponsive") and not self._helper(p, procs)
                                  for p in procs) else 0, rank, job)
+            stopped.add(1 if any(p.state == "stopped" and not self._helper(p, procs) for p in procs) else 0,
+                        rank, job)
         for p in processes:
             heartbeat.add(p.header.heartbeat_ns / 1e9, p.rank, p.training_job, str(p.header.pid))
         errors = Family("outrider_hook_shard_errors_total")
@@ -617,7 +644,7 @@ class HookCollector(Collector):
         for reason, n in sorted(self.reader.rejected().items()):
             rejected.add(n, reason)
         owner = Family("outrider_hook_spool_owner").add(1 if self.owner else 0)
-        out.extend([last_step, started, stalled, heartbeat, errors, retired, rejected, owner])
+        out.extend([last_step, started, stalled, stopped, heartbeat, errors, retired, rejected, owner])
         return out
 
     def close(self) -> None:

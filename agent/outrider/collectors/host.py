@@ -1,14 +1,17 @@
-"""Host collector: CPU, memory and swap, load, PSI pressure, disk and network I/O, filesystem space and inodes, and
-the memory limit and usage of the cgroup (container) the agent runs in."""
+"""Host collector: CPU, memory and swap, load, PSI pressure, disk and network I/O, filesystem space and inodes, the
+clock (its time, and whether it is synchronised), and the memory and CPU limits of the cgroup (container) the agent
+runs in, with its usage and CFS throttling."""
 
 from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
+from typing import TypeVar
 
 from outrider import regex
 from outrider.collectors.base import Collector, CollectorContext
-from outrider.kernel import cgroupfs, procfs
+from outrider.kernel import cgroupfs, procfs, timex
 from outrider.metrics.family import Family
 
 BUSY_EXCLUDED = ("idle", "iowait")
@@ -39,17 +42,48 @@ class NameFilter:
         return verdict
 
 
+T = TypeVar("T")
+
+
+class OwnCgroup:
+    """The agent's own cgroup of one controller: found at its first read, its files kept open on a live cgroupfs."""
+
+    def __init__(self, controller: str, find: Callable[[], cgroupfs.Cgroup | None], sys_root: str) -> None:
+        self.controller = controller
+        self.find = find
+        self.sys_root = sys_root
+        self.cgroup: cgroupfs.Cgroup | None = None
+        self.reader: procfs.KeptOpenReader | None = None
+
+    def read(self, parse: Callable[[cgroupfs.Cgroup, procfs.Reader], T]) -> T:
+        if self.cgroup is None:
+            self.cgroup = self.find()
+            if self.cgroup is None:
+                raise FileNotFoundError(f"{self.sys_root}/fs/cgroup: no {self.controller} controller for this process")
+            self.reader = procfs.KeptOpenReader(self.cgroup.path, keep=procfs.on_kernel_fs(self.cgroup.path))
+        return parse(self.cgroup, self.reader.read if self.reader else None)
+
+    def close(self) -> None:
+        if self.reader is not None:
+            self.reader.close()
+
+
 class HostCollector(Collector):
     name = "host"
     description = ("host CPU, memory, swap, load, PSI, disk and network I/O, filesystem space and inodes (from /proc), "
-                   "and the agent's cgroup memory limit")
+                   "the clock, and the agent's cgroup memory and CPU limits and CFS throttling")
 
-    def __init__(self, ctx: CollectorContext) -> None:
+    def __init__(self, ctx: CollectorContext,
+                 read_clock: Callable[[], timex.ClockState] = timex.read_clock) -> None:
+        """read_clock: the kernel's view of the clock's synchronisation (adjtimex; a test gives a fixed one)."""
         super().__init__(ctx)
+        self._read_clock = read_clock
         self._root = ctx.config.proc_root
         self._sys_root = ctx.config.sys_root
-        self._memory_cgroup: cgroupfs.MemoryCgroup | None = None
-        self._cgroup_reader: procfs.KeptOpenReader | None = None
+        self._memory_cgroup = OwnCgroup("memory", lambda: cgroupfs.find_memory_cgroup(self._root, self._sys_root),
+                                        self._sys_root)
+        self._cpu_cgroup = OwnCgroup("cpu", lambda: cgroupfs.find_cpu_cgroup(self._root, self._sys_root),
+                                     self._sys_root)
         # user patterns, matched in linear time (outrider.regex; config refused them at load if RE2 does not take them)
         self._disk_exclude = NameFilter(ctx.config.disk_exclude)
         self._net_exclude = NameFilter(ctx.config.network_exclude)
@@ -61,8 +95,8 @@ class HostCollector(Collector):
 
     def collect(self) -> list[Family]:
         fams: list[Family] = []
-        for part in (self._cpu, self._load, self._memory, self._cgroup_memory, self._vmstat, self._pressure,
-                     self._disks, self._network, self._filesystems):
+        for part in (self._cpu, self._load, self._memory, self._cgroup_memory, self._cgroup_cpu, self._vmstat,
+                     self._pressure, self._disks, self._network, self._filesystems, self._clock):
             try:
                 fams.extend(part())
             except FileNotFoundError as e:
@@ -74,8 +108,8 @@ class HostCollector(Collector):
 
     def close(self) -> None:
         self._reader.close()
-        if self._cgroup_reader is not None:
-            self._cgroup_reader.close()
+        self._memory_cgroup.close()
+        self._cpu_cgroup.close()
 
     def _cpu(self) -> list[Family]:
         stat = procfs.read_stat(self._root, self._r)
@@ -117,19 +151,38 @@ class HostCollector(Collector):
                 Family("outrider_host_memory_dirty_bytes").add(mem.get("Dirty", 0) + mem.get("Writeback", 0))]
 
     def _cgroup_memory(self) -> list[Family]:
-        if self._memory_cgroup is None:
-            self._memory_cgroup = cgroupfs.find_memory_cgroup(self._root, self._sys_root)
-            if self._memory_cgroup is None:
-                raise FileNotFoundError(f"{self._sys_root}/fs/cgroup: no memory controller for this process")
-            path = self._memory_cgroup.path
-            self._cgroup_reader = procfs.KeptOpenReader(path, keep=procfs.on_kernel_fs(path))
-        mem = cgroupfs.read_memory(self._memory_cgroup, self._cgroup_reader.read if self._cgroup_reader else None)
+        mem = self._memory_cgroup.read(cgroupfs.read_memory)
         fams = [Family("outrider_cgroup_memory_usage_bytes").add(mem.usage_bytes),
                 Family("outrider_cgroup_memory_working_set_bytes").add(mem.working_set_bytes)]
         if mem.limit_bytes is not None:  # absent, not a misleading huge number, where no limit is set
             fams.append(Family("outrider_cgroup_memory_limit_bytes").add(mem.limit_bytes))
         if mem.oom_kills is not None:
             fams.append(Family("outrider_cgroup_memory_oom_kills_total").add(mem.oom_kills))
+        return fams
+
+    def _cgroup_cpu(self) -> list[Family]:
+        cpu = self._cpu_cgroup.read(cgroupfs.read_cpu)
+        fams = []
+        if cpu.limit_cores is not None:  # absent where no quota is set, as the memory limit
+            fams.append(Family("outrider_cgroup_cpu_limit_cores").add(cpu.limit_cores))
+        if cpu.periods is not None and cpu.throttled_periods is not None:
+            fams += [Family("outrider_cgroup_cpu_periods_total").add(cpu.periods),
+                     Family("outrider_cgroup_cpu_throttled_periods_total").add(cpu.throttled_periods)]
+        if cpu.throttled_s is not None:
+            fams.append(Family("outrider_cgroup_cpu_throttled_seconds_total").add(cpu.throttled_s))
+        return fams
+
+    def _clock(self) -> list[Family]:
+        """The wall clock when read (Prometheus's timestamp on it tells the skew), and the kernel's view of its
+        synchronisation."""
+        fams = [Family("outrider_host_time_seconds").add(self.ctx.clock.wall())]
+        try:
+            clock = self._read_clock()
+        except OSError as e:  # not Linux, or a seccomp profile refusing adjtimex: the time alone
+            self._once.warning("adjtimex", "host: the clock's synchronisation is not available: %s", e)
+            return fams
+        fams += [Family("outrider_host_clock_synchronized").add(1 if clock.synchronized else 0),
+                 Family("outrider_host_clock_max_error_seconds").add(clock.max_error_s)]
         return fams
 
     def _vmstat(self) -> list[Family]:

@@ -21,11 +21,18 @@ values are left out, counted (the sketch holds none, and a classic `le` bucket c
 lower-closed negative range exactly). Delta points merge at the coarser of the two scales; a series past
 MAX_EXPONENTIAL_BUCKETS buckets is downscaled until it fits, as OpenTelemetry's SDK does.
 
-Bounds: a request body of at most MAX_BODY_BYTES, a request head and body within REQUEST_TIMEOUT_S, the hook's
-series caps (hook_max_series_per_metric per metric, MAX_SERIES in all), series not updated for STALE_S forgotten, and
-an exponential histogram point of at most MAX_EXPONENTIAL_BUCKETS buckets, at a scale OpenTelemetry allows (-10 to
-20), with bounds that are finite doubles (within 2**±MAX_EXPONENT). Names the agent owns (`outrider_*`, the
-catalog's) are refused. Every refusal is logged once and counted in
+The server is the agent's bounded one (outrider/http_server.py), as for /metrics: a loop thread and RECEIVER_LIMITS's
+fixed pool of workers, whatever the number of clients (a thread per connection took the agent from 40 MiB with one
+upload to 129 MiB with 10 and 296 MiB with 50); at most MAX_CONNECTIONS connections; a request head and body within
+REQUEST_TIMEOUT_S of its first byte (enforced on the whole request, not on each read), a body of at most
+MAX_BODY_BYTES (413), and the bodies of all connections held at once within MAX_BODIES_BYTES: an upload that finds
+no room is answered 503 with Retry-After, which OTLP exporters retry. A client that leaves mid-request is counted
+(each one printed a 19-line traceback), as is every other result, in outrider_otlp_receiver_requests_total{result}.
+
+Bounds on what is taken in: the hook's series caps (hook_max_series_per_metric per metric, MAX_SERIES in all),
+series not updated for STALE_S forgotten, and an exponential histogram point of at most MAX_EXPONENTIAL_BUCKETS
+buckets, at a scale OpenTelemetry allows (-10 to 20), with bounds that are finite doubles (within 2**±MAX_EXPONENT).
+Names the agent owns (`outrider_*`, the catalog's) are refused. Every refusal is logged once and counted in
 outrider_collector_errors_total{collector="otlp_receiver"}; a malformed request gets 400 and changes nothing.
 """
 
@@ -36,19 +43,25 @@ import re
 import threading
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from outrider.collectors.base import Collector, CollectorContext
+from outrider.http_server import HttpServer, Limits, Request, Response
 from outrider.metrics.catalog import CATALOG
 from outrider.metrics.family import Family, HistogramValue
 from outrider.metrics.foreign import ForeignDefinitions
 from outrider.sketch import MIN_VALUE, SCALE, Sketch, downscale
 
-if TYPE_CHECKING:  # http.server loads http.client, email and ssl: only when the receiver is turned on
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
 MAX_BODY_BYTES = 4 << 20
+MAX_BODIES_BYTES = 4 * MAX_BODY_BYTES  # request bodies held at once, all clients together
+MAX_CONNECTIONS = 64
 REQUEST_TIMEOUT_S = 10.0
+RECEIVER_LIMITS = Limits(workers=1, max_connections=MAX_CONNECTIONS, backlog=128, header_timeout_s=REQUEST_TIMEOUT_S,
+                         idle_timeout_s=60.0, write_timeout_s=REQUEST_TIMEOUT_S, methods=("POST",),
+                         max_body_bytes=MAX_BODY_BYTES, max_bodies_bytes=MAX_BODIES_BYTES)
+# What the server answered itself, by status, as the receiver's request results
+SERVER_RESULTS = {400: "bad_request", 405: "bad_request", 411: "bad_request", 413: "too_large", 431: "bad_request",
+                  503: "busy"}
 MAX_SERIES = 2_000
 STALE_S = 300.0
 UNIT_SUFFIXES = {"s": "seconds", "ms": "milliseconds", "By": "bytes", "KiBy": "kibibytes", "MiBy": "mebibytes"}
@@ -191,61 +204,40 @@ class OtlpReceiverCollector(Collector):
         self._lock = threading.Lock()
         self._metrics: dict[str, _Metric] = {}
         self._defs = ForeignDefinitions(self.name, "A metric of the application's own OpenTelemetry instrumentation.")
-        self._server: ThreadingHTTPServer | None = None
-        self.requests: dict[str, int] = {}  # by result: accepted, bad_request, too_large
+        self._server: HttpServer | None = None
+        self.requests: dict[str, int] = {}  # by result, those the handler answered: accepted, bad_request, too_large
         listen = ctx.config.otlp_receiver_listen
         if listen:
             self._start(listen)
 
+    # --- the transport: the bounded server, and one request at a time ------------------------------------------
     @property
     def address(self) -> tuple[str, int] | None:
-        return self._server.server_address[:2] if self._server is not None else None  # type: ignore[return-value]
+        return self._server.address if self._server is not None else None
 
     def _start(self, listen: str) -> None:
-        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
         host, _, port = listen.rpartition(":")
-        collector = self
-
-        class Handler(BaseHTTPRequestHandler):
-            timeout = REQUEST_TIMEOUT_S  # each read of the head and the body
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, format: str, *args: Any) -> None:
-                return
-
-            def do_POST(self) -> None:
-                status = collector._receive(self)
-                self.send_response(status)
-                body = b"" if status == 200 else b"bad request"
-                self.send_header("Content-Type", "application/x-protobuf" if status == 200 else "text/plain")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-        self._server = ThreadingHTTPServer((host.strip("[]") or "127.0.0.1", int(port)), Handler)
-        self._server.daemon_threads = True
-        threading.Thread(target=self._server.serve_forever, name="outrider-otlp-receiver", daemon=True).start()
+        self._server = HttpServer(host.strip("[]") or "127.0.0.1", int(port), self._serve, limits=RECEIVER_LIMITS)
+        self._server.start()
         self.log.info("OTLP/HTTP receiver for the application's metrics on http://%s:%d/v1/metrics",
-                      *self._server.server_address[:2])
+                      *self._server.address)
+
+    def _serve(self, request: Request) -> Response:
+        status = self._receive(request)
+        if status == 200:  # an empty ExportMetricsServiceResponse
+            return Response(200, b"", (("Content-Type", "application/x-protobuf"),))
+        return Response(status, b"bad request\n")
 
     def _count(self, result: str) -> None:
-        self.requests[result] = self.requests.get(result, 0) + 1
+        with self._lock:
+            self.requests[result] = self.requests.get(result, 0) + 1
 
-    def _receive(self, handler: BaseHTTPRequestHandler) -> int:
-        if handler.path.split("?", 1)[0] != "/v1/metrics":
-            return 404
-        try:
-            length = int(handler.headers.get("Content-Length", ""))
-        except ValueError:
+    def _receive(self, request: Request) -> int:
+        if request.path != "/v1/metrics":
             self._count("bad_request")
-            return 411
-        if not 0 <= length <= MAX_BODY_BYTES:
-            self._count("too_large")
-            self.drop("too_large", f"a request of {length} bytes, over {MAX_BODY_BYTES}")
-            return 413
-        body = handler.rfile.read(length)
-        if handler.headers.get("Content-Encoding", "") == "gzip":
+            return 404
+        body = request.body  # whole, within MAX_BODY_BYTES and the request's time (the server's)
+        if request.headers.get("content-encoding", "") == "gzip":
             import gzip
             import io
             import zlib
@@ -257,20 +249,36 @@ class OtlpReceiverCollector(Collector):
                 return 400
             if len(body) > MAX_BODY_BYTES:
                 self._count("too_large")
+                self.drop("too_large", f"a request inflating to more than {MAX_BODY_BYTES} bytes")
                 return 413
         from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 
-        request = ExportMetricsServiceRequest()
+        parsed = ExportMetricsServiceRequest()
         try:
-            request.ParseFromString(body)
+            parsed.ParseFromString(body)
         except Exception as e:  # protobuf's DecodeError, or anything a hostile body provokes
             self._count("bad_request")
             self.drop("decode", f"a request that is not an OTLP ExportMetricsServiceRequest: {e}")
             return 400
         with self._lock:
-            self._take(request)
+            self._take(parsed)
         self._count("accepted")
         return 200
+
+    def _requests_family(self, server: HttpServer) -> Family:
+        """outrider_otlp_receiver_requests_total: the handler's results and what the server answered or closed
+        itself."""
+        results = dict(self.requests)
+        for status, n in dict(server.refused).items():
+            result = SERVER_RESULTS.get(status, "bad_request")
+            results[result] = results.get(result, 0) + n
+        results["aborted"] = server.aborted
+        results["timed_out"] = server.timed_out
+        results["evicted"] = server.evicted
+        fam = Family("outrider_otlp_receiver_requests_total")
+        for result in sorted(results):
+            fam.add(results[result], result)
+        return fam
 
     # --- taking in -----------------------------------------------------------------------------------------------
     def _take(self, request: Any) -> None:
@@ -362,13 +370,17 @@ class OtlpReceiverCollector(Collector):
         cutoff = time.monotonic() - STALE_S
         with self._lock:
             out = []
+            emitted: set[str] = set()
             for name in sorted(self._metrics):
                 m = self._metrics[name]
                 for key in [k for k, s in m.series.items() if s.seen < cutoff]:
                     del m.series[key]
                 if not m.series:
                     continue
-                fam = Family(self._defs.get(name, m.kind, m.labels, m.help))
+                fam = Family(self._defs.get(name, m.kind, m.labels, m.help, drop=self.drop))
+                if fam.defn.name in emitted:  # `up` renamed exported_up beside a metric of that name
+                    continue
+                emitted.add(fam.defn.name)
                 series = [(key, s) for key, s in sorted(m.series.items()) if m.kind != "histogram"
                           or s.exponential is not None or s.counts is not None]  # a refused first point: no data
                 # the sketch for all of a metric's series or none: one kind of series per metric, as the exporters'
@@ -384,12 +396,12 @@ class OtlpReceiverCollector(Collector):
                     elif s.counts is not None:
                         fam.add(HistogramValue(s.bounds, tuple(int(c) for c in s.counts), s.total), *key)
                 out.append(fam)
+            out.append(self._requests_family(self._server))
             return out
 
     def close(self) -> None:
         if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
+            self._server.stop()
             self._server = None
 
 

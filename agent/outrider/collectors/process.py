@@ -56,7 +56,8 @@ class ProcessCollector(Collector):
         # Which counter groups of "other" and of the tree were ever read (an absent sum is not a sum of 0).
         self._other_read: set[tuple[int, int]] = set()
         self._tree_read: set[tuple[int, int]] = set()
-        self._identities = ProcessIdentities(self._root, full_command=ctx.config.process_full_command)
+        self._identities = ProcessIdentities(self._root, arguments=ctx.config.process_command_arguments,
+                                              full_command=ctx.config.process_full_command)
 
     def _pids(self) -> list[int]:
         roots = self.ctx.roots

@@ -1,5 +1,5 @@
-"""Who a watched process is: its user, command line (secrets redacted) and start time, for the per-process tables
-(nvitop's columns).
+"""Who a watched process is: its user, command (the program and its script unless more is asked for:
+collectors/cmdline.py) and start time, for the per-process tables (nvitop's columns).
 
 Read once per process while it holds a top-N slot (pid and start ticks identify it across pid reuse), so a sweep
 pays for a process's identity only when it first appears. The user is the name the agent's own passwd database
@@ -21,9 +21,10 @@ Key = tuple[int, int]  # (pid, start ticks)
 
 
 class ProcessIdentities:
-    def __init__(self, root: str, full_command: bool = False) -> None:
+    def __init__(self, root: str, *, arguments: bool = False, full_command: bool = False) -> None:
         self._root = root
-        self._full_command = full_command  # opt-in: the command line unredacted (collectors/cmdline.py)
+        self._arguments = arguments  # opt-in: the arguments too, redacted (collectors/cmdline.py)
+        self._full_command = full_command  # opt-in: the command line unredacted
         self._boot: float | None = None
         self._known: dict[Key, tuple[str, str]] = {}
         self._users: dict[int, str] = {}
@@ -52,7 +53,8 @@ class ProcessIdentities:
                 argv = procfs.read_proc_argv(self._root, key[0])
             except (OSError, ValueError, IndexError):
                 return None  # gone meanwhile, or not ours to read: shown without its identity
-            command = command_label(argv, MAX_COMMAND, full=self._full_command) if argv else f"[{name}]"
+            command = (command_label(argv, MAX_COMMAND, arguments=self._arguments, full=self._full_command)
+                       if argv else f"[{name}]")
             known = self._known[key] = (user, command)
         return known
 

@@ -70,6 +70,11 @@ def build() -> Dashboard:
                         "backing off).", "short",
                         query(f"sum by (result) (rate(outrider_agent_otlp_exports_total{{{SEL}}}[$__rate_interval]))",
                               "{{result}}")))
+    d = d.with_panel(ts("OTLP receiver requests", "Requests to the agent's own OTLP receiver per second by result "
+                        "(accepted, bad_request, too_large, busy: answered 503, aborted, timed_out, evicted): zero "
+                        "when the receiver is off.", "short",
+                        query(f"sum by (result) (rate(outrider_otlp_receiver_requests_total{{{SEL}}}"
+                              "[$__rate_interval])) or vector(0)", "{{result}}")))
     d = d.with_row(Row("Hook spool"))
     d = d.with_panel(ts("Refused and unreadable", "Measurements the hook refused (bad value, invalid name, series "
                         "limit) and shards or series the agent could not read, per interval, by reason.", "short",

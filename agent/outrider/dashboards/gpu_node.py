@@ -192,6 +192,11 @@ def build() -> Dashboard:
                         query(f"outrider_gpu_up{{{G}}}", "GPU {{gpu}}"), th=thresholds((None, "red"), (1, "green")),
                         min_val=0, max_val=1, links=[runbook("hardware.md", "gpulost", "GPU lost")]))
     d = d.with_row(Row("Interconnect"))
+    d = d.with_panel(ts("NVLink links active", "Each NVLink link: 1 while active, 0 once it is not. A link that was "
+                        "active and is no longer cuts the GPU's bandwidth to its peers (collectives slow or hang).",
+                        "short", query(f"outrider_gpu_nvlink_link_active{{{G}}}", "GPU {{gpu}} link {{link}}"),
+                        th=thresholds((None, "red"), (1, "green")), min_val=0, max_val=1,
+                        links=[runbook("hardware.md", "gpunvlinkdown", "NVLink link down")]))
     d = d.with_panel(ts("PCIe throughput", "PCIe bytes per second, transmit and receive.", "Bps",
                         query(f"outrider_gpu_pcie_throughput_bytes_per_second{{{G}}}", "GPU {{gpu}} {{direction}}")))
     d = d.with_panel(ts("NVLink throughput", "NVLink data bytes per second over all links.", "Bps",

@@ -62,6 +62,24 @@ def build() -> Dashboard:
                         query(f"outrider_cgroup_memory_working_set_bytes{{{SEL}}}", "working set {{instance}}"),
                         query(f"outrider_cgroup_memory_limit_bytes{{{SEL}}}", "limit {{instance}}"),
                         links=[runbook("exhaustion.md", "containermemorynearlimit", "container memory")]))
+    d = d.with_panel(ts("Container CPU throttling (cgroup)", "Share of the cgroup's CFS periods in which it used up "
+                        "its CPU quota and was throttled, and the time its tasks spent throttled per second, against "
+                        "its limit in cores: a CPU-limited training container's data loaders starve here.", "short",
+                        query(f"rate(outrider_cgroup_cpu_throttled_periods_total{{{SEL}}}[$__rate_interval]) / "
+                              f"rate(outrider_cgroup_cpu_periods_total{{{SEL}}}[$__rate_interval])",
+                              "throttled share {{instance}}"),
+                        query(f"rate(outrider_cgroup_cpu_throttled_seconds_total{{{SEL}}}[$__rate_interval])",
+                              "throttled s/s {{instance}}"),
+                        query(f"outrider_cgroup_cpu_limit_cores{{{SEL}}}", "limit (cores) {{instance}}"),
+                        links=[runbook("exhaustion.md", "trainingcputhrottled", "CPU throttled")]))
+    d = d.with_panel(ts("Clock", "The node's clock against Prometheus's (seconds ahead, the sweep's own lag "
+                        "included), whether the kernel says it is synchronised, and its bound on its own error: "
+                        "several alerts compare the node's timestamps with Prometheus's time().", "s",
+                        query(f"outrider_host_time_seconds{{{SEL}}} - timestamp(outrider_host_time_seconds{{{SEL}}})",
+                              "skew {{instance}}"),
+                        query(f"outrider_host_clock_max_error_seconds{{{SEL}}}", "max error {{instance}}"),
+                        query(f"outrider_host_clock_synchronized{{{SEL}}}", "synchronised {{instance}}"),
+                        links=[runbook("meta.md", "nodeclockskew", "clock skew")]))
     d = d.with_panel(ts("Container OOM kills (cgroup)", "Processes the kernel OOM-killed inside the cgroup per "
                         "interval.", "short",
                         query(f"increase(outrider_cgroup_memory_oom_kills_total{{{SEL}}}[$__rate_interval])",

@@ -116,7 +116,8 @@ def build() -> Dashboard:
                           links=[runbook("degradation.md", "trainingstalled", "stalled")]))
     d = d.with_panel(stat("Bottleneck", "The agent's verdict on why the job is slow (outrider_bottleneck): "
                           "checkpoint_bound, input_bound, host_bound, python_bound, compute_bound, "
-                          "communication_bound, memory_pressure, memory_bandwidth_bound, throttled, idle or balanced "
+                          "communication_bound, memory_pressure, memory_bandwidth_bound, throttled, waiting (on "
+                          "something outside the process), idle or balanced "
                           "(none while a window is not judged); outrider top and outrider report show the evidence "
                           "and the advice.",
                           "short",
@@ -166,11 +167,13 @@ def build() -> Dashboard:
                               "[$__rate_interval]))", "cpu {{role}} rank {{rank}}"),
                         query(f"sum by (rank, role) (rate(outrider_thread_run_delay_seconds_total{{{R}}}"
                               "[$__rate_interval]))", "run delay {{role}} rank {{rank}}")))
-    d = d.with_panel(ts("Threads", "Threads by role, and the intra-op threads torch is set to use: more runnable "
+    d = d.with_panel(ts("Threads", "Threads by role, the intra-op threads torch is set to use, and the child "
+                        "processes (DataLoader workers) whose threads the data_workers role counts: more runnable "
                         "threads than CPUs makes them wait.", "short",
                         query(f"sum by (rank, role) (outrider_threads{{{R}}})", "{{role}} rank {{rank}}"),
                         query(f"max by (rank) (outrider_torch_intra_op_threads{{{R}}})",
-                              "torch intra-op setting rank {{rank}}")))
+                              "torch intra-op setting rank {{rank}}"),
+                        query(f"sum by (rank) (outrider_child_processes{{{R}}})", "child processes rank {{rank}}")))
     d = d.with_panel(ts("Main-thread CPU per autograd operation", "CPU seconds of the main thread per "
                         "differentiable operation: high with many operations is framework overhead (small ops), "
                         "low is the math itself.", "s",
@@ -239,12 +242,18 @@ def build() -> Dashboard:
                           "are in the spool).", "short", query(f"sum(outrider_hook_stalled{{{R}}})", instant=True),
                           th=thresholds(GREEN, (1, "red")),
                           links=[runbook("degradation.md", "trainingstalled", "stalled")]))
+    d = d.with_panel(stat("Stopped ranks", "Ranks with a process stopped now (SIGSTOP, a job-control stop, a "
+                          "debugger): not stalled; its work resumes when it is continued.", "short",
+                          query(f"sum(outrider_hook_stopped{{{R}}})", instant=True),
+                          th=thresholds(GREEN, (1, "orange")),
+                          links=[runbook("degradation.md", "trainingstopped", "stopped")]))
     d = d.with_panel(stat("Oldest heartbeat", "Age of the stalest heartbeat among the instrumented processes (the "
                           "publisher thread writes one every flush).", "s",
                           query(f"time() - min(outrider_hook_last_heartbeat_timestamp_seconds{{{R}}})", instant=True),
                           th=thresholds(GREEN, (30, "orange"), (120, "red"))))
     d = d.with_panel(ts("Instrumented processes", "Processes publishing to the spool, by state: running, stalled (no "
-                        "step within the stall threshold), unresponsive (alive, publisher silent).", "short",
+                        "step within the stall threshold), unresponsive (alive, publisher silent), stopped (SIGSTOP, "
+                        "job control, a debugger).", "short",
                         query(f"sum by (state) (outrider_hook_processes{{{SEL}}})", "{{state}}"),
                         th=thresholds(GREEN, (1, "orange"))))
     d = d.with_panel(ts("Declared phases", "Share of time each rank spends in its declared phases (checkpoint, "

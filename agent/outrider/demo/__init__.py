@@ -82,9 +82,12 @@ def run_demo(duration_s: float = 12.0) -> int:
     serve_s = max(1.0, duration_s - train_s)
     with tempfile.TemporaryDirectory(prefix="outrider-demo-") as ckpt, \
             tempfile.TemporaryDirectory(prefix="outrider-demo-state-") as state:
+        # a diagnosis window of a few seconds: the demo's phases (training, its slowdown, serving) last seconds,
+        # and a window spanning two of them would judge the service by the loop's steps still in it
         config = Config(interval_s=0.5, listen="127.0.0.1:0", filesystems=("/", ckpt), flush_interval_s=0.25,
                         rule_files=(str(Path(__file__).with_name("rules.yaml")),), rule_interval_s=0.5,
-                        state_dir=state, alert_instance="demo", runs_dir=load().config.runs_dir)
+                        state_dir=state, alert_instance="demo", runs_dir=load().config.runs_dir,
+                        diagnosis_window_s=2.0)
         logging.getLogger("outrider.alerts").setLevel(logging.INFO)  # show the alert's transitions as they happen
         cmd = [sys.executable, "-m", "outrider.demo.workload", "--train-seconds", str(train_s),
                "--serve-seconds", str(serve_s), "--checkpoint-dir", ckpt]

@@ -1,9 +1,17 @@
 """Bottleneck verdicts: the class, the evidence (the numbers behind it) and what to do about it.
 
-Classes, checked in this order: idle, throttled, memory_pressure, checkpoint_bound (recognised checkpoints on the
-loop's thread a large part of its time, at least as large as its data wait), input_bound, communication_bound (a
-straggler rank, or collectives blocking the loop on every rank), memory_bandwidth_bound, python_bound, then
-compute_bound / host_bound / balanced:
+A verdict names what the process does. A process that steps or serves (a step or a request finished in the window,
+or a request in flight) is never idle: idle is a process that does neither and uses no CPU or GPU.
+
+Classes, checked in this order: idle, throttled, memory_pressure, then a service (requests, no steps) by its
+requests: waiting (its handlers' time is mostly off CPU, outside the process: a downstream call, the network, a
+lock, a sleep) or, on the CPU, compute_bound (the requests' time is CPU: theirs, their wait for a CPU, and their wait
+for the process's other requests' CPU); then a training loop: checkpoint_bound (recognised checkpoints on the
+loop's thread a large part of its time, at least as large as its data wait), input_bound (the reason and the advice
+say which of the data pipeline's CPU, CPU starvation, storage or something outside it the loop waits for, from their
+own evidence), communication_bound (a straggler rank, or collectives blocking the loop on every rank),
+memory_bandwidth_bound, waiting (the loop thread off CPU most of the time beside its data, collectives, checkpoints
+and GPU: a sleep, a lock, a network call in the loop), python_bound, then compute_bound / host_bound / balanced:
 
 - python_bound, from the loop thread's stack samples (hook/profiler.py): most of them in the user's own Python
   code (a tokeniser in the loop, tensors built from lists) while the accelerator or torch's work does not pace the
@@ -21,23 +29,31 @@ A window without the evidence its rule needs is **not judged** (`NOT_JUDGED`, wi
 never "balanced" by default, and it never votes in a run's verdict. balanced is a measured verdict: the numbers
 are there and none dominates.
 
-A job slowed by its neighbours keeps its class; the reason says how long its threads waited for a CPU.
+A job slowed by its neighbours keeps its class; the reason says how long its threads waited for a CPU. Only the
+data pipeline's workers starved of CPU change what the advice says (fewer workers or more CPUs): there, adding the
+workers the decoding advice asks for makes it worse.
+
+The advice (`advice()`) follows the evidence as the reason does: which input the loop waits for, a service or a
+loop, and an accelerator or none (a job without one never reads about CUDA, GPUs or tensor cores).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from outrider.diagnosis.signals import Signals
+from outrider.diagnosis.signals import Signals, gpu_share
+from outrider.metrics import units
 
 CLASSES = ("idle", "throttled", "memory_pressure", "checkpoint_bound", "input_bound", "memory_bandwidth_bound",
-           "compute_bound", "host_bound", "python_bound", "communication_bound", "balanced")
+           "compute_bound", "host_bound", "python_bound", "communication_bound", "waiting", "balanced")
 NOT_JUDGED = "not_judged"  # a window without the evidence its rule needs: not a class
 NOT_JUDGED_ADVICE = "Not judged: this window lacks the measurements its rule needs (see why)."
 
+# The advice for each class, for a job with an accelerator (and for the classes whose advice does not depend on
+# one); CPU_RECOMMENDATIONS replaces it for a job without one, INPUT_ADVICE for input_bound once its evidence says
+# what the loop waits for, SERVICE_COMPUTE for a service whose requests' time is CPU.
 RECOMMENDATIONS = {
-    "idle": "Nothing is running, or the loop is at rest: no steps or requests, or steps that sleep or wait on "
-            "something else most of the time while the job's CPU and GPUs rest.",
+    "idle": "Nothing is running: no steps, no requests finished or in flight, and no CPU or GPU use.",
     "throttled": "The GPU runs below its clocks for heat or power: check cooling and airflow, the power limit and "
                  "the node's power supply; move the job if one GPU or node is the outlier.",
     "memory_pressure": "Memory is nearly exhausted (GPU near capacity, allocator retries, or little host memory): "
@@ -65,7 +81,68 @@ RECOMMENDATIONS = {
     "communication_bound": "Collectives dominate the step. A straggler rank: find why it computes longer (a slower "
                            "or busier node, more data, a throttled GPU) and balance the work. Otherwise: overlap "
                            "communication with compute, bucket gradients, compress them, check the interconnect.",
+    "waiting": "The job waits on something outside the process (a downstream service, the network, a lock, a "
+               "sleep or a poll): neither its CPUs nor an accelerator are the limit, and more of either will not "
+               "help. Find the wait (the reason names where the loop waits, or how a request's time splits): "
+               "overlap it (more concurrent requests, threads or async calls, prefetching), shorten it (a closer "
+               "or faster downstream, a cache, batched remote calls, timeouts), or drop it (an event instead of a "
+               "sleep or a poll, a lock held for less).",
     "balanced": "No single bottleneck stands out in this window.",
+}
+CPU_RECOMMENDATIONS = {
+    "memory_pressure": "Memory is nearly exhausted (host memory, or the container's memory limit): smaller "
+                       "batches, fewer DataLoader workers or a smaller prefetch_factor (each worker holds batches "
+                       "and a copy of the dataset object), a larger memory limit; a resident set that keeps growing "
+                       "is a leak.",
+    "input_bound": "The loop waits for data. Workers busy decoding (on a CPU): more DataLoader workers where cores "
+                   "are free, cheaper decoding, preprocessing offline, persistent_workers=True. Workers waiting on "
+                   "storage (the reason says which): faster or local storage, a cache of the dataset, larger "
+                   "sequential reads, more workers or prefetch_factor to overlap more reads.",
+    "memory_bandwidth_bound": "Memory bandwidth, not arithmetic, limits the operations: fuse them (torch.compile), "
+                              "a lower precision (bf16) to move fewer bytes, larger batches for reuse.",
+    "compute_bound": "The CPUs are busy doing the work: this is where a well-fed CPU job should be. Faster still: "
+                     "torch.compile, bf16 where the CPU has it (AMX, AVX-512 BF16), torch.set_num_threads to the "
+                     "cores the job may use, fewer FLOPs (a smaller model, quantisation).",
+    "host_bound": "Python and framework overhead (many small operations) pace the job on the CPU: larger batches "
+                  "(fewer, larger operations), torch.compile to fuse small operations, less work in Python per "
+                  "step; torch.set_num_threads(1) where the operations are too small to split.",
+    "communication_bound": "Collectives dominate the step. A straggler rank: find why it computes longer (a slower "
+                           "or busier node, more data, fewer CPUs) and balance the work. Otherwise: overlap "
+                           "communication with compute, bucket gradients, compress them, check the network.",
+}
+INPUT_ADVICE = {
+    "cpu_starved": "The data pipeline waits for CPUs: its workers wait for a CPU longer than they use one (the job "
+                   "runs more busy threads than it has cores, or neighbours take them). Fewer DataLoader workers "
+                   "(no more than the cores the job may use, less what the loop needs) or more CPUs (a larger CPU "
+                   "request or limit, a node without CPU-hungry neighbours); more workers would wait longer.",
+    "loader_cpu": "The data pipeline's CPU paces the loop: the DataLoader workers are busy producing samples. More "
+                  "workers where cores are free, cheaper decoding and augmentation, preprocessing offline, "
+                  "persistent_workers=True.",
+    "loop_cpu": "The data pipeline's CPU paces the loop: the loader runs on the loop's own thread. DataLoader "
+                "workers (num_workers=N) to produce batches beside the steps, cheaper decoding and augmentation, "
+                "preprocessing offline.",
+    "storage": "Storage paces the loader: faster or local storage, a cache of the dataset (memory, a local SSD), "
+               "larger sequential reads (samples packed into shards rather than a file each), more workers or a "
+               "larger prefetch_factor to overlap more reads.",
+    "outside": "The loader waits for something that is neither a CPU nor storage (a network fetch, a remote store, "
+               "a lock, a sleep in the dataset): overlap more of it (more workers, prefetch_factor, asynchronous "
+               "fetches), cache what it fetches, and find the wait in the dataset's code.",
+}
+# said after the advice for what an input-bound loop waits for where its workers, short of starvation, wait for a
+# CPU as long as they use one or longer: more workers would take CPUs the others wait for
+CPUS_SHORT = (" The workers also wait for a CPU as long as they use one or longer: CPUs are short too, so more CPUs "
+              "(or fewer busy threads beside them) before more workers.")
+SERVICE_COMPUTE = ("The requests' time is CPU: the process's threads, a request's wait for a CPU, and its wait for "
+                   "the other requests' CPU (one Python process computes on about one core at a time). More worker "
+                   "processes or replicas, batching requests, a cheaper model (torch.compile, quantisation), less "
+                   "Python per request.")
+INPUT_ADVICE_GPU = {  # with an accelerator, the data pipeline's CPU can also move onto it
+    "loader_cpu": "The data pipeline's CPU paces the loop: the DataLoader workers are busy producing samples. More "
+                  "workers where cores are free, cheaper decoding and augmentation, preprocessing offline or on the "
+                  "GPU, pin_memory=True, persistent_workers=True.",
+    "loop_cpu": "The data pipeline's CPU paces the loop: the loader runs on the loop's own thread. DataLoader "
+                "workers (num_workers=N) to produce batches beside the steps, cheaper decoding and augmentation, "
+                "preprocessing offline or on the GPU.",
 }
 
 
@@ -79,14 +156,16 @@ class Verdict:
 
     @property
     def recommendation(self) -> str:
-        return RECOMMENDATIONS.get(self.cls, NOT_JUDGED_ADVICE)
+        return advice(self.cls, Signals.from_evidence(self.evidence))
 
     @property
     def judged(self) -> bool:
         return self.cls != NOT_JUDGED
 
 
-# Thresholds. All are shares of the job's own time or demand: none depends on the machine's core count or load.
+# Thresholds. All are shares of the job's own time or demand: none depends on the machine's core count or load,
+# but STORAGE_READ, a rate (a loader reading less than it from storage is not waiting for its bandwidth; one
+# waiting on a device's latency shows in the I/O pressure, a share).
 # tests/diagnosis/test_verdict_rules.py pins each one's value and the verdict just below and just above it.
 IDLE_CORES = 0.05  # a job without steps or requests using less CPU than this (cores) is idle...
 IDLE_GPU = 0.05  # ...with its GPUs busy less than this
@@ -120,59 +199,122 @@ PYTHON_SHARE = 0.5
 OPS_MAIN = 0.5
 # No per-thread CPU (a hook too old to publish it): the process's CPU, cores, that says compute_bound
 PROCESS_COMPUTE_CORES = 1.5
-# An active loop whose main thread and intra-op pool are each busy (demand) under IDLE_MAIN of the time is at rest
-# (a loop that sleeps between steps), not bound by anything: idle; so is one whose loop thread's samples are
-# RESTING_SHARE or more waiting (off CPU) beside a main thread under IDLE_MAIN
-IDLE_MAIN = 0.2
+# waiting: more than this share (most) of the loop's time off CPU beside its data, collectives, checkpoints and
+# GPU (signals.loop_waiting_fraction), or of a service's requests' time off CPU, outside the process
+# (signals.request_waiting_fraction)...
+WAITING_SHARE = 0.5
+# ...while torch's pool does no work the loop waits for: its demand under POOL_RESTING (in main threads' worth), or
+# the loop thread's samples RESTING_SHARE or more waiting (off CPU; the pool spins after each parallel region, all
+# the more on a crowded machine)...
+POOL_RESTING = 0.2
 RESTING_SHARE = 0.5
-# DataLoader workers busy (demand per worker thread) under this share of the time while the loop waits for them
-# wait for something else than a CPU: storage, the network, a lock
-WORKERS_WAITING = 0.3
+# ...and the process's other threads want less than this (threads' worth): a loop waiting for its own process's
+# threads (a producer thread, a thread pool) waits on the job's work, not outside it
+OTHER_BUSY = 0.5
+# DataLoader workers busy (demand per worker process) under this share of the time while the loop waits for them
+# wait for something else than a CPU more than they want one: storage, the network, a lock
+WORKERS_WAITING = 0.5
+# DataLoader workers starved of CPU: their run delay at least WORKERS_STARVED times their CPU (they wait for a CPU
+# at least as long as they use one) and each worker waiting for a CPU WORKERS_DELAYED of the time or more. Only then
+# is the CPU surely what they wait for most: a worker's time off CPU is either work (a read, a sleep) or no work
+# (its batches delivered, or waiting its turn), which no counter tells apart, and a worker that sleeps or reads
+# also waits for a CPU after each wake-up (measured here: two workers sleeping 10 ms a sample beside a loop whose
+# pool spins waited for a CPU 1.6 to 9 times as long as they ran, each 6-20% of the time). Below that line the
+# reason still says how long they waited for a CPU.
+WORKERS_STARVED = 1.0
+WORKERS_DELAYED = 0.5
+# Storage is named only with storage's evidence: the host's I/O pressure (PSI io "some": the share of the time a
+# task waited for I/O) at least STORAGE_PRESSURE, or the job's processes reading at least STORAGE_READ bytes a
+# second from storage (page-cache hits are not storage reads)
+STORAGE_PRESSURE = 0.1
+STORAGE_READ = 1e6
 
 
 def nothing_ran(s: Signals) -> bool:
     """No steps or requests, and neither the job's CPU nor its GPUs in use: the first idle rule, and what a run's
     record does not count as active time, whatever its window's verdict (runs/recorder.py)."""
-    has_gpu = s.gpus > 0 and s.gpu_util is not None and not s.torch_cpu_only
-    active = s.steps_per_s > 0 or s.requests_per_s > 0
-    return not active and s.process_cpu_cores < IDLE_CORES and (not has_gpu or (s.gpu_util or 0.0) < IDLE_GPU)
+    # a torch job that never initialised CUDA runs on the CPU, whatever GPUs the node has
+    gpu_util = s.gpu_util if s.gpus > 0 and not s.torch_cpu_only else None
+    active = s.steps_per_s > 0 or s.requests_per_s > 0 or (s.requests_in_flight or 0.0) > 0
+    return not active and s.process_cpu_cores < IDLE_CORES and (gpu_util is None or gpu_util < IDLE_GPU)
 
 
 def classify(s: Signals) -> Verdict:
     v = _classify(s)
     reason = v.reason
-    if s.run_delay_fraction is not None and s.run_delay_fraction >= CONTENDED and v.cls not in ("idle", NOT_JUDGED):
+    # (a job that waits outside the process is not slowed by a wait for a CPU: its reason says how long it was)
+    if s.run_delay_fraction is not None and s.run_delay_fraction >= CONTENDED \
+            and v.cls not in ("idle", "waiting", NOT_JUDGED):
         reason += (f"; slowed by CPU contention: its threads waited for a CPU {s.run_delay_fraction:.0%} of the "
                    "time they were runnable (neighbours on the machine, or more threads than cores)")
     return Verdict(v.cls, v.evidence, reason, tuple(s.top_frames))
 
 
+def has_accelerator(s: Signals) -> bool:
+    """Whether the job uses a GPU: CUDA events measured, or GPUs whose utilisation is read, unless the job's torch
+    never initialised CUDA."""
+    return gpu_share(s) is not None
+
+
+def serving(s: Signals) -> bool:
+    """A service in this window: requests finished or in flight, and no steps (a loop that also answers requests
+    is judged as the loop it is)."""
+    return s.steps_per_s <= 0 and (s.requests_per_s > 0 or (s.requests_in_flight or 0.0) > 0)
+
+
+def advice(cls: str, s: Signals) -> str:
+    """What to do about a class, as its evidence says: which input the loop waits for, a service or a loop, an
+    accelerator or none."""
+    gpu = has_accelerator(s)
+    if cls == "input_bound":
+        cause = input_cause(s)
+        short = CPUS_SHORT if cause != "cpu_starved" and workers_wait_for_cpus(s) else ""
+        if gpu and cause in INPUT_ADVICE_GPU:
+            return INPUT_ADVICE_GPU[cause] + short
+        if cause in INPUT_ADVICE:
+            return INPUT_ADVICE[cause] + short
+    if cls == "compute_bound" and serving(s) and not gpu:
+        return SERVICE_COMPUTE
+    if not gpu and cls in CPU_RECOMMENDATIONS:
+        return CPU_RECOMMENDATIONS[cls]
+    return RECOMMENDATIONS.get(cls, NOT_JUDGED_ADVICE)
+
+
 def _classify(s: Signals) -> Verdict:
     ev = s.evidence()
     # a torch job that never initialised CUDA runs on the CPU, whatever GPUs the node has
-    has_gpu = s.gpus > 0 and s.gpu_util is not None and not s.torch_cpu_only
-    gpu_util = s.gpu_util or 0.0
-    gpu_busy = s.gpu_busy_ratio if s.gpu_busy_ratio is not None else (gpu_util if has_gpu else None)
+    gpu_util = s.gpu_util if s.gpus > 0 and not s.torch_cpu_only else None
+    has_gpu = gpu_util is not None
+    gpu_busy = gpu_share(s)
     gpu_source = "CUDA events: the GPU paced" if s.gpu_busy_ratio is not None else "NVML: the GPU was busy"
     wait = s.data_wait_fraction or 0.0
     # on a crowded machine the step is stretched by the time the loop's thread waits for a CPU, the wait for data
     # is not: the loop's own share decides (it is the measured share on a machine to itself)
     if s.data_wait_alone_fraction is not None:
         wait = max(wait, s.data_wait_alone_fraction)
-    active = s.steps_per_s > 0 or s.requests_per_s > 0
+    active = s.steps_per_s > 0 or s.requests_per_s > 0 or (s.requests_in_flight or 0.0) > 0
     if nothing_ran(s):
         return Verdict("idle", ev, "no steps or requests, no CPU or GPU use")
-    if has_gpu and (s.throttle_thermal or s.throttle_power) and gpu_util > THROTTLED_BUSY:
+    if gpu_util is not None and (s.throttle_thermal or s.throttle_power) and gpu_util > THROTTLED_BUSY:
         why = "thermal" if s.throttle_thermal else "power"
         return Verdict("throttled", ev, f"{why} clock event reasons active on a busy GPU")
     # no memory available at all is the most pressure there is, not a missing measurement: tested for None
     host_short = s.host_mem_available_ratio is not None and s.host_mem_available_ratio < HOST_MEMORY
     if (s.gpu_mem_ratio or 0) > GPU_MEMORY or s.alloc_retries > 0 or host_short:
-        return Verdict("memory_pressure", ev, "GPU memory above 95%, allocator retries, or host memory below 5%")
+        said = [f"GPU memory at {s.gpu_mem_ratio:.0%} of its capacity (above 95%)"
+                if (s.gpu_mem_ratio or 0) > GPU_MEMORY else "",
+                units.count(s.alloc_retries, "allocator retry" if s.alloc_retries == 1 else "allocator retries")
+                if s.alloc_retries > 0 else "",
+                f"host memory available {s.host_mem_available_ratio:.0%} (below 5%)" if host_short else ""]
+        return Verdict("memory_pressure", ev, ", ".join(x for x in said if x))
     if (s.container_mem_ratio or 0) > CONTAINER_MEMORY:
         return Verdict("memory_pressure", ev, f"the container's working set at {s.container_mem_ratio:.0%} of its "
                                               "memory limit: the kernel reclaims and will OOM-kill before the host "
                                               "runs out")
+    if serving(s) and s.request_waiting_fraction is not None:
+        service = _service(s, ev, gpu_busy)
+        if service is not None:
+            return service
     saving = s.checkpoint_fraction or 0.0
     if active and saving >= CHECKPOINT_SHARE and saving >= wait:
         return Verdict("checkpoint_bound", ev, f"{saving:.0%} of the loop's time in checkpoints (torch.save and "
@@ -184,14 +326,14 @@ def _classify(s: Signals) -> Verdict:
                                           f"{r.data_wait_fraction:.0%} of its loop waiting for data, while the "
                                           f"other ranks spend "
                                           f"{s.others_wait_fraction or 0:.0%} of theirs waiting for it in "
-                                          f"collectives{_workers(s)}")
+                                          f"collectives{_input(s)}")
     if active and wait > INPUT_WAIT and (gpu_busy is None or gpu_busy < GPU_BUSY):
-        workers = _workers(s)
         measured = s.data_wait_fraction or 0.0
         alone = f" ({wait:.0%} of its own time, less the time its thread waited for a CPU)" \
             if wait > measured + 0.05 else ""
-        return Verdict("input_bound", ev, f"{measured:.0%} of the loop waiting for data{alone}, accelerator "
-                                          f"underused{workers}")
+        underused = ", accelerator underused" if has_accelerator(s) else ""
+        return Verdict("input_bound", ev, f"{measured:.0%} of the loop waiting for data{alone}{underused}"
+                                          f"{_input(s)}")
     if s.straggler is not None:
         r = s.straggler
         return Verdict("communication_bound", ev,
@@ -204,17 +346,23 @@ def _classify(s: Signals) -> Verdict:
                                                   "ranks (no straggler)")
     if has_gpu and (s.dram_activity or 0) >= DRAM_BUSY and (s.sm_activity is None or s.sm_activity < SM_BUSY):
         return Verdict("memory_bandwidth_bound", ev, "DRAM bandwidth high while SMs are not")
-    # a loop at rest (sleeping between steps, waiting on something else), neither waiting for data nor in
-    # collectives: nothing limits it. Its own threads' demand, not the process's CPU (the hook's threads are in it)
-    # (the pool works only inside the main thread's parallel regions: a pool looking busier than that spins after
-    # them, all the more on a crowded machine, so the loop thread's samples mostly waiting decide as well)
-    resting = (s.intra_op_busy or 0.0) < IDLE_MAIN or (s.share("waiting") or 0.0) >= RESTING_SHARE
-    if active and s.main_thread_busy is not None and s.main_thread_busy < IDLE_MAIN and resting \
-            and (not has_gpu or gpu_util < IDLE_GPU):
+    # a loop whose thread is off CPU most of its time beside everything the job measures (data, collectives,
+    # checkpoints, the GPU): it waits on something outside the process. Its own threads' demand, not the process's
+    # CPU (the hook's threads are in it). The pool works only inside the main thread's parallel regions: a pool
+    # looking busier than that spins after them, all the more on a crowded machine, so the loop thread's samples
+    # mostly waiting decide as well.
+    resting = (s.intra_op_busy or 0.0) < POOL_RESTING or (s.share("waiting") or 0.0) >= RESTING_SHARE
+    if s.steps_per_s > 0 and (s.loop_waiting_fraction or 0.0) > WAITING_SHARE and resting \
+            and (s.other_threads_busy or 0.0) < OTHER_BUSY:
         top = s.top_frame("waiting")
         at = f", mostly at {top[0]}" if top else ""
-        return Verdict("idle", ev, f"the loop steps but is at rest: its thread busy {s.main_thread_busy:.0%} of "
-                                   f"the time, torch's pool {s.intra_op_busy or 0.0:.2f}{at}")
+        beside = "data, collectives, checkpoints and the GPU" if has_accelerator(s) else \
+            "data, collectives and checkpoints"
+        return Verdict("waiting", ev, f"the loop waits outside the process: its thread off CPU "
+                                      f"{s.loop_waiting_fraction:.0%} of the loop's time beside {beside} "
+                                      f"(busy {s.main_thread_busy or 0.0:.0%}, "
+                                      f"{units.cores(s.main_thread_cpu or 0.0)} of CPU; torch's pool "
+                                      f"{s.intra_op_busy or 0.0:.2f}){at}")
     python = s.share("python")
     if active and python is not None and python >= PYTHON_SHARE and (gpu_busy is None or gpu_busy < GPU_BUSY):
         top = s.top_frame("python")
@@ -222,31 +370,104 @@ def _classify(s: Signals) -> Verdict:
         return Verdict("python_bound", ev, f"{python:.0%} of the loop thread's samples in the user's Python "
                                            f"code{at}")
     if gpu_busy is not None:
+        steps = "of the steps" if s.steps_per_s > 0 else "of the time"  # a service's GPU paces no steps
         if gpu_busy >= GPU_BUSY:
-            return Verdict("compute_bound", ev, f"{gpu_source} {gpu_busy:.0%} of the steps")
+            return Verdict("compute_bound", ev, f"{gpu_source} {gpu_busy:.0%} {steps}")
         if active and gpu_busy < GPU_IDLE and wait < FED:
-            return Verdict("host_bound", ev, f"the GPU waits for the host ({gpu_source} only {gpu_busy:.0%} of the "
-                                             "steps): Python, kernel launches or small operations pace the job")
+            return Verdict("host_bound", ev, f"the GPU waits for the host ({gpu_source} only {gpu_busy:.0%} "
+                                             f"{steps}): Python, kernel launches or small operations pace the job")
         if not active:
             return Verdict(NOT_JUDGED, ev, f"no steps or requests; {gpu_source} {gpu_busy:.0%} of the time")
-        return Verdict("balanced", ev, f"{gpu_source} {gpu_busy:.0%} of the steps: neither GPU nor host dominates")
+        return Verdict("balanced", ev, f"{gpu_source} {gpu_busy:.0%} {steps}: neither GPU nor host dominates")
     return _cpu(s, ev, active, wait)
 
 
-def _workers(s: Signals) -> str:
-    """What the DataLoader workers do while the loop waits for them: decode (on a CPU) or wait (storage)."""
-    if s.data_worker_busy is None:
-        return f", DataLoader workers {s.data_workers_cpu_cores:.1f} CPU cores" if s.data_workers_cpu_cores else ""
+def _service(s: Signals, ev: dict[str, float], gpu_busy: float | None) -> Verdict | None:
+    """A service judged on its requests: waiting when their time is mostly outside the process; on the CPU,
+    compute_bound when it is CPU; None where a GPU decides (the GPU rules that follow)."""
+    waiting = s.request_waiting_fraction or 0.0
+    rho = s.demand_per_process or 0.0
+    if s.request_latency_s is None:  # requests in flight, none finished in the window
+        held = f"{s.requests_in_flight or 0.0:.0f} requests in flight and none finished in the window"
+        if waiting > WAITING_SHARE:
+            return Verdict("waiting", ev, f"{held}, the process's threads busy {units.cores(rho)}: its handlers "
+                                          "wait outside the process (a downstream call, the network, a lock, a "
+                                          "sleep)")
+        return None if gpu_busy is not None else Verdict(NOT_JUDGED, ev, f"{held}: no latency to split")
+    split = (f"{units.seconds(s.request_latency_s)} per request (mean latency), "
+             f"{units.seconds(s.request_cpu_s or 0.0)} of CPU and {units.seconds(s.request_cpu_wait_s or 0.0)} "
+             "waiting for a CPU per request")
+    if s.request_queue_s:
+        split += f", {units.seconds(s.request_queue_s)} of it queued"
+    if waiting > WAITING_SHARE:
+        return Verdict("waiting", ev, f"handlers wait: {split}; {waiting:.0%} of the requests' time off CPU, "
+                                      "outside the process (a downstream call, the network, a lock, a sleep)")
+    if gpu_busy is not None:
+        return None
+    return Verdict("compute_bound", ev, f"the requests' time is CPU: {split}, the process's threads busy "
+                                        f"{units.cores(rho)} ({waiting:.0%} of the requests' time outside the "
+                                        "process)")
+
+
+def input_cause(s: Signals) -> str:
+    """What the loop's wait for data is, from its evidence: cpu_starved (the DataLoader workers wait for a CPU),
+    loader_cpu (the workers are busy decoding), loop_cpu (no workers: the loader works on the loop's saturated
+    thread), storage (storage's evidence: reads or I/O pressure), outside (none of these: the network, a lock, a
+    sleep); "" where the evidence cannot say (no per-thread CPU)."""
+    if s.data_worker_busy is not None:
+        if workers_wait_for_cpus(s) and (s.data_worker_delay_fraction or 0.0) >= WORKERS_DELAYED:
+            return "cpu_starved"
+        if s.data_worker_busy >= WORKERS_WAITING:
+            return "loader_cpu"
+    elif s.main_thread_busy is None or s.data_workers_cpu_cores:
+        return ""
+    elif s.main_thread_busy >= MAIN_SATURATED:
+        return "loop_cpu"
+    return "storage" if storage_evidence(s) else "outside"
+
+
+def workers_wait_for_cpus(s: Signals) -> bool:
+    """The DataLoader workers waited for a CPU at least as long as they used one (WORKERS_STARVED)."""
+    delay = s.data_workers_delay_cores or 0.0
+    return delay > 0 and delay >= WORKERS_STARVED * (s.data_workers_cpu_cores or 0.0)
+
+
+def storage_evidence(s: Signals) -> bool:
+    pressure, read = s.io_pressure_fraction, s.storage_read_bytes_per_s
+    return (pressure is not None and pressure >= STORAGE_PRESSURE) or (read is not None and read >= STORAGE_READ)
+
+
+def _input(s: Signals) -> str:
+    """What the loop waits for when it waits for data, with the evidence that says so."""
+    cause = input_cause(s)
     read = s.storage_read_bytes_per_s
-    rate = f" at {read / 1e6:.1f} MB/s" if read else ""
-    psi = f", I/O pressure on the host {s.io_pressure_fraction:.0%}" if s.io_pressure_fraction else ""
-    if s.data_worker_busy < WORKERS_WAITING:
-        return (f"; the DataLoader workers wait rather than decode (each busy {s.data_worker_busy:.0%} of the time): "
-                f"they wait for storage{rate}{psi} (or the network, a lock): faster or local storage, a cache, "
-                "more workers to overlap reads, not cheaper decoding")
-    return (f"; the DataLoader workers decode: each busy {s.data_worker_busy:.0%} of the time "
-            f"({s.data_workers_cpu_cores or 0.0:.1f} CPU cores; reading{rate or ' nothing'} from storage): more "
-            "workers where cores are free, cheaper decoding, preprocessing offline")
+    reads = f"{units.bytes_iec(read)}/s read from storage" if read is not None else "storage reads not measured"
+    psi = f", I/O pressure on the host {s.io_pressure_fraction:.0%}" if s.io_pressure_fraction is not None else ""
+    delay, cpu = s.data_workers_delay_cores or 0.0, s.data_workers_cpu_cores or 0.0
+    waited = (f"{delay:.2f} s a second waiting for a CPU and {cpu:.2f} s on one, each worker "
+              f"{s.data_worker_delay_fraction or 0.0:.0%} of the time waiting")
+    # short of starvation, the workers' wait for a CPU where it is as long as their CPU, said beside the cause
+    also = f"; they also wait for a CPU ({waited})" if workers_wait_for_cpus(s) else ""
+    if cause == "cpu_starved":
+        return f"; the DataLoader workers are starved of CPU: {waited} ({reads})"
+    if cause == "loader_cpu":
+        return (f"; the data pipeline's CPU: the DataLoader workers decode, each busy {s.data_worker_busy:.0%} of the "
+                f"time ({units.cores(cpu)}; {reads}){also}")
+    if cause in ("loop_cpu", "storage", "outside"):  # measured: the workers' demand, else the loop thread's
+        if s.data_worker_busy is not None:
+            who, wait = f"the DataLoader workers (each busy {s.data_worker_busy:.0%} of the time)", "wait"
+        else:
+            who, wait = f"the loop's thread (no DataLoader workers; busy {s.main_thread_busy:.0%} of the time)", \
+                "waits"
+        if cause == "loop_cpu":
+            return f"; the data pipeline's CPU: the loader works on {who}"
+        if cause == "storage":
+            return f"; {who} {wait} for storage: {reads}{psi}{also}"
+        return (f"; {who} {wait} off CPU, and not for storage ({reads}{psi}): the network, a remote store, a lock "
+                f"or a sleep in the loader{also}")
+    if s.data_workers_cpu_cores:
+        return f", DataLoader workers {units.cores(s.data_workers_cpu_cores)}"
+    return ""
 
 
 def _cpu(s: Signals, ev: dict[str, float], active: bool, wait: float) -> Verdict:

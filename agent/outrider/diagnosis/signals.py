@@ -47,6 +47,8 @@ SUMMED = {
     "outrider_train_gpu_observed_seconds_total": "gpu_observed",
     "outrider_train_autograd_ops_total": "autograd_ops",
     "outrider_torch_cuda_alloc_retries_total": "alloc_retries",
+    "outrider_requests_in_flight": "in_flight",  # a gauge: the sweep's sum over routes and processes
+    "outrider_child_processes": "worker_processes",  # a gauge: the sweep's sum over processes
 }
 # Counters summed per value of one label: (key prefix, label)
 SUMMED_BY = {
@@ -108,6 +110,11 @@ class _Readings:
             self.add("wait_sum", v.sum)
         elif name == "outrider_train_gpu_step_duration_seconds":
             self.out["cuda_used"] = 1.0
+        elif name == "outrider_request_duration_seconds":
+            self.add("request_sum", v.sum)
+            self.add("request_count", v.count)
+        elif name == "outrider_request_phase_duration_seconds" and lab.get("phase") == "queue":
+            self.add("queue_sum", v.sum)
 
     def note(self, name: str, lab: dict[str, str], v: float) -> None:
         if name in SUMMED:
@@ -230,9 +237,32 @@ class Signals:
     ops_per_step: float | None = None
     main_cpu_us_per_op: float | None = None
     data_workers_cpu_cores: float | None = None
-    # the DataLoader workers' demand (CPU + run delay) per worker thread: near 1 they decode, near 0 they wait (for
-    # storage, the network, a lock)
+    # the DataLoader workers' demand (CPU + run delay) per worker process (per thread from hooks that do not count
+    # them): near 1 they decode, near 0 they wait (for storage, the network, a lock)
     data_worker_busy: float | None = None
+    # the DataLoader workers' run delay (runnable, waiting for a CPU), in cores' worth, and each worker's share of
+    # the time it spent waiting for a CPU: workers that wait for a CPU longer than they use one, and for much of
+    # their time, are starved of CPU (neighbours, or more busy threads than the job has cores), whatever they do
+    data_workers_delay_cores: float | None = None
+    data_worker_delay_fraction: float | None = None
+    # the demand (CPU + run delay, per second) of the process's threads of no other role: the workload's own
+    # Python threads (a service's handlers, a producer thread), per instrumented process
+    other_threads_busy: float | None = None
+    # the share of the loop's time its thread is off CPU outside its waits for data, collectives, checkpoints and
+    # the GPU: neither running nor waiting for a CPU, nor waiting for anything the job measures: a sleep, a lock,
+    # the network, another service
+    loop_waiting_fraction: float | None = None
+    # a service, from the requests that finished in the window: mean latency, mean time in the server's queue phase
+    # (where it reports one, outrider.record_phase("queue", ...)), the job's CPU and its run delay per request, the
+    # job's threads' demand per process (cores), and the share of the requests' time (less the queue) that neither
+    # CPU, nor a CPU's wait, nor the process's other requests' CPU explain: spent waiting outside the process
+    requests_in_flight: float | None = None
+    request_latency_s: float | None = None
+    request_queue_s: float | None = None
+    request_cpu_s: float | None = None
+    request_cpu_wait_s: float | None = None
+    demand_per_process: float | None = None
+    request_waiting_fraction: float | None = None
     storage_read_bytes_per_s: float | None = None  # what the watched process tree read from storage
     io_pressure_fraction: float | None = None  # PSI io "some": the share of time a task of the host waited on I/O
     run_delay_fraction: float | None = None
@@ -361,7 +391,67 @@ def signals(old: dict[str, float], new: dict[str, float], dt: float) -> Signals:
     s.throttle_power = bool(new.get("throttle_power"))
     _profile(s, old, new, delta)
     _ranks(s, old, new)
+    _service(s, old, new, dt, delta)
+    _loop_waiting(s)
     return s
+
+
+def _loop_waiting(s: Signals) -> None:
+    """The loop thread's time off CPU that none of the job's own waits explain (its demand, data, collectives,
+    checkpoints, the GPU's share of the steps): what is left waits outside the process."""
+    if s.steps_per_s <= 0 or s.main_thread_busy is None:
+        return
+    explained = s.main_thread_busy + sum(x or 0.0 for x in (s.data_wait_fraction, s.collective_wait_fraction,
+                                                            s.checkpoint_fraction, gpu_share(s)))
+    s.loop_waiting_fraction = max(0.0, 1.0 - explained)
+
+
+def gpu_share(s: Signals) -> float | None:
+    """The GPU's busy share of the job's time: CUDA events' where measured, else NVML's utilisation of the GPUs a
+    job uses (none for a torch job that never initialised CUDA, whatever the node has)."""
+    if s.gpu_busy_ratio is not None:
+        return s.gpu_busy_ratio
+    if s.gpus > 0 and s.gpu_util is not None and not s.torch_cpu_only:
+        return s.gpu_util
+    return None
+
+
+def _service(s: Signals, old: dict[str, float], new: dict[str, float], dt: float, d: Callable[[str], float]) \
+        -> None:
+    """How a service's requests spend their time: in the queue, on a CPU (the job's CPU and run delay per request),
+    waiting for the process's other requests' CPU, or outside the process.
+
+    The job's CPU is its threads' (the roles but the hook's own), or the watched tree's where threads are not
+    measured; all of it is counted against the requests, so a request's own CPU is never underestimated. A process
+    serves on one interpreter: a request also waits for the others' CPU (the GIL, its cores), which a single
+    server's queue puts at rho / (1 - rho) times its own CPU, rho being the process's demand in cores; from
+    SATURATED on, the process's own work explains any wait."""
+    finished = d("request_count")
+    in_flight = new.get("in_flight", 0.0)
+    if finished <= 0 and in_flight <= 0:
+        return
+    s.requests_in_flight = new.get("in_flight")
+    threads = "cpu_main" in old and "cpu_main" in new
+    if not threads and "process_cpu" not in new:  # no CPU measured at all: nothing to split the requests' time by
+        return
+    cpu = sum(d(f"cpu_{r}") for r in ROLE_SIGNALS) if threads else d("process_cpu")
+    delay = sum(d(f"delay_{r}") for r in ROLE_SIGNALS) if threads and new.get("has_run_delay") else 0.0
+    rho = (cpu + delay) / dt / max(1.0, new.get("main_threads", 1.0))
+    s.demand_per_process = rho
+    if finished > 0:
+        latency = d("request_sum") / finished
+        queue = min(latency, d("queue_sum") / finished)  # 0 where the server reports no queue phase
+        s.request_latency_s = latency
+        s.request_queue_s = queue if "queue_sum" in new else None
+        s.request_cpu_s, s.request_cpu_wait_s = cpu / finished, delay / finished
+        handled = finished * (latency - queue) / dt  # requests in their handlers at once, on average (Little)
+    else:  # requests in flight, none finished in the window: the gauge says how many are being handled
+        handled = in_flight
+    if rho >= SATURATED or handled <= 0:
+        s.request_waiting_fraction = 0.0
+        return
+    own = (cpu + delay) / dt / (1.0 - rho)  # the CPU the handlers used, waited for, or waited for others to use
+    s.request_waiting_fraction = max(0.0, 1.0 - own / handled - (gpu_share(s) or 0.0))
 
 
 def _profile(s: Signals, old: dict[str, float], new: dict[str, float], d: Callable[[str], float]) -> None:
@@ -392,8 +482,14 @@ def _threads(s: Signals, old: dict[str, float], new: dict[str, float], dt: float
     s.main_thread_busy = (d("cpu_main") + d("delay_main")) / dt / processes
     s.intra_op_busy = (d("cpu_intra_op") + d("delay_intra_op")) / dt / processes
     s.data_workers_cpu_cores = d("cpu_data_workers") / dt
+    s.other_threads_busy = (d("cpu_other") + d("delay_other")) / dt / processes
     if new.get("worker_threads"):
-        s.data_worker_busy = (d("cpu_data_workers") + d("delay_data_workers")) / dt / new["worker_threads"]
+        # per worker process where the hook counts them (a DataLoader worker runs three threads), else per thread
+        workers = new.get("worker_processes") or new["worker_threads"]
+        s.data_worker_busy = (d("cpu_data_workers") + d("delay_data_workers")) / dt / workers
+        if new.get("has_run_delay"):
+            s.data_workers_delay_cores = d("delay_data_workers") / dt
+            s.data_worker_delay_fraction = d("delay_data_workers") / dt / workers
     s.intra_op_threads = new.get("intra_op_threads")
     s.ops_counted = "autograd_ops" in new
     ops, steps = d("autograd_ops"), d("step_count")
@@ -481,6 +577,9 @@ STRAGGLER_WAITED = 0.5
 STARVED_WAIT = 0.3
 STARVED_FED = 0.5
 STARVED_WAITED = 0.5
+# A process whose threads want this much of a CPU or more (cores of demand) makes its requests wait for one another
+# (one interpreter's GIL, or its cores): its own work can explain any wait of theirs
+SATURATED = 0.95
 
 
 def _number(text: str) -> float | None:

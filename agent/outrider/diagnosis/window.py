@@ -4,8 +4,9 @@ records, each with a window of its own.
 Until a window begins with the job at work (steps or requests already counted at its start), a busy process is
 starting (the interpreter, imports, loading a model or a dataset, the first batch): there is nothing to diagnose
 yet, so no verdict is given (idle excepted); a window that holds the job's first steps and the start before them
-is not judged either (its first second once read input_bound on a checkpoint-heavy loop). Once the job has been
-active, every window gets one, `not_judged` where the evidence its rule needs is missing.
+is not judged either (its first second once read input_bound on a checkpoint-heavy loop): `not_judged` where an
+idle window came before it, so that idle never speaks for a window with steps or requests in it. Once the job has
+been active, every window gets one, `not_judged` where the evidence its rule needs is missing.
 
 A window is judged from the oldest of its sweeps that already had every measurement the newest one has (per-thread
 CPU, operations counted, the loop's stack samples): the hook publishes those from its first step on, and a counter
@@ -17,12 +18,13 @@ from __future__ import annotations
 import collections
 import time
 
-from outrider.diagnosis.bottleneck import Verdict, classify
+from outrider.diagnosis.bottleneck import NOT_JUDGED, Verdict, classify
 from outrider.diagnosis.signals import signals, snapshot
 from outrider.metrics.family import Family
 
 # Cumulative measurements a window must have at both ends to use them (diagnosis/signals.py keys)
 NEEDED = ("cpu_main", "autograd_ops", "prof_total")
+FIRST_STEPS = "the job's first steps or requests, in a window that began before them (its start)"
 
 
 class VerdictWindow:
@@ -42,11 +44,15 @@ class VerdictWindow:
             (t0, old), (t1, new) = self.start(), self._snaps[-1]
             s = signals(old, new, t1 - t0)
             verdict = classify(s)
-            active = s.steps_per_s > 0 or s.requests_per_s > 0
-            had_work = bool(old.get("step_count", 0) or old.get("requests", 0))
+            active = s.steps_per_s > 0 or s.requests_per_s > 0 or bool(s.requests_in_flight)
+            had_work = bool(old.get("step_count", 0) or old.get("requests", 0) or old.get("in_flight", 0))
             if active and not self.active_seen and not had_work:
                 # the job's first steps: this window still begins before them (the imports, the first batch,
-                # the workers' start); judged from the next sweep on, a window that begins with the job at work
+                # the workers' start); judged from the next sweep on, a window that begins with the job at work.
+                # Not judged rather than no verdict once one was given: the time before it may have been idle,
+                # this window's was not
+                if self.verdict is not None:
+                    self.verdict = Verdict(NOT_JUDGED, verdict.evidence, FIRST_STEPS, verdict.frames)
                 return self.verdict
             self.active_seen = self.active_seen or active or had_work
             if self.active_seen or verdict.cls == "idle":

@@ -17,14 +17,12 @@ import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
-from outrider.exporters.http_server import HttpServer, Limits, Request, Response
+from outrider.exporters.rotation import TlsFiles
+from outrider.http_server import HttpServer, Limits, Request, Response
 from outrider.metrics.exposition import CONTENT_TYPES, Format, format_value, negotiate
 from outrider.metrics.family import Family
-
-if TYPE_CHECKING:
-    import ssl
 
 INDEX = b"""<html><head><title>Outrider</title></head><body><h1>Outrider agent</h1>
 <p><a href="/metrics">/metrics</a> &middot; <a href="/api/v1/alerts">/api/v1/alerts</a> &middot;
@@ -78,34 +76,34 @@ class MetricsServer:
     """Serves `endpoints` over HTTP(S). Binds on construction; `start()` serves on daemon threads."""
 
     def __init__(self, endpoints: Endpoints, host: str, port: int, tls: tuple[str, str] | None = None,
-                 basic_auth: tuple[str, str] | None = None, limits: Limits | None = None,
-                 protobuf: bool = True) -> None:
-        """tls: (certificate file, key file); basic_auth: (user, password) required on /metrics and
-        /api/v1/alerts; protobuf: answer a scraper that asks for the protobuf exposition (native histograms) with
-        it, else with the text formats."""
+                 basic_auth: tuple[str, str] | Callable[[], tuple[str, str]] | None = None,
+                 limits: Limits | None = None, protobuf: bool = True) -> None:
+        """tls: (certificate file, key file), loaded again when they change (exporters/rotation.py); basic_auth:
+        the (user, password) required on /metrics and /api/v1/alerts, or what gives the current ones on each
+        request (rotation.BasicAuthFiles.current); protobuf: answer a scraper that asks for the protobuf exposition
+        (native histograms) with it, else with the text formats."""
         self.endpoints = endpoints
         self.protobuf = protobuf
-        self._basic_auth = basic_auth
+        self._basic_auth: Callable[[], tuple[str, str]] | None = None
+        if callable(basic_auth):
+            self._basic_auth = basic_auth
+        elif basic_auth is not None:
+            credentials = basic_auth
+            self._basic_auth = lambda: credentials
         self._scrapes = 0
         self._lock = threading.Lock()
-        context: ssl.SSLContext | None = None
+        self.tls_files: TlsFiles | None = None
         self.scheme = "http"
         if tls is not None:
-            import ssl  # only here: it loads OpenSSL (about 4 MiB of RSS), which a plain endpoint does without
-
-            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-            context.minimum_version = ssl.TLSVersion.TLSv1_2
-            try:
-                context.load_cert_chain(*tls)
-            except (OSError, ssl.SSLError) as e:
-                raise OSError(getattr(e, "errno", None), f"cannot load TLS certificate {tls[0]}: {e}") from None
+            self.tls_files = TlsFiles(*tls)
             self.scheme = "https"
         self._compare: Callable[[bytes, bytes], bool] = _never
         if basic_auth is not None:
             import hmac  # only with basic auth: it loads OpenSSL's libcrypto (about 3 MiB of RSS)
 
             self._compare = hmac.compare_digest
-        self._http = HttpServer(host, port, self._handle, context, limits, self._quick)
+        self._http = HttpServer(host, port, self._handle, self.tls_files.context if self.tls_files else None,
+                                limits, self._quick)
 
     @property
     def scrapes(self) -> int:
@@ -182,9 +180,9 @@ class MetricsServer:
         return Response(404, b"not found\n")
 
     def _authorised(self, header: str) -> bool:
-        expected = self._basic_auth
-        if expected is None:
+        if self._basic_auth is None:
             return True
+        expected = self._basic_auth()
         scheme, _, encoded = header.partition(" ")
         if scheme.lower() != "basic":
             return False

@@ -29,6 +29,7 @@ import random
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 from outrider import spool
@@ -75,21 +76,23 @@ def room_for_agent(headroom: tuple[int, int, str] | None) -> bool:
     return free - AGENT_TASKS >= max(MIN_FREE_TASKS, limit // 2)
 
 
-def agent_serving(spool_dir: str) -> bool:
+def agent_serving(spool_dir: str, trusted_uids: frozenset[int] = frozenset(), mode: int = spool.PRIVATE_FILE_MODE,
+                  notice: Callable[[str], None] | None = None) -> bool:
     """Whether an agent holds the spool's lock. The probe holds the lock for a few microseconds when it is free;
-    an agent starting at that instant retries for a while (standalone.take_lock). A lock file that is not ours to
-    use (a symlink, another user's file) counts as held: an agent started from here could not take it either."""
-    fd = spool.try_lock(spool_dir)
+    an agent starting at that instant retries for a while (standalone.take_lock). A lock file planted by another
+    user is replaced (`notice` told), or spool.LockRefused raised where it cannot be."""
+    fd = spool.try_lock(spool_dir, trusted_uids=trusted_uids, mode=mode, notice=notice)
     if fd is None:
         return True
     os.close(fd)
     return False
 
 
-def try_spawn_lock(spool_dir: str) -> int | None:
+def try_spawn_lock(spool_dir: str, trusted_uids: frozenset[int] = frozenset(), mode: int = spool.PRIVATE_FILE_MODE,
+                   notice: Callable[[str], None] | None = None) -> int | None:
     """The job-wide right to start an agent now (flock on spawn.lock, released with the descriptor); None when
-    another process has it. Opened as the agent lock is: no symlink, a regular file of ours."""
-    return spool.try_lock(spool_dir, SPAWN_LOCK_NAME)
+    another process has it. Opened as the agent lock is (spool.try_lock): a planted one replaced, or refused."""
+    return spool.try_lock(spool_dir, SPAWN_LOCK_NAME, trusted_uids=trusted_uids, mode=mode, notice=notice)
 
 
 def agent_command(spool_dir: str, explicit: bool, listen: str, workload_pid: int) -> list[str]:
@@ -169,6 +172,7 @@ class Election:
         self._next_try = 0.0
         self._retry_s = ELECTION_RETRY_S
         self._warned = False
+        self._said_replaced: set[str] = set()
         self.no_room = 0  # times the agent was not started for want of free threads
 
     def maybe_start_agent(self) -> None:
@@ -182,14 +186,18 @@ class Election:
         self._next_try = now + self._retry_s * random.uniform(1.0, 1.2)  # spread the probes of many processes
         try:
             spool.prepare_dir(self.spool_dir, private=not self.explicit, trusted_uids=self.trusted_uids)
-            if agent_serving(self.spool_dir):
+            mode = spool.shared_file_mode(self.spool_dir) if self.explicit else spool.PRIVATE_FILE_MODE
+            if agent_serving(self.spool_dir, self.trusted_uids, mode, self._replaced):
                 return
-            fd = try_spawn_lock(self.spool_dir)
+            fd = try_spawn_lock(self.spool_dir, self.trusted_uids, mode, self._replaced)
             if fd is None:
                 return  # another process of this job is starting the agent
-            if agent_serving(self.spool_dir):  # one started between the two looks
+            if agent_serving(self.spool_dir, self.trusted_uids, mode, self._replaced):  # one started meanwhile
                 os.close(fd)
                 return
+        except spool.LockRefused as e:  # a lock another user planted: no agent can own the spool until it goes
+            self._failed(str(e))
+            return
         except OSError:
             return  # the publisher says why the spool is unusable
         exe = python_interpreter()
@@ -243,6 +251,13 @@ class Election:
             self._next_try = now + ELECTION_RETRY_S
         else:
             self._failed(f"it exited with status {code}")
+
+    def _replaced(self, what: str) -> None:
+        """A lock file another user planted in the spool was replaced: said once per lock, since it was what kept
+        agents out."""
+        if what not in self._said_replaced and len(self._said_replaced) < 8:
+            self._said_replaced.add(what)
+            LOG.warning("outrider: %s", what)
 
     def _failed(self, why: str) -> None:
         self._retry_s = min(MAX_RETRY_S, self._retry_s * 2)

@@ -1,7 +1,10 @@
 """The hook's SIGTERM: the final flush, then the same death SIGTERM would have given without the hook.
 
 Installed by instrument() from the main thread, and only over the default disposition: a handler of the user's,
-or SIG_IGN, is never replaced, and a handler the user sets later replaces this one. A handler set later that calls
+or SIG_IGN, is never replaced, and a handler the user sets later replaces this one. Never in PID 1 of a PID
+namespace (a container's command with no init): the kernel drops a signal PID 1 has no handler for, so there the
+default disposition ignores SIGTERM, and a handler of the hook's would turn a SIGTERM the workload trains on through
+into a closed shard (the agent takes the process for finished) while it lives on. A handler set later that calls
 the one it found (PyTorch Lightning's SignalConnector chains to it to stop training gracefully) gets a flush from
 it and nothing more: the process lives on, as it would without the hook. The handler restores the default first
 (a second SIGTERM kills at once, as the default does), has the hook closed by the hook's own thread, waiting for
@@ -41,7 +44,7 @@ def install(hook_getter: Callable[[], Any]) -> bool:
     """The handler; False where the hook must not take SIGTERM (see the module docstring)."""
     global _handler, _hook_getter
     try:  # signal.signal refuses (ValueError) on any thread but the main one, green threads' libraries or not
-        if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL or os.getpid() == 1:
             return False
         _hook_getter = hook_getter
         _handler = _on_sigterm

@@ -7,13 +7,17 @@ stall: a synchronous checkpoint or evaluation is expected to be long.
 
 Checkpoints the torch integration recognises (torch.save and the like on the loop's thread: hook/
 torch_checkpoint.py) are not declared: while one runs, the stall waits for the checkpoint instead of the step.
-The first checkpoint may take up to phase_timeout_s, as a declared phase; once one has finished, a checkpoint is
-stalled past max(CHECKPOINT_FACTOR x the longest earlier one, stall_floor_s, the step threshold): it overran its
-own learned duration by far. Either way, a checkpoint during which the process wrote nothing to storage
-(/proc/self/io write_bytes grew by less than WRITING_BYTES_PER_S) for longer than the step threshold is stalled: a
-save hung on a collective or a dead filesystem does not wait for the long limit. Steps that pause while the process
-writes heavily (a checkpoint through a library that is not recognised: pickle, numpy, orbax) are held the same way:
-the step threshold then runs from the last heavy write, up to phase_timeout_s.
+The first checkpoint of a kind (torch.save, DCP, an fsspec or boto3 upload: hook/torch_checkpoint.py names them) may
+take up to phase_timeout_s, as a declared phase; once one of its kind has finished, a checkpoint is stalled past
+max(CHECKPOINT_FACTOR x the longest earlier one of its kind, stall_floor_s, the step threshold): it overran its own
+learned duration by far (kinds apart: a torch.save into a buffer takes milliseconds, the upload after it minutes).
+Either way, a checkpoint during which the process wrote nothing to storage (/proc/self/io write_bytes grew by less
+than WRITING_BYTES_PER_S) for longer than the step threshold is stalled: a save hung on a collective or a dead
+filesystem does not wait for the long limit. That rule is for saves to local storage only: a save to the network (a
+file-like object, object storage through fsspec or boto3, a DCP storage writer other than the file system's) writes
+nothing the kernel counts as storage, and is judged by its limit alone. Steps that pause while the process writes
+heavily (a checkpoint through a library that is not recognised: pickle, numpy, orbax) are held the same way: the step
+threshold then runs from the last heavy write, up to phase_timeout_s.
 
 A process is a training process when its role says so (OUTRIDER_ROLE), when it stepped, used the data-loader
 wrapper or declared a phase, or when the torch integration saw it build what only training builds (an optimizer, a
@@ -81,6 +85,9 @@ class Progress:
         self.weak_evidence = False  # a process group was initialised: training unless it serves requests
         self.evidence = ""  # what made the torch integration call this process training (the first thing seen)
         self.checkpoint_since = 0.0  # perf_counter when the recognised checkpoint running now began; 0: none
+        self.checkpoint_local = True  # whether it writes to local storage (else the network: its writes unseen)
+        self.checkpoint_kind = ""  # what saves it (torch.save, an fsspec upload, ...)
+        self.checkpoint_kinds: dict[str, tuple[int, float]] = {}  # kind -> (finished, the longest of them)
         self.checkpoint_longest = 0.0  # the longest finished one
         self.checkpoints = 0
         self.io_seen: tuple[float, int] | None = None  # (perf_counter, bytes written) at the last look
@@ -119,8 +126,12 @@ class Progress:
                 self.phase_totals[name] = self.phase_totals.get(name, 0.0) + (now - since)
             self.last_phase_end_perf = now
 
-    def checkpoint_begin(self) -> None:
-        """The loop's thread entered a recognised save (hook/torch_checkpoint.py)."""
+    def checkpoint_begin(self, local_storage: bool = True, kind: str = "") -> None:
+        """The loop's thread entered a recognised save (hook/torch_checkpoint.py); local_storage: it writes to this
+        machine's storage, where /proc/self/io sees its writes (not a buffer, a socket, object storage); kind: what
+        saves (torch.save, an fsspec upload, ...), whose durations are learned apart."""
+        self.checkpoint_local = local_storage
+        self.checkpoint_kind = kind
         self.checkpoint_since = perf_counter()
 
     def checkpoint_end(self) -> None:
@@ -129,6 +140,9 @@ class Progress:
         if since:
             self.checkpoint_longest = max(self.checkpoint_longest, now - since)
             self.checkpoints += 1
+            count, longest = self.checkpoint_kinds.get(self.checkpoint_kind, (0, 0.0))
+            if self.checkpoint_kind in self.checkpoint_kinds or len(self.checkpoint_kinds) < MAX_PHASES:
+                self.checkpoint_kinds[self.checkpoint_kind] = (count + 1, max(longest, now - since))
             self.last_phase_end_perf = now  # the wait for the next step starts again here
 
     def note_writes(self, now: float) -> None:
@@ -216,12 +230,17 @@ class Progress:
     def _checkpoint_wait(self, now: float, step_threshold: float) -> tuple[float, float, str]:
         """A recognised checkpoint runs: stalled past its learned limit, or when it writes nothing for long."""
         waited = now - self.checkpoint_since
-        if self.checkpoints:
-            limit = max(CHECKPOINT_FACTOR * self.checkpoint_longest, self.stall_floor_s, step_threshold)
-            what = (f"checkpoint still running ({CHECKPOINT_FACTOR:g} x the longest of {self.checkpoints} earlier, "
-                    f"{self.checkpoint_longest:.1f} s, is the limit)")
+        count, longest = self.checkpoint_kinds.get(self.checkpoint_kind, (0, 0.0))
+        if count:
+            limit = max(CHECKPOINT_FACTOR * longest, self.stall_floor_s, step_threshold)
+            what = (f"checkpoint still running ({CHECKPOINT_FACTOR:g} x the longest of {count} earlier, "
+                    f"{longest:.1f} s, is the limit)")
         else:
             limit, what = self.phase_timeout_s, "first checkpoint still running"
+        if not self.checkpoint_local:
+            # to the network or memory: the kernel's storage counters never see its writes, so "writing nothing"
+            # says nothing; its own limit alone judges it
+            return waited, limit, what.replace("checkpoint", "checkpoint to the network", 1)
         quiet = now - max(self.last_write_perf, self.checkpoint_since)
         if waited <= limit and quiet > step_threshold:
             return quiet, step_threshold, "checkpoint running but writing nothing to storage"

@@ -25,6 +25,7 @@ import re
 import threading
 from typing import Any
 
+from outrider import prometheus_names
 from outrider.hook.series import DURATION_BOUNDS, Counter, Dropped, Gauge, Histogram, NoopSeries, Series, log_aside
 
 LOG = logging.getLogger("outrider.hook")
@@ -33,8 +34,6 @@ LABEL_RE = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 MAX_LABEL_VALUE = 128
 RESERVED_LABELS = ("rank", "training_job", "le", "quantile")  # added by the agent, or owned by a histogram
 RESERVED_PREFIX = "outrider_"
-# Names the agent's exposition has without the prefix: its rule evaluation's alert series, as Prometheus names them
-RESERVED_NAMES = frozenset({"ALERTS", "ALERTS_FOR_STATE"})
 KINDS: dict[str, type[Series]] = {"counter": Counter, "gauge": Gauge, "histogram": Histogram}
 SeriesKey = tuple[str, tuple[tuple[str, str], ...]]
 
@@ -148,10 +147,12 @@ class Registry:
             return "invalid_kind"
         if not isinstance(name, str) or not NAME_RE.fullmatch(name):
             return "invalid_name"
-        if name in RESERVED_NAMES or (not builtin and name.startswith(RESERVED_PREFIX)):
+        # the agent's names, and those Prometheus writes itself (up, ALERTS, __*: outrider/prometheus_names.py)
+        if prometheus_names.reserved_metric(name) or (not builtin and name.startswith(RESERVED_PREFIX)):
             return "reserved_name"
         for k, v in labels.items():
-            if not isinstance(k, str) or not LABEL_RE.fullmatch(k) or k.startswith("__") or k in RESERVED_LABELS:
+            if (not isinstance(k, str) or not LABEL_RE.fullmatch(k) or prometheus_names.reserved_label(k)
+                    or k in RESERVED_LABELS):
                 return "invalid_label_name"
             if not isinstance(v, str) or len(v) > MAX_LABEL_VALUE:
                 return "invalid_label_value"

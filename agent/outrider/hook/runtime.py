@@ -23,8 +23,8 @@ at most FLUSH_WAIT_S, then is counted (`flush_busy`) and skipped. SIGTERM's hand
 close the hook, waiting FLUSH_TIMEOUT_S at most.
 
 Exit paths (the last flush, marked closed): interpreter exit and sys.exit (atexit); SIGTERM with the default
-disposition (exit_signal.py: a handler that flushes, restores the default and re-raises, so the exit status stays
-the signal's, and a watch for a main thread blocked in C);
+disposition outside PID 1 (exit_signal.py: a handler that flushes, restores the default and re-raises, so the exit
+status stays the signal's, and a watch for a main thread blocked in C);
 a child forked by multiprocessing, which leaves through os._exit (a multiprocessing finalizer); os._exit
 elsewhere after an explicit outrider.flush(). SIGKILL loses what changed since the last flush.
 """
@@ -491,8 +491,8 @@ class Hook:
 
 
 def register_exit(hook_getter: Callable[[], Hook | None]) -> None:
-    """The final flush at interpreter exit (sys.exit included) and, where SIGTERM has its default disposition,
-    on SIGTERM (exit_signal.py)."""
+    """The final flush at interpreter exit (sys.exit included) and, where SIGTERM has its default disposition
+    (outside PID 1, where that disposition ignores it), on SIGTERM (exit_signal.py)."""
     def on_exit() -> None:
         h = hook_getter()
         if h is not None:

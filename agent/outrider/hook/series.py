@@ -325,10 +325,10 @@ class Histogram(Series):
     def _bind(self, cells: list[Any], owner: _Owner) -> None:
         self._local.__dict__.update(c=cells, b=cells[self._buf], o=owner)  # all at once (see the invariants)
 
-    def observe(self, value: float, _len: Callable[[Any], int] = len) -> None:
+    def observe(self, value: float, _len: Callable[[Any], int] = len, _inf: float = float("inf")) -> None:
         try:
-            v = value + 0.0  # a number, as a float (TypeError for anything else)
-            if v - v:  # NaN or infinite would poison the sum forever
+            v = value + 0.0  # a number, as a float (TypeError for a string, None, a list)
+            if not -_inf < v < _inf:  # NaN or infinite would poison the sum forever; a complex cannot be compared
                 raise ValueError
             try:
                 b = self._local.b

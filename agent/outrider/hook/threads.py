@@ -11,7 +11,9 @@ Roles:
   their threads (torch's intra-op pool: OpenMP / at::parallel workers; BLAS pools). The calling thread takes part
   in torch's parallel regions too, so main's CPU includes its share of the pool's work;
 - **data_workers**: child processes and their descendants (DataLoader workers), all their threads, and the CPU of
-  those already exited and reaped (the process's cutime + cstime), so a worker of a short epoch is not lost;
+  those already exited and reaped (the process's cutime + cstime), so a worker of a short epoch is not lost; how
+  many processes they are is published beside their threads (a DataLoader worker runs three threads, so a role's
+  demand per thread would read a worker decoding flat out as a third busy);
 - **outrider**: the hook's own thread, named outrider-hook (by threading, or in the kernel where a green-thread
   library patched threading: hook/native.py);
 - **other**: every other thread: Python threads of the workload, and native threads their library named
@@ -180,6 +182,7 @@ class ThreadCpuAccounting:
         self._due: collections.deque[int] = collections.deque()  # threads that ran since their last look, in turn
         self._skip = 0  # flushes left before the descendants are read again
         self._workers = 0  # descendants' threads at their last read
+        self.processes = 0  # descendant processes (the data workers) at their last read
 
     def sample(self) -> None:
         p = self.hook.progress
@@ -194,6 +197,7 @@ class ThreadCpuAccounting:
                 series("counter", "outrider_thread_run_delay_seconds_total", labels,
                        builtin=True).set_total(self.delay[role])
             series("gauge", "outrider_threads", labels, builtin=True).set(self.count[role])
+        series("gauge", "outrider_child_processes", {}, builtin=True).set(self.processes)
 
     def read(self) -> None:
         """Add each thread's growth since the last read to its role's totals."""
@@ -376,6 +380,7 @@ class ThreadCpuAccounting:
         self.cpu["data_workers"] = max(self.cpu["data_workers"], workers_cpu)
         self._skip = len(children) // DESCENDANTS_PER_FLUSH
         self._workers = count["data_workers"]
+        self.processes = len(children)
         self.last = seen
 
     def _tasks(self, pid: int) -> dict[int, tuple[str, int, float, float | None]]:

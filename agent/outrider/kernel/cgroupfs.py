@@ -1,5 +1,6 @@
-"""Parsers for the memory controller of the cgroup the agent runs in (its container, in Kubernetes), and for the
-pids controller's limit of a process's cgroup (how many more threads and processes it may start).
+"""Parsers for the memory and CPU controllers of the cgroup the agent runs in (its container, in Kubernetes: its
+memory limit and usage, its CFS quota and how often it throttled), and for the pids controller's limit of a
+process's cgroup (how many more threads and processes it may start).
 
 The host's MemTotal says nothing about a container's limit: a pod with 16 GiB on a 2 TiB node is OOM-killed at
 16 GiB. This module finds the agent's own memory cgroup from `/proc/self/cgroup` and reads its limit, usage and
@@ -23,11 +24,15 @@ V1_UNLIMITED = 1 << 62
 
 
 @dataclass(frozen=True)
-class MemoryCgroup:
-    """Where the agent's memory cgroup lives: its directory and the cgroup version (1 or 2)."""
+class Cgroup:
+    """Where one of the agent's cgroups lives (its memory or CPU controller's): its directory and the cgroup version
+    (1 or 2)."""
 
     path: str
     version: int
+
+
+MemoryCgroup = Cgroup  # the memory controller's
 
 
 class CgroupMemory(NamedTuple):
@@ -73,18 +78,27 @@ def _existing(base: str, path: str, probe: str, version: int) -> MemoryCgroup | 
     return None
 
 
-def read_memory(cg: MemoryCgroup, read: Reader = None) -> CgroupMemory:
-    """The cgroup's memory; `read` reads a file of its directory by name (a KeptOpenReader's, on a live cgroupfs)."""
+class _Files:
+    """A cgroup's files by name: through `read` (a KeptOpenReader's, on a live cgroupfs), else opened each time."""
 
-    def text(name: str) -> str:
-        return read(name) if read is not None else read_text(f"{cg.path}/{name}")
+    def __init__(self, cg: Cgroup, read: Reader) -> None:
+        self.cg = cg
+        self.read = read
 
-    def optional(name: str) -> str | None:
+    def text(self, name: str) -> str:
+        return self.read(name) if self.read is not None else read_text(f"{self.cg.path}/{name}")
+
+    def optional(self, name: str) -> str | None:
         try:
-            return text(name)
+            return self.text(name)
         except FileNotFoundError:
             return None
 
+
+def read_memory(cg: MemoryCgroup, read: Reader = None) -> CgroupMemory:
+    """The cgroup's memory; `read` reads a file of its directory by name (a KeptOpenReader's, on a live cgroupfs)."""
+    files = _Files(cg, read)
+    text, optional = files.text, files.optional
     if cg.version == 2:
         limit_text = (optional("memory.max") or "max").strip()
         limit = None if limit_text == "max" else int(limit_text)
@@ -99,6 +113,54 @@ def read_memory(cg: MemoryCgroup, read: Reader = None) -> CgroupMemory:
     # total_inactive_file counts the cgroup's children too, as usage_in_bytes does
     inactive = stat.get("total_inactive_file", stat.get("inactive_file", 0))
     return CgroupMemory(None if raw_limit >= V1_UNLIMITED else raw_limit, usage, inactive, oom.get("oom_kill"))
+
+
+# --- the CPU controller: the CFS quota and how often it throttled ----------------------------------------------
+
+class CgroupCpu(NamedTuple):
+    limit_cores: float | None  # the CFS quota over its period; None: no limit
+    periods: int | None  # enforcement periods with runnable tasks (None: the cpu controller is not enabled here)
+    throttled_periods: int | None
+    throttled_s: float | None
+
+
+def find_cpu_cgroup(proc_root: str, sys_root: str) -> Cgroup | None:
+    """The agent's CPU cgroup (the `cpu` controller's, v1's "cpu,cpuacct" mount included; v2's unified one), or None
+    where there is none to read. The same lookup as the memory cgroup's (see find_memory_cgroup)."""
+    lines = read_text(f"{proc_root}/self/cgroup").splitlines()
+    base = f"{sys_root}/fs/cgroup"
+    if os.path.exists(f"{base}/cgroup.controllers"):
+        path = next((line.split(":", 2)[2] for line in lines if line.startswith("0::")), "/")
+        return _existing(base, path, "cpu.stat", 2)
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) == 3 and "cpu" in parts[1].split(","):
+            for mount in (parts[1], "cpu,cpuacct", "cpu"):
+                found = _existing(f"{base}/{mount}", parts[2], "cpu.stat", 1)
+                if found is not None:
+                    return found
+    return None
+
+
+def read_cpu(cg: Cgroup, read: Reader = None) -> CgroupCpu:
+    """The cgroup's CPU limit and CFS throttling: v2's cpu.max and cpu.stat (nr_periods, nr_throttled,
+    throttled_usec: present only where the cpu controller is enabled), v1's cpu.cfs_quota_us, cpu.cfs_period_us and
+    cpu.stat (throttled_time in ns)."""
+    files = _Files(cg, read)
+    text, optional = files.text, files.optional
+    stat = pick(text("cpu.stat"), ("nr_periods", "nr_throttled", "throttled_usec", "throttled_time"))
+    if cg.version == 2:
+        quota, _, period = (optional("cpu.max") or "max").strip().partition(" ")
+        limit = None if quota == "max" or not period else int(quota) / int(period)
+        throttled = stat.get("throttled_usec")
+        return CgroupCpu(limit, stat.get("nr_periods"), stat.get("nr_throttled"),
+                         None if throttled is None else throttled / 1e6)
+    quota_us = int((optional("cpu.cfs_quota_us") or "-1").strip())
+    period_us = int((optional("cpu.cfs_period_us") or "0").strip())
+    limit = quota_us / period_us if quota_us > 0 and period_us > 0 else None
+    throttled_ns = stat.get("throttled_time")
+    return CgroupCpu(limit, stat.get("nr_periods"), stat.get("nr_throttled"),
+                     None if throttled_ns is None else throttled_ns / 1e9)
 
 
 # --- cgroup paths, relative to the hierarchy's root (as /proc/PID/cgroup and the kernel log write them) ---------

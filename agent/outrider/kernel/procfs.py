@@ -366,6 +366,15 @@ def start_ticks(root: str, pid: int | str) -> int | None:
         return None
 
 
+def process_state(root: str, pid: int | str) -> str | None:
+    """The process's state letter (stat field 3: R running, S sleeping, D disk wait, T stopped by a signal, t stopped
+    by a tracer, Z zombie, ...); None when it is gone or unreadable."""
+    try:
+        return stat_fields(read_record(f"{root}/{pid}/stat"))[1][STATE].decode()
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def parent_pid(root: str, pid: int | str) -> int | None:
     """The process's parent (stat's ppid); None when it is gone or unreadable."""
     try:

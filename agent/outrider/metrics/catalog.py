@@ -219,6 +219,29 @@ _DEFS: tuple[MetricDef, ...] = (
     MetricDef("outrider_host_filesystem_files_free", "outrider.host.filesystem.files.free", "{inode}", "gauge",
               "Free inodes of the filesystem (statvfs f_ffree): at 0 no file can be created, whatever the space.",
               (MOUNTPOINT, DEVICE, FSTYPE), "host"),
+    MetricDef("outrider_host_time_seconds", "outrider.host.time", "s", "gauge",
+              "The host's wall clock (Unix time) when the sweep read it. Prometheus stamps the sample with its own "
+              "clock: value minus timestamp() is the node's clock skew, give or take the sweep's age (at most one "
+              "interval_s).", (), "host"),
+    MetricDef("outrider_host_clock_synchronized", "outrider.host.clock.synchronized", "1", "gauge",
+              "1 while the kernel says an NTP (or PTP) daemon keeps the clock synchronised (adjtimex: STA_UNSYNC "
+              "clear, not TIME_ERROR), 0 otherwise.", (), "host"),
+    MetricDef("outrider_host_clock_max_error_seconds", "outrider.host.clock.max_error", "s", "gauge",
+              "The kernel's bound on the clock's error (adjtimex maxerror): it grows by 500 ppm while nothing "
+              "synchronises the clock, up to 16 s.", (), "host"),
+    MetricDef("outrider_cgroup_cpu_limit_cores", "outrider.cgroup.cpu.limit", "{cpu}", "gauge",
+              "CPU limit of the cgroup the agent runs in (its container), in cores: the CFS quota over its period "
+              "(cpu.max, or cpu.cfs_quota_us / cpu.cfs_period_us on cgroup v1); absent where no limit is set.",
+              (), "host"),
+    MetricDef("outrider_cgroup_cpu_periods_total", "outrider.cgroup.cpu.periods", "{period}", "counter",
+              "CFS enforcement periods of the agent's cgroup in which it had runnable tasks (cpu.stat nr_periods).",
+              (), "host"),
+    MetricDef("outrider_cgroup_cpu_throttled_periods_total", "outrider.cgroup.cpu.throttled_periods", "{period}",
+              "counter", "Periods in which the cgroup used up its CPU quota and was throttled until the next "
+              "(cpu.stat nr_throttled): data-loader workers and kernel launches wait.", (), "host"),
+    MetricDef("outrider_cgroup_cpu_throttled_seconds_total", "outrider.cgroup.cpu.throttled_time", "s", "counter",
+              "Time the cgroup's tasks spent throttled (cpu.stat throttled_usec, or throttled_time on v1).", (),
+              "host"),
     MetricDef("outrider_cgroup_memory_limit_bytes", "outrider.cgroup.memory.limit", "By", "gauge",
               "Memory limit of the cgroup the agent runs in (its container: memory.max, or memory.limit_in_bytes "
               "on cgroup v1); absent where no limit is set. The kernel OOM-kills in the cgroup at this limit, "
@@ -280,8 +303,9 @@ _DEFS: tuple[MetricDef, ...] = (
               "Unix time each watched process started (its running time is time() minus this).", (PID, PNAME),
               "process"),
     MetricDef("outrider_process_info", "outrider.process.info", "1", "gauge",
-              "Constant 1 per watched process shown one by one, labelled with its user and command line (the first "
-              "128 characters): join on pid.",
+              "Constant 1 per watched process shown one by one, labelled with its user and command: the program "
+              "and its script (with process_command_arguments its arguments too, secrets redacted; the first 128 "
+              "characters): join on pid.",
               (PID, PNAME, Label("user", "process.owner"), Label("command", "process.command_line")), "process"),
     MetricDef("outrider_watched_up", "outrider.watched.up", "1", "gauge",
               "1 while the root of the watched process tree is alive (always 1 when the whole host is "
@@ -360,6 +384,11 @@ _DEFS: tuple[MetricDef, ...] = (
               "NVLink data-link errors summed over the GPU's active links, by type: crc_flit and crc_data (receive "
               "CRC errors), replay (transmit replays), recovery (link recoveries). Absent where NVLink or the "
               "counter is not supported.", (*GPU, Label("type", "error.type")), "gpu"),
+    MetricDef("outrider_gpu_nvlink_link_active", "outrider.gpu.nvlink.link.active", "1", "gauge",
+              "1 while an NVLink link of the GPU is active, 0 once it is not (nvmlDeviceGetNvLinkState), for every "
+              "link the GPU has; absent without NVLink. A link that was active and is not any more cuts the GPU's "
+              "bandwidth to its peers: collectives fall back to slower paths or hang.",
+              (*GPU, Label("link", "outrider.gpu.nvlink.link")), "gpu"),
     MetricDef("outrider_gpu_ecc_errors_total", "hw.errors", "{error}", "counter",
               "ECC memory errors: corrected or uncorrected, volatile (since the driver loaded) or aggregate "
               "(lifetime).", (*GPU, Label("type", "error.type"), Label("counter", "outrider.gpu.ecc.counter")),
@@ -422,12 +451,14 @@ _DEFS: tuple[MetricDef, ...] = (
               "The training loop's wall time, split exactly into parts: data_wait (inside DataLoader __next__ or "
               "outrider.dataloader()), step (the step's work: from its explicit begin, else from the iteration's first "
               "data request, to its end, less data wait), checkpoint (inside torch.save, torch.distributed.checkpoint "
-              "or safetensors saves on the loop's thread) and other (the rest of the iteration: logging, evaluation, "
-              "saves through other libraries). An iteration runs from one step's end to the next; the parts' rates "
-              "add up to the loop's wall time.", (*BY_RANK, Label("part", "outrider.train.loop.part")), "hook"),
+              "or safetensors saves, or fsspec and boto3 uploads, on the loop's thread) and other (the rest of the "
+              "iteration: logging, evaluation, saves through other libraries). An iteration runs from one step's end "
+              "to the next; the parts' rates add up to the loop's wall time.",
+              (*BY_RANK, Label("part", "outrider.train.loop.part")), "hook"),
     MetricDef("outrider_train_checkpoint_duration_seconds", "outrider.train.checkpoint.duration", "s",
               "histogram", "Duration of each checkpoint recognised on the loop's thread (torch.save, "
-              "torch.distributed.checkpoint, safetensors), from the outermost save's call to its return.", BY_RANK,
+              "torch.distributed.checkpoint, safetensors, fsspec and boto3 uploads), from the outermost save's call "
+              "to its return.", BY_RANK,
               "hook"),
     MetricDef("outrider_train_collective_seconds_total", "outrider.train.collective.time", "s", "counter",
               "Time in torch.distributed collectives, by operation (all_reduce, broadcast, ..., ddp_bucket for DDP's "
@@ -470,6 +501,9 @@ _DEFS: tuple[MetricDef, ...] = (
     MetricDef("outrider_threads", "outrider.thread.count", "{thread}", "gauge",
               "Threads of an instrumented process (and of its child processes) by role.",
               (*BY_RANK, Label("role", "outrider.thread.role")), "hook"),
+    MetricDef("outrider_child_processes", "outrider.child_process.count", "{process}", "gauge",
+              "Child processes of an instrumented process and their descendants (DataLoader workers) at their last "
+              "reading; their threads are outrider_threads{role=\"data_workers\"}.", BY_RANK, "hook"),
     MetricDef("outrider_torch_intra_op_threads", "outrider.torch.intra_op.threads", "{thread}", "gauge",
               "Threads torch's intra-op parallelism uses (torch.get_num_threads()), the calling thread included.",
               BY_RANK, "hook"),
@@ -539,11 +573,16 @@ _DEFS: tuple[MetricDef, ...] = (
               (*BY_RANK, Label("device", "outrider.cuda.device")), "hook"),
     MetricDef("outrider_hook_processes", "outrider.hook.processes", "{process}", "gauge",
               "Instrumented processes publishing to the spool, by state: running, stalled (no step within the "
-              "stall threshold), unresponsive (alive, publisher silent).", (Label("state", "outrider.state"),),
+              "stall threshold), unresponsive (alive, publisher silent), stopped (SIGSTOP, job control, a "
+              "debugger).", (Label("state", "outrider.state"),),
               "hook"),
     MetricDef("outrider_hook_stalled", "outrider.hook.stalled", "1", "gauge",
               "1 while a process of the rank is stalled or unresponsive (its Python stacks are in the spool).",
               BY_RANK, "hook"),
+    MetricDef("outrider_hook_stopped", "outrider.hook.stopped", "1", "gauge",
+              "1 while a process of the rank is stopped (SIGSTOP, a job-control stop, a debugger: /proc state T or "
+              "t): not stalled, its work resumes where it was when it is continued. Only where the agent sees the "
+              "process's pid.", BY_RANK, "hook"),
     MetricDef("outrider_hook_last_heartbeat_timestamp_seconds", "outrider.hook.heartbeat.time", "s", "gauge",
               "Unix time of each instrumented process's last shard update.", (*BY_RANK, PID), "hook"),
     MetricDef("outrider_hook_dropped_total", "outrider.hook.dropped", "{measurement}", "counter",
@@ -598,7 +637,8 @@ _DEFS: tuple[MetricDef, ...] = (
     MetricDef("outrider_bottleneck", "outrider.bottleneck", "1", "gauge",
               "1 for the bottleneck class of the last window (idle, throttled, memory_pressure, checkpoint_bound, "
               "input_bound, memory_bandwidth_bound, compute_bound, host_bound, python_bound, communication_bound, "
-              "balanced), 0 for the others; all 0 for a window not judged (without the evidence its rule needs).",
+              "waiting, balanced), 0 for the others; all 0 for a window not judged (without the evidence its rule "
+              "needs).",
               (Label("class", "outrider.bottleneck.class"),), "diagnosis"),
     MetricDef("outrider_diagnosis_signal", "outrider.diagnosis.signal", "1", "gauge",
               "The evidence behind the verdict: data-wait fraction, GPU utilisation, process CPU cores, step time, "
@@ -693,6 +733,13 @@ _DEFS: tuple[MetricDef, ...] = (
     MetricDef("outrider_collector_errors_total", "outrider.collector.errors", "{error}", "counter",
               "Readings a collector could not take (a file it could not read, a value it could not parse): "
               "dropped and counted, never fatal.", (COLLECTOR,), "self"),
+    MetricDef("outrider_otlp_receiver_requests_total", "outrider.otlp_receiver.requests", "{request}", "counter",
+              "Requests to the local OTLP receiver (otlp_receiver_listen) by result: accepted, bad_request (not "
+              "OTLP, not /v1/metrics, no Content-Length), too_large (a body over 4 MiB, inflated or not), busy "
+              "(answered 503 with Retry-After: the bodies of all clients together held their 16 MiB), aborted (the "
+              "client left before the whole request), timed_out (a request not whole within 10 s of its first "
+              "byte, or a connection idle for 60 s), evicted (closed to make room at 64 connections).",
+              (Label("result", "outrider.result"),), "otlp_receiver"),
 )
 
 # Every GPU metric labelled by its GPU also names the GPU's Kubernetes owner when attribution is on.

@@ -4,9 +4,13 @@ its own /metrics endpoint, its OpenTelemetry metrics), for which the catalog has
 ForeignDefinitions: one definition per (name, type, label names), cached so each sweep reuses it, and bounded: past
 MAX_DEFINITIONS the cache is cleared and rebuilt from what is still sent, so label churn cannot grow it for ever.
 `families()` turns a sweep's ForeignMetrics into families: names the agent owns (`outrider_*`, the catalog's)
-refused, and the hook's caps applied (at most `per_metric` series per metric, MAX_SERIES in all). With `enrichment`
-(default owner label name -> configured name), every definition also carries the Kubernetes owner labels
-(catalog.K8S_OWNER: namespace, pod, container, on OTLP k8s.*), after its own: a node agent's series of many pods.
+refused, and the hook's caps applied (at most `per_metric` series per metric, MAX_SERIES in all). Names and labels
+Prometheus keeps for itself (`up`, `scrape_*`, `ALERTS`, `__name__` and every `__*` label: outrider/prometheus_names.py)
+are renamed `exported_<name>`, as Prometheus renames a target's colliding labels, said once and counted: a page that
+says `up 0` or `weird{__name__="x"} 1` would otherwise mark the agent's whole target down in Prometheus. With
+`enrichment` (default owner label name -> configured name), every definition also carries the Kubernetes owner
+labels (catalog.K8S_OWNER: namespace, pod, container, on OTLP k8s.*), after its own: a node agent's series of many
+pods.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
+from outrider import prometheus_names
 from outrider.metrics.catalog import CATALOG, K8S_OWNER, MetricDef, custom_definition, with_enrichment
 from outrider.metrics.family import Family, HistogramValue
 
@@ -40,26 +45,34 @@ class ForeignDefinitions:
         self.collector = collector
         self.default_help = default_help
         self.enrichment = enrichment
-        self._defs: dict[tuple[str, str, tuple[str, ...]], MetricDef] = {}
+        # (name, kind, label names) -> its definition, and what was renamed in it ("" when nothing)
+        self._defs: dict[tuple[str, str, tuple[str, ...]], tuple[MetricDef, str]] = {}
 
-    def get(self, name: str, kind: str, label_names: tuple[str, ...], help_text: str = "",
-            otel_name: str = "") -> MetricDef:
+    def get(self, name: str, kind: str, label_names: tuple[str, ...], help_text: str = "", otel_name: str = "",
+            drop: Drop | None = None) -> MetricDef:
+        """The definition of a foreign metric, its name and labels renamed away from Prometheus's own (told to
+        `drop` each time: logged once, counted)."""
         key = (name, kind, label_names)
-        defn = self._defs.get(key)
-        if defn is None:
+        hit = self._defs.get(key)
+        if hit is None:
             if len(self._defs) >= MAX_DEFINITIONS:
                 self._defs.clear()
-            defn = custom_definition(name, kind, label_names, self.collector, help_text or self.default_help,
-                                     otel_name)
+            public, labels, renamed = public_names(name, label_names)
+            if public != name:  # on OTLP too: a Collector writing to Prometheus would meet the same name
+                otel_name = prometheus_names.exported(otel_name) if otel_name else public
+            defn = custom_definition(public, kind, labels, self.collector, help_text or self.default_help, otel_name)
             if self.enrichment is not None:
                 defn = with_enrichment(replace(defn, enrichment=K8S_OWNER), self.enrichment)
-            self._defs[key] = defn
-        return defn
+            hit = self._defs[key] = (defn, renamed)
+        if hit[1] and drop is not None:
+            drop(f"renamed:{name}", f"{name}: {hit[1]}, names Prometheus keeps for its own series and labels")
+        return hit[0]
 
     def families(self, metrics: dict[str, ForeignMetric], per_metric: int, drop: Drop) -> list[Family]:
         """The metrics (by family name, as their source names them) as families, counters under `<family>_total`
         and on OTLP under the family name."""
         out: list[Family] = []
+        emitted: set[str] = set()
         total = 0
         for family in sorted(metrics):
             m = metrics[family]
@@ -67,7 +80,16 @@ class ForeignDefinitions:
             if name.startswith("outrider_") or name in CATALOG or family in CATALOG:
                 drop(f"reserved:{family}", f"{family}: a name the agent owns; left out")
                 continue
-            fam = Family(self.get(name, m.kind, m.label_names, m.help, otel_name=family))
+            fam = Family(self.get(name, m.kind, m.label_names, m.help, otel_name=family, drop=drop))
+            invalid = prometheus_names.valid(fam.defn.name, fam.defn.label_names)
+            if invalid:  # a file's names are anyone's: one outside the grammar would fail the agent's whole scrape
+                drop(f"invalid:{family}", f"{family[:80]!r}: {invalid}; left out")
+                continue
+            if fam.defn.name in emitted:  # `up` renamed exported_up beside a metric of that name
+                drop(f"collision:{family}", f"{family}: exported as {fam.defn.name}, which another of its metrics is "
+                                          "called; left out")
+                continue
+            emitted.add(fam.defn.name)
             series = sorted(m.buckets) if m.kind == "histogram" else sorted(m.values)
             for labels in series:
                 if total >= MAX_SERIES:
@@ -85,6 +107,26 @@ class ForeignDefinitions:
                 total += 1
             out.append(fam)
         return out
+
+
+def public_names(name: str, label_names: tuple[str, ...]) -> tuple[str, tuple[str, ...], str]:
+    """A foreign metric's name and label names renamed away from those Prometheus keeps for itself (`up` ->
+    `exported_up`, `__name__` -> `exported___name__`), and what was renamed ("" when nothing)."""
+    said = []
+    public = name
+    if prometheus_names.reserved_metric(name):
+        public = prometheus_names.exported(name)
+        said.append(f"exported as {public}")
+    taken = set(label_names)
+    labels = []
+    for label in label_names:
+        if prometheus_names.reserved_label(label):
+            renamed = prometheus_names.exported(label, taken)
+            taken.add(renamed)
+            said.append(f"label {label} exported as {renamed}")
+            label = renamed
+        labels.append(label)
+    return public, tuple(labels), "; ".join(said)
 
 
 def _histogram(buckets: dict[float, float], total: float) -> HistogramValue:

@@ -86,6 +86,7 @@ DISTRIBUTIONS: dict[str, Distribution] = {d.key: d for d in (
 EVIDENCE: dict[str, Kpi] = {k.key: k for k in (
     Kpi("cpus", "logical CPUs", "count"),
     Kpi("gpus", "GPUs", "count"),
+    Kpi("requests_in_flight", "requests in flight", "count"),
     Kpi("host_mem_available_ratio", "host memory available", "ratio"),
     Kpi("sm_activity", "SM activity", "ratio"),
     Kpi("tensor_activity", "tensor core activity", "ratio"),

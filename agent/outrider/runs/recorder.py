@@ -55,6 +55,8 @@ RATES = {"steps_per_s": "steps_total", "samples_per_s": "samples_total", "tokens
          "server_errors_per_s": "server_errors"}
 SHARES = {"data_wait_fraction": ("data_wait_seconds_total", "loop_seconds_total"),
           "mfu": ("flops_peak_seconds_total", "flops_timed_seconds_total")}
+WORKED_UNSEEN = ("the job stepped or served, but no window saw it at work (its steps or requests fell between two "
+                 "of the agent's sweeps; every window judged was idle)")
 KEPT_READS = 64  # sweeps of counters kept: a window spans one sweep, or a few where the sweeps outpace the hook
 # finished requests by error class, kept as running totals in the record once the job serves (compare's counts)
 ERROR_TOTALS = {kind: f"{kind}_total" for kind in ERRORS}
@@ -94,6 +96,7 @@ class RunRecorder:
         self._stalled: set[str] = set()
         self.hooked = False  # some hooked process published during the run
         self.stepped = False  # some step completed during the run
+        self.served = False  # some request finished during the run
         self._waiting: dict[str, float] = {}  # rank -> longest time it waited for a first step
         self._first_step_stalled: set[str] = set()  # ranks stalled while waiting for a first step
         self._lock = threading.Lock()
@@ -197,6 +200,9 @@ class RunRecorder:
         steps = by_name.get("outrider_train_steps_total")
         if steps is not None and any(v for _, v in steps.samples):
             self.stepped = True
+        requests = by_name.get("outrider_requests_total")
+        if requests is not None and any(v for _, v in requests.samples):
+            self.served = True
         pending = by_name.get("outrider_train_first_step_pending")
         if pending is None:
             return
@@ -248,9 +254,13 @@ class RunRecorder:
 
     def verdict(self) -> RunVerdict:
         """The tally's verdict; a run in which no step completed and a rank stalled waiting for its first is
-        `hung_before_first_step` whatever its windows said (they saw no steps: idle, mostly)."""
+        `hung_before_first_step` whatever its windows said (they saw no steps: idle, mostly); a run whose windows
+        were all idle though it stepped or served (its work fell between two sweeps) has none: never idle above
+        the steps and requests its summary counts."""
         with self._lock:
             result = self.tally.result()
+            if result.cls == IDLE and (self.stepped or self.served):
+                return RunVerdict("", WORKED_UNSEEN, {}, dict(result.seconds))
             if self.stepped or not self._first_step_stalled:
                 return result
             ranks = sorted(self._first_step_stalled)

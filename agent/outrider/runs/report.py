@@ -17,7 +17,7 @@ from outrider.runs.store import RunRecord
 COLORS = {"idle": "#9e9e9e", "throttled": "#e65100", "memory_pressure": "#c62828", "input_bound": "#6a1b9a",
           "memory_bandwidth_bound": "#283593", "compute_bound": "#2e7d32", "host_bound": "#f9a825",
           "communication_bound": "#00838f", "balanced": "#607d8b", "hung_before_first_step": "#b71c1c",
-          "python_bound": "#ad1457", "checkpoint_bound": "#8d6e63", "not_judged": "#cfd8dc"}
+          "python_bound": "#ad1457", "checkpoint_bound": "#8d6e63", "waiting": "#0277bd", "not_judged": "#cfd8dc"}
 WHERE_COLORS = {"python": "#ad1457", "native": "#2e7d32", "waiting": "#9e9e9e", "data": "#6a1b9a",
                 "collective": "#00838f", "checkpoint": "#e65100", "optimizer": "#f9a825"}
 ALERT_COLORS = {"critical": "#b71c1c", "warning": "#ef6c00"}

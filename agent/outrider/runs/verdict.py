@@ -5,7 +5,10 @@ Each sweep's verdict (diagnosis/window.VerdictWindow: the last window_s of sweep
 sweep before it, so every second of the run is counted once. Idle windows do not vote: a job that loads for a
 minute and then trains for ten is judged on the ten. Windows not judged (without the evidence their rule needs,
 diagnosis/bottleneck.NOT_JUDGED) do not vote either; their time is shown beside the verdict. A run that was idle
-throughout is `idle`; a run shorter than two sweeps, or none of whose windows was judged, has no verdict ("").
+throughout is `idle`; a run shorter than two sweeps, or none of whose windows was judged, has no verdict (""): one
+with windows not judged beside idle ones is not idle (a window is not judged only once the job has worked, or while
+it uses CPU), and the recorder gives no verdict to a run that stepped or served though every window it judged was
+idle (runs/recorder.py): the headline never says idle above the steps and requests the summary counts.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from outrider.diagnosis.bottleneck import CLASSES, NOT_JUDGED, RECOMMENDATIONS, classify
+from outrider.diagnosis.bottleneck import CLASSES, NOT_JUDGED, advice, classify
 from outrider.diagnosis.signals import Signals
 from outrider.metrics import units
 from outrider.runs.kpis import describe, evidence_order, is_count
@@ -54,19 +57,20 @@ class RunVerdict:
         if self.cls == HUNG:
             return ("Read the stall's Python stacks: a rendezvous, a barrier or a collective that some rank never "
                     "joined, NCCL or process-group initialisation, or a DataLoader that never yields.")
-        return RECOMMENDATIONS.get(self.cls, "")
+        return advice(self.cls, Signals.from_evidence(self.evidence)) if self.cls else ""
 
     def headline(self) -> str:
         """`input_bound, 82% of the 24.1 s the job was active (balanced 18%; idle 3.2 s)`."""
         if not self.cls:
+            if self.reason:  # the recorder's: the job worked, though no window saw it at work
+                return f"none: {self.reason}"
             unjudged = self.seconds.get(NOT_JUDGED, 0.0)
             if unjudged:
                 return (f"none: not judged ({units.seconds(unjudged)} without the measurements the rules need: "
                         "per-thread CPU, operations or steps)")
             return "none: the run ended before the agent had two sweeps to compare"
         if self.cls == IDLE:
-            return (f"idle: no steps, requests or CPU use in {units.seconds(self.seconds.get(IDLE, 0.0))} (or a "
-                    "loop whose threads rest between steps)")
+            return f"idle: no steps, requests or CPU use in {units.seconds(self.seconds.get(IDLE, 0.0))}"
         if self.cls == HUNG:
             return f"hung before its first step: {self.reason}"
         others = [f"{c} {units.percent(s / self.active_s)}" for c, s in
@@ -103,11 +107,15 @@ class RunVerdict:
 # the loop's own time, which decides input_bound on a crowded machine and which the reason then states beside the
 # one data wait shown everywhere (the loop's time in the DataLoader over its wall time)
 HIDDEN = ("ops_counted", "torch_cpu_only", "loop_samples", "data_wait_alone_fraction")
+def _threads_worth(v: float) -> str:
+    return f"{units.number(v)} threads' worth"
+
+
 # Human names and units for the diagnosis's own signals (runs/kpis.py names the KPIs)
 LABELS: dict[str, tuple[str, Callable[[float], str]]] = {
     "main_thread_busy": ("main thread busy (CPU + waiting for one)", units.percent),
     "main_thread_cpu": ("main thread CPU", units.cores),
-    "intra_op_busy": ("intra-op pool busy", lambda v: f"{units.number(v)} threads' worth"),
+    "intra_op_busy": ("intra-op pool busy", _threads_worth),
     "intra_op_threads": ("intra-op threads", units.count),
     "main_cpu_us_per_op": ("main-thread CPU per operation", lambda v: units.seconds(v / 1e6)),
     "ops_per_step": ("operations per step", units.count),
@@ -128,6 +136,16 @@ LABELS: dict[str, tuple[str, Callable[[float], str]]] = {
     "straggler_compute_ratio": ("slowest rank's compute", lambda v: f"{v:.1f}x the others'"),
     "others_wait_fraction": ("other ranks waiting in collectives", units.percent),
     "gpu_busy_ratio": ("GPU busy per step", units.percent),
+    "data_workers_delay_cores": ("DataLoader workers waiting for a CPU", units.cores),
+    "data_worker_delay_fraction": ("each DataLoader worker waiting for a CPU", units.percent),
+    "other_threads_busy": ("other threads busy (CPU + waiting for one)", _threads_worth),
+    "loop_waiting_fraction": ("loop thread waiting outside the process", units.percent),
+    "request_latency_s": ("request latency (mean)", units.seconds),
+    "request_queue_s": ("queued per request", units.seconds),
+    "request_cpu_s": ("CPU per request", units.seconds),
+    "request_cpu_wait_s": ("waiting for a CPU per request", units.seconds),
+    "demand_per_process": ("threads' demand per process (CPU + waiting for one)", units.cores),
+    "request_waiting_fraction": ("requests' time waiting outside the process", units.percent),
 }
 
 
@@ -190,7 +208,7 @@ class VerdictTally:
         active = {c: s for c, s in self._seconds.items() if c not in NO_VOTE and s > 0}
         if active:
             cls = max(active, key=lambda c: (active[c], -_rank(c)))
-        elif self._seconds.get(IDLE):
+        elif self._seconds.get(IDLE) and not self._seconds.get(NOT_JUDGED):  # a window not judged was not idle
             cls = IDLE
         else:
             return RunVerdict("", "", {}, dict(self._seconds))

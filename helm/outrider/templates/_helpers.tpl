@@ -34,6 +34,24 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- end }}
 {{- end -}}
 
+{{/* "true" where this chart renders as a dependency of another chart (a workload's chart that includes the sidecar):
+     its templates' path is then PARENT/charts/outrider/templates. */}}
+{{- define "outrider.isDependency" -}}
+{{- if contains "/charts/" .Template.BasePath }}true{{ end -}}
+{{- end -}}
+
+{{/* "true" where a part whose `enabled` may be null is on: null is on where the chart is installed on its own and
+     off where it is a dependency, which wants the sidecar only (the cluster's own install runs the node agents and
+     provides the dashboards). . is (dict "enabled" VALUE "top" $). */}}
+{{- define "outrider.enabled" -}}
+{{- if kindIs "invalid" .enabled }}{{ if not (include "outrider.isDependency" .top) }}true{{ end }}
+{{- else if .enabled }}true{{ end -}}
+{{- end -}}
+
+{{- define "outrider.nodeAgentEnabled" -}}
+{{- include "outrider.enabled" (dict "enabled" .Values.nodeAgent.enabled "top" .) -}}
+{{- end -}}
+
 {{- define "outrider.image" -}}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
 {{- end -}}
@@ -73,15 +91,20 @@ Fills .out.scope. Go templates return only text, so the scope is passed back thr
 {{- $_ := set .out "scope" $scope -}}
 {{- end -}}
 
-{{/* Hardened container security context: non-root, read-only root, no privilege escalation, no capabilities. */}}
+{{/* Hardened container security context: non-root (unless .uid is 0: the node agent's privileges), read-only root,
+     no privilege escalation, no capabilities (but .add's: the node agent's all-processes), the runtime's seccomp
+     profile (PodSecurity "restricted" as it stands). . is (dict "uid" UID "add" LIST). */}}
 {{- define "outrider.containerSecurityContext" -}}
-runAsNonRoot: true
-runAsUser: 65532
-runAsGroup: 65532
+runAsNonRoot: {{ ne (int .uid) 0 }}
+runAsUser: {{ .uid }}
+runAsGroup: {{ .uid }}
 readOnlyRootFilesystem: true
 allowPrivilegeEscalation: false
 capabilities:
   drop: ["ALL"]
+  {{- with .add }}
+  add: {{ toJson . }}
+  {{- end }}
 seccompProfile:
   type: RuntimeDefault
 {{- end -}}
@@ -118,10 +141,11 @@ seccompProfile:
 - name: OUTRIDER_TLS_KEY_FILE
   value: /etc/outrider/tls/tls.key
 {{- end }}
-{{- with .Values.metricsAuth.basicAuthSecretName }}
-- name: OUTRIDER_BASIC_AUTH_USERNAME
-  valueFrom:
-    secretKeyRef: {name: {{ . | quote }}, key: username}
+{{- /* Both from files, which the agent reads again when the kubelet updates the Secret's volume (an environment
+       variable would keep the old user until a restart). */}}
+{{- if .Values.metricsAuth.basicAuthSecretName }}
+- name: OUTRIDER_BASIC_AUTH_USERNAME_FILE
+  value: /etc/outrider/basic-auth/username
 - name: OUTRIDER_BASIC_AUTH_PASSWORD_FILE
   value: /etc/outrider/basic-auth/password
 {{- end }}
@@ -200,7 +224,7 @@ livenessProbe:
 - name: outrider-basic-auth
   secret:
     secretName: {{ .Values.metricsAuth.basicAuthSecretName }}
-    items: [{key: password, path: password}]
+    items: [{key: username, path: username}, {key: password, path: password}]
 {{- end }}
 {{- end -}}
 
@@ -232,12 +256,12 @@ outrider.resolveScope for what `.` may be):
       {{- include "outrider.sidecarPodLabels" . | nindent 6 }}
       outrider.dev/job: my-training          # the `job` label of the scraped series (podMonitor.jobLabel)
     annotations:
-      {{- include "outrider.sidecarPodAnnotations" . | nindent 6 }}
+      {{- include "outrider.sidecarPodAnnotations" . | nindent 6 }}  # rolls a Deployment's pods; never in a Job
       outrider.dev/metrics-port: "8000"      # optional: the workload's own /metrics, scraped by the sidecar
   spec:
     shareProcessNamespace: true
-    initContainers:                          # sidecar.native (Kubernetes >= 1.29); else under containers:
-      {{- include "outrider.sidecar" . | nindent 6 }}
+    initContainers:                          # sidecar.native (Kubernetes >= 1.29); else under containers, after
+      {{- include "outrider.sidecar" . | nindent 6 }}  # the workload's (the kubelet starts them in order)
     containers:
       - name: trainer
         env:
@@ -275,9 +299,13 @@ outrider.resolveScope for what `.` may be):
     - name: OUTRIDER_POD_ANNOTATIONS_FILE
       value: /etc/outrider/podinfo/annotations
     {{- if not .Values.sidecar.native }}
-    {{- /* An ordinary container would keep a Job's pod Running after the workload: the agent leaves with it. */}}
+    {{- /* An ordinary container would keep a Job's pod Running after the workload: the agent leaves with it. Listed
+           after the workload's containers, it starts once they have (the kubelet starts a pod's containers in
+           order): none of their processes there means they have exited already, so it waits for them briefly. */}}
     - name: OUTRIDER_EXIT_WHEN_WORKLOAD_EXITS
       value: "true"
+    - name: OUTRIDER_STARTUP_GRACE_S
+      value: {{ .Values.sidecar.startupGraceSeconds | quote }}
     {{- end }}
     {{- with .Values.sidecar.extraEnv }}
     {{- toYaml . | nindent 4 }}
@@ -288,7 +316,7 @@ outrider.resolveScope for what `.` may be):
   resources:
     {{- toYaml .Values.sidecar.resources | nindent 4 }}
   securityContext:
-    {{- include "outrider.containerSecurityContext" . | nindent 4 }}
+    {{- include "outrider.containerSecurityContext" (dict "uid" 65532) | nindent 4 }}
   volumeMounts:
     {{- include "outrider.volumeMounts" . | nindent 4 }}
     - name: outrider-spool
@@ -336,6 +364,8 @@ outrider.resolveScope for what `.` may be):
 outrider.dev/sidecar: "true"
 {{- end -}}
 
+{{/* checksum/config, which rolls the pods of a Deployment (StatefulSet, DaemonSet) when the agent's configuration
+     changes. Not for a Job: its pod template is immutable, and `helm upgrade` would fail on the changed checksum. */}}
 {{- define "outrider.sidecarPodAnnotations" -}}
 {{- $r := dict -}}
 {{- include "outrider.resolveScope" (dict "in" . "out" $r) -}}

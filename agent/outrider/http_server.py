@@ -1,4 +1,5 @@
-"""A small HTTP/1.1 server for the agent's endpoint, bounded in threads, connections and time.
+"""A small HTTP/1.1 server bounded in threads, connections, time and memory: every listener of the agent's (the
+/metrics endpoint, exporters/prometheus.py; the OTLP receiver, collectors/otlp_receiver.py) is one.
 
 One loop thread owns the listening socket and every connection that is waiting for something (a TLS handshake
 message, a request, room to write); a fixed pool of worker threads does the I/O once a socket is ready. Sockets
@@ -18,10 +19,18 @@ with a deadline. What a hostile or broken peer can hold is therefore one table s
   it never spins on a listener that stays readable. Waiting connections stay in the backlog until it can accept.
 - Memory: a connection buffers at most one request head (`max_header_bytes`), so the server's worst case is
   max_connections x max_header_bytes (8 MiB on the defaults) plus the responses being written.
+- Request bodies (a listener that takes them: `max_body_bytes` above 0, such as the OTLP receiver's): a body of
+  its Content-Length is read whole before the handler sees it, within the request's clock (`header_timeout_s` from
+  its first byte: head and body together), at most `max_body_bytes` (413 beyond; no Content-Length: 411), and the
+  bodies held at once, all connections together, within `max_bodies_bytes`: a request that finds no room is
+  answered 503 with Retry-After (which OTLP exporters retry) and closed, so a hundred slow uploads cost one budget,
+  not a thread and a buffer each. A peer that leaves before its request is whole is counted (`aborted`), never
+  traced.
 
 Each response (status line, headers, body) is written with one send, so a kept-alive client never waits on
 Nagle's algorithm against its own delayed ACK (about 40 ms per scrape); TCP_NODELAY is set as well.
-Only GET and HEAD are served; a request with a body is answered and the connection closed.
+Only the methods of `Limits.methods` are served (GET and HEAD by default); where bodies are not taken, a request
+with one is answered and the connection closed.
 
 A request on a kept-alive plain connection that the `quick` handler can answer at once (a body already rendered
 and compressed) is answered by the loop thread itself: it reads what the socket holds, answers, writes what the
@@ -36,6 +45,7 @@ answered with a close, and pipelined ones.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import logging
 import math
@@ -53,7 +63,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import ssl
 
-LOG = logging.getLogger("outrider.exporters.http")
+LOG = logging.getLogger("outrider.http_server")
 
 
 @dataclass(frozen=True)
@@ -65,6 +75,9 @@ class Limits:
     idle_timeout_s: float = 120.0  # longer than a 60 s scrape interval, so Prometheus's connection is kept
     write_timeout_s: float = 30.0
     max_header_bytes: int = 32768
+    methods: tuple[str, ...] = ("GET", "HEAD")
+    max_body_bytes: int = 0  # a request body taken whole up to this (0: bodies are not taken)
+    max_bodies_bytes: int = 0  # request bodies held at once, all connections together (0: 4 x max_body_bytes)
 
 
 @dataclass(frozen=True)
@@ -74,6 +87,7 @@ class Request:
     headers: Mapping[str, str]  # names in lower case; repeated headers joined with ", "
     client: str
     version: str = "HTTP/1.1"
+    body: bytes = b""  # whole, where the server takes bodies (Limits.max_body_bytes)
 
     @property
     def path(self) -> str:
@@ -92,17 +106,19 @@ QuickHandler = Callable[[Request], "Response | None"]  # None: not at once (a wo
 
 
 class _BadRequest(Exception):
-    def __init__(self, status: int) -> None:
+    def __init__(self, status: int, headers: tuple[tuple[str, str], ...] = ()) -> None:
         super().__init__(status)
         self.status = status
+        self.headers = headers
 
 
 class _Conn:
     """One connection's state. Owned by the loop while parked in the selector, by one worker while in the queue or
     being served: never by two threads at once."""
 
-    __slots__ = ("client", "close_after_write", "deadline", "handshaking", "inbuf", "last_active", "lingering",
-                 "out", "pending", "request_started", "served", "sock", "tls", "want")
+    __slots__ = ("awaiting", "body", "body_length", "client", "close_after_write", "deadline", "handshaking", "inbuf",
+                 "last_active", "lingering", "out", "pending", "request_started", "reserved", "served", "sock", "tls",
+                 "want")
 
     def __init__(self, sock: socket.socket, client: str, now: float, header_timeout_s: float, tls: bool) -> None:
         self.sock = sock
@@ -119,9 +135,14 @@ class _Conn:
         self.want = selectors.EVENT_READ
         self.tls = tls
         self.pending: Request | _BadRequest | None = None  # parsed by the loop, left for a worker to answer
+        self.awaiting: Request | None = None  # a request whose body is being read into `body`
+        self.body = bytearray()
+        self.body_length = 0
+        self.reserved = 0  # bytes of the server's bodies budget this connection holds
 
 
 _PARK, _CLOSE = "park", "close"
+_WHOLE = 0  # a request body read to its end (neither selector event)
 
 
 class _Errors:
@@ -163,9 +184,10 @@ def connection_budget(limit: int) -> int:
 class HttpServer:
     """Binds on construction (so a busy port is an error at once); `start()` runs the loop and the workers."""
 
-    def __init__(self, host: str, port: int, handler: Handler, tls: ssl.SSLContext | None = None,
+    def __init__(self, host: str, port: int, handler: Handler, tls: Callable[[], ssl.SSLContext] | None = None,
                  limits: Limits | None = None, quick: QuickHandler | None = None) -> None:
-        """quick: answers on the loop thread what it can without waiting (module docstring), else None."""
+        """tls: gives the TLS context of each new connection, on the loop thread (a rotated certificate's, once
+        loaded); quick: answers on the loop thread what it can without waiting (module docstring), else None."""
         self.handler = handler
         self.quick = quick
         self.tls = tls
@@ -208,6 +230,11 @@ class HttpServer:
         self._said_failing = False  # the current run of accept failures was logged (so is its end)
         self._loop_errors = 0
         self.answered_on_loop = 0  # requests the loop thread answered itself
+        self.aborted = 0  # requests whose peer went before sending the whole of them
+        self.refused: dict[int, int] = {}  # requests the server answered itself, by status (413, 503, ...)
+        self._bodies_budget = self.limits.max_bodies_bytes or 4 * self.limits.max_body_bytes
+        self._bodies_held = 0
+        self._budget_lock = threading.Lock()  # guards _bodies_held and refused (workers and the loop)
 
     @property
     def address(self) -> tuple[str, int]:
@@ -282,7 +309,7 @@ class HttpServer:
         """A parked kept-alive plain connection has something to read: answer it here when quick can, and park it
         again; False hands it to a worker (with a request parsed here in conn.pending), which does the rest."""
         if (self.quick is None or conn.tls or conn.lingering or conn.close_after_write or conn.out
-                or conn.want != selectors.EVENT_READ or not conn.served):
+                or conn.want != selectors.EVENT_READ or not conn.served or conn.awaiting is not None):
             return False
         try:  # one read: a request head is far smaller than a socket buffer (a second read would only raise)
             chunk = conn.sock.recv(self.limits.max_header_bytes + 1 - len(conn.inbuf))
@@ -313,7 +340,7 @@ class HttpServer:
             LOG.exception("HTTP quick handler failed for %s", request.path)
             response = None
         keep_alive = _keep_alive(request)
-        if response is None or not keep_alive or request.method not in ("GET", "HEAD"):
+        if response is None or not keep_alive or request.method not in self.limits.methods:
             conn.pending = request
             return False
         if LOG.isEnabledFor(logging.DEBUG):
@@ -361,7 +388,7 @@ class HttpServer:
                 if sock.family in (socket.AF_INET, socket.AF_INET6):
                     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 if self.tls is not None:
-                    sock = self.tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
+                    sock = self.tls().wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
             except (OSError, ValueError) as e:
                 LOG.debug("HTTP server: dropping a new connection from %s: %s", addr[0], e)
                 sock.close()
@@ -428,6 +455,7 @@ class HttpServer:
 
     def _close(self, conn: _Conn) -> None:
         self._live.discard(conn)
+        self._release(conn)
         with contextlib.suppress(OSError):
             conn.sock.close()
         self._resume_accepting()
@@ -495,23 +523,42 @@ class HttpServer:
         if conn.lingering or conn.close_after_write:
             return self._linger(conn)
         while True:
-            request, conn.pending = conn.pending, None
-            if request is None:
-                request = self._parse(conn)
-            if request is None:
-                was_empty = not conn.inbuf
-                got, eof, want = self._fill(conn)
-                if got:
-                    conn.last_active = time.monotonic()
-                    if was_empty and conn.served:  # a later request: its own header clock starts at its first byte
-                        conn.request_started = time.monotonic()
-                    continue
-                if eof:
+            if conn.awaiting is not None:  # its body is on its way
+                state = self._fill_body(conn)
+                if state is None:
+                    self.aborted += 1  # the peer left mid-request: counted, not traced
                     return _CLOSE
-                if conn.inbuf or not conn.served:
-                    return self._park(conn, want, conn.request_started + self.limits.header_timeout_s)
-                return self._park(conn, want, conn.last_active + self.limits.idle_timeout_s)
+                if state != _WHOLE:
+                    return self._park(conn, state, conn.request_started + self.limits.header_timeout_s)
+                request: Request | _BadRequest = dataclasses.replace(conn.awaiting, body=bytes(conn.body))
+                conn.awaiting, conn.body = None, bytearray()
+            else:
+                parsed, conn.pending = conn.pending, None
+                if parsed is None:
+                    parsed = self._parse(conn)
+                if parsed is None:
+                    was_empty = not conn.inbuf
+                    got, eof, want = self._fill(conn)
+                    if got:
+                        conn.last_active = time.monotonic()
+                        if was_empty and conn.served:  # a later request: its header clock starts at its first byte
+                            conn.request_started = time.monotonic()
+                        continue
+                    if eof:
+                        if conn.inbuf:
+                            self.aborted += 1
+                        return _CLOSE
+                    if conn.inbuf or not conn.served:
+                        return self._park(conn, want, conn.request_started + self.limits.header_timeout_s)
+                    return self._park(conn, want, conn.last_active + self.limits.idle_timeout_s)
+                request = parsed
+                if self.limits.max_body_bytes and isinstance(request, Request) and _has_body(request):
+                    refused = self._expect_body(conn, request)
+                    if refused is None:
+                        continue  # its body next
+                    request = refused
             response, keep_alive = self._respond(request)
+            self._release(conn)  # the body's bytes are the handler's no longer
             conn.served += 1
             conn.out = response
             conn.close_after_write = not keep_alive
@@ -520,6 +567,56 @@ class HttpServer:
             if not keep_alive:
                 return self._linger(conn)
             conn.last_active = conn.request_started = time.monotonic()
+
+    def _expect_body(self, conn: _Conn, request: Request) -> _BadRequest | None:
+        """Make ready to read the request's body (None), or why it is refused: no Content-Length (chunked bodies are
+        not taken), a method not served, a body over max_body_bytes, or no room in the bodies budget now."""
+        if "transfer-encoding" in request.headers:
+            return _BadRequest(411)
+        try:
+            length = int(request.headers.get("content-length", ""))
+        except ValueError:
+            return _BadRequest(400)
+        if length < 0:
+            return _BadRequest(400)
+        if request.method not in self.limits.methods:
+            return _BadRequest(405, (("Allow", ", ".join(self.limits.methods)),))
+        if length > self.limits.max_body_bytes:
+            return _BadRequest(413)
+        with self._budget_lock:
+            if self._bodies_held + length > self._bodies_budget:
+                return _BadRequest(503, (("Retry-After", "1"),))
+            self._bodies_held += length
+        conn.reserved = length
+        conn.awaiting, conn.body_length = request, length
+        conn.body = bytearray(conn.inbuf[:length])  # what came with the head
+        del conn.inbuf[:length]
+        return None
+
+    def _fill_body(self, conn: _Conn) -> int | None:
+        """Read the body on: _WHOLE once it is all in, what to wait for while it is not, None if the peer left."""
+        while len(conn.body) < conn.body_length:
+            try:
+                chunk = conn.sock.recv(min(65536, conn.body_length - len(conn.body)))
+            except self._errors.again_read:
+                return selectors.EVENT_READ
+            except self._errors.want_write:
+                return selectors.EVENT_WRITE
+            except self._errors.peer_gone:
+                return None
+            if not chunk:
+                return None
+            conn.body += chunk
+            conn.last_active = time.monotonic()
+        return _WHOLE
+
+    def _release(self, conn: _Conn) -> None:
+        """Give back the bodies budget a connection holds (its request answered, or the connection closed)."""
+        if conn.reserved:
+            with self._budget_lock:
+                self._bodies_held -= conn.reserved
+            conn.reserved = 0
+            conn.awaiting, conn.body = None, bytearray()
 
     def _linger(self, conn: _Conn) -> str:
         """Close after a response: send FIN, then read and drop what the peer still sends until it closes (or
@@ -611,12 +708,14 @@ class HttpServer:
     def _respond(self, request: Request | _BadRequest) -> tuple[list[memoryview], bool]:
         """The response as buffers to write in order, and whether the connection stays open."""
         if isinstance(request, _BadRequest):
-            return _serialise(Response(request.status, HTTPStatus(request.status).phrase.encode() + b"\n"), False,
-                              head_only=False), False
+            with self._budget_lock:
+                self.refused[request.status] = self.refused.get(request.status, 0) + 1
+            return _serialise(Response(request.status, HTTPStatus(request.status).phrase.encode() + b"\n",
+                                       request.headers), False, head_only=False), False
         http10 = request.version == "HTTP/1.0"
-        keep_alive = _keep_alive(request)
-        if request.method not in ("GET", "HEAD"):
-            response = Response(405, b"method not allowed\n", (("Allow", "GET, HEAD"),))
+        keep_alive = _keep_alive(request, body_read=bool(self.limits.max_body_bytes))
+        if request.method not in self.limits.methods:
+            response = Response(405, b"method not allowed\n", (("Allow", ", ".join(self.limits.methods)),))
             keep_alive = False
         else:
             try:
@@ -629,14 +728,18 @@ class HttpServer:
         return _serialise(response, keep_alive, head_only=request.method == "HEAD", http10=http10), keep_alive
 
 
-def _keep_alive(request: Request) -> bool:
-    """Whether the connection stays open after this request's response."""
+def _keep_alive(request: Request, body_read: bool = False) -> bool:
+    """Whether the connection stays open after this request's response (body_read: the server read its body)."""
     connection = request.headers.get("connection", "").lower()
     http10 = request.version == "HTTP/1.0"  # closes unless it asks to keep the connection
     keep_alive = "keep-alive" in connection if http10 else "close" not in connection
-    if request.headers.get("content-length", "0") not in ("", "0") or "transfer-encoding" in request.headers:
+    if not body_read and _has_body(request):
         keep_alive = False  # a body we do not read: answer, then close rather than parse it as a request
     return keep_alive
+
+
+def _has_body(request: Request) -> bool:
+    return request.headers.get("content-length", "0") not in ("", "0") or "transfer-encoding" in request.headers
 
 
 _PHRASES = {status.value: status.phrase for status in HTTPStatus}
