@@ -118,6 +118,22 @@ def test_a_cpu_rank_gets_the_measured_peak_scaled_to_its_threads() -> None:
     assert got(c, "outrider_train_mfu_ratio") == pytest.approx(0.5)
 
 
+def test_a_rank_whose_process_exited_keeps_the_peak_it_had() -> None:
+    """An exited process's gauges (threads, CUDA memory) are retired and its counters kept: its peak must not turn
+    into the whole CPU's, nor a GPU rank's into the CPU's."""
+    c = collector(cpu_peak_gflops=100.0, cpu_peak_threads=4)
+    c._on_sweep(sweep({"fp32": 0.0}, 1.0, threads=2))
+    c._on_sweep(sweep({"fp32": 25e9}, 2.0, threads=2))
+    c._on_sweep(sweep({"fp32": 25e9}, 2.0))
+    assert got(c, "outrider_train_peak_flops", dtype="fp32") == pytest.approx(50e9)
+    g = collector()
+    node = ((H100, 1980e6),)
+    g._on_sweep(sweep({"bf16": 0.0}, 1.0, devices=1, gpus=node))
+    g._on_sweep(sweep({"bf16": 989.4e12}, 3.0, gpus=node))
+    assert got(g, "outrider_train_peak_flops", dtype="bf16") == pytest.approx(989.4e12)
+    assert got(g, "outrider_train_mfu_ratio") == pytest.approx(0.5)
+
+
 def test_declared_flops_are_judged_at_the_devices_usual_dtype() -> None:
     c = collector()
     node = (("NVIDIA A100-SXM4-80GB", 1410e6),)

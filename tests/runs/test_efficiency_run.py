@@ -1,11 +1,12 @@
 """MFU and goodput of real runs under `outrider run`, against what the workload knows of itself.
 
-- MFU: a CPU training loop of known FLOPs per step (a stack of Linear layers) records when each of its steps ended.
-  Its own MFU is its FLOPs over its own wall time per step, against the peak the run judged it by (the CPU's,
-  measured by `outrider run` before the command: outrider/peaks.py), over the same last stretch of its steps as the
-  run's MFU covers (`mfu_timed_s`: the run leaves out the steps before the first count is published, which on a
-  loaded machine run slower or faster than the rest); the run's summary must agree within 5%. The peak cancels: the
-  test judges the FLOPs and the timing, never the machine.
+- MFU: a CPU training loop of known FLOPs per step (a stack of Linear layers, on one thread) steps for 2.5 s of its
+  own clock and records when each of its steps ended. Its own MFU is its FLOPs over its own wall time per step,
+  against the peak the run judged it by (the CPU's, measured by `outrider run` before the command: outrider/peaks.py,
+  its share for one thread), over the same last stretch of its steps as the run's MFU covers (`mfu_timed_s`: the run
+  leaves out the steps before the first count is published, which on a loaded machine run slower or faster than the
+  rest); the run's summary must agree within 5%. The peak cancels: the test judges the FLOPs and the timing, never
+  the machine.
 - Goodput: a launcher (as torchrun's elastic agent does) starts a training process, SIGKILLs it once it has stepped
   a while, waits a known dead time and starts another of the same training job. Both record when each step ended;
   the restart is the time from the first process's last step to the second's first, and must be within a sweep of
@@ -40,8 +41,9 @@ import torch
 import outrider
 
 out, steps, d, layers = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), 4
-b = d
+b, for_s = d, float(sys.argv[4]) if len(sys.argv) > 4 else float("inf")  # steps, or seconds of them if fewer
 outrider.instrument()
+torch.set_num_threads(1)  # 2 threads spin-waiting on 2 shared cores run 20x slower now and then
 torch.manual_seed(0)
 model = torch.nn.Sequential(*[torch.nn.Linear(d, d) for _ in range(layers)])
 opt = torch.optim.SGD(model.parameters(), lr=1e-4)
@@ -49,12 +51,17 @@ x = torch.randn(b, d)
 with open(out, "w") as fh:
     fh.write(json.dumps({"started": started, "flops": 2 * b * d * d * (3 * layers - 1)}) + "\n")
     fh.flush()
+    first = None
     for i in range(steps):
         opt.zero_grad()
         model(x).sum().backward()
         opt.step()
-        fh.write(json.dumps({"end": time.perf_counter(), "wall": time.time()}) + "\n")
+        end = time.perf_counter()
+        fh.write(json.dumps({"end": end, "wall": time.time()}) + "\n")
         fh.flush()
+        first = first or end
+        if end - first > for_s:
+            break
         if os.path.exists(out + ".pause"):  # the launcher is about to kill it: no step after this one
             time.sleep(3600)
 """
@@ -100,16 +107,16 @@ def run(tmp_path: Path, *command: str, measure_peak: bool = False) -> dict:  # t
 def test_the_runs_mfu_is_the_workloads_own_within_5_percent(tmp_path: Path) -> None:
     script, own = tmp_path / "train.py", tmp_path / "own.jsonl"
     script.write_text(textwrap.dedent(TRAIN))
-    measured = run(tmp_path, str(script), str(own), "250", "256", measure_peak=True)
+    measured = run(tmp_path, str(script), str(own), "100000", "256", "2.5", measure_peak=True)
     head, steps = records(own)
-    assert measured["steps"] == len(steps) == 250
+    assert measured["steps"] == len(steps)
     peak = measured["peak_flops"]
-    assert peak and measured["peak_dtype"] == "fp32", "the CPU's measured peak"
+    assert peak and measured["peak_dtype"] == "fp32", "the CPU's measured peak (its share for the loop's 1 thread)"
     cache = Path(os.environ["XDG_CACHE_HOME"]) / "outrider" / "cpu_peak.json"
     assert cache.exists(), "measured once, and kept for the next runs"
     ends = [s["end"] for s in steps]
     covered = [end for end in ends if ends[-1] - end <= measured["mfu_timed_s"]]  # the run's last stretch of steps
-    assert len(covered) > len(ends) / 2, "most of the run is judged"
+    assert len(covered) >= 20, "the run judged a stretch of steps, not one or two"
     own_mfu = head["flops"] * (len(covered) - 1) / (covered[-1] - covered[0]) / peak
     assert measured["mfu"] == pytest.approx(own_mfu, rel=0.05), (measured["mfu"], own_mfu)
 

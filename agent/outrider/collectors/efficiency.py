@@ -58,6 +58,8 @@ class _RankState:
     peak_s: float = 0.0
     timed_s: float = 0.0
     present: bool = True  # in the last sweep
+    threads: float = 0.0  # its torch's intra-op threads, as last published
+    devices: int = 0  # its CUDA devices, as last published
 
 
 class EfficiencyCollector(Collector):
@@ -112,6 +114,9 @@ class EfficiencyCollector(Collector):
                     continue
                 state = self.ranks[rank] = _RankState(reading)
             state.present = True
+            # a process that exited has its gauges retired but its counters kept: its peak stays the one it had
+            reading.threads = state.threads = reading.threads or state.threads
+            reading.devices = state.devices = reading.devices or state.devices
             state.peaks = self._peaks(reading, gpu)
             self._window(state, reading)
 
