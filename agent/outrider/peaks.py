@@ -158,7 +158,9 @@ def parse_peaks(text: str) -> dict[str, float]:
 
 # --- the CPU's measured peak ----------------------------------------------------------------------------------------
 CPU_MATMUL_N = 1024  # a product of 2 x 1024^3 FLOPs: long enough to time, short enough to take well under a second
-CPU_REPEATS = 5  # products timed; the best counts (the first warms the caches and the thread pool)
+# products timed; the best counts (the first warms the caches and the thread pool). Five read 97-168 GFLOP/s in
+# three children on 2 shared cores, twenty-five 187-193: a neighbour's burst spans a few products, rarely 25
+CPU_REPEATS = 25
 CPU_TIMEOUT_S = 60.0
 CACHE_NAME = "cpu_peak.json"
 
