@@ -11,6 +11,7 @@ files that drifted (exit 1), which a test runs.
     docs/configuration.md, the table     <- agent/outrider/config.py (keys, defaults, bounds, help)
     docs/alerts.md, every alert          <- alerts/outrider.rules.yaml (severity, for, description, runbook)
     docs/architecture.md, the layers     <- pyproject.toml (the import-linter contracts)
+    docs/efficiency.md, the peak table   <- agent/outrider/peaks.py (the GPUs' dense peaks per dtype)
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import tomllib
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "agent"))
 
-from outrider import config  # noqa: E402
+from outrider import config, peaks  # noqa: E402
 from outrider.dashboards import render_all  # noqa: E402
 from outrider.links import DEFAULT_DOCS_URL  # noqa: E402
 from outrider.metrics.reference import render_reference  # noqa: E402
@@ -134,8 +135,21 @@ def between(current: str, marker: str, body: str, where: str) -> str:
     return f"{head}{begin}\n{body}{end}{tail}"
 
 
+def peak_table() -> str:
+    """The GPU peak table (outrider/peaks.py): dense TFLOP/s per dtype, the clock they assume, the source."""
+    rows = ["| model | NVML names (regular expression) | " + " | ".join(peaks.DTYPES) + " | SM clock | source |",
+            "|---|---|" + "---:|" * len(peaks.DTYPES) + "---:|---|"]
+    for row in peaks.GPU_PEAKS:
+        figures = " | ".join(_number(row.flops[d] / 1e12) if d in row.flops else "-" for d in peaks.DTYPES)
+        clock = f"{_number(row.boost_mhz)} MHz" if row.boost_mhz else "-"
+        pattern = row.pattern.replace("|", "\\|")
+        rows.append(f"| {row.model} | `{pattern}` | {figures} | {clock} | {row.source} |")
+    return "\n".join(rows) + "\n"
+
+
 # Generated parts of hand-written pages: the page, the markers' name, what makes the part.
-PARTS = (("docs/configuration.md", "configuration table", config_table),
+PARTS = (("docs/efficiency.md", "peak table", peak_table),
+         ("docs/configuration.md", "configuration table", config_table),
          ("docs/alerts.md", "alerts reference", alerts_reference),
          ("docs/architecture.md", "layers", layers))
 

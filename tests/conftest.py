@@ -1,12 +1,13 @@
 """Shared fixtures, and the rule that tests own their world.
 
 - Their own directories: for the whole session HOME, the XDG directories and the runtime directory point into one
-  temporary directory. Every process a test starts inherits them, and one started with an environment of its own
-  that leaves one out gets the session's (`_Popen` below): no test process can fall back to the real home's
-  Outrider directories or to the machine-wide spool (/tmp/outrider-spool-UID, used when there is no runtime
-  directory) unless its test names that place on purpose. That is checked where it is caused, when a process
-  starts, not by comparing those shared places before and after: other processes on the machine (other sessions,
-  a person's own `outrider run`) write there too, and a diff cannot tell whose write it was.
+  temporary directory (and `outrider run` measures no CPU peak into its new cache, unless a test asks). Every process
+  a test starts inherits them, and one started with an environment of its own that leaves one out gets the session's
+  (`_Popen` below): no test process can fall back to the real home's Outrider directories or to the machine-wide spool
+  (/tmp/outrider-spool-UID, used when there is no runtime directory) unless its test names that place on purpose. That
+  is checked where it is caused, when a process starts, not by comparing those shared places before and after: other
+  processes on the machine (other sessions, a person's own `outrider run`) write there too, and a diff cannot tell
+  whose write it was.
 - Every process a test starts is stopped by its pid whatever fails: each carries the session's mark and the test's
   (environment variables PYTEST_OUTRIDER_SESSION and PYTEST_OUTRIDER_TEST, which Outrider never reads); when a test
   ends, any process still running with its mark (a forked child of a killed workload, an agent a workload started)
@@ -32,7 +33,7 @@ FIXTURES = Path(__file__).parent / "fixtures"
 SESSION_VAR, TEST_VAR = "PYTEST_OUTRIDER_SESSION", "PYTEST_OUTRIDER_TEST"
 # what a child keeps of the session's world when its test hands it an environment of its own
 WORLD_VARS = ("HOME", "XDG_DATA_HOME", "XDG_STATE_HOME", "XDG_CONFIG_HOME", "XDG_CACHE_HOME", "XDG_RUNTIME_DIR",
-              SESSION_VAR, TEST_VAR)
+              SESSION_VAR, TEST_VAR, "OUTRIDER_CPU_PEAK_MEASURE")
 _session_dir: tempfile.TemporaryDirectory[str] | None = None
 _SESSION = ""  # made in pytest_configure: a process that forks pytest sessions (mutmut) gives each its own
 _OriginalPopen = subprocess.Popen
@@ -58,6 +59,9 @@ def pytest_configure(config: pytest.Config) -> None:
         (root / sub).mkdir(mode=0o700)
         os.environ[var] = str(root / sub)
     os.environ[SESSION_VAR] = _SESSION
+    # The session's cache is new: the first `outrider run` of every session would measure the CPU's peak (seconds of
+    # torch in a child, before its command starts). Only the tests of that measurement ask for it.
+    os.environ["OUTRIDER_CPU_PEAK_MEASURE"] = "false"
     subprocess.Popen = _Popen  # type: ignore[misc]
 
 

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from outrider import links, regex
+from outrider import links, peaks, regex
 from outrider.hook import settings as hook_settings
 
 ENV_PREFIX = "OUTRIDER_"
@@ -144,6 +144,10 @@ class Config:
     profile_hz: float = field(default=hook_settings.KEYS["profile_hz"], metadata={
         "help": "samples a second of the training loop thread's stack (where its time goes, its hottest lines); "
                 "0: off (hook)"})
+    flops_every_s: float = field(default=hook_settings.KEYS["flops_every_s"], metadata={
+        "help": "seconds between two counts of a training step's FLOPs (one step counted: the first after two, "
+                "then one this often or when the steps' shape changes), for the model FLOPs utilisation; 0: never "
+                "(hook)"})
     training_job: str = field(default="", metadata={
         "help": "the training job's name, labelling every hook series (training_job) so ranks of one job group "
                 "across pods and nodes; empty: derived from the launcher or the platform (torchrun, JobSet, Ray, "
@@ -214,6 +218,20 @@ class Config:
         "help": "the kernel log the oom collector reads for the name and cgroup of each process the OOM killer "
                 "kills (readable by root, or with CAP_SYSLOG; a container sees it only where it is mounted); "
                 "unreadable or empty: OOM victims are named by their cgroup's counters alone"})
+    peak_flops: str = field(default="", metadata={
+        "help": "the peak FLOP/s of one device, for the model FLOPs utilisation: one figure (989e12), or one per "
+                "dtype (bf16=989e12,fp32=67e12; fp64, fp32, tf32, bf16, fp16, fp8); replaces the GPU table and the "
+                "CPU's measured peak (docs/efficiency.md); empty: those"})
+    cpu_peak_gflops: float = field(default=0.0, metadata={
+        "help": "the CPU's peak in GFLOP/s for the MFU of ranks on the CPU; 0: the figure `outrider run` measured "
+                "on this machine (cached per machine and torch), if any"})
+    cpu_peak_threads: int = field(default=0, metadata={
+        "help": "the threads cpu_peak_gflops was reached with: a rank whose torch uses fewer gets its share; 0: "
+                "unknown (every rank gets all of it)"})
+    cpu_peak_measure: bool = field(default=True, metadata={
+        "help": "`outrider run` measures the CPU's peak (one float32 matrix product in torch, in a child process, "
+                "before the command starts: a few seconds, once per machine and torch, then cached) where torch is "
+                "installed and no figure is configured or cached"})
     host_root: str = field(default="", metadata={
         "help": "where the host's root filesystem is mounted in a node agent's container (e.g. /host/root): "
                 "`filesystems` are then host paths, read through it, labelled and judged read-only as the host "
@@ -258,6 +276,8 @@ BOUNDS: dict[str, hook_settings.Bounds] = {
     "k8s_pod_resources_timeout_s": hook_settings.Bounds(0.05, 60.0),
     "pod_discovery_interval_s": hook_settings.Bounds(1.0, 3600.0),
     "startup_grace_s": hook_settings.Bounds(0.0, 2_592_000.0),
+    "cpu_peak_gflops": hook_settings.Bounds(0.0, 1e9),
+    "cpu_peak_threads": hook_settings.Bounds(0, 1_000_000),
     **hook_settings.BOUNDS,
 }
 
@@ -366,6 +386,12 @@ def _choice(choices: tuple[str, ...]) -> Callable[[Any], str]:
 K8S_ENV = {"pod": "POD_NAME", "namespace": "POD_NAMESPACE", "node": "NODE_NAME", "container": "CONTAINER_NAME"}
 
 
+def _peaks(raw: Any) -> str:
+    text = _str(raw).strip()
+    peaks.parse_peaks(text)  # refused here, with what was expected, rather than by the collector
+    return text
+
+
 def _k8s_labels(raw: Any) -> tuple[str, ...]:
     names = _str_list(raw)
     for name in names:
@@ -442,6 +468,7 @@ CONVERTERS: dict[str, Callable[[Any], Any]] = {
     "first_step_timeout_s": _number("first_step_timeout_s"),
     "phase_timeout_s": _number("phase_timeout_s"),
     "profile_hz": _number("profile_hz"),
+    "flops_every_s": _number("flops_every_s"),
     "training_job": _str,
     "role": _choice(hook_settings.ROLES),
     "spool_trusted_uids": hook_settings.parse_uids,
@@ -464,6 +491,10 @@ CONVERTERS: dict[str, Callable[[Any], Any]] = {
     "k8s_service_account_dir": _str,
     "kmsg_path": _str,
     "host_root": _str,
+    "peak_flops": _peaks,
+    "cpu_peak_gflops": _number("cpu_peak_gflops"),
+    "cpu_peak_threads": _number("cpu_peak_threads", integer=True),
+    "cpu_peak_measure": _bool,
 }
 assert set(CONVERTERS) == set(FIELDS), "every config field needs a converter"
 

@@ -31,6 +31,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from outrider import peaks
 from outrider.agent import Agent
 from outrider.config import Config, hook_environment
 from outrider.kernel import cgroupfs, procfs
@@ -258,6 +259,7 @@ def run(cmd: Sequence[str], config: Config, on_exit: Callable[[list[Family]], No
     me = os.getpid()
     with contextlib.ExitStack() as undo:
         config = _with_spool(config, undo)
+        _measure_cpu_peak(config)
         old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, WAITED)
         undo.callback(signal.pthread_sigmask, signal.SIG_SETMASK, old_mask)
         try:
@@ -301,6 +303,28 @@ def run(cmd: Sequence[str], config: Config, on_exit: Callable[[list[Family]], No
             _finish_record(store, summary)
         _report(summary, quiet, summary_json)
         return summary.exit_code, summary
+
+
+def _measure_cpu_peak(config: Config) -> None:
+    """The CPU's peak FLOP rate, for the MFU of ranks on the CPU: measured in a child process before the command
+    starts (so nothing of the command's competes with it), where torch is installed and no figure is configured or
+    cached for this machine (outrider/peaks.py); the efficiency collector reads the cache."""
+    if not config.cpu_peak_measure or config.cpu_peak_gflops > 0 or config.peak_flops or not peaks.torch_version():
+        return
+    try:
+        model = procfs.read_cpu_model(config.proc_root)
+    except OSError:
+        model = ""
+    key = peaks.machine_key(model)
+    if peaks.cached_cpu_peak(key) is not None:
+        return
+    measured = peaks.measure_cpu_in_child()
+    if measured is None:
+        LOG.info("the CPU's peak could not be measured (torch failed in a child process): no MFU on the CPU")
+        return
+    peaks.cache_cpu_peak(key, measured)
+    LOG.info("measured this CPU's peak for MFU once: %s with %d threads, in %s (cached in %s)",
+             units.flop_rate(measured.flops), measured.threads, units.seconds(measured.cost_s), peaks.cache_dir())
 
 
 def _with_spool(config: Config, undo: contextlib.ExitStack) -> Config:

@@ -173,6 +173,8 @@ COUNTERS: dict[str, tuple[str, dict[str, str]]] = {
     "tokens": ("outrider_tokens_total", {}), "requests": ("outrider_requests_total", {}),
     "loop": ("outrider_train_loop_seconds_total", {}),
     "data_wait": ("outrider_train_loop_seconds_total", {"part": "data_wait"}),
+    "flops_peak": ("outrider_train_flops_peak_seconds_total", {}),
+    "flops_timed": ("outrider_train_flops_timed_seconds_total", {}),
 }
 KEPT_READS = 512  # at POLL_S, the last four minutes
 # Histograms whose growth a screen shows over a rate window: only their series are kept of each read
@@ -263,6 +265,27 @@ def _over(reads: Reads, key: str) -> str:
     return "" if seconds is None else f"  over {units.seconds(seconds)}"
 
 
+def _efficiency(reads: Reads, new: dict[Sample, float]) -> str:
+    """MFU over the window (the agent's counters of time at the peak over the loop's time of the same steps), by
+    rank where there are several, goodput so far, tokens a second per device."""
+    parts = []
+    mfu = reads.counters.ratio("flops_peak", "flops_timed")
+    if mfu is not None:
+        ranks = by_label(new, "outrider_train_mfu_ratio", "rank")
+        each = ("  " + " ".join(f"{r or '-'}:{units.percent(v)}" for r, v in sorted(ranks.items()))
+                if len(ranks) > 1 else "")
+        parts.append(f"MFU {units.percent(mfu)}{each}")
+    everything = total(new, "outrider_train_goodput_seconds_total")
+    if everything > 0:
+        productive = sum(v for (n, labels), v in new.items()
+                         if n == "outrider_train_goodput_seconds_total" and ("cause", "productive") in labels)
+        parts.append(f"goodput {units.percent(productive / everything)}")
+    tokens = by_label(new, "outrider_train_device_tokens_per_second", "rank")
+    if tokens:
+        parts.append(f"{units.rate(sum(tokens.values()) / len(tokens), 'tokens')} a device")
+    return "  ".join(parts)
+
+
 def frame(reads: Reads, url: str) -> Group:
     """One screen: GPUs, the job's KPIs, the verdict and the alerts, as rich renderables that fit any width
     (columns shrink and cut with an ellipsis; only the advice wraps)."""
@@ -281,6 +304,9 @@ def frame(reads: Reads, url: str) -> Group:
         rows.add_row("training", _cut("  ".join(rates)))
         rows.add_row("", _cut(f"step time p50 {_q(new, old, step, 0.5)}  p99 {_q(new, old, step, 0.99)}"
                               f"{_over(reads, 'steps')}"))
+        efficiency = _efficiency(reads, new)
+        if efficiency:
+            rows.add_row("", _cut(efficiency))
     if total(new, "outrider_requests_total"):
         req, old = "outrider_request_duration_seconds", reads.since("requests")
         rows.add_row("inference", _cut(f"{_rate(reads, 'requests', 'req')}  latency p50 "

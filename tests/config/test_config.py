@@ -162,7 +162,7 @@ def test_show_lists_every_key_with_its_source(tmp_path: Path) -> None:
     assert f"interval_s: 2.0  # file {f}" in text
     assert "log_level: debug  # environment OUTRIDER_LOG_LEVEL" in text
     assert ("collectors: [host, oom, process, gpu, hook, prometheus_multiproc, workload_metrics, annotated_pods, "
-            "otlp_receiver, diagnosis, alerts, self]  # default") in text
+            "otlp_receiver, diagnosis, efficiency, alerts, self]  # default") in text
 
 
 @pytest.mark.parametrize(("key", "raw"), [
@@ -208,7 +208,7 @@ def test_cli_flag_errors_name_the_flag() -> None:
                        capture_output=True, text=True)
     assert r.returncode == 0
     assert ("collectors: [host, oom, gpu, hook, prometheus_multiproc, workload_metrics, annotated_pods, otlp_receiver, "
-            "diagnosis, alerts, self]") in r.stdout
+            "diagnosis, efficiency, alerts, self]") in r.stdout
 
 
 def test_cli_config_check_loads_the_rules_and_receivers_it_names(tmp_path: Path) -> None:
@@ -243,8 +243,10 @@ STATED_BOUNDS = {
     "hook_max_series_per_metric": (1, 100_000), "stall_factor": (1.0, 10_000.0),
     "stall_floor_s": (1.0, 2_592_000.0), "first_step_timeout_s": (1.0, 2_592_000.0),
     "phase_timeout_s": (1.0, 2_592_000.0), "profile_hz": (0.0, 1000.0), "promql_compat": (2, 3),
+    "flops_every_s": (0.0, 2_592_000.0), "cpu_peak_gflops": (0.0, 1e9), "cpu_peak_threads": (0, 1_000_000),
 }
-INTEGER_KEYS = {"process_top_n", "workload_metrics_port", "hook_max_series_per_metric", "promql_compat"}
+INTEGER_KEYS = {"process_top_n", "workload_metrics_port", "hook_max_series_per_metric", "promql_compat",
+                "cpu_peak_threads"}
 
 
 def test_every_bounded_key_is_stated() -> None:

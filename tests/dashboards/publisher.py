@@ -38,7 +38,7 @@ in_flight = outrider.in_flight("all")
 in_flight.add(1)
 batches = iter(range(10**9))
 for i, _ in enumerate(outrider.dataloader(batches)):
-    with outrider.step(samples=32, tokens=4096):
+    with outrider.step(samples=32, tokens=4096, flops=2e12):
         time.sleep(0.02)
     gpu_step.observe(0.015)
     gpu_busy.inc(0.012)

@@ -16,14 +16,11 @@ from typing import Any
 import pytest
 
 import outrider
-from outrider.collectors.base import CollectorContext
-from outrider.collectors.hooked_processes import HookCollector
-from outrider.config import Config
 from outrider.hook import api
 from outrider.hook.runtime import Hook
 from outrider.hook.settings import HookSettings
-from outrider.metrics.exposition import render
-from tests.helpers import free_port, samples, value
+from tests.helpers import free_port, value
+from tests.hook.torch_hook import read, torch_hooked
 
 torch = pytest.importorskip("torch")
 
@@ -39,20 +36,8 @@ class Squares(torch.utils.data.Dataset):  # type: ignore[misc]
 @pytest.fixture
 def hooked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Hook]:
     """instrument() with torch imported, publishing to tmp_path; torch's classes are put back afterwards."""
-    monkeypatch.setattr(api, "S", api.HookState())
-    monkeypatch.setenv("OUTRIDER_SPOOL_DIR", str(tmp_path))
-    monkeypatch.setenv("OUTRIDER_STANDALONE", "false")
-    assert outrider.instrument()
-    assert api.S.torch is not None
-    yield api.S.hook
-    api.S.hook.stop()
-    api.S.torch.detach()
-
-
-def read(tmp_path: Path, hook: Hook) -> dict:  # type: ignore[type-arg]
-    hook.flush()
-    c = HookCollector(CollectorContext(Config(spool_dir=str(tmp_path)), hold_spool_lock=False))
-    return samples(render(c.collect()).decode())
+    with torch_hooked(tmp_path, monkeypatch) as hook:
+        yield hook
 
 
 def train(loader: Any, epochs: int = 1) -> int:

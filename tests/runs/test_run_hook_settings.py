@@ -19,7 +19,7 @@ from tests.helpers import outrider_cmd
 # A value away from the hook's default for every setting the agent hands it
 AWAY = {"flush_interval_s": 0.25, "hook_max_series_per_metric": 7, "stall_factor": 3.5, "stall_floor_s": 42.0,
         "first_step_timeout_s": 61.0, "phase_timeout_s": 62.0, "standalone": False, "training_job": "job-7",
-        "role": "training", "spool_trusted_uids": (1234, 5678), "profile_hz": 20.0}
+        "role": "training", "spool_trusted_uids": (1234, 5678), "profile_hz": 20.0, "flops_every_s": 120.0}
 
 READ = ("import json; from outrider.hook import settings; s, problems = settings.read(); "
         "print(json.dumps({'settings': {k: getattr(s, k) for k in settings.KEYS}, 'problems': problems, "

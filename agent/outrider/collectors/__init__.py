@@ -15,6 +15,7 @@ from outrider.collectors.alerts import AlertsCollector
 from outrider.collectors.annotated_pods import AnnotatedPodsCollector
 from outrider.collectors.base import Collector, CollectorContext, SweepStats
 from outrider.collectors.bottleneck_metrics import DiagnosisCollector
+from outrider.collectors.efficiency import EfficiencyCollector
 from outrider.collectors.gpu import GpuCollector
 from outrider.collectors.hooked_processes import HookCollector
 from outrider.collectors.host import HostCollector
@@ -29,7 +30,7 @@ REGISTRY: dict[str, type[Collector]] = {
     cls.name: cls
     for cls in (HostCollector, OomCollector, ProcessCollector, GpuCollector, HookCollector,
                 PrometheusMultiprocCollector, WorkloadMetricsCollector, AnnotatedPodsCollector, OtlpReceiverCollector,
-                DiagnosisCollector, AlertsCollector, SelfCollector)
+                DiagnosisCollector, EfficiencyCollector, AlertsCollector, SelfCollector)
 }
 
 

@@ -44,6 +44,7 @@ from typing import Any
 
 from outrider import spool
 from outrider.collectors.base import Collector, CollectorContext, StackDump
+from outrider.collectors.goodput import GoodputAccount, Seen
 from outrider.kernel import procfs
 from outrider.metrics.catalog import CATALOG, CUSTOM_HELP, MetricDef, custom_definition
 from outrider.metrics.family import Family, HistogramValue
@@ -131,6 +132,7 @@ class HookCollector(Collector):
         self._finished: dict[str, Finished] = {}
         self._lock_fd: int | None = None
         self._mark: spool.ReaderMark | None = None  # while another agent owns the spool
+        self.goodput = GoodputAccount()
         if ctx.hold_spool_lock:
             try:
                 spool.prepare_dir(self.spool, private=not self._explicit, trusted_uids=self._trusted_uids)
@@ -274,6 +276,7 @@ class HookCollector(Collector):
         merged: dict[SeriesKey, Values] = {}
         processes: list[ProcessState] = []
         live: list[tuple[ProcessState, dict[SeriesKey, Values]]] = []
+        ended: list[tuple[ProcessState, dict[SeriesKey, Values]]] = []
         present: set[str] = set()
         finished: dict[str, Finished] = {}
         for path in self.reader.paths() if self._usable() else ():
@@ -313,6 +316,7 @@ class HookCollector(Collector):
             if floor:
                 _not_backwards(entries, floor)
             if proc.state == "exited":
+                ended.append((proc, entries))
                 self._retire(entries, path)
                 self._heartbeats.pop(path, None)
                 self.reader.forget(path)  # final: no descriptor kept for it
@@ -353,7 +357,9 @@ class HookCollector(Collector):
                 _accumulate(merged, key, retired.values)
         self.processes = processes
         self.ctx.stalled_stacks[:] = self._stalled_stacks(processes)
-        return self._families(merged, processes)
+        self.goodput.observe([_seen(p, e, False) for p, e in live] + [_seen(p, e, True) for p, e in ended],
+                             _loop_totals(merged))
+        return self._families(merged, processes) + self.goodput.families(self.ctx.clock.wall())
 
     # --- identity ----------------------------------------------------------------------------------------------
     def _start_ticks(self, pid: int) -> int | None:
@@ -650,6 +656,34 @@ class HookCollector(Collector):
             with contextlib.suppress(OSError):
                 os.close(self._lock_fd)
             self._lock_fd = None
+
+
+LOOP = "outrider_train_loop_seconds_total"
+
+
+def _gauge(entries: dict[SeriesKey, Values], name: str, proc: ProcessState) -> float | None:
+    values = entries.get((name, "gauge", (("training_job", proc.training_job), ("rank", proc.rank)), ()))
+    return float(values[0]) if values else None
+
+
+def _seen(proc: ProcessState, entries: dict[SeriesKey, Values], exited: bool) -> Seen:
+    """What goodput needs of one process (collectors/goodput.py)."""
+    h = proc.header
+    return Seen((h.pid, h.start_ns), proc.training_job, proc.rank, exited,
+                proc.state in ("stalled", "unresponsive") or bool(h.flags & spool.FLAG_STALLED), h.steps,
+                h.start_ns / 1e9, h.heartbeat_ns / 1e9, h.last_step_ns / 1e9,
+                _gauge(entries, "outrider_train_first_step_timestamp_seconds", proc),
+                _gauge(entries, "outrider_train_time_to_first_step_seconds", proc), proc.worker)
+
+
+def _loop_totals(merged: dict[SeriesKey, Values]) -> dict[tuple[str, str], dict[str, float]]:
+    """The loop's totals by (training_job, rank) and part."""
+    out: dict[tuple[str, str], dict[str, float]] = {}
+    for (name, _, labels, _), values in merged.items():
+        if name == LOOP:
+            by = dict(labels)
+            out.setdefault((by.get("training_job", ""), by.get("rank", "")), {})[by.get("part", "")] = values[0]
+    return out
 
 
 def _label_text(value: object) -> str:

@@ -1,5 +1,5 @@
-"""Training job dashboard: step time, throughput, data wait, GPU use and memory, allocator, stragglers, the
-instrumented processes (stalls, heartbeats, declared phases), the diagnosis' evidence, alerts."""
+"""Training job dashboard: step time, throughput, data wait, MFU and goodput, GPU use and memory, allocator,
+stragglers, the instrumented processes (stalls, heartbeats, declared phases), the diagnosis' evidence, alerts."""
 
 from __future__ import annotations
 
@@ -25,6 +25,69 @@ G = f'{SEL}, gpu=~"$gpu"'
 def firing_alerts_annotation() -> AnnotationQuery:
     return (AnnotationQuery().name("Firing alerts").datasource(DATASOURCE).enable(True).icon_color("red")
             .expr(f'ALERTS{{alertstate="firing", {SEL}}}'))
+
+
+PEAK_S, TIMED_S = "outrider_train_flops_peak_seconds_total", "outrider_train_flops_timed_seconds_total"
+GOODPUT = "outrider_train_goodput_seconds_total"
+
+
+def _mfu(by: str) -> str:
+    """MFU over the rate interval: the time the FLOPs would take at the devices' peak over the loop's time of the
+    same steps (collectors/efficiency.py), summed `by`."""
+    return (f"sum by ({by}) (rate({PEAK_S}{{{R}}}[$__rate_interval])) / "
+            f"sum by ({by}) (rate({TIMED_S}{{{R}}}[$__rate_interval]))")
+
+
+def _efficiency(d: Dashboard) -> Dashboard:
+    d = d.with_row(Row("Efficiency: MFU and goodput"))
+    d = d.with_panel(stat("MFU", "Model FLOPs utilisation of the selected ranks: their steps' FLOPs (one step counted "
+                          "now and then, or declared with outrider.step(flops=)) over their devices' peak "
+                          "(docs/efficiency.md).", "percentunit",
+                          query(f"sum(rate({PEAK_S}{{{R}}}[$__rate_interval])) / "
+                                f"sum(rate({TIMED_S}{{{R}}}[$__rate_interval]))", instant=True),
+                          links=[runbook("efficiency.md", "trainingmfudrop", "MFU drop")]))
+    d = d.with_panel(stat("Goodput", "The productive share (the steps' work) of the selected ranks' wall time across "
+                          "their restarts, since the agent started.", "percentunit",
+                          query(f'sum({GOODPUT}{{{R}, cause="productive"}}) / sum({GOODPUT}{{{R}}})', instant=True),
+                          th=thresholds((None, "red"), (0.5, "orange"), (0.8, "green"))))
+    d = d.with_panel(stat("Restarts", "Times a rank's process was replaced by a new one of the same training job.",
+                          "short", query(f"sum(outrider_train_restarts_total{{{R}}})", instant=True),
+                          th=thresholds(GREEN, (1, "orange"))))
+    d = d.with_panel(stat("Tokens/s per device", "Tokens a second per device, the mean over the selected ranks.",
+                          "short", query(f"avg(outrider_train_device_tokens_per_second{{{R}}})", instant=True)))
+    d = d.with_panel(ts("MFU per training job", "Model FLOPs utilisation of each training job (all its ranks).",
+                        "percentunit", query(_mfu("training_job"), "{{training_job}}"), min_val=0,
+                        links=[runbook("efficiency.md", "trainingmfudrop", "MFU drop")]))
+    d = d.with_panel(ts("MFU per rank", "Model FLOPs utilisation of each rank over its last window (the agent's, "
+                        "between two of its publications): a rank below the others computes less of the time (a "
+                        "straggler, or waiting for one).", "percentunit",
+                        query(f"max by (training_job, rank) (outrider_train_mfu_ratio{{{R}}})",
+                              "{{training_job}} rank {{rank}}"), min_val=0))
+    d = d.with_panel(ts("FLOPs per step and model FLOP/s", "The model FLOPs of one step by dtype (as last counted, "
+                        "or declared), and the FLOPs done a second.", "short",
+                        query(f"max by (training_job, rank, dtype) (outrider_train_step_flops{{{R}}})",
+                              "per step {{training_job}} rank {{rank}} {{dtype}}"),
+                        query(f"sum by (training_job, rank, dtype) (rate(outrider_train_flops_total{{{R}}}"
+                              "[$__rate_interval]))", "FLOP/s {{training_job}} rank {{rank}} {{dtype}}")))
+    d = d.with_panel(ts("Peak FLOP/s per rank", "The peak each rank's MFU is judged against, by dtype: its devices' "
+                        "(the GPU table at the NVML name and clock, the CPU's measured peak, or peak_flops).",
+                        "flops", query(f"max by (training_job, rank, dtype) (outrider_train_peak_flops{{{R}}})",
+                                       "{{training_job}} rank {{rank}} {{dtype}}")))
+    d = d.with_panel(ts("Goodput and badput by cause", "Each training job's wall time so far (across restarts, "
+                        "since the agent started) by cause: productive, data_wait, checkpoint, other, stall, "
+                        "restart, startup.", "percentunit",
+                        query(f"sum by (training_job, cause) ({GOODPUT}{{{R}}}) / ignoring (cause) group_left "
+                              f"sum by (training_job) ({GOODPUT}{{{R}}})", "{{training_job}} {{cause}}"),
+                        min_val=0, max_val=1))
+    d = d.with_panel(ts("Goodput per rank", "The productive share of each rank's wall time so far, with a stall, "
+                        "restart or start-up going on now counted.", "percentunit",
+                        query(f"max by (training_job, rank) (outrider_train_goodput_ratio{{{R}}})",
+                              "{{training_job}} rank {{rank}}"), min_val=0, max_val=1))
+    d = d.with_panel(ts("Since each rank's first step", "Time since the first step of each rank's current process: "
+                        "it starts again from zero when a restarted process steps.", "s",
+                        query(f"time() - max by (training_job, rank) (outrider_train_first_step_timestamp_seconds"
+                              f"{{{R}}})", "{{training_job}} rank {{rank}}")))
+    return d
 
 
 def build() -> Dashboard:
@@ -60,6 +123,7 @@ def build() -> Dashboard:
                           "short",
                           query(f"max by (class) (outrider_bottleneck{{{SEL}}}) == 1", "{{class}}", instant=True),
                           width=24, height=3))
+    d = _efficiency(d)
     d = d.with_row(Row("Step time"))
     d = d.with_panel(ts("Step time p50 / p99", "Step time percentiles from the hook's histogram.", "s",
                         *percentiles(step, 0.5, 0.99),

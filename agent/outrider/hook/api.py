@@ -99,6 +99,7 @@ def _instrument(spool_dir: str | None, standalone: bool | None) -> bool:
         series = S.series
         series.step, series.samples, series.tokens = handles["step"], handles["samples"], handles["tokens"]
         series.data_wait, series.first_step = handles["data_wait"], handles["first_step"]
+        series.first_step_at = handles["first_step_at"]
         series.batch_size = handles["batch_size"]
         S.identity.process_start_s = _process_start_time() or time()
         S.hook = hook
@@ -172,6 +173,9 @@ class _AfterTorchImport:
 
 
 def _after_fork_in_child() -> None:
+    if S.torch is not None:  # before anything: a step being counted leaves its dispatch mode in the child
+        with contextlib.suppress(Exception):
+            S.torch.after_fork_in_child()
     if S.hook is None:
         return
     if S.waits.starting_workers:
@@ -220,11 +224,12 @@ def step_begin() -> None:
     steps.begin = perf_counter()
 
 
-def step_end(samples: int | None = None, tokens: int | None = None) -> None:
-    """Marks a step done. Its duration runs from step_begin(), or else from the previous step's end."""
+def step_end(samples: int | None = None, tokens: int | None = None, flops: float | None = None) -> None:
+    """Marks a step done. Its duration runs from step_begin(), or else from the previous step's end. flops: the
+    step's model FLOPs, where the workload knows them (they replace the hook's count: hook/torch_flops.py)."""
     if not S.steps.explicit:
         _going_explicit()
-    _step_done(samples, tokens)
+    _step_done(samples, tokens, flops)
 
 
 def _going_explicit() -> None:
@@ -236,7 +241,7 @@ def _going_explicit() -> None:
         S.torch.stop_counting()
 
 
-def _step_done(samples: int | None = None, tokens: int | None = None) -> None:
+def _step_done(samples: int | None = None, tokens: int | None = None, flops: float | None = None) -> None:
     """The hot path of a step: the time and the counts into the steps ring (hook/state.py); the publisher does the
     arithmetic. The optimizer hook (_optimizer_step_hook) writes the same in its own frame."""
     end = perf_counter()
@@ -257,6 +262,8 @@ def _step_done(samples: int | None = None, tokens: int | None = None) -> None:
             st.samples_given = True
         if tokens:
             st.token_sum += tokens
+        if flops:
+            st.flop_sum += flops
         ring.n = n + 1
         if not st.loop_tid:
             st.loop_tid = threading.get_native_id()
@@ -354,8 +361,11 @@ def _drain() -> None:
                 parts[4] += it.collective_wait
             prev = end
         if done == 0:
-            series.first_step.set(time() - (perf_counter() - steps.ring.end_of(start)) - S.identity.process_start_s)
+            first_end = time() - (perf_counter() - steps.ring.end_of(start))
+            series.first_step.set(first_end - S.identity.process_start_s)
+            series.first_step_at.set(first_end)
         hook.progress.record_steps(n - done, prev, durations)
+        _drain_flops(hook, steps, n - done)
         steps.last_end = prev
         steps.ring.drained = n
         if any(parts):
@@ -388,6 +398,38 @@ def _drain_counts(steps: StepState, waits: DataWaitState, series: BuiltinSeries)
     if token_sum != steps.tokens_drained:
         series.tokens.inc(token_sum - steps.tokens_drained)
         steps.tokens_drained = token_sum
+    carried = waits.batch_tokens
+    if steps.ring.n and not steps.tokens_given and not token_sum and carried != waits.tokens_drained:
+        # as the samples: the tokens the batches carried, until the user counts them
+        series.tokens.inc(carried - waits.tokens_drained)
+        waits.tokens_drained = carried
+
+
+FLOPS, STEP_FLOPS = "outrider_train_flops_total", "outrider_train_step_flops"
+DECLARED = "declared"  # the dtype label of FLOPs the steps declared (no dtype: priced at the device's usual one)
+
+
+def _drain_flops(hook: Any, steps: StepState, new_steps: int) -> None:
+    """The model FLOPs of the steps drained: those the steps declared (step(flops=)), else the last counted step's
+    by dtype times the steps (hook/torch_flops.py: one step counted now and then stands for the steps around it)."""
+    declared = steps.flop_sum
+    if declared != steps.flops_drained:
+        grown, steps.flops_drained = declared - steps.flops_drained, declared
+        steps.flops_declared = True
+        hook.series("counter", FLOPS, {"dtype": DECLARED}, builtin=True).inc(grown)
+        if new_steps > 0:
+            hook.series("gauge", STEP_FLOPS, {"dtype": DECLARED}, builtin=True).set(grown / new_steps)
+        return
+    counted = steps.counted_flops
+    if counted is None or steps.flops_declared or new_steps <= 0:
+        return
+    if counted is not steps.flops_published:  # a new count: a dtype it no longer has does no more FLOPs a step
+        for dtype in steps.flops_published.keys() - counted.keys():
+            hook.series("gauge", STEP_FLOPS, {"dtype": dtype}, builtin=True).set(0.0)
+        steps.flops_published = counted
+    for dtype, flops in counted.items():
+        hook.series("counter", FLOPS, {"dtype": dtype}, builtin=True).inc(flops * new_steps)
+        hook.series("gauge", STEP_FLOPS, {"dtype": dtype}, builtin=True).set(flops)
 
 
 def _drain_intervals(hook: Any, intervals: LoopAccounting) -> None:
@@ -414,13 +456,16 @@ def _drain_intervals(hook: Any, intervals: LoopAccounting) -> None:
 
 
 class step:
-    """Times one training step: `with outrider.step(samples=len(batch)): ...`. A step that raises is not counted."""
+    """Times one training step: `with outrider.step(samples=len(batch)): ...`. A step that raises is not counted.
+    flops: the step's model FLOPs, where the workload knows them (6 x parameters x tokens, say); they replace the
+    hook's own count of a sampled step (hook/torch_flops.py) for the model FLOPs utilisation."""
 
-    __slots__ = ("samples", "tokens")
+    __slots__ = ("flops", "samples", "tokens")
 
-    def __init__(self, samples: int | None = None, tokens: int | None = None) -> None:
+    def __init__(self, samples: int | None = None, tokens: int | None = None, flops: float | None = None) -> None:
         self.samples = samples
         self.tokens = tokens
+        self.flops = flops
 
     def __enter__(self) -> step:
         steps = S.steps
@@ -431,7 +476,7 @@ class step:
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
         if exc_type is None:
-            _step_done(self.samples, self.tokens)
+            _step_done(self.samples, self.tokens, self.flops)
         else:
             S.steps.begin = 0.0
 
@@ -520,6 +565,7 @@ def count_samples(n: int = 1) -> None:
 
 
 def count_tokens(n: int = 1) -> None:
+    S.steps.tokens_given = True
     S.series.tokens.inc(n)
 
 

@@ -527,5 +527,6 @@ BUILTIN = {
     "data_wait": ("histogram", "outrider_train_data_wait_seconds", DURATION_BOUNDS),
     "gpu_step": ("histogram", "outrider_train_gpu_step_duration_seconds", DURATION_BOUNDS),
     "first_step": ("gauge", "outrider_train_time_to_first_step_seconds", ()),
+    "first_step_at": ("gauge", "outrider_train_first_step_timestamp_seconds", ()),
     "batch_size": ("histogram", "outrider_inference_batch_size", SIZE_BOUNDS),
 }

@@ -36,6 +36,7 @@ BOUNDS: dict[str, Bounds] = {
     "first_step_timeout_s": Bounds(1.0, 30 * 86400.0),
     "phase_timeout_s": Bounds(1.0, 30 * 86400.0),
     "profile_hz": Bounds(0.0, 1000.0),
+    "flops_every_s": Bounds(0.0, 30 * 86400.0),
 }
 
 
@@ -54,6 +55,7 @@ class HookSettings:
     role: str = ""  # training, inference, or empty: judged from what the process does
     spool_trusted_uids: tuple[int, ...] = ()  # owners of a configured spool besides this user and root
     profile_hz: float = 50.0  # samples a second of the loop thread's stack (hook/profiler.py); 0: off
+    flops_every_s: float = 600.0  # seconds between counts of a step's FLOPs (hook/torch_flops.py); 0: never
 
 
 KEYS: dict[str, Any] = {f.name: f.default for f in fields(HookSettings)}

@@ -49,6 +49,7 @@ class TorchPart(Protocol):
 
     def stop_counting(self) -> None: ...
     def detach(self) -> None: ...
+    def after_fork_in_child(self) -> None: ...
 
 RING = 4096  # more steps (or batches) than this between two flushes (1 s) lose their durations, never their count
 MASK = RING - 1
@@ -106,7 +107,12 @@ class StepState:
 
     __slots__ = (
         "begin",
+        "counted_flops",
         "explicit",
+        "flop_sum",
+        "flops_declared",
+        "flops_drained",
+        "flops_published",
         "last_end",
         "listeners",
         "loop_tid",
@@ -118,6 +124,7 @@ class StepState:
         "samples_given",
         "token_sum",
         "tokens_drained",
+        "tokens_given",
         "want_ops",
     )
 
@@ -135,18 +142,27 @@ class StepState:
         self.ops = 0
         self.sample_sum = 0  # running totals: exact however far the ring laps
         self.token_sum = 0
+        self.flop_sum = 0.0  # FLOPs the steps declared (step(flops=), step_end(flops=))
         self.samples_given = False  # the user counts samples (step(samples=), count_samples())
+        self.tokens_given = False  # the user counts tokens (step(tokens=), count_tokens())
         self.listeners: list[Callable[[], None]] = []  # called at each step's end (the torch integration's CUDA
         # marker, once CUDA is initialised)
         # the publisher's: what it has published of the totals, and the last drained step's end
         self.samples_drained = 0
         self.tokens_drained = 0
+        self.flops_drained = 0.0
+        self.flops_declared = False  # a step declared its FLOPs: they replace the count (hook/torch_flops.py)
+        # FLOPs of one step by dtype (fp32, bf16, ...), as the last counted step had them (hook/torch_flops.py): a
+        # whole dict replaced by the training thread, read by the publisher; None until a step was counted
+        self.counted_flops: dict[str, float] | None = None
+        self.flops_published: dict[str, float] = {}  # the count the publisher published last
         self.last_end = 0.0
 
     def after_fork_in_child(self) -> None:
         """The parent's steps are the parent's."""
         self.ring.skip()
         self.samples_drained, self.tokens_drained = self.sample_sum, self.token_sum
+        self.flops_drained = self.flop_sum
         self.loop_tid = 0
         self.begin = self.last_end = 0.0
 
@@ -156,12 +172,14 @@ class DataWaitState:
     the DataLoaders yielded (hook/torch_data.batch_size), published as the samples counted until the user counts
     them: samples/s with zero configuration."""
 
-    __slots__ = ("batch_drained", "batch_samples", "ring", "starting_workers")
+    __slots__ = ("batch_drained", "batch_samples", "batch_tokens", "ring", "starting_workers", "tokens_drained")
 
     def __init__(self) -> None:
         self.ring = Ring()
         self.batch_samples = 0
         self.batch_drained = 0
+        self.batch_tokens = 0  # tokens the batches carried (hook/torch_data.batch_tokens: a tokenizer's input_ids)
+        self.tokens_drained = 0
         # a multi-worker DataLoader iterator is starting its workers (hook/torch_data.py): a process forked now is
         # a DataLoader worker, which goes dormant (hook/api.py)
         self.starting_workers = False
@@ -169,6 +187,7 @@ class DataWaitState:
     def after_fork_in_child(self) -> None:
         self.ring.skip()
         self.batch_drained = self.batch_samples
+        self.tokens_drained = self.batch_tokens
 
 
 class LoopAccounting:
@@ -208,7 +227,7 @@ class Identity:
 class BuiltinSeries:
     """The handles of the hook's built-in series (hook/runtime.BUILTIN): no-ops until instrument()."""
 
-    __slots__ = ("batch_size", "data_wait", "first_step", "samples", "step", "tokens")
+    __slots__ = ("batch_size", "data_wait", "first_step", "first_step_at", "samples", "step", "tokens")
 
     def __init__(self) -> None:
         self.step: Any = NOOP
@@ -216,6 +235,7 @@ class BuiltinSeries:
         self.tokens: Any = NOOP
         self.data_wait: Any = NOOP
         self.first_step: Any = NOOP
+        self.first_step_at: Any = NOOP
         self.batch_size: Any = NOOP
 
 

@@ -7,11 +7,13 @@ from which samples/s is published with zero configuration until the user counts 
 `count_samples()`); nothing else: no lock, no allocation.
 
 The batch's size is `batch_size()`, the first dimension of its first tensor, measured on an iterator's first batch
-and its last. Between them it is known without looking (`fixed_batches`): where the loader batches a map-style
-dataset with torch's own `BatchSampler`, in order, and the first batch measured the sampler's batch size, every
-batch but the last holds exactly that many samples. Any other loader (an iterable dataset, a batch sampler of its
-own, `in_order=False`, a collate that changes the first dimension) has every batch measured. Looking costs 5 µs of
-the step's CPU inside a training loop (benchmarks/step_cpu.py), knowing a few attribute reads. A call
+and its last; its tokens, `batch_tokens()`, the elements of a tokenizer batch's `input_ids` (published as the
+tokens until the user counts them), on every batch of an iterator whose batches carry them. Between them the size
+is known without looking (`fixed_batches`): where the loader batches a map-style dataset with torch's own
+`BatchSampler`, in order, and the first batch measured the sampler's batch size, every batch but the last holds
+exactly that many samples. Any other loader (an iterable dataset, a batch sampler of its own, `in_order=False`, a
+collate that changes the first dimension) has every batch measured. Looking costs 5 µs of the step's CPU inside a
+training loop (benchmarks/step_cpu.py), knowing a few attribute reads. A call
 that raises (StopIteration at the end of an epoch, an error in the dataset) records nothing and the exception
 reaches the user unchanged. The wrapper sees the mark on the patched method and leaves the timing to it, so a
 wrapped DataLoader is never counted twice.
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import functools
 import logging
+from collections import UserDict
 from collections.abc import Callable
 from time import perf_counter
 from typing import Any
@@ -37,6 +40,9 @@ LOG = logging.getLogger("outrider.hook")
 TIMED_MARK = "__outrider_timed__"
 LOOKED_AT = 8  # items of a tuple, list or dict looked at for the first tensor
 FIXED = "_outrider_fixed_batches"  # on an iterator: (batch size, batches) from fixed_batches(), or False
+# ... or this, for an iterator whose batches carry tokens (measured every batch): never a fixed batch (no batch is
+# below -1), so the fixed path's test stays as it was
+CARRYING = (0, -1)
 MAP_DATASET = 0  # torch.utils.data.dataloader._DatasetKind.Map
 
 
@@ -56,6 +62,19 @@ def batch_size(batch: Any) -> int:
         else:
             shape = getattr(batch, "shape", None)
         return int(shape[0]) if shape is not None and len(shape) else 0
+    except Exception:
+        return 0
+
+
+def batch_tokens(batch: Any) -> int:
+    """The tokens a batch carries: the elements of its `input_ids` where it is a dict of tensors (a tokenizer's
+    batch: a dict, or transformers' BatchEncoding, a UserDict) and that one has two dimensions or more (batch and
+    sequence: padding included, as the model runs it); 0 otherwise. Never raises."""
+    try:
+        if not isinstance(batch, (dict, UserDict)):
+            return 0
+        shape = getattr(batch.get("input_ids"), "shape", None)
+        return int(shape[0]) * int(shape[1]) if shape is not None and len(shape) >= 2 else 0
     except Exception:
         return 0
 
@@ -100,8 +119,10 @@ class DataLoaderTimer:
         def __next__(self: Any, _original: Callable[[Any], Any] = self.original_next, _waits: DataWaitState = waits,
                      _ring: Ring = waits.ring, _slots: list[float] = waits.ring.slots, _mask: int = waits.ring.mask,
                      _clock: Callable[[], float] = self.clock, _size: Callable[[Any], int] = batch_size,
+                     _tokens: Callable[[Any], int] = batch_tokens,
                      _fixed: Callable[[Any, int, Any], tuple[int, int] | bool] = fixed_batches,
-                     _sampler: Any = self.batch_sampler, _key: str = FIXED) -> Any:
+                     _sampler: Any = self.batch_sampler, _key: str = FIXED,
+                     _carrying: tuple[int, int] = CARRYING) -> Any:
             t0 = _clock()
             batch = _original(self)
             n = _ring.n
@@ -116,8 +137,12 @@ class DataLoaderTimer:
                 else:
                     size = _size(batch)
                     _waits.batch_samples += size
-                    if known is None:
-                        setattr(self, _key, _fixed(self, size, _sampler))
+                    if known is None or known is _carrying:  # an iterator's first batch, or one of tokens
+                        tokens = _tokens(batch)
+                        _waits.batch_tokens += tokens
+                        if known is None:
+                            # batches of tokens are measured every time: their padded length varies
+                            setattr(self, _key, _carrying if tokens else _fixed(self, size, _sampler))
             except Exception:  # an iterator of its own kind that takes no attribute: its batches are not counted
                 pass
             return batch

@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 from outrider.hook import torch_checkpoint, torch_data, torch_distributed
 from outrider.hook.gpu_pacing import GpuPacing
 from outrider.hook.state import HookState
+from outrider.hook.torch_flops import FlopCounter
 
 if TYPE_CHECKING:
     from outrider.hook.runtime import Hook
@@ -104,8 +105,11 @@ class TorchIntegration:
         ACTIVE.append(self)
         self.listening = False  # on_step joins the step path only once CUDA is initialised (never on CPU)
         self._sequence_nr = _autograd_sequence_nr(torch) if timing else None
-        if self._sequence_nr is not None:
-            self.steps.ops_reader = self._sequence_nr
+        self.waits = state.waits
+        self.flops = FlopCounter(torch, self.steps, hook.drop, hook.settings.flops_every_s if timing else 0.0)
+        self._shape_seen = (0, 0, 0)  # steps, samples and tokens at the last flush (the steps' shape: FlopCounter)
+        if timing:
+            self.steps.ops_reader = self._at_step_end
         self.data = torch_data.attach(state.waits, torch) if timing else None
         self.distributed = torch_distributed.attach(state.loop, torch, hook.drop) if timing else None
         self.setup = TrainingSetup(torch, hook.progress, hook.drop)
@@ -118,7 +122,7 @@ class TorchIntegration:
         if self in ACTIVE:
             ACTIVE.remove(self)
         self.stop_counting()
-        if self._sequence_nr is not None and self.steps.ops_reader is self._sequence_nr:
+        if self.steps.ops_reader == self._at_step_end:
             self.steps.ops_reader = None
         if self.data is not None:
             self.data.detach()
@@ -137,6 +141,19 @@ class TorchIntegration:
             return False
         self.first[0] = weakref.ref(optimizer)
         return True
+
+    def after_fork_in_child(self) -> None:
+        """In a forked child (hook/api.py's fork handler)."""
+        self.flops.after_fork_in_child()
+
+    def _at_step_end(self) -> int:
+        """The step-end reader (StepState.ops_reader): the hot path calls it at the first step end after each flush
+        (want_ops), and at the next one while a step's FLOPs are counted (hook/torch_flops.py); it returns the
+        autograd operation counter."""
+        flops = self.flops
+        if flops.wanted or flops.mode is not None:
+            flops.at_step_end()
+        return self._sequence_nr() if self._sequence_nr is not None else 0
 
     def stop_counting(self) -> None:
         """The user times steps (or this integration is detached): the optimizer hook leaves torch's step. Called
@@ -165,9 +182,10 @@ class TorchIntegration:
         self.setup.poll()
         if self.checkpoints is not None:
             self.checkpoints.sample(self.hook)
-        if self._sequence_nr is not None:
-            if self.steps.loop_tid == threading.get_native_id():  # the final flush, on the loop's thread: now
-                self.steps.ops = self._sequence_nr()
+        if self.steps.ops_reader is not None:
+            if self._sequence_nr is not None and self.steps.loop_tid == threading.get_native_id():
+                self.steps.ops = self._sequence_nr()  # the final flush, on the loop's thread: now
+            self.flops.plan(self._shape())
             self.steps.want_ops = True  # read by the loop's next step end
         if self.steps.ops:
             self.hook.series("counter", "outrider_train_autograd_ops_total", builtin=True).set_total(self.steps.ops)
@@ -185,6 +203,17 @@ class TorchIntegration:
             if not stats:
                 continue
             self._sample_device(str(device), stats)
+
+    def _shape(self) -> tuple[float, float] | None:
+        """Samples and tokens per step since the last flush (None: no step since)."""
+        steps, waits = self.steps, self.waits
+        n = steps.ring.n
+        samples = steps.sample_sum if steps.samples_given else waits.batch_samples
+        tokens = steps.token_sum or waits.batch_tokens
+        seen, self._shape_seen = self._shape_seen, (n, samples, tokens)
+        if n <= seen[0]:
+            return None
+        return (samples - seen[1]) / (n - seen[0]), (tokens - seen[2]) / (n - seen[0])
 
     def _intra_op_threads(self) -> None:
         try:

@@ -588,6 +588,23 @@ def read_boot_time(root: str) -> float:
     raise ValueError(f"{root}/stat has no btime line")
 
 
+def read_cpu_model(root: str) -> str:
+    """The CPU's model name (the first `model name` of /proc/cpuinfo; on arm64 kernels, which have none, the
+    implementer and part of the first CPU); "" where it says neither."""
+    fields: dict[str, str] = {}
+    for line in read_text(f"{root}/cpuinfo").splitlines():
+        key, sep, value = line.partition(":")
+        if not sep:
+            if fields:
+                break  # the first CPU's block is done
+            continue
+        fields.setdefault(key.strip(), value.strip())
+    if fields.get("model name"):
+        return fields["model name"]
+    arm = [fields[k] for k in ("CPU implementer", "CPU part") if fields.get(k)]
+    return " ".join(arm)
+
+
 def read_proc_argv(root: str, pid: int) -> list[str]:
     """The command line's arguments, at most its first 4 KiB ([] for a kernel thread or a process that is exiting)."""
     with open(f"{root}/{pid}/cmdline", "rb") as fh:

@@ -107,6 +107,8 @@ COLLECTOR = Label("collector", "outrider.collector")
 RANK = Label("rank", "outrider.rank")
 TRAINING_JOB = Label("training_job", "outrider.training_job")
 PHASE = Label("phase", "outrider.train.phase")
+DTYPE = Label("dtype", "outrider.train.dtype")
+CAUSE = Label("cause", "outrider.train.goodput.cause")
 BY_RANK = (RANK, TRAINING_JOB)  # what the agent adds to every series a hooked process publishes
 GPU = (Label("gpu", "outrider.gpu.index"), Label("uuid", "hw.id"), Label("model", "hw.model"))
 MIG_DEVICE = (*GPU, Label("mig_uuid", "outrider.gpu.mig.uuid"), Label("gpu_instance", "outrider.gpu.mig.instance"))
@@ -507,6 +509,27 @@ _DEFS: tuple[MetricDef, ...] = (
               BY_RANK, "hook"),
     MetricDef("outrider_train_time_to_first_step_seconds", "outrider.train.time_to_first_step", "s", "gauge",
               "Seconds from process start to the end of the first training step.", BY_RANK, "hook"),
+    MetricDef("outrider_train_first_step_timestamp_seconds", "outrider.train.first_step.time", "s", "gauge",
+              "Unix time the rank's process completed its first training step (a restarted process's is later).",
+              BY_RANK, "hook"),
+    MetricDef("outrider_train_flops_total", "outrider.train.flops", "{flop}", "counter",
+              "Model FLOPs the training steps did, by dtype (fp32, tf32, bf16, fp16, fp8, fp64, other; declared: "
+              "given by outrider.step(flops=)): one step counted now and then with PyTorch's FLOP formulas, times the "
+              "steps around it, or what the steps declared. Its rate over the device's peak is the MFU.",
+              (*BY_RANK, DTYPE), "hook"),
+    MetricDef("outrider_train_step_flops", "outrider.train.step.flops", "{flop}", "gauge",
+              "Model FLOPs of one training step, by dtype, as the last counted step had them (or the steps "
+              "declared them).", (*BY_RANK, DTYPE), "hook"),
+    MetricDef("outrider_train_goodput_seconds_total", "outrider.train.goodput.time", "s", "counter",
+              "A rank's wall time across its processes' restarts, by cause: productive (the steps' work), data_wait, "
+              "checkpoint, other (the rest of the loop), stall (from the last step to the death of a process that "
+              "died stalled), restart (from a death to the next process's first step), startup (a process's start "
+              "to its first step). Goodput is the productive share.", (*BY_RANK, CAUSE), "hook"),
+    MetricDef("outrider_train_goodput_ratio", "outrider.train.goodput", "1", "gauge",
+              "The productive share of a rank's wall time so far, counting a stall, restart or start-up going on "
+              "now.", BY_RANK, "hook"),
+    MetricDef("outrider_train_restarts_total", "outrider.train.restarts", "{restart}", "counter",
+              "Times a new process of the rank took its first step after one that stepped died.", BY_RANK, "hook"),
     MetricDef("outrider_train_last_step_timestamp_seconds", "outrider.train.last_step.time", "s", "gauge",
               "Unix time the last training step completed (of the live processes of the rank).", BY_RANK, "hook"),
     MetricDef("outrider_latency_seconds", "outrider.latency", "s", "histogram",
@@ -592,6 +615,24 @@ _DEFS: tuple[MetricDef, ...] = (
     MetricDef("outrider_train_start_timestamp_seconds", "outrider.train.start.time", "s", "gauge",
               "Unix time the rank's oldest live instrumented process called instrument().", BY_RANK,
               "hook"),
+    # --- efficiency (MFU) ---------------------------------------------------------------------------------------
+    MetricDef("outrider_train_peak_flops", "outrider.train.peak_flops", "{flop}/s", "gauge",
+              "Peak FLOP rate of the devices a rank uses, by dtype: the GPU table's dense figure for the NVML name "
+              "(at its maximum SM clock) times the rank's CUDA devices, the CPU's measured peak (scaled to the "
+              "rank's intra-op threads), or peak_flops.", (*BY_RANK, DTYPE), "efficiency"),
+    MetricDef("outrider_train_mfu_ratio", "outrider.train.mfu", "1", "gauge",
+              "Model FLOPs utilisation of a rank over the steps between the last two of its publications: the time "
+              "its FLOPs would take at the peak (per dtype) over the loop's wall time.", BY_RANK, "efficiency"),
+    MetricDef("outrider_train_flops_peak_seconds_total", "outrider.train.flops.peak_time", "s", "counter",
+              "Time the rank's model FLOPs would have taken at its devices' peak, over the steps whose FLOPs and "
+              "peak are known: over outrider_train_flops_timed_seconds_total, the MFU of any window.", BY_RANK,
+              "efficiency"),
+    MetricDef("outrider_train_flops_timed_seconds_total", "outrider.train.flops.timed", "s", "counter",
+              "The training loop's wall time of the steps whose FLOPs and peak are known (MFU's denominator).",
+              BY_RANK, "efficiency"),
+    MetricDef("outrider_train_device_tokens_per_second", "outrider.train.device.token_rate", "{token}/s", "gauge",
+              "Tokens a second per device of a rank (declared by the steps or carried by the batches), over the "
+              "loop's wall time between its last two publications.", BY_RANK, "efficiency"),
     # --- diagnosis ----------------------------------------------------------------------------------------------
     MetricDef("outrider_bottleneck", "outrider.bottleneck", "1", "gauge",
               "1 for the bottleneck class of the last window (idle, throttled, memory_pressure, checkpoint_bound, "

@@ -99,6 +99,17 @@ def rate(v: float, what: str) -> str:
     return f"{number(v)} {what}/s"
 
 
+SI = ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"))
+
+
+def flop_rate(v: float) -> str:
+    """FLOPs a second, with an SI prefix: 45.2 GFLOP/s, 989 TFLOP/s."""
+    for scale, prefix in SI:
+        if abs(v) >= scale:
+            return f"{number(v / scale)} {prefix}FLOP/s"
+    return f"{number(v)} FLOP/s"
+
+
 def cores(v: float) -> str:
     return f"{number(v)} core" if v == 1 else f"{number(v)} cores"
 

@@ -54,6 +54,7 @@ FROM_COUNTERS: dict[str, tuple[str, str, str]] = {
     "steps_per_s": ("steps_total", "", "steps"), "samples_per_s": ("samples_total", "", "samples"),
     "tokens_per_s": ("tokens_total", "", "tokens"), "data_wait_fraction": (
         "data_wait_seconds_total", "loop_seconds_total", "s waited"),
+    "mfu": ("flops_peak_seconds_total", "flops_timed_seconds_total", "s at the peak"),
     "requests_per_s": ("requests_total", "", "requests"),
 }
 ERROR_KPIS = {"client_errors_per_s": "client_errors_total", "server_errors_per_s": "server_errors_total"}
@@ -442,6 +443,7 @@ def compare_all(a: RunRecord, b: RunRecord) -> tuple[list[Comparison], list[Skip
         rate(kpi)
     _distributions(a, b, DISTRIBUTIONS["data_wait"], out)
     rate("data_wait_fraction")
+    rate("mfu")
     for key in ("latency", "ttft", "inter_token"):
         _distributions(a, b, DISTRIBUTIONS[key], out)
     rate("requests_per_s")

@@ -40,6 +40,7 @@ KPIS: dict[str, Kpi] = {k.key: k for k in (
     Kpi("samples_per_s", "throughput", "rate", "samples", "higher", "training"),
     Kpi("tokens_per_s", "token throughput", "rate", "tokens", "higher", "training"),
     Kpi("data_wait_fraction", "data wait", "ratio", better="lower", phase="training"),
+    Kpi("mfu", "MFU", "ratio", better="higher", phase="training"),
     Kpi("requests_per_s", "request rate", "rate", "req", "higher", "inference"),
     Kpi("client_errors_per_s", "client errors (4xx)", "rate", "errors", "lower", "inference"),
     Kpi("server_errors_per_s", "server errors (5xx)", "rate", "errors", "lower", "inference"),

@@ -7,14 +7,18 @@ runs/recorder.py)."""
 
 from __future__ import annotations
 
-from dataclasses import MISSING, asdict, dataclass, fields, replace
+from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from typing import Any
 
 from outrider.diagnosis.profile import LoopProfile, loop_profile
 from outrider.metrics import units
 from outrider.metrics.family import Family, HistogramValue, merged_histogram
 from outrider.metrics.quantile import quantile
+from outrider.peaks import usual_dtype
 
+GOODPUT = "outrider_train_goodput_seconds_total"
+BADPUT_NAMES = {"data_wait": "data wait", "checkpoint": "checkpoints", "other": "the rest of the loop",
+                "stall": "stalls", "restart": "restarts", "startup": "start-up"}
 STEP, WAIT, REQUEST = ("outrider_train_step_duration_seconds", "outrider_train_data_wait_seconds",
                        "outrider_request_duration_seconds")
 CHECKPOINT = "outrider_train_checkpoint_duration_seconds"
@@ -39,6 +43,14 @@ class Training:
     tokens: float = 0.0
     tokens_per_s: float | None = None
     checkpoint_fraction: float | None = None  # the loop's wall time inside recognised checkpoints
+    mfu: float | None = None  # model FLOPs utilisation over the steps whose FLOPs and peak are known, all ranks
+    mfu_timed_s: float = 0.0  # the loop's wall time those steps took (the ranks' summed): what the MFU covers
+    peak_flops: float | None = None  # the peak a rank's MFU is judged against (its devices', at its usual dtype)
+    peak_dtype: str = ""
+    device_tokens_per_s: float | None = None  # tokens_per_s over the devices the ranks use
+    goodput: float | None = None  # the productive share of the ranks' wall time, across restarts
+    badput_s: dict[str, float] = field(default_factory=dict)  # the rest of it by cause (collectors/goodput.py)
+    restarts: float = 0.0
 
     def rows(self) -> list[tuple[str, str]]:
         parts = [f"{units.count(self.steps)} steps"]
@@ -62,6 +74,22 @@ class Training:
                             f", {units.seconds(self.checkpoint_s)} in all{share}"))
         if self.first_step_s is not None:
             out.append(("", f"first step {units.seconds(self.first_step_s)} after instrument()"))
+        if self.mfu is not None:
+            peak = (f" ({units.flop_rate(self.peak_flops)} {self.peak_dtype} a rank)" if self.peak_flops else "")
+            tokens = (f"; {units.rate(self.device_tokens_per_s, 'tokens')} a device" if self.device_tokens_per_s
+                      else "")
+            out.append(("", f"MFU {units.percent(self.mfu)}: the model's FLOPs at {units.percent(self.mfu)} of the "
+                            f"devices' peak{peak}{tokens}"))
+        elif self.device_tokens_per_s:
+            out.append(("", f"{units.rate(self.device_tokens_per_s, 'tokens')} a device"))
+        if self.goodput is not None:
+            total = sum(self.badput_s.values()) / (1.0 - self.goodput) if self.goodput < 1.0 else 0.0
+            causes = ", ".join(f"{BADPUT_NAMES.get(cause, cause)} {units.percent(s / total)}"
+                               for cause, s in sorted(self.badput_s.items(), key=lambda kv: -kv[1]) if s > 0 and total)
+            restarts = f" ({units.count(self.restarts, 'restarts' if self.restarts != 1 else 'restart')})" \
+                if self.restarts else ""
+            out.append(("", f"goodput {units.percent(self.goodput)} of the ranks' wall time"
+                            f"{'; badput: ' + causes if causes else ''}{restarts}"))
         return out
 
 
@@ -137,7 +165,8 @@ class Measured:
             if not isinstance(value, dict):
                 return None
             names = {f.name for f in fields(kind)}
-            required = {f.name for f in fields(kind) if f.default is MISSING}  # records from before a field
+            required = {f.name for f in fields(kind)  # records from before a field lack it
+                        if f.default is MISSING and f.default_factory is MISSING}
             return kind(**{k: v for k, v in value.items() if k in names}) if required <= set(value) else None
 
         return cls(part(Training, data.get("training")), part(Inference, data.get("inference")),
@@ -155,6 +184,53 @@ def _sum(families: list[Family], name: str, label: str = "", value: str = "") ->
             if isinstance(v, float) and (at < 0 or labels[at] == value):
                 total += v
     return total
+
+
+def _efficiency(families: list[Family], tokens_per_s: float | None) -> dict[str, Any]:
+    """MFU (the efficiency collector's counters: time at the peak over the loop's time of the same steps), the peak
+    it was judged against, tokens a second per device, and goodput by cause (the hook collector's)."""
+    out: dict[str, Any] = {}
+    timed = _sum(families, "outrider_train_flops_timed_seconds_total")
+    if timed > 0:
+        out["mfu"] = _sum(families, "outrider_train_flops_peak_seconds_total") / timed
+        out["mfu_timed_s"] = timed
+    ranks: dict[tuple[str, str], dict[str, float]] = {}
+    devices: dict[tuple[str, str], int] = {}  # every rank that stepped: its CUDA devices, else 1 (the CPU)
+    for f in families:
+        names = f.defn.label_names
+        for labels, v in f.samples:
+            if not isinstance(v, float):
+                continue
+            by = dict(zip(names, labels))
+            rank = (by.get("training_job", ""), by.get("rank", ""))
+            if f.defn.name == "outrider_train_peak_flops":
+                ranks.setdefault(rank, {})[by.get("dtype", "")] = v
+            elif f.defn.name == LOOP:
+                devices.setdefault(rank, 0)
+            elif f.defn.name == "outrider_torch_cuda_memory_bytes" and by.get("kind") == "reserved" and v > 0:
+                devices[rank] = devices.get(rank, 0) + 1
+    usual: list[tuple[str, float]] = []  # each rank's usual dtype and its peak (peaks.usual)
+    for by_dtype in ranks.values():
+        dtype = usual_dtype(by_dtype)
+        if dtype is not None:
+            usual.append((dtype, by_dtype[dtype]))
+    if usual:
+        out["peak_dtype"], out["peak_flops"] = usual[0][0], sum(v for _, v in usual) / len(usual)
+    if tokens_per_s:
+        out["device_tokens_per_s"] = tokens_per_s / max(1, sum(max(n, 1) for n in devices.values()))
+    seconds: dict[str, float] = {}
+    for f in families:
+        if f.defn.name == GOODPUT:
+            at = f.defn.label_names.index("cause")
+            for labels, v in f.samples:
+                if isinstance(v, float):
+                    seconds[labels[at]] = seconds.get(labels[at], 0.0) + v
+    total = sum(seconds.values())
+    if total > 0:
+        out["goodput"] = seconds.pop("productive", 0.0) / total
+        out["badput_s"] = seconds
+        out["restarts"] = _sum(families, "outrider_train_restarts_total")
+    return out
 
 
 def _series(families: list[Family], name: str) -> list[tuple[tuple[str, ...], HistogramValue]]:
@@ -194,6 +270,7 @@ def measure(families: list[Family], waiting: Waiting | None = None, hooked: bool
             data_wait_p50_s=quantile(0.5, wait) if wait is not None and waited else None,
             data_wait_fraction=_sum(families, LOOP, "part", "data_wait") / loop_s if waited else None,
             steps_per_s=timed * per_s or None, tokens=tokens, tokens_per_s=rate(tokens))
+        training = replace(training, **_efficiency(families, training.tokens_per_s))
         saves = merged_histogram(families, CHECKPOINT)
         if saves is not None and saves.count:
             saved = _sum(families, LOOP, "part", "checkpoint")

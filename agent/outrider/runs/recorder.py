@@ -43,14 +43,18 @@ HISTOGRAMS = ("outrider_train_step_duration_seconds", "outrider_request_duration
 TOTALS = {"steps_total": ("outrider_train_steps_total", {}), "samples_total": ("outrider_samples_total", {}),
           "tokens_total": ("outrider_tokens_total", {}), "requests_total": ("outrider_requests_total", {}),
           "loop_seconds_total": ("outrider_train_loop_seconds_total", {}),
-          "data_wait_seconds_total": ("outrider_train_loop_seconds_total", {"part": "data_wait"})}
+          "data_wait_seconds_total": ("outrider_train_loop_seconds_total", {"part": "data_wait"}),
+          # MFU: the time the steps' FLOPs would take at the peak, over the loop's time of the same steps
+          "flops_peak_seconds_total": ("outrider_train_flops_peak_seconds_total", {}),
+          "flops_timed_seconds_total": ("outrider_train_flops_timed_seconds_total", {})}
 # Counted for their rates only: finished requests by error kind
 ERRORS = {"client_errors": ("outrider_requests_total", {"status_class": "4xx"}),
           "server_errors": ("outrider_requests_total", {"status_class": "5xx"})}
 RATES = {"steps_per_s": "steps_total", "samples_per_s": "samples_total", "tokens_per_s": "tokens_total",
          "requests_per_s": "requests_total", "client_errors_per_s": "client_errors",
          "server_errors_per_s": "server_errors"}
-SHARES = {"data_wait_fraction": ("data_wait_seconds_total", "loop_seconds_total")}
+SHARES = {"data_wait_fraction": ("data_wait_seconds_total", "loop_seconds_total"),
+          "mfu": ("flops_peak_seconds_total", "flops_timed_seconds_total")}
 WORKED_UNSEEN = ("the job stepped or served, but no window saw it at work (its steps or requests fell between two "
                  "of the agent's sweeps; every window judged was idle)")
 KEPT_READS = 64  # sweeps of counters kept: a window spans one sweep, or a few where the sweeps outpace the hook

@@ -35,6 +35,7 @@ CHARTS = (
     Chart("Throughput", "rate:samples", (("samples_per_s", "samples per second"),)),
     Chart("Token throughput", "rate:tokens", (("tokens_per_s", "tokens per second"),)),
     Chart("Data wait", "ratio", (("data_wait_fraction", "share of the loop waiting for data"),)),
+    Chart("MFU", "ratio", (("mfu", "model FLOPs over the devices' peak"),)),
     Chart("Job CPU", "cores", (("process_cpu_cores", "the watched process tree"),)),
     Chart("Host CPU", "ratio", (("host_cpu_util", "all CPUs of the machine"),)),
     Chart("Memory (RSS)", "bytes", (("rss_bytes", "the watched process tree"),)),
