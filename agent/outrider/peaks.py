@@ -207,13 +207,18 @@ def cache_dir() -> str:
 
 
 def torch_version() -> str:
-    """The installed torch's version, from its metadata (torch is not imported); "" where none is installed."""
-    from importlib import metadata
-
-    try:
-        return metadata.version("torch")
-    except metadata.PackageNotFoundError:
-        return ""
+    """The installed torch's version, from the name of its metadata folder on the import path (torch is not
+    imported, nor importlib.metadata, which loads the email package: a megabyte of the agent's memory); "" where
+    none is installed."""
+    for entry in sys.path:
+        try:
+            names = os.listdir(entry or ".")
+        except OSError:
+            continue
+        for name in names:
+            if name.startswith("torch-") and name.endswith(".dist-info"):
+                return name[len("torch-"):-len(".dist-info")]
+    return ""
 
 
 def machine_key(cpu_model: str) -> str:

@@ -211,3 +211,12 @@ def test_the_cpu_peak_is_cached_per_machine_key(tmp_path: Path) -> None:
     assert peaks.cached_cpu_peak("cpu-a|2", str(tmp_path)) is None
     peaks.cache_cpu_peak("cpu-a|2", a, str(tmp_path))  # a broken cache is written over whole
     assert peaks.cached_cpu_peak("cpu-a|2", str(tmp_path)) == a
+
+
+def test_the_torch_version_in_the_peaks_key_is_the_installed_ones() -> None:
+    """Read from the metadata folder's name (importlib.metadata would load the email package into the agent)."""
+    from importlib import metadata
+
+    from outrider.peaks import torch_version
+
+    assert torch_version() == metadata.version("torch")

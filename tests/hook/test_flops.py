@@ -4,6 +4,7 @@ FLOPs a step declares."""
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,16 @@ nn = torch.nn
 
 @pytest.fixture
 def hooked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Hook]:
-    """The hook's own flushes an hour apart, so the test says when a count is asked for."""
+    """The hook's own flushes an hour apart, so the test says when a count is asked for. The counts here need this
+    thread's dispatch-mode stack empty (a mode on it defers a count, which test_a_dispatch_mode_... checks): a mode
+    an earlier test of the same pytest process left on it is taken off first, and named."""
+    from torch.utils import _python_dispatch as dispatch
+
+    left = []
+    while dispatch._len_torch_dispatch_stack():
+        left.append(type(dispatch._pop_mode()).__qualname__)
+    if left:
+        warnings.warn(f"dispatch modes an earlier test left on the stack, taken off: {left}", stacklevel=1)
     with torch_hooked(tmp_path, monkeypatch, OUTRIDER_FLUSH_INTERVAL_S="3600") as hook:
         yield hook
 

@@ -123,7 +123,11 @@ def _points(metric: dict[str, Any]) -> dict[frozenset[tuple[str, Any]], float]:
 AGENT_DERIVED = {"outrider.hook.processes", "outrider.hook.stalled", "outrider.hook.heartbeat.time",
                  "outrider.hook.shard_errors", "outrider.hook.retired_series", "outrider.train.last_step.time",
                  "outrider.train.start.time", "outrider.hook.spool.owner", "outrider.hook.spool.rejected_files",
-                 "outrider.hook.stopped"}
+                 "outrider.hook.stopped",
+                 # the efficiency and goodput collectors' (MFU against the device's peak, time by cause across restarts)
+                 "outrider.train.goodput.time", "outrider.train.goodput", "outrider.train.restarts",
+                 "outrider.train.peak_flops", "outrider.train.mfu", "outrider.train.flops.peak_time",
+                 "outrider.train.flops.timed", "outrider.train.device.token_rate"}
 
 
 def test_the_providers_pipeline_carries_the_hooks_series_as_the_agents_otlp_export_names_them(tmp_path: Path) -> None:

@@ -92,15 +92,20 @@ def test_the_live_view_redraws_in_place_at_the_terminals_size(agent: AgentProces
             if select.select([master], [], [], 0.5)[0]:
                 out += os.read(master, 1 << 16)
         proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=30) == 0
-        while select.select([master], [], [], 0.5)[0]:
-            try:
-                chunk = os.read(master, 1 << 16)
-            except OSError:  # the pty closed with the process
+        # read on while it ends: a full pty would hold its last writes (leaving the alternate screen) and it with them
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if select.select([master], [], [], 0.2)[0]:
+                try:
+                    chunk = os.read(master, 1 << 16)
+                except OSError:  # the pty closed with the process
+                    chunk = b""
+                out += chunk
+                if chunk:
+                    continue
+            if proc.poll() is not None:
                 break
-            if not chunk:
-                break
-            out += chunk
+        assert proc.wait(timeout=1) == 0
     finally:
         if proc.poll() is None:
             proc.kill()

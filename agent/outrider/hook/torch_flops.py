@@ -137,6 +137,11 @@ class FlopCounter:
         """A process forked during a counted step (a DataLoader's workers, started by a new epoch's iterator)
         inherits the forking thread's dispatch modes: ours leaves the child at once, so its work runs at full
         speed and is never counted as the parent's."""
+        self.leave()
+
+    def leave(self) -> None:
+        """Our counting mode off this thread's stack where it is on top, uncounted: in a forked child, and when the
+        integration is detached (a count begun at a loop's last step stays on the stack until a step ends)."""
         mode, self.mode, self.wanted = self.mode, None, False
         if mode is None:
             return

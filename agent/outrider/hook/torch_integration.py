@@ -122,6 +122,7 @@ class TorchIntegration:
         if self in ACTIVE:
             ACTIVE.remove(self)
         self.stop_counting()
+        self.flops.leave()
         if self.steps.ops_reader == self._at_step_end:
             self.steps.ops_reader = None
         if self.data is not None:
