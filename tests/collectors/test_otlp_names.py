@@ -125,6 +125,14 @@ def test_the_otlp_kind_decides_the_type_suffixes() -> None:
     assert prometheus_name("requests", "1", "histogram") == "requests"
 
 
+def test_the_rules_the_examples_leave_unexercised() -> None:
+    """normalize_name.go's rules that no documented example reaches: a `per` word already in the name is not
+    repeated; `total` and `ratio` anywhere in the name move to its end, once."""
+    assert prometheus_name("http.requests_per_second", "{request}/s", "gauge") == "http_requests_per_second"
+    assert prometheus_name("total.requests.total", "", "sum", True) == "requests_total"
+    assert prometheus_name("ratio.cache_hit", "1", "gauge") == "cache_hit_ratio"
+
+
 def test_a_name_outside_prometheus_grammar_is_never_produced() -> None:
     """Where the Collector keeps a non-ASCII letter (its one invalid output), its words are separated instead; a
     name with no word at all is "" (the receiver refuses it, counted)."""
