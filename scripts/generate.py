@@ -11,19 +11,22 @@ files that drifted (exit 1), which a test runs.
     docs/configuration.md, the table     <- agent/outrider/config.py (keys, defaults, bounds, help)
     docs/alerts.md, every alert          <- alerts/outrider.rules.yaml (severity, for, description, runbook)
     docs/architecture.md, the layers     <- pyproject.toml (the import-linter contracts)
+    docs/architecture.md, the layout     <- agent/outrider/ (its modules and packages, their docstrings)
     docs/efficiency.md, the peak table   <- agent/outrider/peaks.py (the GPUs' dense peaks per dtype)
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import dataclasses
+import os
 import re
 import sys
+import textwrap
+import tomllib
 from pathlib import Path
 from typing import Any
-
-import tomllib
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "agent"))
@@ -125,6 +128,40 @@ def layers(pyproject: Path = REPO / "pyproject.toml") -> str:
     return "\n".join(out) + "\n"
 
 
+def _first_sentence(source: Path) -> str:
+    """The first sentence of a module's docstring (its first line is often cut mid-phrase by the wrap at 120)."""
+    doc = ast.get_docstring(ast.parse(source.read_text(encoding="utf-8")))
+    if not doc:
+        raise SystemExit(f"{source.relative_to(REPO)} has no docstring: a module starts with one saying what it owns")
+    paragraph = " ".join(doc.split("\n\n", 1)[0].split())
+    return re.split(r"(?<=\.)\s+(?=[A-Z`(])", paragraph, maxsplit=1)[0]
+
+
+def layout(package: Path = REPO / "agent" / "outrider") -> str:
+    """The package's map: each top-level module and package with the first sentence of its docstring, a package
+    with its modules (a sub-package ends in /), read from the files without importing them."""
+    name_column, width = 25, 120
+    out = ["```", f"{package.relative_to(REPO).as_posix() + '/':<{name_column}}the package (import outrider)"]
+
+    def entry(name: str, text: str) -> None:
+        lines = textwrap.wrap(text, width - name_column, break_on_hyphens=False) or [""]
+        out.append(f"{'  ' + name:<{name_column - 1}} {lines[0]}")
+        out.extend(" " * name_column + line for line in lines[1:])
+
+    for path in sorted(package.iterdir(), key=lambda p: p.name):
+        if path.suffix == ".py":
+            entry(path.name, _first_sentence(path))
+        elif path.is_dir() and (path / "__init__.py").exists():
+            parts = sorted((p.stem if p.suffix == ".py" else p.name + "/") for p in path.iterdir()
+                           if (p.suffix == ".py" and p.name != "__init__.py")
+                           or (p.is_dir() and (p / "__init__.py").exists()))
+            entry(path.name + "/", _first_sentence(path / "__init__.py"))
+            entry("", "[" + " · ".join(parts) + "]")
+        elif path.is_symlink() and path.is_dir():  # package data kept once elsewhere in the repository (alerts/)
+            entry(path.name + "/", f"-> {os.readlink(path)} (package data, not code)")
+    return "\n".join([*out, "```"]) + "\n"
+
+
 def between(current: str, marker: str, body: str, where: str) -> str:
     """`current` with the text between the markers of `marker` replaced by `body`."""
     begin, end = f"<!-- BEGIN GENERATED: {marker} (python scripts/generate.py) -->", f"<!-- END GENERATED: {marker} -->"
@@ -151,7 +188,8 @@ def peak_table() -> str:
 PARTS = (("docs/efficiency.md", "peak table", peak_table),
          ("docs/configuration.md", "configuration table", config_table),
          ("docs/alerts.md", "alerts reference", alerts_reference),
-         ("docs/architecture.md", "layers", layers))
+         ("docs/architecture.md", "layers", layers),
+         ("docs/architecture.md", "layout", layout))
 
 
 def outputs() -> dict[Path, str]:
@@ -161,8 +199,9 @@ def outputs() -> dict[Path, str]:
         out[REPO / "helm" / "outrider" / "files" / "dashboards" / name] = text
     out[REPO / "helm" / "outrider" / "files" / "outrider.rules.yaml"] = \
         (REPO / "alerts" / "outrider.rules.yaml").read_text(encoding="utf-8")
-    for page, marker, make in PARTS:
-        out[REPO / page] = between((REPO / page).read_text(encoding="utf-8"), marker, make(), page)
+    for page, marker, make in PARTS:  # a page with two generated parts gets both
+        current = out.get(REPO / page) or (REPO / page).read_text(encoding="utf-8")
+        out[REPO / page] = between(current, marker, make(), page)
     return out
 
 

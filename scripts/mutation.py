@@ -24,11 +24,10 @@ import signal
 import subprocess
 import sys
 import time
+import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-
-import tomllib
 
 REPO = Path(__file__).resolve().parent.parent
 CONFIG = REPO / "scripts" / "mutation.toml"

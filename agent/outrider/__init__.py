@@ -43,6 +43,7 @@ from outrider.hook.api import (
     step_end,
     timed,
 )
+from outrider.hook.series import CounterSeries, GaugeSeries, HistogramSeries
 from outrider.version import __version__
 
 # name -> module: the middlewares are imported when first asked for (PEP 562), so that a training script that
@@ -97,6 +98,9 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "CounterSeries",
+    "GaugeSeries",
+    "HistogramSeries",
     "OutriderMiddleware",
     "OutriderWSGIMiddleware",
     "__version__",

@@ -1,6 +1,6 @@
 """Generated, not copied: every generated file (the metrics reference, the dashboards' JSON and the chart's copies,
 the chart's rule file) and every generated part of a page (docs/configuration.md's table, docs/alerts.md's alerts,
-docs/architecture.md's layers) equals what scripts/generate.py makes from its source."""
+docs/architecture.md's layers and layout) equals what scripts/generate.py makes from its source."""
 
 from __future__ import annotations
 

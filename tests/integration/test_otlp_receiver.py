@@ -26,7 +26,7 @@ from opentelemetry.sdk.metrics.export import (
 from opentelemetry.sdk.metrics.view import ExponentialBucketHistogramAggregation, View
 from opentelemetry.sdk.resources import Resource
 
-from outrider.collectors.otlp_receiver import CUMULATIVE, DELTA, MAX_EXPONENTIAL_BUCKETS, label_name, prometheus_name
+from outrider.collectors.otlp_receiver import CUMULATIVE, DELTA, MAX_EXPONENTIAL_BUCKETS, label_name
 from outrider.config import Config
 from outrider.exporters.otlp import OtlpExporter
 from outrider.metrics.exposition import PROTOBUF_CONTENT_TYPE
@@ -48,6 +48,19 @@ def agent() -> Iterator[tuple[AgentProcess, str]]:
         yield a, f"http://127.0.0.1:{port}/v1/metrics"
 
 
+# Each instrument's name on the agent's /metrics: the one the OpenTelemetry Collector's Prometheus exporter gives it
+# (tests/collectors/test_otlp_names.py holds the translator's documented examples)
+COLLECTOR_NAMES = {
+    "shop.orders": "shop_orders_total",  # a counter in {order}: an annotation, no unit word
+    "shop.request.duration": "shop_request_duration_seconds",
+    "shop.queue.depth": "shop_queue_depth",
+    "shop.cache.utilization": "shop_cache_utilization_ratio",  # a gauge in 1
+    "shop.pool.usage": "shop_pool_usage",  # an up-down counter in 1: no ratio
+    "shop.network.io": "shop_network_io_bytes_per_second",
+    "shop.sent.bytes": "shop_sent_bytes_total",  # a counter in By: `bytes` is in the name already
+}
+
+
 @pytest.mark.parametrize("temporality", ["cumulative", "delta"])
 def test_the_sdks_metrics_come_out_of_the_agent(agent: tuple[AgentProcess, str], temporality: str) -> None:
     proc, endpoint = agent
@@ -65,12 +78,20 @@ def test_the_sdks_metrics_come_out_of_the_agent(agent: tuple[AgentProcess, str],
     orders = meter.create_counter("shop.orders", unit="{order}", description="Orders placed.")
     latency = meter.create_histogram("shop.request.duration", unit="s", description="Request latency.")
     queue = meter.create_up_down_counter("shop.queue.depth")
+    cache = meter.create_gauge("shop.cache.utilization", unit="1")
+    pool = meter.create_up_down_counter("shop.pool.usage", unit="1")
+    network = meter.create_gauge("shop.network.io", unit="By/s")
+    sent = meter.create_counter("shop.sent.bytes", unit="By")
     try:
         for round_ in range(2):  # two exports: deltas must add up to what the cumulative oracle says
             for i in range(30):
                 orders.add(1, {"payment.method": "card" if i % 3 else "cash"})
                 latency.record(0.02 * (i % 5), {"http.route": "/pay"})
             queue.add(5 - round_)
+            cache.set(0.25 * (round_ + 1))
+            pool.add(2)
+            network.set(1e6 + round_)
+            sent.add(1500)
             assert pushing.force_flush(10_000)
         truth = oracle.get_metrics_data()
     finally:
@@ -84,7 +105,7 @@ def test_the_sdks_metrics_come_out_of_the_agent(agent: tuple[AgentProcess, str],
             for m in sm.metrics:
                 kind = "histogram" if type(m.data).__name__ == "Histogram" else (
                     "counter" if getattr(m.data, "is_monotonic", False) else "gauge")
-                name = prometheus_name(m.name, m.unit, kind)
+                name = COLLECTOR_NAMES[m.name]
                 for p in m.data.data_points:
                     labels = tuple(sorted([*((label_name(k), str(v)) for k, v in p.attributes.items()),
                                            ("service_name", "checkout")]))
@@ -99,7 +120,10 @@ def test_the_sdks_metrics_come_out_of_the_agent(agent: tuple[AgentProcess, str],
                     else:
                         assert got[(name, labels)] == p.value, (name, labels)
                     compared += 1
-    assert compared == 4, "two counter series, the histogram, the up-down counter"
+    assert compared == 8, "two counter series, the histogram, the up-down counters, the gauges, the byte counter"
+    histogram = COLLECTOR_NAMES["shop.request.duration"]
+    assert {n for n, _ in got if n.startswith("shop_")} == {*COLLECTOR_NAMES.values(), *(
+        histogram + part for part in ("_bucket", "_count", "_sum"))} - {histogram}, "no series under another name"
     assert got[("shop_orders_total", (("payment_method", "card"), ("service_name", "checkout")))] == 40
 
 
@@ -300,7 +324,7 @@ def test_exponential_points_it_cannot_take_are_left_out_and_counted(agent: tuple
     push(endpoint, request_of(*bad, good))
     served(proc, "good_latency_seconds")
     text = proc.metrics()
-    assert "bad_" not in text
+    assert not [name for name, _ in scraped(text) if name.startswith("bad_")]  # (a HELP text names bad_request)
     errors = scraped(text)[("outrider_collector_errors_total", (("collector", "otlp_receiver"),))]
     assert errors >= len(bad)
     log = proc.output

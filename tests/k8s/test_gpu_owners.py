@@ -8,12 +8,12 @@ import os
 import re
 import subprocess
 import sys
+import tomllib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import grpc
 import pytest
-import tomllib
 
 import outrider
 import outrider.k8s.podresources

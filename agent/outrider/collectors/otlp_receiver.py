@@ -4,9 +4,9 @@ A service that already has a MeterProvider points its OTLP exporter at the agent
 unless set otherwise, `POST /v1/metrics`, http/protobuf) and needs one pipeline, not two: its metrics leave through
 the agent's /metrics and OTLP export beside the agent's own. What is taken in is the latest state per series:
 cumulative sums and histograms as sent; deltas added up into cumulative ones; gauges and non-monotonic sums as
-the last value. Names become Prometheus names as the OpenTelemetry specification's compatibility rules say (invalid
-characters to `_`, the unit as a suffix: `s` -> `_seconds`, `By` -> `_bytes`, `ms` -> `_milliseconds`, `1` on a
-gauge -> `_ratio`; `_total` on monotonic sums); attributes become labels (keys sanitised the same way), and the
+the last value. Names become the Prometheus names the OpenTelemetry Collector's Prometheus exporters write
+(`prometheus_name`: its translator's full normalization, name by name), so a dashboard or rule written against a
+Collector works against the agent unchanged; attributes become labels (keys with invalid characters to `_`), and the
 resource's `service.name` becomes `service_name`. Summaries are left out, counted.
 
 Exponential histograms keep their resolution where ours can hold it. Scales finer than the sketch's (5) are merged
@@ -64,8 +64,24 @@ SERVER_RESULTS = {400: "bad_request", 405: "bad_request", 411: "bad_request", 41
                   503: "busy"}
 MAX_SERIES = 2_000
 STALE_S = 300.0
-UNIT_SUFFIXES = {"s": "seconds", "ms": "milliseconds", "By": "bytes", "KiBy": "kibibytes", "MiBy": "mebibytes"}
-_INVALID = re.compile(r"[^a-zA-Z0-9_:]")
+# The Collector's Prometheus translator (opentelemetry-collector-contrib pkg/translator/prometheus, normalize_name.go
+# as of commit 239be622, the `pkg.translator.prometheus.NormalizeName` gate on, its default): UCUM units as the
+# Prometheus base-unit words, and the denominators of `per` units (`By/s` -> `bytes_per_second`). A unit not listed
+# is its own word; `1` is none (a gauge in `1` is a ratio instead).
+UNITS = {
+    "d": "days", "h": "hours", "min": "minutes", "s": "seconds", "ms": "milliseconds", "us": "microseconds",
+    "ns": "nanoseconds",
+    "By": "bytes", "KiBy": "kibibytes", "MiBy": "mebibytes", "GiBy": "gibibytes", "TiBy": "tibibytes",
+    "KBy": "kilobytes", "MBy": "megabytes", "GBy": "gigabytes", "TBy": "terabytes",
+    "m": "meters", "V": "volts", "A": "amperes", "J": "joules", "W": "watts", "g": "grams",
+    "Cel": "celsius", "Hz": "hertz", "1": "", "%": "percent",
+}
+PER_UNITS = {"s": "second", "m": "minute", "h": "hour", "d": "day", "w": "week", "mo": "month", "y": "year"}
+# A name's words: runs of ASCII letters and digits. The Collector splits at anything but a Unicode letter or digit,
+# so it keeps `é` or `字` in a name; those are outside Prometheus's grammar (a scrape of the page would fail), so
+# here they separate words like any other character (the one departure, and only for names the Collector would
+# expose invalid).
+_WORD = re.compile(r"[A-Za-z0-9]+")
 _INVALID_LABEL = re.compile(r"[^a-zA-Z0-9_]")
 DELTA, CUMULATIVE = 1, 2  # AggregationTemporality
 MAX_EXPONENTIAL_BUCKETS = 2_048  # a sketch's whole range is 1,597 buckets at scale 5
@@ -73,17 +89,35 @@ MIN_SCALE, MAX_SCALE = -10, 20  # OpenTelemetry's exponential histogram scales
 MAX_EXPONENT = 1_000  # a bucket's bounds lie within 2**-MAX_EXPONENT .. 2**MAX_EXPONENT: finite doubles
 
 
-def prometheus_name(name: str, unit: str, kind: str) -> str:
-    """An OpenTelemetry instrument name and unit as a Prometheus metric name."""
-    out = _INVALID.sub("_", name).strip("_") or "_"
-    if out[0].isdigit():
-        out = "_" + out
-    suffix = UNIT_SUFFIXES.get(unit) or ("ratio" if unit == "1" and kind == "gauge" else "")
-    if suffix and not out.endswith("_" + suffix):
-        out += "_" + suffix
-    if kind == "counter" and not out.endswith("_total"):
-        out += "_total"
-    return out
+def _unit_word(unit: str, words: dict[str, str]) -> str:
+    """One side of a unit (`By` of `By/s`) as its Prometheus word: "" where blank or an annotation (`{packets}`)."""
+    unit = unit.strip()
+    if not unit or "{" in unit or "}" in unit:
+        return ""
+    return "_".join(_WORD.findall(words.get(unit, unit)))
+
+
+def prometheus_name(name: str, unit: str, data: str, monotonic: bool = False) -> str:
+    """An OpenTelemetry metric's Prometheus name as the Collector's translator writes it (UNITS' comment): the name's
+    words joined by one `_` (invalid characters, leading, trailing and repeated underscores gone); the unit's word
+    unless a word of the name already (`By` -> `bytes`), then `per` and the denominator's unless already one
+    (`By/s` -> `bytes_per_second`); `total` last on a monotonic sum, `ratio` last on a gauge in `1` (each moved there
+    from inside the name, never doubled); `_` before a leading digit. `data` is the OTLP point kind (`gauge`, `sum`,
+    `histogram`, `exponential_histogram`, `summary`). "" where the name has no word at all."""
+    words = _WORD.findall(name)
+    main, _, per = unit.partition("/")
+    main_word = _unit_word(main, UNITS)
+    if main_word and main_word not in words:
+        words.append(main_word)
+    per_word = _unit_word(per, PER_UNITS)
+    if per_word and per_word not in words:
+        words += ["per", per_word]
+    if data == "sum" and monotonic:
+        words = [w for w in words if w != "total"] + ["total"]
+    if unit == "1" and data == "gauge":  # not an up-down counter in `1`: the Collector's senders misuse `1` for counts
+        words = [w for w in words if w != "ratio"] + ["ratio"]
+    out = "_".join(words)
+    return "_" + out if out[:1].isdigit() else out
 
 
 def label_name(key: str) -> str:
@@ -303,7 +337,10 @@ class OtlpReceiverCollector(Collector):
         else:
             self.drop(f"unsupported:{metric.name}", f"{metric.name}: {which} is not taken in")
             return
-        name = prometheus_name(metric.name, metric.unit, kind)
+        name = prometheus_name(metric.name, metric.unit, which, which == "sum" and metric.sum.is_monotonic)
+        if not name:
+            self.drop(f"name:{metric.name}", f"{metric.name!r}: no letter or digit to make a Prometheus name of")
+            return
         if name.startswith("outrider_") or name in CATALOG:
             self.drop(f"reserved:{name}", f"{name}: a name the agent owns; left out")
             return

@@ -16,7 +16,7 @@ import json
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Protocol
 
 from outrider.exporters.rotation import TlsFiles
@@ -63,7 +63,7 @@ class ActiveAlert(Protocol):
 def alerts_api_json(alerts: Iterable[ActiveAlert]) -> bytes:
     """Pending and firing alerts as Prometheus's /api/v1/alerts answers."""
     out = [{"labels": dict(a.labels), "annotations": dict(a.annotations), "state": a.state,
-            "activeAt": datetime.fromtimestamp(a.active_at / 1000, tz=timezone.utc).isoformat(),
+            "activeAt": datetime.fromtimestamp(a.active_at / 1000, tz=UTC).isoformat(),
             "value": format_value(a.value)} for a in alerts]
     return json.dumps({"status": "success", "data": {"alerts": out}}).encode()
 

@@ -16,9 +16,9 @@ import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from time import perf_counter, time
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar, overload
 
-from outrider.hook.series import DURATION_BOUNDS
+from outrider.hook.series import DURATION_BOUNDS, CounterSeries, GaugeSeries, HistogramSeries
 from outrider.hook.state import NOOP, BuiltinSeries, DataWaitState, HookState, LoopAccounting, Ring, StepState
 from outrider.hook.torch_data import TIMED_MARK, batch_size
 from outrider.kernel import procfs
@@ -575,10 +575,20 @@ def record_batch_size(n: int) -> None:
 
 # --- latency -----------------------------------------------------------------------------------------------------
 
+@overload
+def _cached(kind: Literal["counter"], name: str, labels: dict[str, str], bounds: tuple[float, ...] = ...,
+            builtin: bool = ...) -> CounterSeries: ...
+@overload
+def _cached(kind: Literal["gauge"], name: str, labels: dict[str, str], bounds: tuple[float, ...] = ...,
+            builtin: bool = ...) -> GaugeSeries: ...
+@overload
+def _cached(kind: Literal["histogram"], name: str, labels: dict[str, str], bounds: tuple[float, ...] = ...,
+            builtin: bool = ...) -> HistogramSeries: ...
 def _cached(kind: str, name: str, labels: dict[str, str], bounds: tuple[float, ...] = DURATION_BOUNDS,
-            builtin: bool = True) -> Any:
+            builtin: bool = True) -> CounterSeries | GaugeSeries | HistogramSeries:
     """builtin: one of the hook's own names (record_latency, record_request, ...); the custom-metric functions pass
-    False, so a workload cannot publish a name the agent owns (outrider_hook_stalled 0 once hid a real stall)."""
+    False, so a workload cannot publish a name the agent owns (outrider_hook_stalled 0 once hid a real stall). The
+    series is typed by its kind (a refused one is a NoopSeries, which has every kind's methods)."""
     key = (kind, name, tuple(labels.items()), builtin)
     hit = S.cached.get(key)
     if hit is None:
@@ -654,7 +664,8 @@ def http_status(status: int | str) -> tuple[str, str]:
     return "", "other"
 
 
-def _request_series(route: str, status: int | str, method: str, scheme: str) -> tuple[Any, Any]:
+def _request_series(route: str, status: int | str, method: str, scheme: str) \
+        -> tuple[HistogramSeries, CounterSeries]:
     code, status_class = http_status(status)
     labels = {"route": route, "method": http_method(method), "scheme": http_scheme(scheme), "status_code": code,
               "status_class": status_class}
@@ -698,7 +709,7 @@ def record_inter_token_latency(seconds: float, route: str = "", operation: str =
     _cached("histogram", "outrider_inference_inter_token_latency_seconds", labels).observe(seconds)
 
 
-def in_flight(route: str = "", method: str = "_OTHER", scheme: str = "") -> Any:
+def in_flight(route: str = "", method: str = "_OTHER", scheme: str = "") -> GaugeSeries:
     """The in-flight gauge of a route: .add(1) when a request starts, .add(-1) when it ends."""
     key = (route, method, scheme)
     gauge = S.http_in_flight.get(key)
@@ -712,14 +723,15 @@ def in_flight(route: str = "", method: str = "_OTHER", scheme: str = "") -> Any:
 
 # --- custom metrics ----------------------------------------------------------------------------------------------
 
-def histogram(name: str, labels: dict[str, str] | None = None, bounds: tuple[float, ...] | None = None) -> Any:
+def histogram(name: str, labels: dict[str, str] | None = None,
+              bounds: tuple[float, ...] | None = None) -> HistogramSeries:
     """A custom histogram series (`.observe(v)`); bounds default to durations in seconds."""
     instrument()
     return _cached("histogram", name, dict(labels or {}), tuple(bounds) if bounds else DURATION_BOUNDS,
                    builtin=False)
 
 
-def counter(name: str, labels: dict[str, str] | None = None) -> Any:
+def counter(name: str, labels: dict[str, str] | None = None) -> CounterSeries:
     """A custom counter series (`.inc(n)`); exported as NAME_total."""
     instrument()
     if isinstance(name, str) and not name.endswith("_total"):
@@ -727,7 +739,7 @@ def counter(name: str, labels: dict[str, str] | None = None) -> Any:
     return _cached("counter", name, dict(labels or {}), builtin=False)
 
 
-def gauge(name: str, labels: dict[str, str] | None = None) -> Any:
+def gauge(name: str, labels: dict[str, str] | None = None) -> GaugeSeries:
     """A custom gauge series (`.set(v)`, `.add(d)`)."""
     instrument()
     return _cached("gauge", name, dict(labels or {}), builtin=False)

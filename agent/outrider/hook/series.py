@@ -39,7 +39,7 @@ import time
 import weakref
 from bisect import bisect_right
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from outrider import sketch as log_buckets
 
@@ -438,6 +438,29 @@ def _add_into(c: list[Any], width: int, counted: _Counted) -> None:
         for k, v in counted.sketch.items():
             sketch[k] = sketch.get(k, 0.0) + v
     c[width + 2] += counted.zero
+
+
+# What the public API hands a workload (outrider.counter(), gauge(), histogram(), in_flight()): a Counter, Gauge or
+# Histogram below, or a refused registration's NoopSeries, which has every method; typed by what the caller may call,
+# so a user's type checker flags `outrider.counter("x").inc("a")` (structural: nothing here names them as a base).
+class CounterSeries(Protocol):
+    """A counter: `.inc(amount)`, amount >= 0 (a bad one is dropped and counted, never raised)."""
+
+    def inc(self, amount: float = 1.0) -> None: ...
+
+
+class GaugeSeries(Protocol):
+    """A gauge: `.set(value)`, or `.add(delta)` (an in-flight count: +1 when a request starts, -1 when it ends)."""
+
+    def set(self, value: float) -> None: ...
+
+    def add(self, amount: float) -> None: ...
+
+
+class HistogramSeries(Protocol):
+    """A histogram: `.observe(value)`."""
+
+    def observe(self, value: float) -> None: ...
 
 
 class NoopSeries:

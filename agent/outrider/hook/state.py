@@ -37,7 +37,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
 from outrider.hook.loop import LoopAccount
-from outrider.hook.series import NoopSeries
+from outrider.hook.series import CounterSeries, GaugeSeries, HistogramSeries, NoopSeries
 
 if TYPE_CHECKING:  # for the annotation only
     from outrider.hook.runtime import Hook
@@ -266,8 +266,9 @@ class HookState:
         self.torch: TorchPart | None = None  # when torch was imported before instrument()
         self.setting_up = False  # instrument() is running (in the thread that holds api._SETTING_UP)
         # api._cached's series by (kind, name, labels, builtin)
-        self.cached: dict[tuple[str, str, tuple[tuple[str, str], ...], bool], Any] = {}
+        self.cached: dict[tuple[str, str, tuple[tuple[str, str], ...], bool],
+                          CounterSeries | GaugeSeries | HistogramSeries] = {}
         # Request series by the caller's raw (route, status, method, scheme): a hit costs one dict lookup; the
         # label normalisation runs once per distinct key (bounded: api.MAX_HTTP_KEYS, then uncached).
-        self.http: dict[tuple[str, object, str, str], tuple[Any, Any]] = {}
-        self.http_in_flight: dict[tuple[str, str, str], Any] = {}
+        self.http: dict[tuple[str, object, str, str], tuple[HistogramSeries, CounterSeries]] = {}
+        self.http_in_flight: dict[tuple[str, str, str], GaugeSeries] = {}

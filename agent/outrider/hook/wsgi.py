@@ -20,6 +20,7 @@ from time import perf_counter
 from typing import Any
 
 from outrider.hook import api
+from outrider.hook.series import GaugeSeries
 
 Environ = dict[str, Any]
 
@@ -81,7 +82,7 @@ class OutriderWSGIMiddleware:
             return "unmatched"
 
     def _iterate(self, body: Iterable[bytes], environ: Environ, start: float, status: list[str],
-                 in_flight: Any, request: tuple[str, str]) -> Iterator[bytes]:
+                 in_flight: GaugeSeries, request: tuple[str, str]) -> Iterator[bytes]:
         count, previous = 0, start
         try:
             for chunk in body:

@@ -24,7 +24,7 @@ import urllib.error
 import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from outrider.outbound import Deadline
@@ -56,7 +56,7 @@ MAX_REPLY_BYTES = 65536  # of a receiver's reply, read before the connection is 
 
 
 def rfc3339(t: float) -> str:
-    return datetime.fromtimestamp(t, tz=timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return datetime.fromtimestamp(t, tz=UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def read_secret(spec: Mapping[str, Any], key: str, receiver: str, required: bool = True) -> str:

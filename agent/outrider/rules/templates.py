@@ -119,7 +119,7 @@ def humanize_percentage(v: float) -> str:
 def humanize_timestamp(v: float) -> str:
     if math.isnan(v) or math.isinf(v):
         return go_g(v, 4)
-    t = datetime.datetime.fromtimestamp(v, tz=datetime.timezone.utc)
+    t = datetime.datetime.fromtimestamp(v, tz=datetime.UTC)
     return t.strftime("%Y-%m-%d %H:%M:%S.%f").rstrip("0").rstrip(".") + " +0000 UTC"
 
 
