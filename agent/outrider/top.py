@@ -25,6 +25,7 @@ import http.client
 import io
 import math
 import shutil
+import signal
 import sys
 import threading
 import time
@@ -363,28 +364,42 @@ def run_top(url: str, interval_s: float = 2.0, once: bool = False) -> int:
     except OSError as e:
         print(f"outrider top: cannot read {url}/metrics: {e}", file=sys.stderr)
         return 1
+    # Ctrl-C sets a flag the loop reads between reads and screens, rather than raising wherever the main thread is
+    # (inside a thread's join, or rich's drawing, an interrupt could leave top hanging at exit)
+    interrupted: list[int] = []
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGINT, lambda signum, _frame: interrupted.append(signum))
     try:
         if once:
-            while True:
+            while not interrupted:
                 time.sleep(poll_s)
                 now = time.monotonic()
                 reads.add(now, fetch(url))
                 if reads.known() or now - start >= ONCE_LIMIT_S:
                     break
+            if interrupted:
+                return 0
             sys.stdout.write(render_text(frame(reads, url), shutil.get_terminal_size().columns))
             return 0
         console = Console(highlight=False)
         drawn = start
         with Live(console=console, screen=True, auto_refresh=False, redirect_stderr=False) as live:
-            while True:
+            while not interrupted:
                 time.sleep(poll_s)
+                if interrupted:
+                    break
                 now = time.monotonic()
                 reads.add(now, fetch(url))
                 if now - drawn >= interval_s - poll_s / 2:
                     live.update(frame(reads, url), refresh=True)
                     drawn = now
+        return 0
     except KeyboardInterrupt:
         return 0
     except OSError as e:
         print(f"outrider top: lost {url}: {e}", file=sys.stderr)
         return 1
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)

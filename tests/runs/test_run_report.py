@@ -34,7 +34,8 @@ WINDOW = (1240, 3600)
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync",
                   "--hide-scrollbars", "--force-device-scale-factor=1", f"--window-size={WINDOW[0]},{WINDOW[1]}"]
-LONG_FLOAT = re.compile(r"\d+\.\d{4,}")
+# a raw float: four significant digits or more after the point (units.number gives two below 1: 0.56, 0.0088)
+LONG_FLOAT = re.compile(r"\d+\.0*[1-9]\d{3,}")
 
 # Run in the page by a copy of the report (the report itself has no script): where Chromium laid out the verdict
 # badge and every chart's axes and lines, in screen pixels, for the screenshot of the report to be checked against.
