@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -151,11 +152,23 @@ def secret_children() -> Iterator[tuple[int, list[int]]]:
         assert len(pids) == len(FORMS)
         yield parent.pid, pids
     finally:
-        for pid in pids if "pids" in locals() else []:
+        children = pids if "pids" in locals() else []
+        for pid in children:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+        # SIGKILL is delivered, not done: wait until each is dead (a zombie of the parent, or gone) before the
+        # parent goes, so that none is still running when the test's leftovers are looked for.
+        wait_until(lambda: all(_dead(pid) for pid in children), timeout_s=30)
         parent.kill()
         reap([parent])
+
+
+def _dead(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
+    except FileNotFoundError:
+        return True
+    return stat[stat.rindex(b")") + 2:][:1] in (b"Z", b"X")
 
 
 def _commands(pids: list[int], **config: bool) -> dict[int, str]:

@@ -102,6 +102,17 @@ def _sweeps_later(url: str, n: int) -> dict[Any, float]:
     return samples(http_get(url + "/metrics")[2].decode())
 
 
+def _readable_io(podman: Podman, cid: str, pids: set[str]) -> set[str]:
+    """The pids whose /proc/PID/io a second reader in the agent's container (the same user, capabilities and
+    security profile) can open through the host's /proc: what the privileges let the agent read on this machine.
+    It is not every process everywhere: a host may hold processes no container reads (one CI machine's PID 1 is
+    such a one), and the agent is judged on what its privileges allow, not on the host's own rules."""
+    out = podman("exec", cid, "/opt/outrider/bin/python3", "-c",
+                 "import sys\nfor p in sys.argv[1:]:\n try:\n  open(f'/host/proc/{p}/io', 'rb').read()\n"
+                 "  print(p)\n except OSError:\n  pass", *sorted(pids))
+    return set(out.split())
+
+
 def _with_io_and_fds(parsed: dict[Any, float]) -> tuple[set[str], set[str], set[str]]:
     """The pids shown one by one, those with I/O readings, those with open-file counts."""
     shown = {dict(labels)["pid"] for (name, labels) in parsed if name == "outrider_process_threads"} - {"other"}
@@ -225,7 +236,11 @@ def test_node_agent_privileges_add_what_they_say_at_the_cost_they_say(
                 "I/O only of root's processes that hold no capability either (a reader must hold all of theirs)"
         else:
             assert str(other_user.pid) in with_io & with_fds, "another user's process"
-            assert len(others & with_io) >= 0.9 * len(others), "every process's (bar those gone since the sweep)"
+            readable = _readable_io(podman, cid, others)
+            assert str(other_user.pid) in readable and len(readable) >= 0.5 * len(others), \
+                f"the privileges read most of the host's processes' I/O: {len(readable)} of {len(others)}"
+            assert len(readable & with_io) >= 0.9 * len(readable), \
+                "every process's the privileges let it read (bar those gone since the sweep)"
     finally:
         other_user.kill()
         other_user.wait()
