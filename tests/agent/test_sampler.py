@@ -20,7 +20,7 @@ class Broken(Collector):
 
 
 def sampler_with_broken(proc_fixture: Path) -> Sampler:
-    from outrider.collectors.agent_self import SelfCollector
+    from outrider.collectors.self import SelfCollector
 
     s = Sampler(Config(proc_root=str(proc_fixture), filesystems=()), collectors=[])
     s.collectors = [Broken(s.ctx), HostCollector(s.ctx), SelfCollector(s.ctx)]
@@ -79,8 +79,8 @@ def test_gzip_variant_decompresses_to_the_same_text(proc_fixture: Path) -> None:
 
 
 def test_k8s_identity_from_the_downward_api_behind_an_allow_list(monkeypatch: object) -> None:
-    from outrider.collectors.agent_self import SelfCollector
     from outrider.collectors.base import CollectorContext
+    from outrider.collectors.self import SelfCollector
     from outrider.metrics.exposition import render
     from outrider.sampler import SweepStats
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from outrider.collectors.base import CollectorContext
-from outrider.collectors.hooked_processes import HookCollector
+from outrider.collectors.hook import HookCollector
 from outrider.config import Config
 from outrider.diagnosis.bottleneck import classify
 from outrider.diagnosis.signals import signals, snapshot

@@ -14,7 +14,7 @@ import pytest
 
 from outrider import spool
 from outrider.collectors.base import CollectorContext
-from outrider.collectors.hooked_processes import HookCollector
+from outrider.collectors.hook import HookCollector
 from outrider.config import Config
 from outrider.metrics.exposition import render
 from tests.faults.tmpfs import fill, small_tmpfs

@@ -416,8 +416,8 @@ gpu 9 memory_free 21474836480
 
 def test_a_hung_nvml_call_does_not_stop_the_sweep(fake_nvml: dict[str, str], scenario: Scenario,
                                                   tmp_path: Path) -> None:
-    from outrider.collectors.agent_self import SelfCollector
     from outrider.collectors.host import HostCollector
+    from outrider.collectors.self import SelfCollector
     from outrider.config import Config
     from outrider.metrics.exposition import render
     from outrider.sampler import Sampler

@@ -23,7 +23,7 @@ import psutil
 import pytest
 
 from outrider.collectors.base import CollectorContext
-from outrider.collectors.hooked_processes import HookCollector
+from outrider.collectors.hook import HookCollector
 from outrider.config import Config
 from outrider.hook import api, runtime
 from outrider.hook.series import DURATION_BOUNDS, NoopSeries

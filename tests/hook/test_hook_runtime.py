@@ -12,7 +12,7 @@ import pytest
 
 from outrider.clock import Clock
 from outrider.collectors.base import CollectorContext
-from outrider.collectors.hooked_processes import HookCollector
+from outrider.collectors.hook import HookCollector
 from outrider.config import Config
 from outrider.hook.runtime import Hook, Identity
 from outrider.hook.series import NoopSeries
@@ -317,7 +317,7 @@ def test_data_waits_no_step_places_are_dropped_and_counted(tmp_path: Path, flush
 
 
 def test_retired_series_of_dead_processes_are_bounded(tmp_path: Path) -> None:
-    import outrider.collectors.hooked_processes as hook_collector
+    import outrider.collectors.hook as hook_collector
 
     c = HookCollector(CollectorContext(Config(spool_dir=str(tmp_path)), hold_spool_lock=False))
     for n in range(50):  # 50 processes came and went, each with 1,000 series of its own
@@ -336,7 +336,7 @@ def test_retired_series_of_dead_processes_are_bounded(tmp_path: Path) -> None:
 
 
 def test_a_retired_counter_a_live_process_shares_never_expires(tmp_path: Path) -> None:
-    import outrider.collectors.hooked_processes as hook_collector
+    import outrider.collectors.hook as hook_collector
 
     c = HookCollector(CollectorContext(Config(spool_dir=str(tmp_path)), hold_spool_lock=False))
     gone = hook(tmp_path, Identity(pid=2**22 + 1))

@@ -18,7 +18,7 @@ import pytest
 
 import outrider
 from outrider.collectors.base import CollectorContext
-from outrider.collectors.hooked_processes import HookCollector
+from outrider.collectors.hook import HookCollector
 from outrider.config import Config
 from outrider.hook import api
 from outrider.hook.asgi import OutriderMiddleware

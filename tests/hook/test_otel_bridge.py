@@ -20,7 +20,7 @@ from typing import Any
 from opentelemetry.sdk.resources import Resource
 
 from outrider.collectors.base import CollectorContext
-from outrider.collectors.hooked_processes import HookCollector
+from outrider.collectors.hook import HookCollector
 from outrider.config import Config
 from outrider.exporters.otlp import to_metrics_data
 from outrider.metrics.catalog import CATALOG

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from outrider.collectors.base import CollectorContext
-from outrider.collectors.hooked_processes import HookCollector
+from outrider.collectors.hook import HookCollector
 from outrider.config import Config
 from outrider.metrics.exposition import render
 from tests.helpers import samples, value

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from outrider.collectors.base import CollectorContext
-from outrider.collectors.hooked_processes import HookCollector
+from outrider.collectors.hook import HookCollector
 from outrider.config import Config
 from outrider.hook.runtime import Hook
 from outrider.hook.series import DURATION_BOUNDS, SPARE_CELLS, Counter, Dropped, Histogram

@@ -43,3 +43,14 @@ def test_a_module_or_package_added_without_regenerating_is_missing_from_the_map(
     (tmp_path / "notapackage").mkdir()  # a folder of data: not code, not required on the map
     page = PAGE.read_text(encoding="utf-8")
     assert modules_and_packages(tmp_path) - on_the_map(page) == {"newcomer.py", "newpackage/"}
+
+
+def test_each_collector_lives_in_the_file_its_users_name() -> None:
+    """`--collector.NAME` and the `collectors` key find collectors/NAME.py: the registry's name of every collector is
+    the name of the module that defines it."""
+    from outrider.collectors import REGISTRY
+
+    misplaced = {name: cls.__module__ for name, cls in REGISTRY.items()
+                 if cls.__module__ != f"outrider.collectors.{name}"}
+    assert not misplaced, f"collectors whose file is not collectors/NAME.py: {misplaced}"
+    assert all((PACKAGE / "collectors" / f"{name}.py").is_file() for name in REGISTRY)

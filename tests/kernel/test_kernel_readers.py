@@ -12,7 +12,7 @@ import pytest
 
 from outrider import spool
 from outrider.collectors.base import CollectorContext
-from outrider.collectors.hooked_processes import HookCollector
+from outrider.collectors.hook import HookCollector
 from outrider.collectors.process_identity import ProcessIdentities
 from outrider.config import Config
 from outrider.kernel import procfs

@@ -20,7 +20,7 @@ import pytest
 
 from outrider import spool
 from outrider.collectors.base import CollectorContext
-from outrider.collectors.hooked_processes import HookCollector
+from outrider.collectors.hook import HookCollector
 from outrider.config import Config
 from outrider.hook.publisher import ShardPublisher
 from outrider.hook.series import Dropped

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from outrider import spool
-from outrider.collectors import hooked_processes as hook_collector
+from outrider.collectors import hook as hook_collector
 from outrider.collectors.base import CollectorContext
-from outrider.collectors.hooked_processes import HookCollector
+from outrider.collectors.hook import HookCollector
 from outrider.config import Config
 from outrider.metrics.exposition import render
 from tests.helpers import reap, samples, value, wait_until

@@ -10,19 +10,19 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from outrider.collectors.agent_self import SelfCollector
 from outrider.collectors.alerts import AlertsCollector
 from outrider.collectors.annotated_pods import AnnotatedPodsCollector
 from outrider.collectors.base import Collector, CollectorContext, SweepStats
-from outrider.collectors.bottleneck_metrics import DiagnosisCollector
+from outrider.collectors.diagnosis import DiagnosisCollector
 from outrider.collectors.efficiency import EfficiencyCollector
 from outrider.collectors.gpu import GpuCollector
-from outrider.collectors.hooked_processes import HookCollector
+from outrider.collectors.hook import HookCollector
 from outrider.collectors.host import HostCollector
 from outrider.collectors.oom import OomCollector
 from outrider.collectors.otlp_receiver import OtlpReceiverCollector
 from outrider.collectors.process import ProcessCollector
 from outrider.collectors.prometheus_multiproc import PrometheusMultiprocCollector
+from outrider.collectors.self import SelfCollector
 from outrider.collectors.workload_metrics import WorkloadMetricsCollector
 from outrider.config import ConfigError, LoadedConfig
 

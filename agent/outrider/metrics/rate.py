@@ -22,7 +22,7 @@ of several processes is timed by the mean of their heartbeats' advances, over a 
 published (exact for one process, as a training rank, and for processes counting at the same rate, as a service's
 workers); a process that stops publishing (hung, stopped) is left out of its group's timing within two windows,
 and a group none of whose processes has published for two windows reads 0 over the time since the last publication.
-A process that ends leaves its last values (collectors/hooked_processes.py keeps them) and no heartbeat: the
+A process that ends leaves its last values (collectors/hook.py keeps them) and no heartbeat: the
 series of a group without one, and those of every metric the agent reads itself (/proc), are timed by the read.
 
 Totals are running sums of what each read added (a sum that goes down, a process gone with its series, adds
