@@ -249,3 +249,36 @@ def test_a_process_forked_during_a_counted_step_runs_without_the_counting_mode(t
     assert os.waitstatus_to_exitcode(status) == 0, "the child still had the counting mode"
     step()  # the parent's count goes on and ends
     assert api.S.torch.flops.counted == 1
+
+
+def test_a_count_no_step_end_ends_in_time_stops_counting_and_is_dropped(
+        tmp_path: Path, hooked: Hook, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A loop that stops right after a count began: what its thread runs later (an evaluation) is not one step, is
+    not counted (its operations pass through uncounted), and the count is dropped at the next step end, which
+    takes the mode off; the next count is a normal one."""
+    import time
+
+    from outrider.hook import torch_flops
+
+    monkeypatch.setattr(torch_flops, "COUNT_BOUND_S", 0.3)
+    model, x = nn.Linear(16, 16), torch.randn(4, 16)
+    step = sgd_step(model, x)
+    for _ in range(2):
+        step()
+    hooked.flush()
+    step()  # its end begins the count
+    mode = api.S.torch.flops.mode
+    assert mode is not None and mode.counting
+    time.sleep(0.5)  # the loop has stopped; later, an evaluation on the same thread
+    with torch.no_grad():
+        model(x)
+    assert mode.expired and not mode.counting and not mode.totals, "the evaluation counted as the step's"
+    step()  # a step end, at last: the mode leaves, the count is dropped
+    assert api.S.torch.flops.mode is None and api.S.torch.flops.counted == 0
+    parsed = read(tmp_path, hooked)
+    assert value(parsed, "outrider_hook_dropped_total", rank="", reason="flops_expired") == 1
+    assert value(parsed, "outrider_train_step_flops", rank="", dtype="fp32") is None
+    monkeypatch.setattr(torch_flops, "COUNT_BOUND_S", 60.0)
+    api.S.torch.flops.last_at = None  # due again at once
+    counted_step(hooked, step)
+    assert value(read(tmp_path, hooked), "outrider_train_step_flops", rank="", dtype="fp32") == 2 * 4 * 16 * 16 * 2

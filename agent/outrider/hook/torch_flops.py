@@ -29,7 +29,11 @@ Its cost: the counted step runs every operation through a Python dispatch handle
 per `flops_every_s`; benchmarks/flop_count.py measures it. It never raises into the workload: a formula that fails
 is counted (`flops_error`) and leaves that step uncounted; a step that counted no FLOPs at all (a model of custom
 kernels, a CUDA graph replay) is counted (`flops_uncounted`) and publishes none, so no MFU is made of it; a dispatch
-mode of the workload's own on the stack at the step's end defers the count to a later step (`flops_mode_busy`).
+mode of the workload's own on the stack at the step's end defers the count to a later step (`flops_mode_busy`). A
+count that no step end ends within COUNT_BOUND_S (or STEPS_BOUND times the last step's time) stops counting and is
+dropped at the next step end (`flops_expired`): a loop that stopped right after a count began would otherwise
+count whatever its thread runs next, an evaluation, at the counting's cost. The mode itself can only leave the
+stack at a step end (or a fork, or detach); until then it passes every operation on uncounted.
 """
 
 from __future__ import annotations
@@ -48,6 +52,11 @@ AFTER_STEPS = 2  # the first count: the first step to end after this many
 SHAPE_CHANGE = 0.01  # samples or tokens per step moving by more than this share asks for a new count
 SHAPE_FLUSHES = 3  # flushes in a row with another shape
 SHAPE_MIN_S = 60.0  # the least time between two counts
+# A count not ended by a step end within this long (or STEPS_BOUND of the last step's time, if longer) stops
+# counting: a loop that stopped right after a count began (its last step, or a break) has no step end to leave
+# the mode at, so whatever runs after (an evaluation, a save) would be counted as one step at the counting's cost
+COUNT_BOUND_S = 60.0
+STEPS_BOUND = 10
 BURIED_TRIES = 8  # step ends at which a mode of the workload's sits over ours before we wait for flushes instead
 # dtype names as the FLOPs' label has them (and the peak table: outrider/peaks.py)
 DTYPES = {"float64": "fp64", "float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "float8_e4m3fn": "fp8",
@@ -163,6 +172,9 @@ class FlopCounter:
         backends = torch.backends
         mode = self._mode_class(bool(backends.cuda.matmul.allow_tf32), bool(backends.cudnn.allow_tf32))
         mode.began = perf_counter()
+        ring = self.steps.ring
+        last_step_s = ring.end_of(ring.n - 1) - ring.end_of(ring.n - 2) if ring.n >= 2 else 0.0
+        mode.until = mode.began + max(COUNT_BOUND_S, STEPS_BOUND * last_step_s)
         mode.__enter__()
         self.mode = mode
         self.tries = 0
@@ -181,6 +193,9 @@ class FlopCounter:
             return
         mode.__exit__(None, None, None)
         self.mode = None
+        if mode.expired:
+            self.drop("flops_expired")
+            return
         if not mode.counting:
             return  # buried for a while: its count is not one step's
         self.counted += 1
@@ -231,13 +246,19 @@ def _counting_mode(torch: Any) -> tuple[Any, Any]:
             self.tf32_matmul, self.tf32_conv = tf32_matmul, tf32_conv
             self.totals: dict[tuple[str, str], float] = {}  # (device type, dtype) -> FLOPs
             self.errors = 0
-            self.counting = True  # False: buried under a mode of the workload's, passing everything on
+            self.counting = True  # False: buried under a mode of the workload's, or expired: passing all on
             self.began = 0.0
+            self.until = float("inf")  # perf_counter's time past which the count stops (COUNT_BOUND_S)
+            self.expired = False
 
         def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
             kwargs = kwargs or {}
             if func in passed_on or isinstance(func, higher_order):
                 return NotImplemented
+            if self.counting and perf_counter() > self.until:
+                # no step end came to end the count: what runs now is no longer that step (the mode cannot leave
+                # the stack from inside its own handler, so it stays until a step end, passing everything on)
+                self.counting, self.expired = False, True
             packet = func._overloadpacket
             formula = registry.get(packet)
             if formula is None and func is not device_op and self.counting:
