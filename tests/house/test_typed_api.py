@@ -1,7 +1,9 @@
 """The public hook API is typed for the workload's type checker: `outrider.counter()`, `gauge()`, `histogram()` and
 `in_flight()` return series with their methods' signatures (outrider.CounterSeries, GaugeSeries, HistogramSeries),
 not Any, so mypy in strict mode, reading the package as a user's install does (its py.typed), passes their right
-uses and flags each wrong one on its line."""
+uses and flags each wrong one on its line. So are the hook's own handles, whose wrong use inside the package would
+otherwise pass its type check unseen: `Hook.series(kind, ...)` gives the kind asked for (`Counter | NoopSeries` for
+"counter", ...) and the built-in series (`S.series`, hook/state.BuiltinSeries) are each of their kind."""
 
 from __future__ import annotations
 
@@ -14,6 +16,8 @@ from tests.helpers import REPO
 
 RIGHT = """\
 import outrider
+from outrider.hook.runtime import Hook
+from outrider.hook.state import BuiltinSeries
 
 requests = outrider.counter("requests", {"route": "/generate"})
 requests.inc()
@@ -25,6 +29,14 @@ outrider.histogram("batch_seconds", bounds=(0.1, 1.0)).observe(0.25)
 active = outrider.in_flight("/generate", "POST", "https")
 active.add(1)
 seen: outrider.CounterSeries = outrider.counter("seen")
+hook = Hook()
+hook.series("counter", "outrider_steps_total", builtin=True).set_total(3)
+hook.series("gauge", "g").add(1)
+hook.series("histogram", "h").observe(0.5)
+builtin = BuiltinSeries()
+builtin.step.observe(0.1)
+builtin.samples.inc(8)
+builtin.first_step_at.set(1.0)
 """
 
 # each wrong use and what mypy says of it (the line it is on comes from its place in the script)
@@ -35,6 +47,12 @@ WRONG = {
     'outrider.histogram("x").set(1.0)': r'"HistogramSeries" has no attribute "set"',
     'outrider.in_flight("/").observe(1.0)': r'"GaugeSeries" has no attribute "observe"',
     'total: int = outrider.counter("x")': r'Incompatible types in assignment',
+    'hook.series("counter", "c").observe(1.0)': r'"Counter" of "Counter \| NoopSeries" has no attribute "observe"',
+    'hook.series("histogram", "h").set(1.0)': r'"Histogram" of "Histogram \| NoopSeries" has no attribute "set"',
+    'hook.series("gauge", "g").set("a")': r'Argument 1 to "set" of "Gauge" has incompatible type "str"',
+    'builtin.step.inc()': r'"Histogram" of "Histogram \| NoopSeries" has no attribute "inc"',
+    'builtin.tokens.set_total("a")': r'Argument 1 to "set_total" of "Counter" has incompatible type "str"',
+    'builtin.first_step.observe(1.0)': r'"Gauge" of "Gauge \| NoopSeries" has no attribute "observe"',
 }
 
 

@@ -18,7 +18,16 @@ from collections.abc import Callable, Iterable, Iterator
 from time import perf_counter, time
 from typing import Any, Literal, TypeVar, overload
 
-from outrider.hook.series import DURATION_BOUNDS, CounterSeries, GaugeSeries, HistogramSeries
+from outrider.hook.series import (
+    DURATION_BOUNDS,
+    Counter,
+    CounterSeries,
+    Gauge,
+    GaugeSeries,
+    Histogram,
+    HistogramSeries,
+    NoopSeries,
+)
 from outrider.hook.state import NOOP, BuiltinSeries, DataWaitState, HookState, LoopAccounting, Ring, StepState
 from outrider.hook.torch_data import TIMED_MARK, batch_size
 from outrider.kernel import procfs
@@ -26,6 +35,7 @@ from outrider.kernel import procfs
 LOG = logging.getLogger("outrider.hook")
 F = TypeVar("F", bound=Callable[..., Any])
 T = TypeVar("T")
+Kind = TypeVar("Kind", Counter, Gauge, Histogram)
 
 
 def _active() -> bool:
@@ -97,10 +107,11 @@ def _instrument(spool_dir: str | None, standalone: bool | None) -> bool:
         handles = {key: hook.series(kind, name, bounds=bounds or DURATION_BOUNDS, builtin=True)
                    for key, (kind, name, bounds) in BUILTIN.items()}
         series = S.series
-        series.step, series.samples, series.tokens = handles["step"], handles["samples"], handles["tokens"]
-        series.data_wait, series.first_step = handles["data_wait"], handles["first_step"]
-        series.first_step_at = handles["first_step_at"]
-        series.batch_size = handles["batch_size"]
+        series.step, series.data_wait = _of_kind(handles["step"], Histogram), _of_kind(handles["data_wait"], Histogram)
+        series.samples, series.tokens = _of_kind(handles["samples"], Counter), _of_kind(handles["tokens"], Counter)
+        series.first_step = _of_kind(handles["first_step"], Gauge)
+        series.first_step_at = _of_kind(handles["first_step_at"], Gauge)
+        series.batch_size = _of_kind(handles["batch_size"], Histogram)
         S.identity.process_start_s = _process_start_time() or time()
         S.hook = hook
         register_exit(lambda: S.hook)
@@ -124,6 +135,12 @@ def _instrument(spool_dir: str | None, standalone: bool | None) -> bool:
     except Exception as e:
         LOG.warning("outrider: instrument() failed, continuing without the hook: %s", e)
         return False
+
+
+def _of_kind(s: Counter | Gauge | Histogram | NoopSeries, kind: type[Kind]) -> Kind | NoopSeries:
+    """A built-in handle as the kind its BUILTIN entry names: the registry gives that kind or a refused NoopSeries
+    (anything else, which it never gives, is taken as refused rather than failing at the first step)."""
+    return s if isinstance(s, (kind, NoopSeries)) else NOOP
 
 
 def _attach_torch() -> None:

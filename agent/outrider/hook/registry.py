@@ -23,7 +23,7 @@ import collections
 import logging
 import re
 import threading
-from typing import Any
+from typing import Any, Literal, overload
 
 from outrider import prometheus_names
 from outrider.hook.series import DURATION_BOUNDS, Counter, Dropped, Gauge, Histogram, NoopSeries, Series, log_aside
@@ -54,8 +54,22 @@ class Registry:
         self._kinds: dict[str, str] = {}
         self._per_metric: dict[str, int] = {}
 
+    # Typed by kind: _get gives the kind asked for (KINDS[kind], or a hit of that kind) or a refused NoopSeries; a
+    # kind known only at run time, any of the three
+    @overload
+    def series(self, kind: Literal["counter"], name: str, labels: dict[str, str] | None = ...,
+               bounds: tuple[float, ...] = ..., builtin: bool = ...) -> Counter | NoopSeries: ...
+    @overload
+    def series(self, kind: Literal["gauge"], name: str, labels: dict[str, str] | None = ...,
+               bounds: tuple[float, ...] = ..., builtin: bool = ...) -> Gauge | NoopSeries: ...
+    @overload
+    def series(self, kind: Literal["histogram"], name: str, labels: dict[str, str] | None = ...,
+               bounds: tuple[float, ...] = ..., builtin: bool = ...) -> Histogram | NoopSeries: ...
+    @overload
+    def series(self, kind: str, name: str, labels: dict[str, str] | None = ...,
+               bounds: tuple[float, ...] = ..., builtin: bool = ...) -> Counter | Gauge | Histogram | NoopSeries: ...
     def series(self, kind: str, name: str, labels: dict[str, str] | None = None,
-               bounds: tuple[float, ...] = DURATION_BOUNDS, builtin: bool = False) -> Any:
+               bounds: tuple[float, ...] = DURATION_BOUNDS, builtin: bool = False) -> Series | NoopSeries:
         """The series for name and labels, created on first use; a no-op series (counted) when refused.
 
         builtin: the hook's own series (an outrider_ name); the caps still apply, for labels from user input."""
@@ -67,7 +81,7 @@ class Registry:
         return s if isinstance(s, Counter | NoopSeries) else NoopSeries(name)
 
     def _get(self, kind: str, name: str, labels: dict[str, str] | None, bounds: tuple[float, ...], builtin: bool,
-             capped: bool) -> Any:
+             capped: bool) -> Series | NoopSeries:
         try:
             labels = labels or {}
             if not builtin and isinstance(name, str) and name.startswith(RESERVED_PREFIX):

@@ -191,6 +191,9 @@ class Hook:
         self.spool_dir = s.spool_dir or spool.default_dir()
         trusted = frozenset(s.spool_trusted_uids)
         self.registry = Registry(s.hook_max_series_per_metric, max_series)
+        # Recording: the series for a kind, name and labels (created on first use), typed by kind as the registry's
+        # overloads say (a Counter | NoopSeries for "counter", ...); the registry's own method, no call in between
+        self.series = self.registry.series
         self.drop = self.registry.drop
         self.progress = Progress(s.stall_factor, s.stall_floor_s, s.first_step_timeout_s, s.phase_timeout_s,
                                  s.role, training_hint=bool(os.environ.get("TORCHELASTIC_RUN_ID")))
@@ -218,11 +221,6 @@ class Hook:
 
     def _retry_s(self) -> float:
         return min(WRITER_RETRY_S, max(1.0, 10 * self.settings.flush_interval_s))
-
-    # --- recording ---------------------------------------------------------------------------------------------
-    def series(self, kind: str, name: str, labels: dict[str, str] | None = None,
-               bounds: tuple[float, ...] = DURATION_BOUNDS, builtin: bool = False) -> Any:
-        return self.registry.series(kind, name, labels, bounds, builtin)
 
     # --- the hook's thread -------------------------------------------------------------------------------------
     def start(self) -> bool:

@@ -34,13 +34,14 @@ from __future__ import annotations
 
 import collections
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from outrider.hook.loop import LoopAccount
 from outrider.hook.series import CounterSeries, GaugeSeries, HistogramSeries, NoopSeries
 
-if TYPE_CHECKING:  # for the annotation only
+if TYPE_CHECKING:  # for the annotations only
     from outrider.hook.runtime import Hook
+    from outrider.hook.series import Counter, Gauge, Histogram
 
 
 class TorchPart(Protocol):
@@ -230,13 +231,13 @@ class BuiltinSeries:
     __slots__ = ("batch_size", "data_wait", "first_step", "first_step_at", "samples", "step", "tokens")
 
     def __init__(self) -> None:
-        self.step: Any = NOOP
-        self.samples: Any = NOOP
-        self.tokens: Any = NOOP
-        self.data_wait: Any = NOOP
-        self.first_step: Any = NOOP
-        self.first_step_at: Any = NOOP
-        self.batch_size: Any = NOOP
+        self.step: Histogram | NoopSeries = NOOP
+        self.samples: Counter | NoopSeries = NOOP
+        self.tokens: Counter | NoopSeries = NOOP
+        self.data_wait: Histogram | NoopSeries = NOOP
+        self.first_step: Gauge | NoopSeries = NOOP
+        self.first_step_at: Gauge | NoopSeries = NOOP
+        self.batch_size: Histogram | NoopSeries = NOOP
 
 
 class HookState:

@@ -20,12 +20,11 @@ import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
 
 import promql_parser as pp
 
 from outrider import prometheus_names, regex
-from outrider.rules.store import Labels, SeriesStore
+from outrider.rules.store import Labels, Series, SeriesStore
 from outrider.rules.templates import go_v
 
 LOOKBACK_MS = 300_000
@@ -88,6 +87,30 @@ Vector = list[Sample]
 Value = Vector | float | str
 MatcherKey = tuple[str, tuple[tuple[str, str, str], ...]]
 
+# The parser's stub (promql_parser/__init__.pyi, 0.12) types each enum member as Any (`Re: Any`, `By: Any`): the
+# members used here are named once as what they are, so that comparing with another enum's member is a type error
+# (mypy's strict_equality), as it would be were the stub right.
+MATCH_EQUAL: pp.MatchOp = pp.MatchOp.Equal
+MATCH_NOT_EQUAL: pp.MatchOp = pp.MatchOp.NotEqual
+MATCH_RE: pp.MatchOp = pp.MatchOp.Re
+MATCH_NOT_RE: pp.MatchOp = pp.MatchOp.NotRe
+AGG_BY: pp.AggModifierType = pp.AggModifierType.By
+LABELS_ON: pp.LabelModifierType = pp.LabelModifierType.Include
+ONE_TO_ONE: pp.VectorMatchCardinality = pp.VectorMatchCardinality.OneToOne
+ONE_TO_MANY: pp.VectorMatchCardinality = pp.VectorMatchCardinality.OneToMany
+
+
+def args_of(call: pp.Call) -> list[pp.Expr]:
+    """A call's arguments. The stub types them `List[Any]`; the parser gives an expression for each."""
+    return call.args
+
+
+def param_of(node: pp.AggregateExpr) -> pp.Expr | None:
+    """An aggregation's parameter (topk's k, quantile's phi). The stub types it `Optional[Any]`; the parser gives an
+    expression, or None for an aggregation that takes none."""
+    return node.param
+
+
 # --- the subset -------------------------------------------------------------------------------------------------
 
 RANGE_FUNCTIONS = {
@@ -143,7 +166,7 @@ def nesting(expr: str) -> int:
     return 2 + groups[0][0] + groups[0][1]
 
 
-def parse(expr: str) -> Any:
+def parse(expr: str) -> pp.Expr:
     if nesting(expr) > MAX_DEPTH:
         raise PromQLError(f"an expression nested more than {MAX_DEPTH} levels deep (brackets, calls and operators "
                           "counted), which the agent's embedded evaluator does not take; the rule still works in "
@@ -154,7 +177,7 @@ def parse(expr: str) -> Any:
         raise PromQLError(f"cannot parse: {e}") from None
 
 
-def check(node: Any) -> None:
+def check(node: pp.Expr) -> None:
     """Raise PromQLError naming the first construct outside the embedded subset."""
     if isinstance(node, (pp.NumberLiteral, pp.StringLiteral)):
         return
@@ -168,8 +191,8 @@ def check(node: Any) -> None:
         if node.matchers.or_matchers:
             raise PromQLError("'or' inside a label matcher")
         for m in node.matchers.matchers:
-            if m.op in (pp.MatchOp.Re, pp.MatchOp.NotRe):
-                _check_regex(str(m.value))
+            if m.op in (MATCH_RE, MATCH_NOT_RE):
+                _check_regex(m.value)
         return
     if isinstance(node, pp.MatrixSelector):
         return check(node.vector_selector)
@@ -179,19 +202,22 @@ def check(node: Any) -> None:
         name = node.func.name
         if name not in RANGE_FUNCTIONS and name not in INSTANT_FUNCTIONS:
             raise PromQLError(f"the function {name}()")
-        for arg in node.args:
+        args = args_of(node)
+        for arg in args:
             if name in RANGE_FUNCTIONS and isinstance(unwrap(arg), pp.SubqueryExpr):
                 raise PromQLError(f"a subquery as the argument of {name}()")
             check(arg)
-        if name == "label_replace" and len(node.args) == 5 and isinstance(unwrap(node.args[4]), pp.StringLiteral):
-            _check_regex(str(unwrap(node.args[4]).val))
+        pattern = unwrap(args[4]) if name == "label_replace" and len(args) == 5 else None
+        if isinstance(pattern, pp.StringLiteral):
+            _check_regex(pattern.val)
         return
     if isinstance(node, pp.AggregateExpr):
         op = str(node.op)
         if op not in AGGREGATIONS:
             raise PromQLError(f"the aggregation {op}")
-        if node.param is not None:
-            check(node.param)
+        param = param_of(node)
+        if param is not None:
+            check(param)
         return check(node.expr)
     if isinstance(node, pp.BinaryExpr):
         op = str(node.op)
@@ -218,14 +244,14 @@ def _check_regex(pattern: str) -> None:
         raise PromQLRegexError(f"the pattern {e}") from None
 
 
-def unwrap(node: Any) -> Any:
+def unwrap(node: pp.Expr) -> pp.Expr:
     """The expression inside any brackets: Prometheus takes a function's argument so (`rate((x[5m]))`)."""
     while isinstance(node, pp.ParenExpr):
         node = node.expr
     return node
 
 
-def selectors(node: Any) -> Iterable[tuple[Any, int]]:
+def selectors(node: pp.Expr) -> Iterable[tuple[pp.VectorSelector, int]]:
     """(vector selector, how far back it reads in ms: range + offset) for every selector in the expression."""
     if isinstance(node, pp.VectorSelector):
         yield node, _ms(node.offset) + LOOKBACK_MS
@@ -235,7 +261,7 @@ def selectors(node: Any) -> Iterable[tuple[Any, int]]:
     elif isinstance(node, (pp.ParenExpr, pp.UnaryExpr)):
         yield from selectors(node.expr)
     elif isinstance(node, pp.Call):
-        for arg in node.args:
+        for arg in args_of(node):
             yield from selectors(arg)
     elif isinstance(node, pp.AggregateExpr):
         yield from selectors(node.expr)
@@ -253,20 +279,20 @@ class CompatDifferences:
     normalised_le: list[tuple[str, str]]  # (le as written, as 3 stores it) where they are not the same
 
 
-def compat_differences(node: Any) -> CompatDifferences:
+def compat_differences(node: pp.Expr) -> CompatDifferences:
     """What of the expression Prometheus 2 and 3 evaluate differently, read from its syntax (docs/alerting.md,
     Prometheus 2 and 3). The differences of arithmetic (Kahan sums, NaN in stddev) are left out: they change the
     last bits of a value, or a value that is NaN anyway."""
     out = CompatDifferences([], [], [])
     for vs, _ in selectors(node):
         for m in vs.matchers.matchers:
-            if m.op in (pp.MatchOp.Re, pp.MatchOp.NotRe) and _dot_outside_class(str(m.value)):
-                out.newline_regexes.append(str(m.value))
-            if str(m.name) == "le" and m.op == pp.MatchOp.Equal:
+            if m.op in (MATCH_RE, MATCH_NOT_RE) and _dot_outside_class(m.value):
+                out.newline_regexes.append(m.value)
+            if m.name == "le" and m.op == MATCH_EQUAL:
                 with contextlib.suppress(ValueError):
-                    stored = normalised_le(float(str(m.value)))
-                    if stored != str(m.value):
-                        out.normalised_le.append((str(m.value), stored))
+                    stored = normalised_le(float(m.value))
+                    if stored != m.value:
+                        out.normalised_le.append((m.value, stored))
     _walk_compat(node, out)
     return out
 
@@ -280,17 +306,18 @@ def normalised_le(bound: float) -> str:
     return text if "." in text or "e" in text or "Inf" in text or text == "NaN" else text + ".0"
 
 
-def _walk_compat(node: Any, out: CompatDifferences) -> None:
+def _walk_compat(node: pp.Expr, out: CompatDifferences) -> None:
     if isinstance(node, pp.MatrixSelector):
         out.ranges.append(pp.display_duration(node.range))
     elif isinstance(node, (pp.ParenExpr, pp.UnaryExpr)):
         _walk_compat(node.expr, out)
     elif isinstance(node, pp.Call):
-        if node.func.name == "label_replace" and len(node.args) == 5:
-            pattern = unwrap(node.args[4])
-            if isinstance(pattern, pp.StringLiteral) and _dot_outside_class(str(pattern.val)):
-                out.newline_regexes.append(str(pattern.val))
-        for arg in node.args:
+        args = args_of(node)
+        if node.func.name == "label_replace" and len(args) == 5:
+            pattern = unwrap(args[4])
+            if isinstance(pattern, pp.StringLiteral) and _dot_outside_class(pattern.val):
+                out.newline_regexes.append(pattern.val)
+        for arg in args:
             _walk_compat(arg, out)
     elif isinstance(node, pp.AggregateExpr):
         _walk_compat(node.expr, out)
@@ -326,12 +353,12 @@ def _ms(td: timedelta | None) -> int:
     return round(td.total_seconds() * 1000)
 
 
-def selector_name(vs: Any) -> str | None:
+def selector_name(vs: pp.VectorSelector) -> str | None:
     if vs.name:
-        return str(vs.name)
+        return vs.name
     for m in vs.matchers.matchers:
-        if m.name == NAME and m.op == pp.MatchOp.Equal:
-            return str(m.value)
+        if m.name == NAME and m.op == MATCH_EQUAL:
+            return m.value
     return None
 
 
@@ -366,14 +393,14 @@ def _equals(value: str) -> Callable[[str], bool]:
     return lambda v: v == value
 
 
-def _matcher(m: Any, dot_matches_newline: bool) -> Callable[[str], bool]:
-    value = str(m.value)
-    if m.op == pp.MatchOp.Equal:
+def _matcher(m: pp.Matcher, dot_matches_newline: bool) -> Callable[[str], bool]:
+    value = m.value
+    if m.op == MATCH_EQUAL:
         return lambda v: v == value
-    if m.op == pp.MatchOp.NotEqual:
+    if m.op == MATCH_NOT_EQUAL:
         return lambda v: v != value
     fullmatch = _fullmatcher(value, dot_matches_newline)
-    if m.op == pp.MatchOp.Re:
+    if m.op == MATCH_RE:
         return lambda v: fullmatch(v) is not None
     return lambda v: fullmatch(v) is None
 
@@ -411,11 +438,11 @@ class Evaluator:
         # expression and freed can leave its id to a node of the next one (`rules test` parses each expr).
         self._matchers: dict[MatcherKey, list[tuple[str, Callable[[str], bool]]]] = {}
 
-    def instant(self, node: Any, ts: int) -> Value:
+    def instant(self, node: pp.Expr, ts: int) -> Value:
         self.ts = ts
         return self._eval(node)
 
-    def vector(self, node: Any, ts: int) -> Vector:
+    def vector(self, node: pp.Expr, ts: int) -> Vector:
         out = self.instant(node, ts)
         if isinstance(out, float):
             return [Sample((), out)]
@@ -425,23 +452,23 @@ class Evaluator:
 
     # selectors
 
-    def _compiled(self, vs: Any) -> list[tuple[str, Callable[[str], bool]]]:
-        key = (str(vs.name or ""), tuple((str(m.name), str(m.op), str(m.value)) for m in vs.matchers.matchers))
+    def _compiled(self, vs: pp.VectorSelector) -> list[tuple[str, Callable[[str], bool]]]:
+        key = (vs.name or "", tuple((m.name, str(m.op), m.value) for m in vs.matchers.matchers))
         got = self._matchers.get(key)
         if got is None:
-            got = [(str(m.name), _matcher(m, self.compat.dot_matches_newline)) for m in vs.matchers.matchers]
+            got = [(m.name, _matcher(m, self.compat.dot_matches_newline)) for m in vs.matchers.matchers]
             if vs.name:
-                got.append((NAME, _equals(str(vs.name))))
+                got.append((NAME, _equals(vs.name)))
             self._matchers[key] = got
         return got
 
-    def _series(self, vs: Any) -> Iterable[tuple[Labels, Any]]:
+    def _series(self, vs: pp.VectorSelector) -> Iterable[tuple[Labels, Series]]:
         matchers = self._compiled(vs)
         for labels, series in self.store.candidates(selector_name(vs)):
             if all(ok(get(labels, name)) for name, ok in matchers):
                 yield labels, series
 
-    def _select_instant(self, vs: Any) -> Vector:
+    def _select_instant(self, vs: pp.VectorSelector) -> Vector:
         ref = self.ts - _ms(vs.offset)
         out = []
         for labels, series in self._series(vs):
@@ -450,7 +477,7 @@ class Evaluator:
                 out.append(Sample(labels, got))
         return out
 
-    def _sample_times(self, vs: Any) -> list[tuple[Labels, int]]:
+    def _sample_times(self, vs: pp.VectorSelector) -> list[tuple[Labels, int]]:
         """(labels, time of the sample) for what the instant selector vs selects."""
         ref = self.ts - _ms(vs.offset)
         out = []
@@ -459,7 +486,7 @@ class Evaluator:
                 out.append((labels, series.times[bisect.bisect_right(series.times, ref) - 1]))
         return out
 
-    def _select_range(self, ms: Any) -> list[tuple[Labels, Sequence[int], Sequence[float]]]:
+    def _select_range(self, ms: pp.MatrixSelector) -> list[tuple[Labels, Sequence[int], Sequence[float]]]:
         vs = ms.vector_selector
         end = self.ts - _ms(vs.offset)
         start = end - _ms(ms.range)
@@ -472,7 +499,7 @@ class Evaluator:
 
     # the tree
 
-    def _eval(self, node: Any) -> Value:
+    def _eval(self, node: pp.Expr) -> Value:
         if isinstance(node, pp.NumberLiteral):
             return float(node.val)
         if isinstance(node, pp.StringLiteral):
@@ -501,12 +528,12 @@ class Evaluator:
 
     # functions
 
-    def _call(self, node: Any) -> Value:
-        out = self._function(node.func.name, [unwrap(a) for a in node.args])
+    def _call(self, node: pp.Call) -> Value:
+        out = self._function(node.func.name, [unwrap(a) for a in args_of(node)])
         # A function that drops the name can leave two series with one label set: Prometheus refuses the result
         return _unique(out) if isinstance(out, list) else out
 
-    def _function(self, name: str, args: list[Any]) -> Value:
+    def _function(self, name: str, args: list[pp.Expr]) -> Value:
         if name in RANGE_FUNCTIONS:
             return self._range_call(name, args)
         if name == "time":
@@ -537,7 +564,7 @@ class Evaluator:
         fn = _simple_function(name, extra)
         return [Sample(self._drop(s.labels), fn(s.value)) for s in vec]
 
-    def _range_call(self, name: str, args: list[Any]) -> Vector:
+    def _range_call(self, name: str, args: list[pp.Expr]) -> Vector:
         # quantile_over_time(phi, m[r]) takes its range second; every other range function first
         at = 1 if name == "quantile_over_time" else 0
         ms = args[at] if len(args) > at else None
@@ -566,7 +593,7 @@ class Evaluator:
             out.append(Sample(with_label(s.labels, dst, _expand(m, repl)) if m else s.labels, s.value))
         return out
 
-    def _scalar(self, node: Any) -> float:
+    def _scalar(self, node: pp.Expr) -> float:
         v = self._eval(node)
         if isinstance(v, float):
             return v
@@ -574,13 +601,13 @@ class Evaluator:
             return v[0].value
         raise PromQLError("expected a scalar argument")
 
-    def _string(self, node: Any) -> str:
+    def _string(self, node: pp.Expr) -> str:
         v = self._eval(node)
         if not isinstance(v, str):
             raise PromQLError("expected a string argument")
         return v
 
-    def _vector(self, node: Any) -> Vector:
+    def _vector(self, node: pp.Expr) -> Vector:
         v = self._eval(node)
         if not isinstance(v, list):
             raise PromQLError("expected an instant vector argument")
@@ -588,13 +615,13 @@ class Evaluator:
 
     # aggregations
 
-    def _aggregate(self, node: Any) -> Vector:
+    def _aggregate(self, node: pp.AggregateExpr) -> Vector:
         op = str(node.op)
         vec = self._vector(node.expr)
         mod = node.modifier
-        by = mod is None or mod.type == pp.AggModifierType.By
+        by = mod is None or mod.type == AGG_BY
         names = list(mod.labels) if mod is not None else []
-        param = self._scalar(node.param) if op in ("quantile", "topk", "bottomk") else 0.0
+        param = self._scalar(self._param(node)) if op in ("quantile", "topk", "bottomk") else 0.0
         if op in ("topk", "bottomk"):
             k = _k(param, self.compat)
             if k < 1:
@@ -619,9 +646,16 @@ class Evaluator:
             out.append(Sample(key, _aggregate_values(op, [s.value for s in members], param, self.compat)))
         return out
 
+    @staticmethod
+    def _param(node: pp.AggregateExpr) -> pp.Expr:
+        param = param_of(node)
+        if param is None:  # the parser refuses quantile, topk and bottomk without one
+            raise PromQLError(f"{node.op} without its parameter")
+        return param
+
     # binary operators
 
-    def _binary(self, node: Any) -> Value:
+    def _binary(self, node: pp.BinaryExpr) -> Value:
         op = str(node.op)
         mod = node.modifier
         return_bool = bool(mod is not None and mod.return_bool)
@@ -636,11 +670,11 @@ class Evaluator:
             return _unique(self._vector_scalar(op, lhs, rhs, return_bool))
         assert isinstance(lhs, list) and isinstance(rhs, list)
         matching = mod.matching if mod is not None else None
-        on = matching is not None and matching.type == pp.LabelModifierType.Include
+        on = matching is not None and matching.type == LABELS_ON
         names = list(matching.labels) if matching is not None else []
         if op in SET_OPS:
             return _set_op(op, lhs, rhs, names, on)
-        card = mod.card if mod is not None else pp.VectorMatchCardinality.OneToOne
+        card = mod.card if mod is not None else ONE_TO_ONE
         include = list(mod.group_labels or []) if mod is not None else []
         return _vector_vector(op, lhs, rhs, Matching(names, on, card, include, return_bool), self.compat)
 
@@ -682,7 +716,7 @@ class Matching:
 
     names: list[str]
     on: bool
-    card: Any
+    card: pp.VectorMatchCardinality
     include: list[str]
     return_bool: bool
 
@@ -743,17 +777,17 @@ def _expand(m: regex.Match, template: str) -> str:
     return "".join(out)
 
 
-def _absent_labels(vs: Any) -> Labels:
+def _absent_labels(vs: pp.VectorSelector) -> Labels:
     """The labels absent() gives, as Prometheus's createLabelsForAbsentFunction: those of the equality matchers,
     less any label matched also otherwise (twice, or by !=, =~, !~) and any matched to ""."""
     labels: dict[str, str] = {}
     dropped = set()
     for m in vs.matchers.matchers:
-        name = str(m.name)
+        name = m.name
         if name == NAME:
             continue
-        if m.op == pp.MatchOp.Equal and name not in labels:
-            labels[name] = str(m.value)
+        if m.op == MATCH_EQUAL and name not in labels:
+            labels[name] = m.value
         else:
             dropped.add(name)
     return tuple(sorted((k, v) for k, v in labels.items() if k not in dropped and v))
@@ -817,7 +851,7 @@ def _set_op(op: str, lhs: Vector, rhs: Vector, names: list[str], on: bool) -> Ve
 
 def _vector_vector(op: str, lhs: Vector, rhs: Vector, matching: Matching, compat: Compat) -> Vector:
     names, on = matching.names, matching.on
-    swapped = matching.card == pp.VectorMatchCardinality.OneToMany
+    swapped = matching.card == ONE_TO_MANY
     many, one = (rhs, lhs) if swapped else (lhs, rhs)
     one_side: dict[Labels, Sample] = {}
     for s in one:
@@ -827,7 +861,7 @@ def _vector_vector(op: str, lhs: Vector, rhs: Vector, matching: Matching, compat
             raise PromQLError(f"found duplicate series for the match group {dict(sig)} on the {side} hand side "
                               "of the operation: many-to-many matching not allowed")
         one_side[sig] = s
-    one_to_one = matching.card == pp.VectorMatchCardinality.OneToOne
+    one_to_one = matching.card == ONE_TO_ONE
     seen: set[Labels] = set()
     out: Vector = []
     for s in many:

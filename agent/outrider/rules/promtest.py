@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import promql_parser as pp
+
 from outrider.rules import promql
 from outrider.rules.promql import Evaluator
 from outrider.rules.rule import AlertingRule, Group, load_groups, parse_duration
@@ -65,9 +67,9 @@ def _count(digits: str, text: str) -> int:
 
 def parse_series(text: str) -> tuple[str, list[tuple[str, str]]]:
     node = promql.parse(text)
-    if not hasattr(node, "matchers") or node.name is None:
+    if not isinstance(node, pp.VectorSelector) or node.name is None:  # the one node that has matchers
         raise PromTestError(f"cannot read series {text!r}")
-    return str(node.name), [(str(m.name), str(m.value)) for m in node.matchers.matchers]
+    return node.name, [(m.name, m.value) for m in node.matchers.matchers]
 
 
 @dataclass
@@ -183,7 +185,9 @@ def _check_expr(test: dict[str, Any], ev: Evaluator, ts: int, result: CaseResult
         text = exp.get("labels", "")
         if text.startswith("{"):
             node = promql.parse("x" + text)
-            want[tuple(sorted((str(m.name), str(m.value)) for m in node.matchers.matchers))] = float(exp["value"])
+            if not isinstance(node, pp.VectorSelector):  # `{a="1"}[5m]`, `{a="1"} + y`: not a label set
+                raise PromTestError(f"cannot read labels {text!r}")
+            want[tuple(sorted((m.name, m.value) for m in node.matchers.matchers))] = float(exp["value"])
         else:
             name, pairs = parse_series(text) if text else ("", [])
             want[make_labels(name, pairs) if name else ()] = float(exp["value"])

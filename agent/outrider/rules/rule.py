@@ -14,12 +14,15 @@ import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from outrider.rules import promql
 from outrider.rules.promql import Evaluator, PromQLError
 from outrider.rules.store import STALE, Labels, SeriesStore
 from outrider.rules.templates import Template, TemplateError
+
+if TYPE_CHECKING:
+    import promql_parser as pp
 
 RESOLVED_RETENTION_MS = 15 * 60 * 1000
 DURATION = re.compile(r"(\d+)(ms|s|m|h|d|w|y)")
@@ -110,7 +113,7 @@ def fingerprint(labels: Labels) -> str:
 class RecordingRule:
     name: str
     expr_text: str
-    expr: Any
+    expr: pp.Expr
     labels: dict[str, str]
     last_error: str = ""
 
@@ -142,7 +145,7 @@ class RecordingRule:
 class AlertingRule:
     name: str
     expr_text: str
-    expr: Any
+    expr: pp.Expr
     hold_ms: int
     keep_firing_ms: int
     labels: dict[str, Template]
