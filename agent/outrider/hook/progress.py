@@ -37,6 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from time import perf_counter
 
+from outrider.hook.settings import KEYS
 from outrider.kernel import procfs
 
 RECENT = 32
@@ -54,8 +55,9 @@ class Stall:
 
 
 class Progress:
-    def __init__(self, stall_factor: float = 10.0, stall_floor_s: float = 300.0, first_step_timeout_s: float = 1800.0,
-                 phase_timeout_s: float = 3600.0, role: str = "", training_hint: bool = False,
+    def __init__(self, stall_factor: float = KEYS["stall_factor"], stall_floor_s: float = KEYS["stall_floor_s"],
+                 first_step_timeout_s: float = KEYS["first_step_timeout_s"],
+                 phase_timeout_s: float = KEYS["phase_timeout_s"], role: str = "", training_hint: bool = False,
                  written: Callable[[], int | None] | None = None) -> None:
         """written: bytes this process has written to storage so far (None: unknown); /proc/self/io by default."""
         self.stall_factor = stall_factor

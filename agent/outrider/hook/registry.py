@@ -26,15 +26,18 @@ from typing import Any
 
 from outrider import spool
 from outrider.hook.series import DURATION_BOUNDS, Counter, Dropped, Gauge, Histogram, NoopSeries, Series, log_aside
+from outrider.hook.settings import KEYS
 
 LOG = logging.getLogger("outrider.hook")
 RESERVED_PREFIX = "outrider_"
+MAX_SERIES = 2000  # series a process registers at most (its label sets per metric: hook_max_series_per_metric)
 KINDS: dict[str, type[Series]] = {"counter": Counter, "gauge": Gauge, "histogram": Histogram}
 SeriesKey = tuple[str, tuple[tuple[str, str], ...]]
 
 
 class Registry:
-    def __init__(self, max_series_per_metric: int = 100, max_series: int = 2000) -> None:
+    def __init__(self, max_series_per_metric: int = KEYS["hook_max_series_per_metric"],
+                 max_series: int = MAX_SERIES) -> None:
         self.max_series_per_metric = max_series_per_metric
         self.max_series = max_series
         self.drop = Dropped()
