@@ -225,9 +225,13 @@ class Progress:
         return now - since, threshold, f"no step completed after {self.steps} steps"
 
     def _step_threshold(self) -> float:
+        return max(self.stall_factor * self.typical_step_s(), self.stall_floor_s)
+
+    def typical_step_s(self) -> float:
+        """The median of the recent steps' durations (the upper one of an even count), 0 before any: what a stall
+        (here) and an idle loop (hook/profiler.py) are judged against."""
         recent = sorted(d for d in self.recent if d > 0)
-        median = recent[len(recent) // 2] if recent else 0.0
-        return max(self.stall_factor * median, self.stall_floor_s)
+        return recent[len(recent) // 2] if recent else 0.0
 
     def _checkpoint_wait(self, now: float, step_threshold: float) -> tuple[float, float, str]:
         """A recognised checkpoint runs: stalled past its learned limit, or when it writes nothing for long."""
