@@ -68,15 +68,19 @@ class Config:
     shutdown_timeout_s: float = field(default=5.0, metadata={
         "help": "bound on the final sweep and flush after SIGTERM/SIGINT"})
     log_level: str = field(default="info", metadata={"help": "debug, info, warning or error"})
-    spool_dir: str = field(default="", metadata={
+    # The hook's settings take their defaults from the hook (hook/settings.py, KEYS), which reads them without the
+    # agent: one default, whichever side reads the key.
+    spool_dir: str = field(default=hook_settings.KEYS["spool_dir"], metadata={
         "help": "directory of the hook's per-process shards (a shared emptyDir in a pod); empty: "
                 "/tmp/outrider-spool-UID, or a fresh one per `outrider run`"})
-    flush_interval_s: float = field(default=1.0, metadata={"help": "seconds between the hook's shard updates"})
-    hook_max_series_per_metric: int = field(default=100, metadata={
+    flush_interval_s: float = field(default=hook_settings.KEYS["flush_interval_s"], metadata={
+        "help": "seconds between the hook's shard updates"})
+    hook_max_series_per_metric: int = field(default=hook_settings.KEYS["hook_max_series_per_metric"], metadata={
         "help": "label sets one hook metric may have per process; more are dropped and counted"})
-    stall_factor: float = field(default=10.0, metadata={
+    stall_factor: float = field(default=hook_settings.KEYS["stall_factor"], metadata={
         "help": "a step is stalled after stall_factor x the recent median step time (and stall_floor_s)"})
-    stall_floor_s: float = field(default=300.0, metadata={"help": "never call a stall before this many seconds"})
+    stall_floor_s: float = field(default=hook_settings.KEYS["stall_floor_s"], metadata={
+        "help": "never call a stall before this many seconds"})
     k8s_labels: tuple[str, ...] = field(default=("pod", "namespace", "node", "container"), metadata={
         "help": "Kubernetes identity labels exported (from the Downward API variables POD_NAME, POD_NAMESPACE, "
                 "NODE_NAME, CONTAINER_NAME) on outrider_k8s_info and as OTLP resource attributes; an allow-list"})
@@ -134,7 +138,7 @@ class Config:
     resend_interval_s: float = field(default=60.0, metadata={
         "help": "seconds between re-sends of firing alerts to Alertmanager (their lease is 4x this)"})
     alert_log: bool = field(default=True, metadata={"help": "log every alert transition on the agent's log"})
-    standalone: bool = field(default=True, metadata={
+    standalone: bool = field(default=hook_settings.KEYS["standalone"], metadata={
         "help": "with no agent on the spool, an instrumented process starts one as a separate process (`outrider "
                 "standalone`), which exits after the last instrumented process"})
     first_step_timeout_s: float = field(default=hook_settings.KEYS["first_step_timeout_s"], metadata={
@@ -148,15 +152,15 @@ class Config:
         "help": "seconds between two counts of a training step's FLOPs (one step counted: the first after two, "
                 "then one this often or when the steps' shape changes), for the model FLOPs utilisation; 0: never "
                 "(hook)"})
-    training_job: str = field(default="", metadata={
+    training_job: str = field(default=hook_settings.KEYS["training_job"], metadata={
         "help": "the training job's name, labelling every hook series (training_job) so ranks of one job group "
                 "across pods and nodes; empty: derived from the launcher or the platform (torchrun, JobSet, Ray, "
                 "Volcano, Kubeflow, the pod's subdomain, an Indexed Job: docs/instrumenting.md, Training job "
                 "identity) (hook)"})
-    role: str = field(default="", metadata={
+    role: str = field(default=hook_settings.KEYS["role"], metadata={
         "help": "training or inference; empty: judged from what the process does (an optimizer, a DDP/FSDP "
                 "wrapper or a process group built: training) (hook)"})
-    spool_trusted_uids: tuple[int, ...] = field(default=(), metadata={
+    spool_trusted_uids: tuple[int, ...] = field(default=hook_settings.KEYS["spool_trusted_uids"], metadata={
         "help": "uids whose shards the agent reads besides its own and those of the processes it watches; owners "
                 "a configured spool may have besides the user and root"})
     k8s_pod_resources_socket: str = field(default="", metadata={

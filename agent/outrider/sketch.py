@@ -53,6 +53,12 @@ def lower_bound(i: int) -> float:
     return math.pow(2.0, i / _PER_OCTAVE)
 
 
+def quantile_rank(q: float, count: int) -> int:
+    """The rank (from 1) of the value that is the q-quantile of count values: ceil(q * count), the first for q 0.
+    Sketch.quantile's, and the bootstrap's over a sketch's points (runs/stats.py)."""
+    return max(1, math.ceil(q * count))
+
+
 def representative(i: int) -> float:
     """The value reported for bucket i: within RELATIVE_ERROR of every value in it (2ab / (a + b))."""
     lo, hi = lower_bound(i), upper_bound(i)
@@ -169,7 +175,7 @@ class Sketch:
         total = self.count
         if total == 0 or not 0.0 <= q <= 1.0:
             return None
-        rank = max(1, math.ceil(q * total))
+        rank = quantile_rank(q, total)
         seen = self.zero
         if seen >= rank:
             return 0.0

@@ -119,11 +119,9 @@ HEAD_BYTES = _HEAD.size + _LAYOUT.size
 _SEQ = struct.Struct("<Q")
 SEQ_OFFSET = 16
 
-# What the reader accepts in a directory entry: Prometheus's grammar for names, neither a name nor a label Prometheus
-# keeps for itself (up, ALERTS, __*: outrider/prometheus_names.py), and the labels the agent adds itself (rank,
-# training_job) or that a histogram owns (le) kept out of the workload's hands.
-METRIC_NAME_RE = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
-LABEL_NAME_RE = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
+# What a series in a shard may be named and labelled (name_refusal, label_refusal): Prometheus's grammar, neither a
+# name nor a label Prometheus keeps for itself (up, ALERTS, __*: outrider/prometheus_names.py), and the labels the
+# agent adds itself (rank, training_job) or that a histogram owns (le, quantile) kept out of the workload's hands.
 RESERVED_LABELS = frozenset({"rank", "training_job", "le", "quantile"})
 KINDS = ("counter", "gauge", "histogram")
 MAX_LABEL_VALUE = 128
@@ -1014,14 +1012,52 @@ def parse_directory(directory: bytes) -> tuple[dict[str, Any], list[Any], list[A
     return {str(k): v for k, v in meta.items() if isinstance(v, (str, int, float))}, entries, sketches
 
 
-def _text(value: Any, what: str) -> str:
+ACCEPTED = ("", "")
+
+
+def _not_text(value: Any, what: str) -> str:
+    """Why value cannot be written as text ("" when it can)."""
     if not isinstance(value, str):
-        raise TypeError(f"{what} is not a string")
+        return f"{what} is not a string"
+    if value.isascii():  # most names and values: no copy made
+        return ""
     try:
         value.encode("utf-8")
-    except UnicodeEncodeError:
-        raise ValueError(f"{what} is not valid UTF-8") from None
-    return value
+    except UnicodeEncodeError:  # a lone surrogate: a path or variable that was not UTF-8
+        return f"{what} is not valid UTF-8"
+    return ""
+
+
+def name_refusal(name: Any) -> tuple[str, str]:
+    """Why no series may have this name, as (reason, why): the writer refuses it when the series is created and counts
+    the reason (hook/registry.py, outrider_hook_dropped_total), the reader refuses such an entry and keeps the why.
+    ACCEPTED when it may. The one statement of the rule, so the hook never writes what the reader drops."""
+    why = _not_text(name, "the metric name")
+    if why:
+        return "invalid_name", why
+    if not prometheus_names.METRIC_NAME.fullmatch(name):
+        return "invalid_name", f"invalid metric name {name[:80]!r}"
+    if name.startswith(prometheus_names.INTERNAL_PREFIX):  # Prometheus's own: counted as reserved, read as invalid
+        return "reserved_name", f"invalid metric name {name[:80]!r}"
+    if prometheus_names.reserved_metric(name):
+        return "reserved_name", f"reserved metric name {name!r}: Prometheus writes a series of that name itself"
+    return ACCEPTED
+
+
+def label_refusal(name: str, key: Any, value: Any) -> tuple[str, str]:
+    """Why a series named name may not carry this label, as (reason, why) (see name_refusal); ACCEPTED when it may."""
+    why = _not_text(key, f"{name}: a label name")
+    if why:
+        return "invalid_label_name", why
+    if not prometheus_names.LABEL_NAME.fullmatch(key) or prometheus_names.reserved_label(key) or \
+            key in RESERVED_LABELS:
+        return "invalid_label_name", f"{name}: invalid or reserved label name {key[:80]!r}"
+    why = _not_text(value, f"{name}: the value of label {key}")
+    if why:
+        return "invalid_label_value", why
+    if len(value) > MAX_LABEL_VALUE:
+        return "invalid_label_value", f"{name}: label {key} longer than {MAX_LABEL_VALUE} characters"
+    return ACCEPTED
 
 
 def _series(entry: Any, values: tuple[float, ...]) -> SeriesEntry:
@@ -1029,23 +1065,18 @@ def _series(entry: Any, values: tuple[float, ...]) -> SeriesEntry:
     if not isinstance(entry, list) or len(entry) != 5:
         raise ValueError("an entry is not [name, kind, labels, offset, bounds]")
     name, kind, labels, offset, bounds = entry
-    name = _text(name, "the metric name")
-    if not METRIC_NAME_RE.fullmatch(name) or name.startswith("__"):
-        raise ValueError(f"invalid metric name {name[:80]!r}")
-    if prometheus_names.reserved_metric(name):
-        raise ValueError(f"reserved metric name {name!r}: Prometheus writes a series of that name itself")
+    why = name_refusal(name)[1]
+    if why:
+        raise ValueError(why)
     if kind not in KINDS:
         raise ValueError(f"{name}: unknown kind {str(kind)[:20]!r}")
     if not isinstance(labels, dict):
         raise TypeError(f"{name}: labels are not an object")
     clean: dict[str, str] = {}
     for k, v in labels.items():
-        k = _text(k, f"{name}: a label name")
-        if not LABEL_NAME_RE.fullmatch(k) or prometheus_names.reserved_label(k) or k in RESERVED_LABELS:
-            raise ValueError(f"{name}: invalid or reserved label name {k[:80]!r}")
-        v = _text(v, f"{name}: the value of label {k}")
-        if len(v) > MAX_LABEL_VALUE:
-            raise ValueError(f"{name}: label {k} longer than {MAX_LABEL_VALUE} characters")
+        why = label_refusal(name, k, v)[1]
+        if why:
+            raise ValueError(why)
         clean[k] = v
     if not isinstance(bounds, list) or (kind == "histogram") != bool(bounds):
         raise ValueError(f"{name}: bounds do not match its kind")

@@ -12,6 +12,9 @@ import yaml
 
 from outrider.collectors import resolve
 from outrider.config import BOUNDS, Config, ConfigError, load, otlp_enabled, to_yaml
+from outrider.hook.progress import Progress
+from outrider.hook.registry import Registry
+from outrider.hook.settings import KEYS
 from tests.helpers import REPO, outrider_cmd
 
 
@@ -288,3 +291,16 @@ def test_show_keeps_a_value_with_a_line_break_on_its_own_line_beside_its_source(
     assert yaml.safe_load(job.split("  # ")[0]) == {"alert_job": "train\njob: evil"}
     assert yaml.safe_load(next(ln for ln in lines if ln.startswith("spool_dir:")).split("  # ")[0]) == {
         "spool_dir": "/a\n/b"}
+
+
+def test_every_hook_setting_has_the_hooks_default_on_every_side() -> None:
+    """The hook reads its keys without the agent (hook/settings.py); the agent's configuration, the registry and the
+    stall judge take that default, so `outrider run` hands a child nothing it did not set (config.hook_environment
+    compares with it). `listen` differs on purpose: the agent's own address, not that of an agent the hook starts."""
+    shared = [k for k in KEYS if k in Config.__dataclass_fields__ and k != "listen"]
+    assert len(shared) == len(KEYS) - 1
+    assert {k: getattr(Config(), k) for k in shared} == {k: KEYS[k] for k in shared}
+    assert Registry().max_series_per_metric == KEYS["hook_max_series_per_metric"]
+    p = Progress()
+    assert (p.stall_factor, p.stall_floor_s, p.first_step_timeout_s, p.phase_timeout_s) == (
+        KEYS["stall_factor"], KEYS["stall_floor_s"], KEYS["first_step_timeout_s"], KEYS["phase_timeout_s"])

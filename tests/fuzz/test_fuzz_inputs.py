@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
+from outrider import prometheus_names
 from outrider import spool as shard  # the shard format lives in the spool contract
 from outrider.config import FIELDS, ConfigError, load
 from outrider.metrics.catalog import CATALOG
@@ -68,8 +69,8 @@ def test_mutated_and_truncated_shards_are_a_format_error_or_decode(tmp_path_fact
             assert cut is not None and e.reason == "truncated", str(e)
         return
     for name, kind, labels, values, bounds in snap.series:  # what decodes is well-formed and renders validly
-        assert shard.METRIC_NAME_RE.fullmatch(name) and kind in shard.KINDS
-        assert all(shard.LABEL_NAME_RE.fullmatch(k) and k not in shard.RESERVED_LABELS for k in labels)
+        assert prometheus_names.METRIC_NAME.fullmatch(name) and kind in shard.KINDS
+        assert all(prometheus_names.LABEL_NAME.fullmatch(k) and k not in shard.RESERVED_LABELS for k in labels)
         assert all(isinstance(v, float) and v == v and abs(v) != float("inf") for v in values)
         assert len(values) == (len(bounds) + 2 if kind == "histogram" else 1)
 

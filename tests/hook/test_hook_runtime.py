@@ -14,6 +14,7 @@ from outrider.clock import Clock
 from outrider.collectors.base import CollectorContext
 from outrider.collectors.hook import HookCollector
 from outrider.config import Config
+from outrider.hook.progress import Progress
 from outrider.hook.runtime import Hook, Identity
 from outrider.hook.series import NoopSeries
 from outrider.hook.settings import HookSettings
@@ -55,6 +56,19 @@ def test_invalid_and_excess_series_are_refused_and_counted(tmp_path: Path) -> No
     _, parsed = agent_view(tmp_path)
     assert value(parsed, "outrider_hook_dropped_total", reason="series_limit_per_metric", rank="") == 2
     assert sum(1 for (n, _) in parsed if n == "req_total") == 3
+
+
+@pytest.mark.parametrize(("durations", "typical"), [
+    ([], 0.0), ([0.0, 0.0], 0.0), ([0.5], 0.5), ([0.4, 0.1, 0.3, 0.2], 0.3), ([0.0, 0.9, 0.1, 0.0, 0.5], 0.5),
+    ([0.2, 0.1, 0.3], 0.2),
+])
+def test_the_typical_step_is_the_upper_median_of_the_recent_timed_ones(durations: list[float],
+                                                                        typical: float) -> None:
+    """One median judges both a stall (stall_factor times it) and an idle loop (the profiler's IDLE_STEPS)."""
+    p = Progress(stall_factor=10.0, stall_floor_s=1.0)
+    p.record_steps(max(1, len(durations)), 1.0, durations)
+    assert p.typical_step_s() == typical
+    assert p._step_threshold() == max(10.0 * typical, 1.0)
 
 
 def test_publish_and_merge_two_processes_by_rank(tmp_path: Path) -> None:

@@ -64,6 +64,16 @@ def test_the_statistics_of_the_points_are_the_sketchs_own() -> None:
     assert got[3] == pytest.approx(sketch.mean())
 
 
+@pytest.mark.parametrize("values", [[0.0, 0.0, 1.0, 2.0], [1.0, 1.0, 2.0, 4.0, 4.0], [3.0], [0.0], [0.5, 8.0]])
+def test_a_quantile_of_the_points_is_the_sketchs_at_every_rank_edge(values: list[float]) -> None:
+    """At q on and either side of each item's rank (ceil(q * count): sketch.quantile_rank), the zero bucket
+    included: the bootstrap's statistic is the value Sketch.quantile reads, not its neighbour."""
+    sketch = Sketch.of_values(values)
+    n = len(values)
+    qs = sorted({min(1.0, max(0.0, k / n + d)) for k in range(n + 1) for d in (-1e-9, 0.0, 1e-9)})
+    assert stats.of_points(sketch.points(), qs) == [sketch.quantile(q) for q in qs]
+
+
 def _coverage(n: int, sigma: float, truth: float, reps: int, stat: float | str) -> float:
     """How often compare's interval for `stat` of lognormal steps (B's median `truth` times A's) covers the true
     ratio, over seeded repetitions of two runs of n steps."""

@@ -127,6 +127,31 @@ def test_a_label_value_is_at_most_128_characters(tmp_path: Path, value: str, kep
     w.close()
 
 
+# Names and labels at each edge of the rule (spool.name_refusal, label_refusal): the grammar's first and later
+# characters, the names and labels Prometheus and the agent keep, and the hook's own refusals (colons, outrider_).
+@pytest.mark.parametrize(("name", "labels"), [
+    ("x", {}), ("_", {}), ("X_9", {}), ("9x", {}), ("x-y", {}), ("", {}), ("é", {}), ("x:y", {}), (":x", {}),
+    ("_x", {}), ("__x", {}), ("__name__", {}), ("up", {}), ("up_total", {}), ("ALERTS", {}), ("alerts", {}),
+    ("scrape_series_added", {}), ("outrider_x", {}),
+    ("x", {"_": "v"}), ("x", {"a9": ""}), ("x", {"9a": "v"}), ("x", {"a:b": "v"}), ("x", {"_a": "v"}),
+    ("x", {"__a": "v"}), ("x", {"rank": "0"}), ("x", {"ranks": "0"}), ("x", {"training_job": "j"}),
+    ("x", {"le": "1"}), ("x", {"quantile": "0.5"}), ("x", {"Le": "1"}), ("x", {"a": "é" * 128}),
+    ("x", {"a": "v" * 129}), ("x", {"a": "caf\udce9"}), ("x", {"a": "v", "b": "w" * 129}),
+])
+def test_a_series_the_hook_registers_is_one_the_reader_keeps(tmp_path: Path, name: str,
+                                                               labels: dict[str, str]) -> None:
+    registered = not isinstance(Registry().series("gauge", name, labels), NoopSeries)
+    entry = json.dumps({"meta": {}, "series": [[name, "gauge", labels, 0, []]]}).encode()
+    w = spool.ShardWriter(str(tmp_path), 1, 1)
+    w.write(entry, [1.0], flags=0, pid=1, stalls=0, start_ns=1, heartbeat_ns=1, last_step_ns=0, steps=0,
+            stalled_since_ns=0)
+    kept = bool(spool.decode(Path(w.path).read_bytes()).series)
+    w.close()
+    assert kept or not registered, "the hook wrote what the reader drops"
+    # the hook refuses more than the reader only by its own rules: colons, and the agent's outrider_ names
+    assert registered or not kept or ":" in name or name.startswith("outrider_")
+
+
 @pytest.mark.parametrize("size", [1 * MiB - 1, 1 * MiB, 1 * MiB + 1])
 def test_a_stack_dump_is_read_up_to_1_mib(tmp_path: Path, size: int) -> None:
     assert 1 * MiB == spool.STACKS_MAX_BYTES

@@ -188,9 +188,7 @@ class LoopProfiler:
             return False
         if p.open_phases or p.checkpoint_since:
             return True
-        recent = sorted(d for d in p.recent if d > 0)
-        median = recent[len(recent) // 2] if recent else 0.0
-        return bool(time.perf_counter() - p.last_step_perf <= max(IDLE_S, IDLE_STEPS * median))
+        return bool(time.perf_counter() - p.last_step_perf <= max(IDLE_S, IDLE_STEPS * p.typical_step_s()))
 
     def publish(self) -> None:
         # Outside the user's series caps: bounded here (the classes, MAX_FRAME_SERIES frames), and a process at its

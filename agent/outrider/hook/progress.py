@@ -37,6 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from time import perf_counter
 
+from outrider.hook.settings import KEYS
 from outrider.kernel import procfs
 
 RECENT = 32
@@ -54,8 +55,9 @@ class Stall:
 
 
 class Progress:
-    def __init__(self, stall_factor: float = 10.0, stall_floor_s: float = 300.0, first_step_timeout_s: float = 1800.0,
-                 phase_timeout_s: float = 3600.0, role: str = "", training_hint: bool = False,
+    def __init__(self, stall_factor: float = KEYS["stall_factor"], stall_floor_s: float = KEYS["stall_floor_s"],
+                 first_step_timeout_s: float = KEYS["first_step_timeout_s"],
+                 phase_timeout_s: float = KEYS["phase_timeout_s"], role: str = "", training_hint: bool = False,
                  written: Callable[[], int | None] | None = None) -> None:
         """written: bytes this process has written to storage so far (None: unknown); /proc/self/io by default."""
         self.stall_factor = stall_factor
@@ -223,9 +225,13 @@ class Progress:
         return now - since, threshold, f"no step completed after {self.steps} steps"
 
     def _step_threshold(self) -> float:
+        return max(self.stall_factor * self.typical_step_s(), self.stall_floor_s)
+
+    def typical_step_s(self) -> float:
+        """The median of the recent steps' durations (the upper one of an even count), 0 before any: what a stall
+        (here) and an idle loop (hook/profiler.py) are judged against."""
         recent = sorted(d for d in self.recent if d > 0)
-        median = recent[len(recent) // 2] if recent else 0.0
-        return max(self.stall_factor * median, self.stall_floor_s)
+        return recent[len(recent) // 2] if recent else 0.0
 
     def _checkpoint_wait(self, now: float, step_threshold: float) -> tuple[float, float, str]:
         """A recognised checkpoint runs: stalled past its learned limit, or when it writes nothing for long."""

@@ -21,25 +21,23 @@ from __future__ import annotations
 
 import collections
 import logging
-import re
 import threading
 from typing import Any, Literal, overload
 
-from outrider import prometheus_names
+from outrider import spool
 from outrider.hook.series import DURATION_BOUNDS, Counter, Dropped, Gauge, Histogram, NoopSeries, Series, log_aside
+from outrider.hook.settings import KEYS
 
 LOG = logging.getLogger("outrider.hook")
-NAME_RE = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
-LABEL_RE = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
-MAX_LABEL_VALUE = 128
-RESERVED_LABELS = ("rank", "training_job", "le", "quantile")  # added by the agent, or owned by a histogram
 RESERVED_PREFIX = "outrider_"
+MAX_SERIES = 2000  # series a process registers at most (its label sets per metric: hook_max_series_per_metric)
 KINDS: dict[str, type[Series]] = {"counter": Counter, "gauge": Gauge, "histogram": Histogram}
 SeriesKey = tuple[str, tuple[tuple[str, str], ...]]
 
 
 class Registry:
-    def __init__(self, max_series_per_metric: int = 100, max_series: int = 2000) -> None:
+    def __init__(self, max_series_per_metric: int = KEYS["hook_max_series_per_metric"],
+                 max_series: int = MAX_SERIES) -> None:
         self.max_series_per_metric = max_series_per_metric
         self.max_series = max_series
         self.drop = Dropped()
@@ -159,21 +157,20 @@ class Registry:
         """Why a registration is refused whatever is registered already ("" when it is not)."""
         if kind not in KINDS:
             return "invalid_kind"
-        if not isinstance(name, str) or not NAME_RE.fullmatch(name):
+        # What a shard may hold is the spool's rule (its reader drops the rest); the hook adds its own refusals:
+        # colons, which Prometheus's naming guide keeps for recording rules (the reader accepts its whole grammar),
+        # and the agent's outrider_ names.
+        if isinstance(name, str) and ":" in name:
             return "invalid_name"
-        # the agent's names, and those Prometheus writes itself (up, ALERTS, __*: outrider/prometheus_names.py)
-        if prometheus_names.reserved_metric(name) or (not builtin and name.startswith(RESERVED_PREFIX)):
+        reason = spool.name_refusal(name)[0]
+        if reason:
+            return reason
+        if not builtin and name.startswith(RESERVED_PREFIX):
             return "reserved_name"
         for k, v in labels.items():
-            if (not isinstance(k, str) or not LABEL_RE.fullmatch(k) or prometheus_names.reserved_label(k)
-                    or k in RESERVED_LABELS):
-                return "invalid_label_name"
-            if not isinstance(v, str) or len(v) > MAX_LABEL_VALUE:
-                return "invalid_label_value"
-            try:
-                v.encode("utf-8")
-            except UnicodeEncodeError:  # a lone surrogate: a path or variable that was not UTF-8
-                return "invalid_label_value"
+            reason = spool.label_refusal(name, k, v)[0]
+            if reason:
+                return reason
         return ""
 
     def _over(self, kind: str, name: str, labels: dict[str, str], capped: bool) -> str:

@@ -48,7 +48,7 @@ from outrider.hook import exit_signal, native
 from outrider.hook.election import Election
 from outrider.hook.progress import Progress
 from outrider.hook.publisher import WRITER_RETRY_S, ShardPublisher
-from outrider.hook.registry import Registry
+from outrider.hook.registry import MAX_SERIES, Registry
 from outrider.hook.series import DURATION_BOUNDS, SIZE_BOUNDS, Counter, Gauge, drain_logs, log_aside
 from outrider.hook.settings import HookSettings
 from outrider.kernel import procfs
@@ -183,7 +183,7 @@ class Hook:
     """One per process (renewed in a forked child). Thread-safe registration; lock-free recording."""
 
     def __init__(self, settings: HookSettings | None = None, identity: Identity | None = None,
-                 max_series: int = 2000, wall_ns: Callable[[], int] = time.time_ns) -> None:
+                 max_series: int = MAX_SERIES, wall_ns: Callable[[], int] = time.time_ns) -> None:
         self._wall_ns = wall_ns  # the heartbeats' clock: the system's, or a test's own
         self.settings = s = settings or HookSettings()
         self.identity = identity or Identity(training_job=s.training_job)

@@ -24,6 +24,7 @@ from datetime import timedelta
 import promql_parser as pp
 
 from outrider import prometheus_names, regex
+from outrider.metrics.quantile import bucket_value
 from outrider.rules.store import Labels, Series, SeriesStore
 from outrider.rules.templates import go_v
 
@@ -1217,7 +1218,8 @@ def _histogram_quantile(q: float, vec: Vector, drop: Callable[[Labels], Labels])
 
 
 def bucket_quantile(q: float, buckets: list[tuple[float, float]]) -> float:
-    """Prometheus's bucketQuantile over (upper bound, cumulative count) pairs."""
+    """Prometheus's bucketQuantile over (upper bound, cumulative count) pairs: its checks of q and the buckets here,
+    the interpolation in metrics.quantile.bucket_value (what reports and summaries print from classic buckets)."""
     if math.isnan(q):
         return math.nan
     if q < 0:
@@ -1242,20 +1244,7 @@ def bucket_quantile(q: float, buckets: list[tuple[float, float]]) -> float:
     observations = counts[-1]
     if observations == 0:
         return math.nan
-    rank = q * observations
-    # sort.Search over all but the last bucket, as Prometheus does: none found means the last (also when counts
-    # are negative, as arithmetic on histogram series can make them)
-    b = next((i for i, c in enumerate(counts[:-1]) if c >= rank), len(counts) - 1)
-    if b == len(ordered) - 1:
-        return ordered[-2][0]
-    if b == 0 and ordered[0][0] <= 0:
-        return ordered[0][0]
-    start, end, count = 0.0, ordered[b][0], counts[b]
-    if b > 0:
-        start = ordered[b - 1][0]
-        count -= counts[b - 1]
-        rank -= counts[b - 1]
-    return start + (end - start) * (rank / count)
+    return bucket_value(q * observations, [bound for bound, _ in ordered], counts)
 
 
 __all__ = ["Evaluator", "PromQLError", "Sample", "Vector", "check", "parse", "selectors"]

@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from itertools import accumulate
 from operator import mul
 
+from outrider.sketch import quantile_rank
+
 LEVEL = 0.95
 RESAMPLES = 2000
 SEED = 7
@@ -67,8 +69,8 @@ class _Buckets:
         return out
 
     def statistics(self, counts: Sequence[int], stats: Sequence[Statistic]) -> list[float] | None:
-        """Each statistic of the items counted so; None when there are none. A quantile is the value of rank
-        ceil(q * count), as Sketch.quantile reads it."""
+        """Each statistic of the items counted so; None when there are none. A quantile is the value of the rank
+        Sketch.quantile reads (sketch.quantile_rank)."""
         cumulative = list(accumulate(counts))
         total = cumulative[-1] if cumulative else 0
         if total <= 0:
@@ -78,7 +80,7 @@ class _Buckets:
             if s == MEAN:
                 out.append(sum(map(mul, counts, self.values)) / total)
             else:
-                rank = max(1, math.ceil(float(s) * total))
+                rank = quantile_rank(float(s), total)
                 out.append(self.values[min(len(self.values) - 1, bisect_left(cumulative, rank))])
         return out
 
