@@ -96,6 +96,7 @@ class Finished:
 
 # A series' values: a counter's or gauge's one float; a histogram's bucket counts and sum, then its sketch (or None)
 Values = list[Any]
+Published = tuple[ProcessState, dict[SeriesKey, Values]]  # a live or exited process and its series
 
 
 @dataclass
@@ -273,48 +274,40 @@ class HookCollector(Collector):
     def collect(self) -> list[Family]:
         started_ns = self.ctx.clock.wall_ns()  # before the listing: what a reader's mark promises the owner it has seen
         self._keep_lock()
-        merged: dict[SeriesKey, Values] = {}
-        processes: list[ProcessState] = []
-        live: list[tuple[ProcessState, dict[SeriesKey, Values]]] = []
-        ended: list[tuple[ProcessState, dict[SeriesKey, Values]]] = []
-        present: set[str] = set()
+        live, ended, finished = self._read_spool()
+        self._retire_gone({proc.path for proc, _ in (*live, *ended)})
+        self._last = {proc.path: entries for proc, entries in live}
+        self._finished = finished
+        self._sweeps += 1
+        self._tidy_spool(started_ns)
+        self._quiet_helpers(live)
+        merged = self._merge_live(live)
+        self._expire_retired(merged)
+        for key, retired in self._retired.items():
+            if self._shape_ok(key):
+                _accumulate(merged, key, retired.values)
+        processes = [proc for proc, _ in live]
+        self.processes = processes
+        self.ctx.stalled_stacks[:] = self._stalled_stacks(processes)
+        self.goodput.observe([_seen(p, e, False) for p, e in live] + [_seen(p, e, True) for p, e in ended],
+                             _loop_totals(merged))
+        return self._families(merged, processes) + self.goodput.families(self.ctx.clock.wall())
+
+    def _read_spool(self) -> tuple[list[Published], list[Published], dict[str, Finished]]:
+        """Every shard of the spool read, in the reader's order: the live processes' series, the series of those
+        that exited (retired here), and the finished shards (final, read now or at an earlier sweep)."""
+        live: list[Published] = []
+        ended: list[Published] = []
         finished: dict[str, Finished] = {}
         for path in self.reader.paths() if self._usable() else ():
             done = self._finished.get(path)
             if done is not None and done.identity is not None and self.reader.identity(path) == done.identity:
                 finished[path] = done  # final, retired already: not read (nor retired) again
                 continue
-            try:
-                snap = self.reader.read(path)
-            except spool.ShardRejected:
-                continue  # counted when it was first refused
-            except spool.ShardFormatError as e:
-                self._count(e.reason, f"shard {os.path.basename(path)}", e)
-                continue
-            except OSError as e:
-                self._count("no_descriptors" if e.errno in (errno.EMFILE, errno.ENFILE) else "unreadable",
-                            f"shard {os.path.basename(path)}", e)
-                continue
+            snap = self._read_shard(path)
             if snap is None:
                 continue
-            name = os.path.basename(path)
-            present.add(path)
-            # Back after it was retired (its cumulative values include what was retired, taken back out), or a
-            # heartbeat older than the last one seen (a stale copy, such as the spool's old directory seen again
-            # when a volume mounted over it goes): no counter of this process may go backwards.
-            unretired = self._unretire(path)
-            before = self._heartbeats.get(path)
-            floor = unretired or (self._last.get(path) if before and snap.header.heartbeat_ns < before[0] else None)
-            for why in snap.rejected:
-                self._count("invalid_series", f"series in {name}", why)
-            proc = ProcessState(path, snap.meta, snap.header, self._state(path, snap.header, snap.meta), snap.uid)
-            extra = (("training_job", proc.training_job), ("rank", proc.rank))
-            entries: dict[SeriesKey, Values] = {
-                (n, kind, (*sorted(labels.items()), *extra), bounds):
-                    [*values, snap.sketches.get(i)] if kind == "histogram" else values
-                for i, (n, kind, labels, values, bounds) in enumerate(snap.series)}
-            if floor:
-                _not_backwards(entries, floor)
+            proc, entries = self._published(path, snap)
             if proc.state == "exited":
                 ended.append((proc, entries))
                 self._retire(entries, path)
@@ -322,44 +315,83 @@ class HookCollector(Collector):
                 self.reader.forget(path)  # final: no descriptor kept for it
                 finished[path] = Finished(snap.identity, self.ctx.clock.wall_ns(), self.ctx.clock.monotonic())
                 continue
-            processes.append(proc)
             live.append((proc, entries))
+        return live, ended, finished
+
+    def _read_shard(self, path: str) -> spool.ShardSnapshot | None:
+        """One shard's snapshot; None where it cannot be read now (counted by why, a refused shard once)."""
+        try:
+            return self.reader.read(path)
+        except spool.ShardRejected:
+            return None  # counted when it was first refused
+        except spool.ShardFormatError as e:
+            self._count(e.reason, f"shard {os.path.basename(path)}", e)
+        except OSError as e:
+            self._count("no_descriptors" if e.errno in (errno.EMFILE, errno.ENFILE) else "unreadable",
+                        f"shard {os.path.basename(path)}", e)
+        return None
+
+    def _published(self, path: str, snap: spool.ShardSnapshot) -> Published:
+        """The process a shard describes and its series, keyed with its training_job and rank labels."""
+        name = os.path.basename(path)
+        # Back after it was retired (its cumulative values include what was retired, taken back out), or a
+        # heartbeat older than the last one seen (a stale copy, such as the spool's old directory seen again
+        # when a volume mounted over it goes): no counter of this process may go backwards.
+        unretired = self._unretire(path)
+        before = self._heartbeats.get(path)
+        floor = unretired or (self._last.get(path) if before and snap.header.heartbeat_ns < before[0] else None)
+        for why in snap.rejected:
+            self._count("invalid_series", f"series in {name}", why)
+        proc = ProcessState(path, snap.meta, snap.header, self._state(path, snap.header, snap.meta), snap.uid)
+        extra = (("training_job", proc.training_job), ("rank", proc.rank))
+        entries: dict[SeriesKey, Values] = {
+            (n, kind, (*sorted(labels.items()), *extra), bounds):
+                [*values, snap.sketches.get(i)] if kind == "histogram" else values
+            for i, (n, kind, labels, values, bounds) in enumerate(snap.series)}
+        if floor:
+            _not_backwards(entries, floor)
+        return proc, entries
+
+    def _retire_gone(self, present: set[str]) -> None:
+        """The series of processes whose shard went without being retired here (the spool deleted or remounted,
+        unreadable) are retired."""
         for path, entries in self._last.items():
-            if path not in present:  # gone without being retired here: the spool deleted or remounted, unreadable
+            if path not in present:
                 self._retire(entries, path)
                 self._heartbeats.pop(path, None)
-        self._last = {proc.path: entries for proc, entries in live}
-        self._finished = finished
-        self._sweeps += 1
+
+    def _tidy_spool(self, started_ns: int) -> None:
+        """The owner deletes finished shards (and now and then strays); a reader says what it has seen."""
         if self.owner:
             self._clean_finished()
             if self._sweeps % STRAY_EVERY == 1:
                 self._remove_strays()
         elif self._mark is not None:
             self._mark.swept(started_ns)
-        self._quiet_helpers(live)
+
+    def _merge_live(self, live: list[Published]) -> dict[SeriesKey, Values]:
+        """The live processes' series summed by key, but for a custom name published in another shape than the
+        one elected for it (left out, counted once)."""
+        merged: dict[SeriesKey, Values] = {}
         left_out = self._elect_shapes(live)
         for proc, entries in live:
             out = left_out.get(proc.path)
             for key, values in entries.items():
                 if not out or key[0] not in out:
                     _accumulate(merged, key, values)
-                elif (proc.path, key[0]) not in self._conflicts:
-                    if len(self._conflicts) > 10_000:
-                        self._conflicts.clear()
-                    self._conflicts.add((proc.path, key[0]))
-                    self._count("shape_conflict", f"series {key[0]}",
-                                f"pid {proc.header.pid} publishes it as a {key[1]} with other label names than "
-                                "the process that published it first; left out while that one runs")
-        self._expire_retired(merged)
-        for key, retired in self._retired.items():
-            if self._shape_ok(key):
-                _accumulate(merged, key, retired.values)
-        self.processes = processes
-        self.ctx.stalled_stacks[:] = self._stalled_stacks(processes)
-        self.goodput.observe([_seen(p, e, False) for p, e in live] + [_seen(p, e, True) for p, e in ended],
-                             _loop_totals(merged))
-        return self._families(merged, processes) + self.goodput.families(self.ctx.clock.wall())
+                else:
+                    self._shape_conflict(proc, key)
+        return merged
+
+    def _shape_conflict(self, proc: ProcessState, key: SeriesKey) -> None:
+        if (proc.path, key[0]) in self._conflicts:
+            return
+        if len(self._conflicts) > 10_000:
+            self._conflicts.clear()
+        self._conflicts.add((proc.path, key[0]))
+        self._count("shape_conflict", f"series {key[0]}",
+                    f"pid {proc.header.pid} publishes it as a {key[1]} with other label names than "
+                    "the process that published it first; left out while that one runs")
 
     # --- identity ----------------------------------------------------------------------------------------------
     def _start_ticks(self, pid: int) -> int | None:
@@ -594,6 +626,11 @@ class HookCollector(Collector):
         return hit
 
     def _families(self, merged: dict[SeriesKey, Values], processes: list[ProcessState]) -> list[Family]:
+        return self._series_families(merged) + self._state_families(processes)
+
+    def _series_families(self, merged: dict[SeriesKey, Values]) -> list[Family]:
+        """The processes' series, merged, as families (one per name; a series whose shape its definition refuses is
+        counted and left out)."""
         fams: dict[str, Family] = {}
         for (name, kind, labels, bounds), values in merged.items():
             label_map = dict(labels)
@@ -612,11 +649,13 @@ class HookCollector(Collector):
                 fam.add(_histogram(bounds, values), *label_values)
             else:
                 fam.add(values[0], *label_values)
-        out = list(fams.values())
+        return list(fams.values())
+
+    def _state_families(self, processes: list[ProcessState]) -> list[Family]:
+        """The hooked processes' states, by rank and by process, and the collector's own counts."""
         states = Family("outrider_hook_processes")
         for state in ("running", "stalled", "unresponsive", "stopped"):
             states.add(sum(1 for p in processes if p.state == state), state)
-        out.append(states)
         last_step = Family("outrider_train_last_step_timestamp_seconds")
         started = Family("outrider_train_start_timestamp_seconds")
         stalled = Family("outrider_hook_stalled")
@@ -644,8 +683,7 @@ class HookCollector(Collector):
         for reason, n in sorted(self.reader.rejected().items()):
             rejected.add(n, reason)
         owner = Family("outrider_hook_spool_owner").add(1 if self.owner else 0)
-        out.extend([last_step, started, stalled, stopped, heartbeat, errors, retired, rejected, owner])
-        return out
+        return [states, last_step, started, stalled, stopped, heartbeat, errors, retired, rejected, owner]
 
     def close(self) -> None:
         self.reader.close()

@@ -104,12 +104,37 @@ class ProcessCollector(Collector):
         return _Reading(stat, ctx, io, fds)
 
     def collect(self) -> list[Family]:
+        readings = self._readings()
+        deltas = self._advance(readings)
+        self._fill_slots(readings, deltas)
+        other = self._add_to_other(readings, deltas)
+        t = self._tree
+        tree_io = Family("outrider_watched_io_bytes_total")
+        if IO in self._tree_read:
+            tree_io.add(t[2], "read").add(t[3], "write")
+        return [
+            *self._process_families(readings, other),
+            Family("outrider_watched_up").add(1 if readings else 0),
+            Family("outrider_watched_processes").add(len(readings)),
+            Family("outrider_watched_cpu_seconds_total").add(t[0], "user").add(t[1], "system"),
+            Family("outrider_watched_memory_rss_bytes").add(sum(r.stat.rss_bytes for r in readings.values())),
+            tree_io,
+            Family("outrider_watched_threads").add(sum(r.stat.threads for r in readings.values())),
+            *self._identities.families(self._slots, {k: readings[k].stat.name for k in self._slots}),
+        ]
+
+    def _readings(self) -> dict[tuple[int, int], _Reading]:
+        """This sweep's readings, by (pid, start ticks): a pid reused by a new process is another key."""
         readings: dict[tuple[int, int], _Reading] = {}
         for pid in self._pids():
             r = self._read(pid)
             if r is not None:
                 readings[(pid, r.stat.start_ticks)] = r
+        return readings
 
+    def _advance(self, readings: dict[tuple[int, int], _Reading]) -> dict[tuple[int, int], tuple[float, ...]]:
+        """Each process's counter deltas since the last sweep, added to the tree totals; processes gone since
+        are forgotten (their counts stay in the totals)."""
         deltas: dict[tuple[int, int], tuple[float, ...]] = {}
         for key, r in readings.items():
             before = self._last.get(key, ZERO)
@@ -122,7 +147,11 @@ class ProcessCollector(Collector):
         for d in deltas.values():
             for i, v in enumerate(d):
                 self._tree[i] += v
+        return deltas
 
+    def _fill_slots(self, readings: dict[tuple[int, int], _Reading],
+                    deltas: dict[tuple[int, int], tuple[float, ...]]) -> None:
+        """Slots of exited processes free up; free slots go to the busiest processes not shown yet (CPU, then RSS)."""
         self._slots = [k for k in self._slots if k in readings]
         free = self._top_n - len(self._slots)
         if free > 0:
@@ -131,6 +160,11 @@ class ProcessCollector(Collector):
                                 key=lambda k: (deltas[k][0] + deltas[k][1], readings[k].stat.rss_bytes),
                                 reverse=True)
             self._slots.extend(candidates[:free])
+
+    def _add_to_other(self, readings: dict[tuple[int, int], _Reading],
+                      deltas: dict[tuple[int, int], tuple[float, ...]]) -> tuple[int, int, int | None]:
+        """Adds the counter deltas of the processes not shown to "other"; returns their gauges summed (RSS,
+        threads, open fds: None while none of their fds could be read)."""
         shown = set(self._slots)
         other_rss = other_threads = 0
         other_fds: int | None = None
@@ -144,7 +178,11 @@ class ProcessCollector(Collector):
             other_threads += r.stat.threads
             if r.fds is not None:
                 other_fds = (other_fds or 0) + r.fds
+        return other_rss, other_threads, other_fds
 
+    def _process_families(self, readings: dict[tuple[int, int], _Reading],
+                          other: tuple[int, int, int | None]) -> list[Family]:
+        """The per-process families: one series set per slot, then pid="other" while anything is summed there."""
         cpu = Family("outrider_process_cpu_seconds_total")
         rss = Family("outrider_process_memory_rss_bytes")
         threads = Family("outrider_process_threads")
@@ -165,6 +203,7 @@ class ProcessCollector(Collector):
                 ctx.add(r.ctx[0], p, n, "voluntary").add(r.ctx[1], p, n, "involuntary")
         if len(readings) > len(self._slots) or any(self._other):
             o = self._other
+            other_rss, other_threads, other_fds = other
             cpu.add(o[0], OTHER, OTHER, "user").add(o[1], OTHER, OTHER, "system")
             rss.add(other_rss, OTHER, OTHER)
             threads.add(other_threads, OTHER, OTHER)
@@ -174,21 +213,7 @@ class ProcessCollector(Collector):
                 io.add(o[2], OTHER, OTHER, "read").add(o[3], OTHER, OTHER, "write")
             if CTX in self._other_read:
                 ctx.add(o[4], OTHER, OTHER, "voluntary").add(o[5], OTHER, OTHER, "involuntary")
-
-        t = self._tree
-        tree_io = Family("outrider_watched_io_bytes_total")
-        if IO in self._tree_read:
-            tree_io.add(t[2], "read").add(t[3], "write")
-        return [
-            cpu, rss, threads, fds, io, ctx,
-            Family("outrider_watched_up").add(1 if readings else 0),
-            Family("outrider_watched_processes").add(len(readings)),
-            Family("outrider_watched_cpu_seconds_total").add(t[0], "user").add(t[1], "system"),
-            Family("outrider_watched_memory_rss_bytes").add(sum(r.stat.rss_bytes for r in readings.values())),
-            tree_io,
-            Family("outrider_watched_threads").add(sum(r.stat.threads for r in readings.values())),
-            *self._identities.families(self._slots, {k: readings[k].stat.name for k in self._slots}),
-        ]
+        return [cpu, rss, threads, fds, io, ctx]
 
 
 def _read_groups(r: _Reading) -> list[tuple[int, int]]:

@@ -3,7 +3,8 @@
 A verdict names what the process does. A process that steps or serves (a step or a request finished in the window,
 or a request in flight) is never idle: idle is a process that does neither and uses no CPU or GPU.
 
-Classes, checked in this order: idle, throttled, memory_pressure, then a service (requests, no steps) by its
+Classes, checked in this order (the rules are one table, `RULES`, walked in order: the first rule whose condition
+holds gives the verdict and its reason): idle, throttled, memory_pressure, then a service (requests, no steps) by its
 requests: waiting (its handlers' time is mostly off CPU, outside the process: a downstream call, the network, a
 lock, a sleep) or, on the CPU, compute_bound (the requests' time is CPU: theirs, their wait for a CPU, and their wait
 for the process's other requests' CPU); then a training loop: checkpoint_bound (recognised checkpoints on the
@@ -39,6 +40,7 @@ loop, and an accelerator or none (a job without one never reads about CUDA, GPUs
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from outrider.diagnosis.signals import Signals, gpu_share
@@ -280,135 +282,6 @@ def advice(cls: str, s: Signals) -> str:
     return RECOMMENDATIONS.get(cls, NOT_JUDGED_ADVICE)
 
 
-def _classify(s: Signals) -> Verdict:
-    ev = s.evidence()
-    # a torch job that never initialised CUDA runs on the CPU, whatever GPUs the node has
-    gpu_util = s.gpu_util if s.gpus > 0 and not s.torch_cpu_only else None
-    has_gpu = gpu_util is not None
-    gpu_busy = gpu_share(s)
-    gpu_source = "CUDA events: the GPU paced" if s.gpu_busy_ratio is not None else "NVML: the GPU was busy"
-    wait = s.data_wait_fraction or 0.0
-    # on a crowded machine the step is stretched by the time the loop's thread waits for a CPU, the wait for data
-    # is not: the loop's own share decides (it is the measured share on a machine to itself)
-    if s.data_wait_alone_fraction is not None:
-        wait = max(wait, s.data_wait_alone_fraction)
-    active = s.steps_per_s > 0 or s.requests_per_s > 0 or (s.requests_in_flight or 0.0) > 0
-    if nothing_ran(s):
-        return Verdict("idle", ev, "no steps or requests, no CPU or GPU use")
-    if gpu_util is not None and (s.throttle_thermal or s.throttle_power) and gpu_util > THROTTLED_BUSY:
-        why = "thermal" if s.throttle_thermal else "power"
-        return Verdict("throttled", ev, f"{why} clock event reasons active on a busy GPU")
-    # no memory available at all is the most pressure there is, not a missing measurement: tested for None
-    host_short = s.host_mem_available_ratio is not None and s.host_mem_available_ratio < HOST_MEMORY
-    if (s.gpu_mem_ratio or 0) > GPU_MEMORY or s.alloc_retries > 0 or host_short:
-        said = [f"GPU memory at {s.gpu_mem_ratio:.0%} of its capacity (above 95%)"
-                if (s.gpu_mem_ratio or 0) > GPU_MEMORY else "",
-                units.count(s.alloc_retries, "allocator retry" if s.alloc_retries == 1 else "allocator retries")
-                if s.alloc_retries > 0 else "",
-                f"host memory available {s.host_mem_available_ratio:.0%} (below 5%)" if host_short else ""]
-        return Verdict("memory_pressure", ev, ", ".join(x for x in said if x))
-    if (s.container_mem_ratio or 0) > CONTAINER_MEMORY:
-        return Verdict("memory_pressure", ev, f"the container's working set at {s.container_mem_ratio:.0%} of its "
-                                              "memory limit: the kernel reclaims and will OOM-kill before the host "
-                                              "runs out")
-    if serving(s) and s.request_waiting_fraction is not None:
-        service = _service(s, ev, gpu_busy)
-        if service is not None:
-            return service
-    saving = s.checkpoint_fraction or 0.0
-    if active and saving >= CHECKPOINT_SHARE and saving >= wait:
-        return Verdict("checkpoint_bound", ev, f"{saving:.0%} of the loop's time in checkpoints (torch.save and "
-                                               f"the like on the loop's thread), the step's work "
-                                               f"{s.step_fraction or 0.0:.0%}")
-    if active and s.starved is not None and (gpu_busy is None or gpu_busy < GPU_BUSY):
-        r = s.starved
-        return Verdict("input_bound", ev, f"rank {r.rank or '-'} is starved by its DataLoader: "
-                                          f"{r.data_wait_fraction:.0%} of its loop waiting for data, while the "
-                                          f"other ranks spend "
-                                          f"{s.others_wait_fraction or 0:.0%} of theirs waiting for it in "
-                                          f"collectives{_input(s)}")
-    if active and wait > INPUT_WAIT and (gpu_busy is None or gpu_busy < GPU_BUSY):
-        measured = s.data_wait_fraction or 0.0
-        alone = f" ({wait:.0%} of its own time, less the time its thread waited for a CPU)" \
-            if wait > measured + 0.05 else ""
-        underused = ", accelerator underused" if has_accelerator(s) else ""
-        return Verdict("input_bound", ev, f"{measured:.0%} of the loop waiting for data{alone}{underused}"
-                                          f"{_input(s)}")
-    if s.straggler is not None:
-        r = s.straggler
-        return Verdict("communication_bound", ev,
-                       f"rank {r.rank or '-'} is a straggler: its compute per step is "
-                       f"{s.straggler_compute_ratio or 0:.1f}x the other ranks', which spend "
-                       f"{s.others_wait_fraction or 0:.0%} of their loop waiting for it in collectives")
-    comm = s.collective_wait_fraction or 0.0
-    if comm >= COMM_WAIT:
-        return Verdict("communication_bound", ev, f"{comm:.0%} of the loop blocked in collectives, evenly across "
-                                                  "ranks (no straggler)")
-    if has_gpu and (s.dram_activity or 0) >= DRAM_BUSY and (s.sm_activity is None or s.sm_activity < SM_BUSY):
-        return Verdict("memory_bandwidth_bound", ev, "DRAM bandwidth high while SMs are not")
-    # a loop whose thread is off CPU most of its time beside everything the job measures (data, collectives,
-    # checkpoints, the GPU): it waits on something outside the process. Its own threads' demand, not the process's
-    # CPU (the hook's threads are in it). The pool works only inside the main thread's parallel regions: a pool
-    # looking busier than that spins after them, all the more on a crowded machine, so the loop thread's samples
-    # mostly waiting decide as well.
-    resting = (s.intra_op_busy or 0.0) < POOL_RESTING or (s.share("waiting") or 0.0) >= RESTING_SHARE
-    if s.steps_per_s > 0 and (s.loop_waiting_fraction or 0.0) > WAITING_SHARE and resting \
-            and (s.other_threads_busy or 0.0) < OTHER_BUSY:
-        top = s.top_frame("waiting")
-        at = f", mostly at {top[0]}" if top else ""
-        beside = "data, collectives, checkpoints and the GPU" if has_accelerator(s) else \
-            "data, collectives and checkpoints"
-        return Verdict("waiting", ev, f"the loop waits outside the process: its thread off CPU "
-                                      f"{s.loop_waiting_fraction:.0%} of the loop's time beside {beside} "
-                                      f"(busy {s.main_thread_busy or 0.0:.0%}, "
-                                      f"{units.cores(s.main_thread_cpu or 0.0)} of CPU; torch's pool "
-                                      f"{s.intra_op_busy or 0.0:.2f}){at}")
-    python = s.share("python")
-    if active and python is not None and python >= PYTHON_SHARE and (gpu_busy is None or gpu_busy < GPU_BUSY):
-        top = s.top_frame("python")
-        at = f"; the hottest line: {top[0]} ({top[1]:.0%} of the samples)" if top else ""
-        return Verdict("python_bound", ev, f"{python:.0%} of the loop thread's samples in the user's Python "
-                                           f"code{at}")
-    if gpu_busy is not None:
-        steps = "of the steps" if s.steps_per_s > 0 else "of the time"  # a service's GPU paces no steps
-        if gpu_busy >= GPU_BUSY:
-            return Verdict("compute_bound", ev, f"{gpu_source} {gpu_busy:.0%} {steps}")
-        if active and gpu_busy < GPU_IDLE and wait < FED:
-            return Verdict("host_bound", ev, f"the GPU waits for the host ({gpu_source} only {gpu_busy:.0%} "
-                                             f"{steps}): Python, kernel launches or small operations pace the job")
-        if not active:
-            return Verdict(NOT_JUDGED, ev, f"no steps or requests; {gpu_source} {gpu_busy:.0%} of the time")
-        return Verdict("balanced", ev, f"{gpu_source} {gpu_busy:.0%} {steps}: neither GPU nor host dominates")
-    return _cpu(s, ev, active, wait)
-
-
-def _service(s: Signals, ev: dict[str, float], gpu_busy: float | None) -> Verdict | None:
-    """A service judged on its requests: waiting when their time is mostly outside the process; on the CPU,
-    compute_bound when it is CPU; None where a GPU decides (the GPU rules that follow)."""
-    waiting = s.request_waiting_fraction or 0.0
-    rho = s.demand_per_process or 0.0
-    if s.request_latency_s is None:  # requests in flight, none finished in the window
-        held = f"{s.requests_in_flight or 0.0:.0f} requests in flight and none finished in the window"
-        if waiting > WAITING_SHARE:
-            return Verdict("waiting", ev, f"{held}, the process's threads busy {units.cores(rho)}: its handlers "
-                                          "wait outside the process (a downstream call, the network, a lock, a "
-                                          "sleep)")
-        return None if gpu_busy is not None else Verdict(NOT_JUDGED, ev, f"{held}: no latency to split")
-    split = (f"{units.seconds(s.request_latency_s)} per request (mean latency), "
-             f"{units.seconds(s.request_cpu_s or 0.0)} of CPU and {units.seconds(s.request_cpu_wait_s or 0.0)} "
-             "waiting for a CPU per request")
-    if s.request_queue_s:
-        split += f", {units.seconds(s.request_queue_s)} of it queued"
-    if waiting > WAITING_SHARE:
-        return Verdict("waiting", ev, f"handlers wait: {split}; {waiting:.0%} of the requests' time off CPU, "
-                                      "outside the process (a downstream call, the network, a lock, a sleep)")
-    if gpu_busy is not None:
-        return None
-    return Verdict("compute_bound", ev, f"the requests' time is CPU: {split}, the process's threads busy "
-                                        f"{units.cores(rho)} ({waiting:.0%} of the requests' time outside the "
-                                        "process)")
-
-
 def input_cause(s: Signals) -> str:
     """What the loop's wait for data is, from its evidence: cpu_starved (the DataLoader workers wait for a CPU),
     loader_cpu (the workers are busy decoding), loop_cpu (no workers: the loader works on the loop's saturated
@@ -470,45 +343,277 @@ def _input(s: Signals) -> str:
     return ""
 
 
-def _cpu(s: Signals, ev: dict[str, float], active: bool, wait: float) -> Verdict:
-    """CPU-only: where the job's threads want CPU. The main thread runs Python and takes part in torch's parallel
-    regions; the intra-op pool only ever does torch's (or BLAS's) work."""
+@dataclass(frozen=True)
+class Facts:
+    """What the rules read: the window's signals, and what is derived from them once for every rule."""
+
+    s: Signals
+    gpu_util: float | None  # None: no GPU, or a torch job that never initialised CUDA (it runs on the CPU)
+    gpu_busy: float | None  # the GPU's busy share (signals.gpu_share); None without an accelerator
+    wait: float  # the loop's share waiting for data: its own share where neighbours stretch the step
+    active: bool  # a step or a request finished in the window, or a request in flight
+    per_thread: bool  # the main thread's and torch's pool's demand measured (CPU rules)
+    main: float  # the main thread's demand (0.0 where not per_thread)
+    pool: float  # torch's intra-op pool's demand, in main threads' worth (0.0 where not per_thread)
+
+    @property
+    def gpu_not_pacing(self) -> bool:
+        """No GPU busy enough to pace the steps (GPU_BUSY): the loop's data, Python or CPU can."""
+        return self.gpu_busy is None or self.gpu_busy < GPU_BUSY
+
+    @property
+    def gpu_source(self) -> str:
+        return "CUDA events: the GPU paced" if self.s.gpu_busy_ratio is not None else "NVML: the GPU was busy"
+
+    @property
+    def serving(self) -> bool:
+        """A service judged on its requests (how their time splits is measured)."""
+        return serving(self.s) and self.s.request_waiting_fraction is not None
+
+    @property
+    def ops_decide(self) -> bool:
+        """Operations counted, with a main thread busy enough (OPS_MAIN) for their size to decide (CPU rules)."""
+        return self.per_thread and self.s.main_cpu_us_per_op is not None and self.main >= OPS_MAIN
+
+    @property
+    def per_op(self) -> float:
+        return self.s.main_cpu_us_per_op or 0.0
+
+
+def facts(s: Signals) -> Facts:
+    # a torch job that never initialised CUDA runs on the CPU, whatever GPUs the node has
+    gpu_util = s.gpu_util if s.gpus > 0 and not s.torch_cpu_only else None
+    wait = s.data_wait_fraction or 0.0
+    # on a crowded machine the step is stretched by the time the loop's thread waits for a CPU, the wait for data
+    # is not: the loop's own share decides (it is the measured share on a machine to itself)
+    if s.data_wait_alone_fraction is not None:
+        wait = max(wait, s.data_wait_alone_fraction)
+    active = s.steps_per_s > 0 or s.requests_per_s > 0 or (s.requests_in_flight or 0.0) > 0
     main, pool = s.main_thread_busy, s.intra_op_busy
-    if not active:
-        return Verdict(NOT_JUDGED, ev, "no steps or requests in this window: no loop to judge")
-    if main is None or pool is None:  # a hook too old to say where its CPU goes, or not yet: the process as a whole
-        if wait < FED and s.process_cpu_cores >= PROCESS_COMPUTE_CORES:
-            return Verdict("compute_bound", ev, f"{s.process_cpu_cores:.1f} CPU cores busy with the work")
-        return Verdict(NOT_JUDGED, ev, "no per-thread CPU measurements in this window to tell host from compute")
-    per_op = s.main_cpu_us_per_op
-    if per_op is not None and main >= OPS_MAIN:  # operations counted: their size decides
-        ops = f"{s.ops_per_step:.0f} operations per step, " if s.ops_per_step else ""
-        # Large operations split their math across torch's pool: with a pool, it works as the main thread does.
-        # A pool idle beside a main thread spending milliseconds of CPU per operation is the main thread spinning at
-        # the pool's barriers on a crowded machine (libgomp), not math: the evidence disagrees, not judged
-        pooled = s.intra_op_threads is not None and s.intra_op_threads > 1
-        if per_op >= COMPUTE_OP_US and pooled and pool < POOL_IDLE * main:
-            return Verdict(NOT_JUDGED, ev, f"{ops}{per_op / 1000:.1f} ms of main-thread CPU each, but torch's pool "
-                                           f"idles ({pool:.2f} beside {main:.2f}): the CPU per operation is not "
-                                           "the math's (spinning at the pool's barriers, on a crowded machine)")
-        if per_op >= COMPUTE_OP_US:
-            return Verdict("compute_bound", ev, f"{ops}{per_op / 1000:.1f} ms of main-thread CPU each: the "
-                                                f"operations' math dominates (intra-op pool demand {pool:.1f})")
-        if per_op <= HOST_OP_US and main >= MAIN_SATURATED and wait < FED:
-            return Verdict("host_bound", ev, f"the main thread is saturated ({main:.0%} demand) with {ops}"
-                                             f"{per_op:.0f} us of CPU each: Python and framework overhead pace the "
-                                             "job, the intra-op pool has no real work")
-        return Verdict("balanced", ev, f"{ops}{per_op:.0f} us of main-thread CPU each: neither framework overhead "
-                                       "nor the math dominates")
-    if s.ops_counted and per_op is None and main >= OPS_MAIN:
-        return Verdict(NOT_JUDGED, ev, "operations are counted but none at both ends of this window")
+    per_thread = main is not None and pool is not None
+    return Facts(s, gpu_util, gpu_share(s), wait, active, per_thread, main or 0.0, pool or 0.0)
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One verdict rule: the class it gives, when (its condition on the window's facts), and the reason it says."""
+
+    verdict: str
+    when: Callable[[Facts], bool]
+    reason: Callable[[Facts], str]
+
+
+def _memory_short(s: Signals) -> bool:
+    # no memory available at all is the most pressure there is, not a missing measurement: tested for None
+    host_short = s.host_mem_available_ratio is not None and s.host_mem_available_ratio < HOST_MEMORY
+    return (s.gpu_mem_ratio or 0) > GPU_MEMORY or s.alloc_retries > 0 or host_short
+
+
+def _memory_said(s: Signals) -> str:
+    host_short = s.host_mem_available_ratio is not None and s.host_mem_available_ratio < HOST_MEMORY
+    said = [f"GPU memory at {s.gpu_mem_ratio:.0%} of its capacity (above 95%)"
+            if (s.gpu_mem_ratio or 0) > GPU_MEMORY else "",
+            units.count(s.alloc_retries, "allocator retry" if s.alloc_retries == 1 else "allocator retries")
+            if s.alloc_retries > 0 else "",
+            f"host memory available {s.host_mem_available_ratio:.0%} (below 5%)" if host_short else ""]
+    return ", ".join(x for x in said if x)
+
+
+def _requests_held(s: Signals) -> str:
+    """A service's requests in flight, none finished in the window."""
+    return f"{s.requests_in_flight or 0.0:.0f} requests in flight and none finished in the window"
+
+
+def _requests_split(s: Signals) -> str:
+    """How a service's requests' time splits."""
+    split = (f"{units.seconds(s.request_latency_s or 0.0)} per request (mean latency), "
+             f"{units.seconds(s.request_cpu_s or 0.0)} of CPU and {units.seconds(s.request_cpu_wait_s or 0.0)} "
+             "waiting for a CPU per request")
+    if s.request_queue_s:
+        split += f", {units.seconds(s.request_queue_s)} of it queued"
+    return split
+
+
+def _starved_said(f: Facts) -> str:
+    s = f.s
+    r = s.starved
+    assert r is not None  # the rule's condition
+    return (f"rank {r.rank or '-'} is starved by its DataLoader: {r.data_wait_fraction:.0%} of its loop waiting for "
+            f"data, while the other ranks spend {s.others_wait_fraction or 0:.0%} of theirs waiting for it in "
+            f"collectives{_input(s)}")
+
+
+def _data_wait_said(f: Facts) -> str:
+    s, wait = f.s, f.wait
+    measured = s.data_wait_fraction or 0.0
+    alone = f" ({wait:.0%} of its own time, less the time its thread waited for a CPU)" \
+        if wait > measured + 0.05 else ""
+    underused = ", accelerator underused" if has_accelerator(s) else ""
+    return f"{measured:.0%} of the loop waiting for data{alone}{underused}{_input(s)}"
+
+
+def _straggler_said(f: Facts) -> str:
+    s = f.s
+    r = s.straggler
+    assert r is not None  # the rule's condition
+    return (f"rank {r.rank or '-'} is a straggler: its compute per step is {s.straggler_compute_ratio or 0:.1f}x the "
+            f"other ranks', which spend {s.others_wait_fraction or 0:.0%} of their loop waiting for it in collectives")
+
+
+def _loop_waits_outside(f: Facts) -> bool:
+    """A loop whose thread is off CPU most of its time beside everything the job measures (data, collectives,
+    checkpoints, the GPU): it waits on something outside the process. Its own threads' demand, not the process's
+    CPU (the hook's threads are in it). The pool works only inside the main thread's parallel regions: a pool
+    looking busier than that spins after them, all the more on a crowded machine, so the loop thread's samples
+    mostly waiting decide as well."""
+    s = f.s
+    resting = (s.intra_op_busy or 0.0) < POOL_RESTING or (s.share("waiting") or 0.0) >= RESTING_SHARE
+    return s.steps_per_s > 0 and (s.loop_waiting_fraction or 0.0) > WAITING_SHARE and resting \
+        and (s.other_threads_busy or 0.0) < OTHER_BUSY
+
+
+def _loop_waiting_said(f: Facts) -> str:
+    s = f.s
+    top = s.top_frame("waiting")
+    at = f", mostly at {top[0]}" if top else ""
+    beside = "data, collectives, checkpoints and the GPU" if has_accelerator(s) else \
+        "data, collectives and checkpoints"
+    return (f"the loop waits outside the process: its thread off CPU {s.loop_waiting_fraction:.0%} of the loop's "
+            f"time beside {beside} (busy {s.main_thread_busy or 0.0:.0%}, {units.cores(s.main_thread_cpu or 0.0)} "
+            f"of CPU; torch's pool {s.intra_op_busy or 0.0:.2f}){at}")
+
+
+def _python_paces(f: Facts) -> bool:
+    python = f.s.share("python")
+    return f.active and python is not None and python >= PYTHON_SHARE and f.gpu_not_pacing
+
+
+def _python_said(f: Facts) -> str:
+    top = f.s.top_frame("python")
+    at = f"; the hottest line: {top[0]} ({top[1]:.0%} of the samples)" if top else ""
+    return f"{f.s.share('python') or 0.0:.0%} of the loop thread's samples in the user's Python code{at}"
+
+
+def _gpu_said(f: Facts) -> str:
+    """The GPU's busy share, of the steps (of the time for a service: its GPU paces no steps)."""
+    return f"{f.gpu_source} {f.gpu_busy or 0.0:.0%} {'of the steps' if f.s.steps_per_s > 0 else 'of the time'}"
+
+
+def _ops(s: Signals) -> str:
+    return f"{s.ops_per_step:.0f} operations per step, " if s.ops_per_step else ""
+
+
+def _pool_spins(f: Facts) -> bool:
+    """Large operations split their math across torch's pool: with a pool, it works as the main thread does. A
+    pool idle beside a main thread spending milliseconds of CPU per operation is the main thread spinning at the
+    pool's barriers on a crowded machine (libgomp), not math: the evidence disagrees."""
+    pooled = f.s.intra_op_threads is not None and f.s.intra_op_threads > 1
+    return f.ops_decide and f.per_op >= COMPUTE_OP_US and pooled and f.pool < POOL_IDLE * f.main
+
+
+# The verdict rules, in the order they are checked: the first whose condition holds gives the window's verdict
+# (docs/diagnosis.md describes them class by class). The GPU's rules (from compute_bound by the GPU on) end with
+# one that takes every window with a GPU busy share; the CPU's follow, each for a window without one.
+RULES: tuple[Rule, ...] = (
+    Rule("idle", lambda f: nothing_ran(f.s), lambda f: "no steps or requests, no CPU or GPU use"),
+    Rule("throttled",
+         lambda f: f.gpu_util is not None and (f.s.throttle_thermal or f.s.throttle_power)
+         and f.gpu_util > THROTTLED_BUSY,
+         lambda f: f"{'thermal' if f.s.throttle_thermal else 'power'} clock event reasons active on a busy GPU"),
+    Rule("memory_pressure", lambda f: _memory_short(f.s), lambda f: _memory_said(f.s)),
+    Rule("memory_pressure", lambda f: (f.s.container_mem_ratio or 0) > CONTAINER_MEMORY,
+         lambda f: f"the container's working set at {f.s.container_mem_ratio:.0%} of its memory limit: the kernel "
+                   "reclaims and will OOM-kill before the host runs out"),
+    # a service (requests, no steps), by how its requests' time splits; where a GPU decides, the GPU's rules below
+    Rule("waiting",
+         lambda f: f.serving and f.s.request_latency_s is None
+         and (f.s.request_waiting_fraction or 0.0) > WAITING_SHARE,
+         lambda f: f"{_requests_held(f.s)}, the process's threads busy {units.cores(f.s.demand_per_process or 0.0)}"
+                   ": its handlers wait outside the process (a downstream call, the network, a lock, a sleep)"),
+    Rule(NOT_JUDGED, lambda f: f.serving and f.s.request_latency_s is None and f.gpu_busy is None,
+         lambda f: f"{_requests_held(f.s)}: no latency to split"),
+    Rule("waiting",
+         lambda f: f.serving and f.s.request_latency_s is not None
+         and (f.s.request_waiting_fraction or 0.0) > WAITING_SHARE,
+         lambda f: f"handlers wait: {_requests_split(f.s)}; {f.s.request_waiting_fraction or 0.0:.0%} of the "
+                   "requests' time off CPU, outside the process (a downstream call, the network, a lock, a sleep)"),
+    Rule("compute_bound", lambda f: f.serving and f.s.request_latency_s is not None and f.gpu_busy is None,
+         lambda f: f"the requests' time is CPU: {_requests_split(f.s)}, the process's threads busy "
+                   f"{units.cores(f.s.demand_per_process or 0.0)} ({f.s.request_waiting_fraction or 0.0:.0%} of the "
+                   "requests' time outside the process)"),
+    # a training loop
+    Rule("checkpoint_bound",
+         lambda f: f.active and (f.s.checkpoint_fraction or 0.0) >= CHECKPOINT_SHARE
+         and (f.s.checkpoint_fraction or 0.0) >= f.wait,
+         lambda f: f"{f.s.checkpoint_fraction or 0.0:.0%} of the loop's time in checkpoints (torch.save and the like "
+                   f"on the loop's thread), the step's work {f.s.step_fraction or 0.0:.0%}"),
+    Rule("input_bound", lambda f: f.active and f.s.starved is not None and f.gpu_not_pacing, _starved_said),
+    Rule("input_bound", lambda f: f.active and f.wait > INPUT_WAIT and f.gpu_not_pacing, _data_wait_said),
+    Rule("communication_bound", lambda f: f.s.straggler is not None, _straggler_said),
+    Rule("communication_bound", lambda f: (f.s.collective_wait_fraction or 0.0) >= COMM_WAIT,
+         lambda f: f"{f.s.collective_wait_fraction or 0.0:.0%} of the loop blocked in collectives, evenly across "
+                   "ranks (no straggler)"),
+    Rule("memory_bandwidth_bound",
+         lambda f: f.gpu_util is not None and (f.s.dram_activity or 0) >= DRAM_BUSY
+         and (f.s.sm_activity is None or f.s.sm_activity < SM_BUSY),
+         lambda f: "DRAM bandwidth high while SMs are not"),
+    Rule("waiting", _loop_waits_outside, _loop_waiting_said),
+    Rule("python_bound", _python_paces, _python_said),
+    # the GPU's busy share decides
+    Rule("compute_bound", lambda f: f.gpu_busy is not None and f.gpu_busy >= GPU_BUSY, _gpu_said),
+    Rule("host_bound",
+         lambda f: f.gpu_busy is not None and f.active and f.gpu_busy < GPU_IDLE and f.wait < FED,
+         lambda f: f"the GPU waits for the host ({f.gpu_source} only {f.gpu_busy or 0.0:.0%} "
+                   f"{'of the steps' if f.s.steps_per_s > 0 else 'of the time'}): Python, kernel launches or small "
+                   "operations pace the job"),
+    Rule(NOT_JUDGED, lambda f: f.gpu_busy is not None and not f.active,
+         lambda f: f"no steps or requests; {f.gpu_source} {f.gpu_busy or 0.0:.0%} of the time"),
+    Rule("balanced", lambda f: f.gpu_busy is not None,
+         lambda f: f"{_gpu_said(f)}: neither GPU nor host dominates"),
+    # CPU-only: where the job's threads want CPU. The main thread runs Python and takes part in torch's parallel
+    # regions; the intra-op pool only ever does torch's (or BLAS's) work.
+    Rule(NOT_JUDGED, lambda f: not f.active, lambda f: "no steps or requests in this window: no loop to judge"),
+    # a hook too old to say where its CPU goes, or not yet: the process as a whole
+    Rule("compute_bound",
+         lambda f: not f.per_thread and f.wait < FED and f.s.process_cpu_cores >= PROCESS_COMPUTE_CORES,
+         lambda f: f"{f.s.process_cpu_cores:.1f} CPU cores busy with the work"),
+    Rule(NOT_JUDGED, lambda f: not f.per_thread,
+         lambda f: "no per-thread CPU measurements in this window to tell host from compute"),
+    # operations counted: their size decides
+    Rule(NOT_JUDGED, _pool_spins,
+         lambda f: f"{_ops(f.s)}{f.per_op / 1000:.1f} ms of main-thread CPU each, but torch's pool idles "
+                   f"({f.pool:.2f} beside {f.main:.2f}): the CPU per operation is not the math's (spinning at the "
+                   "pool's barriers, on a crowded machine)"),
+    Rule("compute_bound", lambda f: f.ops_decide and f.per_op >= COMPUTE_OP_US,
+         lambda f: f"{_ops(f.s)}{f.per_op / 1000:.1f} ms of main-thread CPU each: the operations' math dominates "
+                   f"(intra-op pool demand {f.pool:.1f})"),
+    Rule("host_bound",
+         lambda f: f.ops_decide and f.per_op <= HOST_OP_US and f.main >= MAIN_SATURATED and f.wait < FED,
+         lambda f: f"the main thread is saturated ({f.main:.0%} demand) with {_ops(f.s)}{f.per_op:.0f} us of CPU "
+                   "each: Python and framework overhead pace the job, the intra-op pool has no real work"),
+    Rule("balanced", lambda f: f.ops_decide,
+         lambda f: f"{_ops(f.s)}{f.per_op:.0f} us of main-thread CPU each: neither framework overhead nor the math "
+                   "dominates"),
+    Rule(NOT_JUDGED, lambda f: f.s.ops_counted and f.s.main_cpu_us_per_op is None and f.main >= OPS_MAIN,
+         lambda f: "operations are counted but none at both ends of this window"),
     # the pool busy beside a main thread that is itself busy: not a loop at rest whose pool spins after each op
-    if main >= 0.5 * MAIN_SATURATED and pool >= POOL_BUSY * max(main, MAIN_SATURATED):
-        return Verdict("compute_bound", ev, f"torch's intra-op pool is busy: {pool:.1f} threads' worth of demand "
-                                            f"beside the main thread's {main:.1f}")
-    if main >= MAIN_SATURATED and pool < POOL_IDLE * main and wait < FED:
-        one = " (torch uses one intra-op thread: its operations run on the main thread too; " \
-              "torch.set_num_threads)" if s.intra_op_threads == 1 else ""
-        return Verdict("host_bound", ev, f"the main thread is saturated ({main:.0%} demand) while the intra-op pool "
-                                         f"idles ({pool:.2f}): Python and dispatch pace the job{one}")
-    return Verdict("balanced", ev, f"main thread {main:.0%} demand, intra-op pool {pool:.2f}: no single bottleneck")
+    Rule("compute_bound",
+         lambda f: f.main >= 0.5 * MAIN_SATURATED and f.pool >= POOL_BUSY * max(f.main, MAIN_SATURATED),
+         lambda f: f"torch's intra-op pool is busy: {f.pool:.1f} threads' worth of demand beside the main thread's "
+                   f"{f.main:.1f}"),
+    Rule("host_bound", lambda f: f.main >= MAIN_SATURATED and f.pool < POOL_IDLE * f.main and f.wait < FED,
+         lambda f: f"the main thread is saturated ({f.main:.0%} demand) while the intra-op pool idles "
+                   f"({f.pool:.2f}): Python and dispatch pace the job"
+                   + (" (torch uses one intra-op thread: its operations run on the main thread too; "
+                      "torch.set_num_threads)" if f.s.intra_op_threads == 1 else "")),
+    Rule("balanced", lambda f: True,
+         lambda f: f"main thread {f.main:.0%} demand, intra-op pool {f.pool:.2f}: no single bottleneck"),
+)
+
+
+def _classify(s: Signals) -> Verdict:
+    """The verdict of the first rule whose condition holds (the last one always does)."""
+    f = facts(s)
+    ev = s.evidence()
+    rule = next(r for r in RULES if r.when(f))
+    return Verdict(rule.verdict, ev, rule.reason(f))

@@ -150,6 +150,21 @@ class _Thread:
         self.pyname: str | None = None  # threading's name when its role was last decided (a Python thread)
 
 
+def _role(t: _Thread, name: str | None, main_name: str) -> str:
+    """The role of a thread other than the loop's that ran since the last read; `name` is threading's name for it
+    (None: a thread Python did not start)."""
+    if name is not None:
+        if name is not t.pyname or t.role == "main":  # threading's name: the same object until renamed
+            t.pyname = name
+            t.role = "outrider" if name.startswith("outrider") else "other"
+        return t.role
+    if t.name is None:  # a Python thread threading has let go of, on its way out: still what it was
+        return t.role
+    if t.name.startswith("outrider"):  # the hook's thread where threading does not know it (gevent)
+        return "outrider"
+    return "intra_op" if t.name == main_name else "other"
+
+
 class ThreadCpuAccounting:
     def __init__(self, hook: Any, loop_tid: Callable[[], int], proc_root: str = "/proc",
                  threads: Callable[[], dict[int, str]] = python_threads, getpid: Callable[[], int] = os.getpid,
@@ -230,17 +245,7 @@ class ThreadCpuAccounting:
         main = self.loop_tid() or pid
         python = self.threads()
         known, seen = self.known, {}
-        pairs: list[tuple[int, _Thread | None]]
-        listed = self.flushes - self._listed >= LIST_EVERY
-        if listed:
-            self._listed = self.flushes
-            try:
-                pairs = [(tid, known.get(tid)) for tid in map(int, filter(str.isdigit, os.listdir(base)))]
-            except OSError:
-                pairs = []
-        else:  # the threads of the last listing that live on, and Python's (a new native one waits for the next)
-            pairs = list(known.items())
-            pairs += [(tid, None) for tid in python if tid not in known]
+        listed, pairs = self._pairs(base, python)
         own_clocks = isinstance(self.clocks, OwnClocks)
         thread_cpu = self.clocks.thread_cpu
         clock = time.clock_gettime_ns
@@ -268,17 +273,10 @@ class ThreadCpuAccounting:
                 t = _Thread(tid, None if name is not None else self._name(base, tid))
             if tid == main:
                 role = "main"
-            elif name is not None:
-                if name is not t.pyname or t.role == "main":  # threading's name: the same object until renamed
-                    t.pyname = name
-                    t.role = "outrider" if name.startswith("outrider") else "other"
-                role = t.role
-            elif t.name is None:  # a Python thread threading has let go of, on its way out: still what it was
-                role = t.role
-            elif t.name.startswith("outrider"):  # the hook's thread where threading does not know it (gevent)
-                role = "outrider"
+            elif name is not None and name is t.pyname and t.role != "main":
+                role = t.role  # a Python thread not renamed since its role was decided: most of them, no call
             else:
-                role = "intra_op" if t.name == main_name else "other"
+                role = _role(t, name, main_name)
             grew = now - t.cpu
             a = acc[role]
             a[0] += grew
@@ -295,15 +293,38 @@ class ThreadCpuAccounting:
             count[role] += int(threads)
         self.known = seen
         self._look(base, main)
+        self._note_ended(known, seen)
+        if process_cpu is not None:
+            self._settle(process_cpu, explained, listed)
+
+    def _pairs(self, base: str, python: dict[int, str]) -> tuple[bool, list[tuple[int, _Thread | None]]]:
+        """The threads to read this flush, each with what was kept of it (None: new), and whether the task list
+        was read for them: every LIST_EVERY flushes; between listings, the threads of the last listing that live
+        on and Python's (a new native one waits for the next listing)."""
+        known = self.known
+        if self.flushes - self._listed < LIST_EVERY:
+            pairs: list[tuple[int, _Thread | None]] = list(known.items())
+            pairs += [(tid, None) for tid in python if tid not in known]
+            return False, pairs
+        self._listed = self.flushes
+        try:
+            return True, [(tid, known.get(tid)) for tid in map(int, filter(str.isdigit, os.listdir(base)))]
+        except OSError:
+            return True, []
+
+    def _note_ended(self, known: dict[int, _Thread], seen: dict[int, _Thread]) -> None:
+        """The threads that ended since the last read: their roles share what the process clock says is left, by
+        what each used in its last interval."""
         for tid, t in known.items():
-            if tid not in seen:  # ended since the last read: its role shares what the process clock says is left
+            if tid not in seen:
                 self._ended[t.role] += t.grew or 1e-9
-        if process_cpu is None:
-            return
+
+    def _settle(self, process_cpu: float, explained: float, listed: bool) -> None:
+        """What the process clock grew beyond the threads' readings (`explained`), kept until a flush that listed
+        the tasks gives it to the ended threads' roles: before, a native thread that started since the last
+        listing is in the process clock already, and counted as itself once listed."""
         self._unexplained += (process_cpu - self._process_cpu) - explained
         self._process_cpu = process_cpu
-        # Given to the ended threads' roles only when the task list was read this flush: a native thread that
-        # started since the last listing is in the process clock already, and counted as itself once listed
         if listed and self._unexplained > 0:
             self._credit_ended(self._unexplained)
             self._unexplained = 0.0

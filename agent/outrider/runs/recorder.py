@@ -22,7 +22,7 @@ from dataclasses import replace
 from typing import Any
 
 from outrider.clock import SYSTEM, Clock
-from outrider.diagnosis.bottleneck import nothing_ran
+from outrider.diagnosis.bottleneck import Verdict, nothing_ran
 from outrider.diagnosis.signals import Signals, signals, snapshot
 from outrider.diagnosis.window import VerdictWindow
 from outrider.metrics.family import Family, HistogramValue, merged_histogram
@@ -82,6 +82,10 @@ def nothing_ran_since(s: Signals, rates: dict[str, float | None], families: list
     return in_flight == 0 and nothing_ran(s)
 
 
+# What a sweep keeps for the next: its monotonic and wall times, its signals' snapshot, its histograms
+_Swept = tuple[float, float, dict[str, float], dict[str, HistogramValue | None]]
+
+
 class RunRecorder:
     def __init__(self, store: RunStore | None, run_id: str, window_s: float = 30.0, clock: Clock = SYSTEM) -> None:
         self.store = store
@@ -91,7 +95,7 @@ class RunRecorder:
         self.tally = VerdictTally()
         self.alerts: list[AlertRecord] = []  # every time an alert fired during the run, for the summary
         self._open: dict[str, int] = {}  # fingerprint -> its entry in alerts while it fires
-        self._prev: tuple[float, float, dict[str, float], dict[str, HistogramValue | None]] | None = None
+        self._prev: _Swept | None = None
         self._last_verdict = ""
         self._stalled: set[str] = set()
         self.hooked = False  # some hooked process published during the run
@@ -114,60 +118,79 @@ class RunRecorder:
         hists = {name: merged_histogram(families, name) for name in HISTOGRAMS}
         prev, self._prev = self._prev, (now, t, snap, hists)
         kpis: dict[str, float] = {}
+        self._rss_and_stalls(families, t, kpis)
+        self._first_steps(families, t)
+        grown = self._add_counters(families, now, kpis)
+        self._distributions(families, kpis)
+        rates = self._rates(prev is not None, kpis)
+        rested = prev is not None and self._since_previous(prev, now, snap, hists, rates, families, kpis)
+        if kpis:
+            self._write(RunStore.add_samples, t, kpis)
+        verdict = self.window.add(families, now)
+        if verdict is None or prev is None:
+            return
+        self._record_verdict(verdict, rested, prev[1], t, grown)
+
+    def _rss_and_stalls(self, families: list[Family], t: float, kpis: dict[str, float]) -> None:
+        """The watched tree's RSS into the KPIs; stalls and resumes as events."""
         for f in families:
             if f.defn.name == "outrider_watched_memory_rss_bytes" and f.samples:
                 kpis["rss_bytes"] = float(f.samples[0][1])  # type: ignore[arg-type]
             if f.defn.name == "outrider_hook_stalled":
                 self._stalls(f, t)
-        self._first_steps(families, t)
+
+    def _add_counters(self, families: list[Family], now: float, kpis: dict[str, float]) -> dict[str, float]:
+        """The job's counters added to their running totals, which go into the KPIs (the error totals too, once
+        the job serves); returns what each total grew by in this sweep."""
         before = {name: self.counters.total(name) for name in TOTALS}
         self.counters.add(now, family_samples(families, self.counters.metrics))
         grown = {name: self.counters.total(name) - before[name] for name in TOTALS}
         kpis.update({name: self.counters.total(name) for name in TOTALS if self.counters.total(name)})
         if self.counters.total("requests_total"):  # zero errors too, once serving: a record that counts them
             kpis.update({name: self.counters.total(kind) for kind, name in ERROR_TOTALS.items()})
-        self._distributions(families, kpis)
+        return grown
+
+    def _rates(self, swept_before: bool, kpis: dict[str, float]) -> dict[str, float | None]:
+        """The counters' rates and shares into the KPIs; returns the rates (None: not measured yet)."""
         rates = {kpi: self.counters.rate(name) for kpi, name in RATES.items()}
         for kpi, rate in rates.items():
             # not measured yet is no sample; a counter that no process publishes (a training job's requests) is 0
-            if rate is not None or (prev is not None and not self.counters.published(RATES[kpi])):
+            if rate is not None or (swept_before and not self.counters.published(RATES[kpi])):
                 kpis[kpi] = rate or 0.0
         for kpi, (part, whole) in SHARES.items():
             share = self.counters.ratio(part, whole)
             if share is not None:
                 kpis[kpi] = share
-        rested = False
-        if prev is not None:
-            dt = now - prev[0]
-            s = signals(prev[2], snap, dt)
-            rested = nothing_ran_since(s, rates, families)
-            kpis["process_cpu_cores"] = s.process_cpu_cores
-            for key in ("step_time_s", "gpu_util", "gpu_mem_ratio", "host_cpu_util"):
-                value = getattr(s, key)
-                if value is not None:
-                    kpis[key] = value
-            step = _delta(hists[HISTOGRAMS[0]], prev[3][HISTOGRAMS[0]])
-            if step is not None and step.count:
-                kpis["step_p50_s"] = quantile(0.5, step) or 0.0
-                kpis["step_p99_s"] = quantile(0.99, step) or 0.0
-            req = _delta(hists[HISTOGRAMS[1]], prev[3][HISTOGRAMS[1]])
-            if req is not None and req.count:
-                kpis["latency_p50_s"] = quantile(0.5, req) or 0.0
-                kpis["latency_p99_s"] = quantile(0.99, req) or 0.0
-        if kpis:
-            self._write(RunStore.add_samples, t, kpis)
-        verdict = self.window.add(families, now)
-        if verdict is None or prev is None:
-            return
-        # This window's verdict speaks for the time since the previous sweep: that is where its segment starts;
-        # unless nothing ran in that time (the window still holds the work before it)
+        return rates
+
+    @staticmethod
+    def _since_previous(prev: _Swept, now: float, snap: dict[str, float], hists: dict[str, HistogramValue | None],
+                        rates: dict[str, float | None], families: list[Family], kpis: dict[str, float]) -> bool:
+        """The KPIs taken from the difference with the previous sweep (its signals, the step time and latency
+        percentiles of what the histograms recorded since); returns whether nothing ran in between."""
+        s = signals(prev[2], snap, now - prev[0])
+        kpis["process_cpu_cores"] = s.process_cpu_cores
+        for key in ("step_time_s", "gpu_util", "gpu_mem_ratio", "host_cpu_util"):
+            value = getattr(s, key)
+            if value is not None:
+                kpis[key] = value
+        for hist, kpi in zip(HISTOGRAMS, ("step", "latency")):
+            since = _delta(hists[hist], prev[3][hist])
+            if since is not None and since.count:
+                kpis[f"{kpi}_p50_s"] = quantile(0.5, since) or 0.0
+                kpis[f"{kpi}_p99_s"] = quantile(0.99, since) or 0.0
+        return nothing_ran_since(s, rates, families)
+
+    def _record_verdict(self, verdict: Verdict, rested: bool, since: float, t: float, grown: dict[str, float]) -> None:
+        """This window's verdict speaks for the time since the previous sweep (`since`): that is where its segment
+        starts; unless nothing ran in that time (the window still holds the work before it)."""
         cls, reason, evidence, frames = verdict.cls, verdict.reason, verdict.evidence, verdict.frames
         if rested and cls != IDLE:
             cls, reason, evidence, frames = IDLE, RESTED, {}, ()
-        self.tally.add(cls, reason, evidence, prev[1], t, frames, grown)
+        self.tally.add(cls, reason, evidence, since, t, frames, grown)
         if cls != self._last_verdict:
             self._last_verdict = cls
-            self._write(RunStore.add_verdict, prev[1], cls, reason, evidence)
+            self._write(RunStore.add_verdict, since, cls, reason, evidence)
         self._write(RunStore.set_run_verdict, self.tally.result())
 
     def _distributions(self, families: list[Family], kpis: dict[str, float]) -> None:
