@@ -137,28 +137,44 @@ def _first_sentence(source: Path) -> str:
     return re.split(r"(?<=\.)\s+(?=[A-Z`(])", paragraph, maxsplit=1)[0]
 
 
-def layout(package: Path = REPO / "agent" / "outrider") -> str:
+def folders(pyproject: Path = REPO / "pyproject.toml") -> set[str]:
+    """The package's folders: packages that group modules of one kind, each module with its own floor (the layers
+    contract names `commands.cli`, not `commands`)."""
+    linter = tomllib.loads(pyproject.read_text(encoding="utf-8"))["tool"]["importlinter"]
+    return {m.strip().split(".")[0] for c in linter["contracts"] if c["type"] == "layers"
+            for layer in c["layers"] for m in layer.split("|") if "." in m}
+
+
+def layout(package: Path = REPO / "agent" / "outrider", grouped: set[str] | None = None) -> str:
     """The package's map: each top-level module and package with the first sentence of its docstring, a package
-    with its modules (a sub-package ends in /), read from the files without importing them."""
+    with its modules (a sub-package ends in /), a folder (`folders()`) with each of its modules and packages as an
+    entry of its own, read from the files without importing them."""
+    grouped = folders() if grouped is None else grouped
     name_column, width = 25, 120
     out = ["```", f"{package.relative_to(REPO).as_posix() + '/':<{name_column}}the package (import outrider)"]
 
-    def entry(name: str, text: str) -> None:
+    def entry(name: str, text: str, depth: int = 1) -> None:
         lines = textwrap.wrap(text, width - name_column, break_on_hyphens=False) or [""]
-        out.append(f"{'  ' + name:<{name_column - 1}} {lines[0]}")
+        out.append(f"{'  ' * depth + name:<{name_column - 1}} {lines[0]}")
         out.extend(" " * name_column + line for line in lines[1:])
 
-    for path in sorted(package.iterdir(), key=lambda p: p.name):
-        if path.suffix == ".py":
-            entry(path.name, _first_sentence(path))
-        elif path.is_dir() and (path / "__init__.py").exists():
-            parts = sorted((p.stem if p.suffix == ".py" else p.name + "/") for p in path.iterdir()
-                           if (p.suffix == ".py" and p.name != "__init__.py")
-                           or (p.is_dir() and (p / "__init__.py").exists()))
-            entry(path.name + "/", _first_sentence(path / "__init__.py"))
-            entry("", "[" + " · ".join(parts) + "]")
-        elif path.is_symlink() and path.is_dir():  # package data kept once elsewhere in the repository (alerts/)
-            entry(path.name + "/", f"-> {os.readlink(path)} (package data, not code)")
+    def entries(folder: Path, depth: int) -> None:
+        for path in sorted(folder.iterdir(), key=lambda p: p.name):
+            if path.suffix == ".py":
+                entry(path.name, _first_sentence(path), depth)
+            elif path.is_dir() and (path / "__init__.py").exists():
+                entry(path.name + "/", _first_sentence(path / "__init__.py"), depth)
+                if depth == 1 and path.name in grouped:
+                    entries(path, depth + 1)
+                    continue
+                parts = sorted((p.stem if p.suffix == ".py" else p.name + "/") for p in path.iterdir()
+                               if (p.suffix == ".py" and p.name != "__init__.py")
+                               or (p.is_dir() and (p / "__init__.py").exists()))
+                entry("", "[" + " · ".join(parts) + "]", depth)
+            elif path.is_symlink() and path.is_dir():  # package data kept once elsewhere in the repository (alerts/)
+                entry(path.name + "/", f"-> {os.readlink(path)} (package data, not code)", depth)
+
+    entries(package, 1)
     return "\n".join([*out, "```"]) + "\n"
 
 

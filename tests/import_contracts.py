@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+import tomllib
 from collections.abc import Iterable
 from copy import deepcopy
 from pathlib import Path
@@ -25,6 +26,7 @@ import grimp
 from importlinter import configuration
 from importlinter.application import output
 from importlinter.application.use_cases import read_user_options
+from importlinter.contracts import layers
 from importlinter.domain import fields
 from importlinter.domain.contract import Contract, ContractCheck
 
@@ -70,6 +72,34 @@ class StdlibOnlyContract(Contract):
             output.new_line()
 
 
+class LayersContract(layers.LayersContract):
+    """import-linter's layers, whose `exhaustive` reaches into folders: a child of a container that the layers name
+    only through its own children (`commands.cli`, not `commands`) is a folder, each of its modules needs a floor
+    too, and the folder itself, having none, imports nothing (its __init__.py is a docstring: importing one of its
+    modules costs no other)."""
+
+    type_name = "layers"
+
+    def _get_undeclared_modules(self, graph: grimp.ImportGraph, containers: set[str]) -> set[str]:
+        if not self.exhaustive:
+            return set()
+        ignored: set[str] = set(self.exhaustive_ignores or ())  # type: ignore[call-overload]
+        declared = {tail.name for tail in self.all_module_tails} | ignored
+        undeclared = set()
+        for container in containers:
+            pending = [m[len(container) + 1:] for m in graph.find_children(container)]
+            while pending:
+                tail = pending.pop()
+                if tail in declared:
+                    continue
+                if any(d.startswith(tail + ".") for d in declared):  # a folder
+                    pending += [m[len(container) + 1:] for m in graph.find_children(f"{container}.{tail}")]
+                    if not graph.find_modules_directly_imported_by(f"{container}.{tail}"):
+                        continue
+                undeclared.add(f"{container}.{tail}")
+        return undeclared
+
+
 _BUILT_IN = {"layers": "layers.LayersContract", "forbidden": "forbidden.ForbiddenContract",
              "independence": "independence.IndependenceContract",
              "acyclic_siblings": "acyclic_siblings.AcyclicSiblingsContract"}
@@ -90,8 +120,13 @@ def _contracts(config: Path) -> list[Contract]:
     return made
 
 
-def top_level(graph: grimp.ImportGraph) -> list[str]:
-    return sorted(m for m in graph.find_children(ROOT) if m != f"{ROOT}.__main__")
+def top_level(graph: grimp.ImportGraph, config: Path = REPO / "pyproject.toml") -> list[str]:
+    """outrider's parts, the units the floors are made of: each module or package the layers contract names (a
+    folder's modules, not the folder)."""
+    linter = tomllib.loads(config.read_text(encoding="utf-8"))["tool"]["importlinter"]
+    named = {f"{ROOT}.{m.strip()}" for c in linter["contracts"] if c["type"] == "layers"
+             for layer in c["layers"] for m in layer.split("|")}
+    return sorted(named & set(graph.modules))
 
 
 def used_pairs(graph: grimp.ImportGraph) -> set[tuple[str, str]]:
@@ -116,7 +151,7 @@ def allowed_pairs(graph: grimp.ImportGraph, config: Path = REPO / "pyproject.tom
     contracts = _contracts(config)
     used = used_pairs(graph)
     allowed = set()
-    tops = top_level(graph)
+    tops = top_level(graph, config)
     for a in tops:
         for b in tops:
             if a == b:

@@ -190,7 +190,9 @@ def measure_cpu_in_child(timeout_s: float = CPU_TIMEOUT_S, python: str = sys.exe
     """The CPU's peak measured in a child process of `python` (the workload's interpreter, with its torch); None
     where torch is not installed there, or the child fails or overruns timeout_s."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("OUTRIDER_")}  # nothing to instrument
-    agent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    agent = os.path.abspath(__file__)
+    for _ in range((__package__ or "outrider").count(".") + 2):  # up from this file and its packages: outrider's parent
+        agent = os.path.dirname(agent)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (agent, os.environ.get("PYTHONPATH", "")) if p)
     try:
         done = subprocess.run([python, "-m", "outrider.peaks"], capture_output=True, text=True, timeout=timeout_s,

@@ -108,7 +108,7 @@ def agent_environment() -> dict[str, str]:
     """The workload's environment (the agent reads the same OUTRIDER_* settings), with this copy of outrider first
     on the path: the agent must be the same version as the hook, wherever the workload found it."""
     env = dict(os.environ)
-    package_root = os.path.dirname(os.path.dirname(os.path.abspath(spool.__file__)))
+    package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # hook/ < outrider/
     path = env.get("PYTHONPATH", "")
     env["PYTHONPATH"] = package_root + (os.pathsep + path if path else "")
     return env
