@@ -160,7 +160,7 @@ def layout(package: Path = REPO / "agent" / "outrider", grouped: set[str] | None
 
     def entries(folder: Path, depth: int) -> None:
         for path in sorted(folder.iterdir(), key=lambda p: p.name):
-            if path.suffix == ".py":
+            if path.suffix == ".py" and not (depth > 1 and path.name == "__init__.py"):  # a folder's: said above
                 entry(path.name, _first_sentence(path), depth)
             elif path.is_dir() and (path / "__init__.py").exists():
                 entry(path.name + "/", _first_sentence(path / "__init__.py"), depth)

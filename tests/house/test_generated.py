@@ -54,7 +54,7 @@ def test_a_changed_rule_or_contract_drifts_the_pages_made_from_it(tmp_path: Path
     rules.write_text(rules.read_text().replace("      - alert: TrainingStalled\n",
                                                "      - alert: TrainingStalledRenamed\n", 1))
     pyproject = copy / "pyproject.toml"
-    pyproject.write_text(pyproject.read_text().replace('    "cli",\n', '    "cli",\n    "newfloor",\n', 1))
+    pyproject.write_text(pyproject.read_text().replace("layers = [\n", 'layers = [\n    "newfloor",\n', 1))
     r = _check(copy)
     assert r.returncode == 1
     assert "drifted: docs/alerts.md" in r.stdout and "drifted: docs/architecture.md" in r.stdout
