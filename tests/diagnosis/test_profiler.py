@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+import outrider
 from outrider.hook.profiler import MAX_FRAMES, WHERE, LoopProfiler, file_kind, frame_label
 from outrider.hook.runtime import Hook
 from outrider.hook.settings import HookSettings, read
@@ -182,6 +183,9 @@ def test_files_and_labels() -> None:
     assert file_kind(f"{site}/nn/modules/linear.py") == "torch"
     assert file_kind("/usr/lib/python3/site-packages/numpy/core/numeric.py") == "lib"
     assert file_kind("/home/me/train.py") == "user"
+    from outrider.demo import workload  # `outrider demo`'s workload stands for a user's training script
+
+    assert file_kind(workload.__file__) == "user" and file_kind(outrider.__file__) == "outrider"
     assert frame_label("/home/me/proj/train.py", 42, "step") == "proj/train.py:42 step"
     assert len(frame_label("/x/" + "a" * 500 + ".py", 1, "f")) <= 120
     assert set(WHERE) >= {"python", "native", "waiting", "data", "collective", "checkpoint", "optimizer"}
