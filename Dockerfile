@@ -20,8 +20,8 @@ COPY pyproject.toml README.md ./
 COPY agent ./agent
 # agent/outrider/alerts links here: the wheel carries the rule catalog the embedded evaluator loads by default.
 COPY alerts ./alerts
-# k8s: the PodResources client; grpc: the OTLP gRPC exporter (both gRPC on h2, outrider/grpc_client.py: no grpcio),
-# so that `otlp.protocol: grpc` (the chart's inference example) runs on this image.
+# k8s: the PodResources client; grpc: the OTLP gRPC exporter (both gRPC on h2, outrider/adapters/grpc_client.py: no
+# grpcio), so that `otlp.protocol: grpc` (the chart's inference example) runs on this image.
 # An optional wheelhouse/ in the context (the project's wheel and every dependency, scripts/image/requirements.txt)
 # lets the build run offline; without one pip fetches the dependencies. README.md keeps the COPY valid when there is
 # no wheelhouse.

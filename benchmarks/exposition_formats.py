@@ -34,7 +34,7 @@ from outrider.metrics.catalog import CUSTOM_HELP, custom_definition
 from outrider.metrics.exposition import KeepingRenderer, Renderer
 from outrider.metrics.family import Family, HistogramValue
 from outrider.metrics.protobuf_exposition import ProtobufRenderer
-from outrider.sketch import Sketch
+from outrider.shared.sketch import Sketch
 
 BOUNDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 

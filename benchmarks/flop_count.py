@@ -1,4 +1,4 @@
-"""What counting a step's FLOPs costs (hook/torch_flops.py), and what measuring the CPU's peak costs (peaks.py).
+"""What counting a step's FLOPs costs (hook/torch_flops.py), and what measuring the CPU's peak costs (ground/peaks.py).
 
 1. A counted step against the steps around it, on CPU torch, for the models the tests know analytically (a stack of
    Linear layers, a small transformer block) and one of many small operations (a deep stack of narrow layers, where
@@ -75,7 +75,7 @@ def counted_step_ratio(torch: Any, model: Any, x: Any, rounds: int, around: int 
 
 
 def cpu_peak(times: int) -> list[dict[str, float]]:
-    from outrider import peaks
+    from outrider.ground import peaks
 
     out = []
     for _ in range(times):

@@ -100,9 +100,9 @@ def main() -> int:
 
     from outrider.collectors.base import CollectorContext
     from outrider.collectors.gpu import GpuCollector
-    from outrider.config import Config
+    from outrider.ground.config import Config
     from outrider.metrics.exposition import render
-    from outrider.sampler import SweepStats
+    from outrider.wiring.sampler import SweepStats
 
     c = GpuCollector(CollectorContext(Config(nvml_library=lib), SweepStats()))
     count_calls = ctypes.CDLL(lib).fake_nvml_call_count
@@ -165,9 +165,9 @@ def attribution(lib: str, gpus: int, sweeps: int, pods: int) -> int:
 
     from outrider.collectors.base import CollectorContext
     from outrider.collectors.gpu import GpuCollector
-    from outrider.config import Config
+    from outrider.ground.config import Config
     from outrider.k8s.gpu_owners import GpuOwners
-    from outrider.sampler import SweepStats
+    from outrider.wiring.sampler import SweepStats
 
     root = str(Path(__file__).resolve().parent.parent)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.join(root, "agent"), root])}

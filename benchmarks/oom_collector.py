@@ -30,9 +30,9 @@ from tests.fakes.cgroup_node import Node
 from outrider.collectors.base import CollectorContext
 from outrider.collectors.host import HostCollector
 from outrider.collectors.oom import OomCollector
-from outrider.config import Config
+from outrider.ground.config import Config
 from outrider.kernel import cgroupfs
-from outrider.sampler import SweepStats
+from outrider.wiring.sampler import SweepStats
 
 PODS = 110  # the kubelet's default maximum per node
 REPEAT = 200

@@ -60,10 +60,10 @@ def main() -> int:
     args = ap.parse_args()
     lib = fake_nvml(args.gpus)
 
-    from outrider.alerting import rule_groups
-    from outrider.config import Config
+    from outrider.ground.config import Config
     from outrider.rules.engine import RuleEngine
-    from outrider.sampler import Sampler
+    from outrider.wiring.alerting import rule_groups
+    from outrider.wiring.sampler import Sampler
 
     config = Config(nvml_library=lib, collectors=("host", "process", "gpu", "self"), rule_interval_s=args.interval)
     sampler = Sampler(config)

@@ -24,10 +24,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "agent"))
 
-from outrider import spool
 from outrider.collectors.base import CollectorContext
 from outrider.collectors.hook import HookCollector
-from outrider.config import Config
+from outrider.ground.config import Config
+from outrider.shared import spool
 
 
 def write_shards(directory: Path, n: int) -> list[spool.ShardWriter]:

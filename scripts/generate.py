@@ -8,11 +8,11 @@ files that drifted (exit 1), which a test runs.
     dashboards/*.json                    <- agent/outrider/dashboards/ (dashboards as code; needs the [grafana] extra)
     helm/outrider/files/dashboards/*     <- the dashboards above, for the chart's ConfigMaps
     helm/outrider/files/outrider.rules.yaml <- alerts/outrider.rules.yaml, for the chart's PrometheusRule
-    docs/configuration.md, the table     <- agent/outrider/config.py (keys, defaults, bounds, help)
+    docs/configuration.md, the table     <- agent/outrider/ground/config.py (keys, defaults, bounds, help)
     docs/alerts.md, every alert          <- alerts/outrider.rules.yaml (severity, for, description, runbook)
     docs/architecture.md, the layers     <- pyproject.toml (the import-linter contracts)
     docs/architecture.md, the layout     <- agent/outrider/ (its modules and packages, their docstrings)
-    docs/efficiency.md, the peak table   <- agent/outrider/peaks.py (the GPUs' dense peaks per dtype)
+    docs/efficiency.md, the peak table   <- agent/outrider/ground/peaks.py (the GPUs' dense peaks per dtype)
 """
 
 from __future__ import annotations
@@ -31,9 +31,9 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "agent"))
 
-from outrider import config, peaks  # noqa: E402
 from outrider.dashboards import render_all  # noqa: E402
-from outrider.links import DEFAULT_DOCS_URL  # noqa: E402
+from outrider.ground import config, peaks  # noqa: E402
+from outrider.ground.links import DEFAULT_DOCS_URL  # noqa: E402
 from outrider.metrics.reference import render_reference  # noqa: E402
 from outrider.rules import promql  # noqa: E402
 from outrider.rules.files import load_rules  # noqa: E402
@@ -189,7 +189,7 @@ def between(current: str, marker: str, body: str, where: str) -> str:
 
 
 def peak_table() -> str:
-    """The GPU peak table (outrider/peaks.py): dense TFLOP/s per dtype, the clock they assume, the source."""
+    """The GPU peak table (outrider/ground/peaks.py): dense TFLOP/s per dtype, the clock they assume, the source."""
     rows = ["| model | NVML names (regular expression) | " + " | ".join(peaks.DTYPES) + " | SM clock | source |",
             "|---|---|" + "---:|" * len(peaks.DTYPES) + "---:|---|"]
     for row in peaks.GPU_PEAKS:

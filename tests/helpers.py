@@ -286,7 +286,7 @@ def sleeper(seconds: float = 60.0, extra: Sequence[str] = ()) -> subprocess.Pope
     return subprocess.Popen([sys.executable, "-c", f"import time; time.sleep({seconds})", *extra])
 
 
-# --- the standalone agent a hooked workload starts (outrider/hook/election.py, outrider/standalone.py) ----------
+# --- the standalone agent a hooked workload starts (outrider/hook/election.py, outrider/commands/standalone.py) -------
 
 STANDALONE_LINE = "started one (pid "
 

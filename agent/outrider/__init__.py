@@ -44,7 +44,7 @@ from outrider.hook.api import (
     timed,
 )
 from outrider.hook.series import CounterSeries, GaugeSeries, HistogramSeries
-from outrider.version import __version__
+from outrider.shared.version import __version__
 
 # name -> module: the middlewares are imported when first asked for (PEP 562), so that a training script that
 # imports outrider loads no web-server code.
@@ -66,7 +66,7 @@ def instrument(spool_dir: str | None = None, standalone: bool | None = None, met
     active = _api.instrument(spool_dir, standalone)
     if active and meter_provider is not None:
         try:
-            from outrider.otel_bridge import publish
+            from outrider.adapters.otel_bridge import publish
         except ImportError as e:  # a provider without the opentelemetry API installed: not one this can feed
             _api.LOG.warning("outrider: no OpenTelemetry API to publish the hook's series with: %s", e)
             return active
@@ -77,7 +77,7 @@ def instrument(spool_dir: str | None = None, standalone: bool | None = None, met
 def prometheus_collector(registry: Any = None) -> Any:
     """Expose the hook's series through an existing prometheus_client registry (the default one when None): a
     service without a sidecar shows them on the /metrics it already serves. Imports prometheus_client then, only."""
-    from outrider.prometheus_bridge import prometheus_collector as register
+    from outrider.adapters.prometheus_bridge import prometheus_collector as register
 
     return register(registry)
 

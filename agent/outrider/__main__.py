@@ -1,5 +1,5 @@
-"""`python -m outrider`: the `outrider` command (outrider.cli), for where the console script is not on PATH."""
+"""`python -m outrider`: the `outrider` command (outrider.commands.cli), for where the console script is not on PATH."""
 
-from outrider.cli import main
+from outrider.commands.cli import main
 
 raise SystemExit(main())

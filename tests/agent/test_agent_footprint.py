@@ -45,7 +45,7 @@ def probe(port, plain):
 
 port, plain = int(sys.argv[1]), sys.argv[2] == "plain"
 threading.Thread(target=probe, args=(port, plain), daemon=True).start()
-from outrider.cli import main
+from outrider.commands.cli import main
 sys.argv = ["outrider", "agent", "--listen", f"127.0.0.1:{port}"]
 sys.exit(main())
 """

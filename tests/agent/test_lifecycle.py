@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from outrider.config import Config
-from outrider.lifecycle import PodPeers, WorkloadWatch, attach, grace_s
-from outrider.sampler import Sampler
+from outrider.ground.config import Config
+from outrider.wiring.lifecycle import PodPeers, WorkloadWatch, attach, grace_s
+from outrider.wiring.sampler import Sampler
 
 
 class Clock:
@@ -103,8 +103,8 @@ def test_a_workload_that_ran_and_exited_between_two_sweeps_counts_as_seen() -> N
 
 
 def test_retired_hook_series_are_the_evidence_of_a_workload_that_ran() -> None:
-    from outrider.lifecycle import ran_and_exited
     from outrider.metrics.family import Family
+    from outrider.wiring.lifecycle import ran_and_exited
 
     retired = Family("outrider_hook_retired_series")
     assert not ran_and_exited([retired])

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import re
 
-from outrider.logs import LogOnce
+from outrider.ground.logs import LogOnce
 from tests.helpers import wait_until
 
 

@@ -6,9 +6,9 @@ from pathlib import Path
 
 from outrider.collectors.base import Collector
 from outrider.collectors.host import HostCollector
-from outrider.config import Config
+from outrider.ground.config import Config
 from outrider.metrics.family import Family
-from outrider.sampler import Sampler
+from outrider.wiring.sampler import Sampler
 from tests.helpers import samples, value
 
 
@@ -82,7 +82,7 @@ def test_k8s_identity_from_the_downward_api_behind_an_allow_list(monkeypatch: ob
     from outrider.collectors.base import CollectorContext
     from outrider.collectors.self import SelfCollector
     from outrider.metrics.exposition import render
-    from outrider.sampler import SweepStats
+    from outrider.wiring.sampler import SweepStats
 
     env = {"POD_NAME": "train-0", "POD_NAMESPACE": "ml", "NODE_NAME": "gpu-node-7", "CONTAINER_NAME": "trainer"}
     for k, v in env.items():

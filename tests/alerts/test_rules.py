@@ -169,7 +169,7 @@ def test_cli_export_formats(tmp_path: Path) -> None:
 
 
 def test_top_leaves_the_watchdog_heartbeat_out_of_the_firing_alerts() -> None:
-    from outrider.top import Reads, frame, parse, render_text
+    from outrider.commands.top import Reads, frame, parse, render_text
 
     def screen(text: str) -> str:
         reads = Reads()

@@ -18,8 +18,8 @@ from outrider.collectors.base import CollectorContext
 from outrider.collectors.cmdline import REDACTED, command_label, program, redact, secret_name
 from outrider.collectors.process import ProcessCollector
 from outrider.collectors.process_identity import MAX_COMMAND
-from outrider.config import Config
-from outrider.sampler import SweepStats
+from outrider.ground.config import Config
+from outrider.wiring.sampler import SweepStats
 from tests.helpers import AgentProcess, reap, samples, wait_until
 from tests.servers import OtlpHttpReceiver, attributes, otlp_points
 

@@ -1,5 +1,5 @@
 """The efficiency collector (MFU, tokens a second per device) on sweeps of known FLOPs, loop time and devices, and
-the peak table and its overrides (outrider/peaks.py)."""
+the peak table and its overrides (outrider/ground/peaks.py)."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from outrider import peaks
 from outrider.collectors.base import CollectorContext
 from outrider.collectors.efficiency import EfficiencyCollector
-from outrider.config import Config
+from outrider.ground import peaks
+from outrider.ground.config import Config
 from outrider.metrics.family import Family
 
 H100 = "NVIDIA H100 80GB HBM3"
@@ -217,6 +217,6 @@ def test_the_torch_version_in_the_peaks_key_is_the_installed_ones() -> None:
     """Read from the metadata folder's name (importlib.metadata would load the email package into the agent)."""
     from importlib import metadata
 
-    from outrider.peaks import torch_version
+    from outrider.ground.peaks import torch_version
 
     assert torch_version() == metadata.version("torch")

@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from outrider.clock import ManualClock
 from outrider.collectors.base import CollectorContext
 from outrider.collectors.host import HostCollector
-from outrider.config import Config
+from outrider.ground.clock import ManualClock
+from outrider.ground.config import Config
 from outrider.kernel import procfs, timex
 from outrider.metrics.exposition import render
 from outrider.metrics.family import Family
-from outrider.sampler import SweepStats
+from outrider.wiring.sampler import SweepStats
 from tests.helpers import wait_until
 
 FIXTURES = Path(__file__).parent.parent / "fixtures"

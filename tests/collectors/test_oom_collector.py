@@ -19,7 +19,7 @@ from outrider.kernel.kmsg import KernelLog, parse_killed_process, parse_oom_kill
 from outrider.metrics.exposition import render
 from outrider.metrics.family import Family
 from outrider.rules.promtest import parse_series
-from outrider.sampler import SweepStats
+from outrider.wiring.sampler import SweepStats
 from tests.alerts.test_input_series import TARGET_LABELS
 from tests.fakes.cgroup_node import V2_EVENTS, VMSTAT, Node
 from tests.helpers import REPO

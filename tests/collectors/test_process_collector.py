@@ -10,9 +10,9 @@ import pytest
 
 from outrider.collectors.base import CollectorContext
 from outrider.collectors.process import ProcessCollector
-from outrider.config import Config
+from outrider.ground.config import Config
 from outrider.metrics.family import Family
-from outrider.sampler import SweepStats
+from outrider.wiring.sampler import SweepStats
 
 TICKS = os.sysconf("SC_CLK_TCK")
 PAGE = os.sysconf("SC_PAGE_SIZE")

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from outrider.collectors import resolve
-from outrider.config import BOUNDS, Config, ConfigError, load, otlp_enabled, to_yaml
+from outrider.ground.config import BOUNDS, Config, ConfigError, load, otlp_enabled, to_yaml
 from outrider.hook.progress import Progress
 from outrider.hook.registry import Registry
 from outrider.hook.settings import KEYS
@@ -188,7 +188,7 @@ def test_show_hides_the_password_of_a_url_in_any_key(key: str, raw: str) -> None
     ("https://a:b@c@host/", "https://a:<secret>@host/"),  # the last @ ends the userinfo
 ])
 def test_redact_url_password_forms(url: str, shown: str) -> None:
-    from outrider.config import redact_url_password
+    from outrider.ground.config import redact_url_password
 
     assert redact_url_password(url) == shown
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from outrider.config import (
+from outrider.ground.config import (
     MAX_CONFIG_BYTES,
     Config,
     ConfigError,
@@ -267,7 +267,7 @@ def test_show_writes_lists_and_numbers_as_yaml_with_their_sources() -> None:
 # tested on the code as it is now (a mutation tool switches a mutant on only after the import).
 
 def test_a_number_converter_gives_integers_for_integer_keys_and_floats_for_the_rest() -> None:
-    from outrider.config import _number
+    from outrider.ground.config import _number
 
     top_n = _number("process_top_n", integer=True)
     assert top_n(" 5 ") == 5 and type(top_n(" 5 ")) is int
@@ -283,7 +283,7 @@ def test_a_number_converter_gives_integers_for_integer_keys_and_floats_for_the_r
 
 
 def test_a_choice_converter_matches_without_case_or_blanks_and_names_the_choices() -> None:
-    from outrider.config import _choice
+    from outrider.ground.config import _choice
 
     convert = _choice(("grpc", "http/protobuf"))
     assert convert(" GRPC ") == "grpc" and convert("http/protobuf") == "http/protobuf"
@@ -299,7 +299,7 @@ def test_an_ipv6_address_may_be_written_in_upper_case() -> None:
 
 
 def test_without_an_environment_given_the_processs_own_is_read(monkeypatch: pytest.MonkeyPatch) -> None:
-    from outrider.config import HANDED_TO_HOOK
+    from outrider.ground.config import HANDED_TO_HOOK
 
     for key in HANDED_TO_HOOK:
         monkeypatch.delenv("OUTRIDER_" + key.upper(), raising=False)
@@ -327,7 +327,7 @@ def test_a_port_past_65535_says_the_range_exactly() -> None:
 
 
 def test_a_url_in_the_query_does_not_hide_the_password_before_it() -> None:
-    from outrider.config import redact_url_password
+    from outrider.ground.config import redact_url_password
 
     assert redact_url_password("https://u:pw@h/cb?next=http://x/") == "https://u:<secret>@h/cb?next=http://x/"
 

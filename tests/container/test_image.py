@@ -90,7 +90,7 @@ def test_otlp_over_grpc_runs_on_the_image(podman: Podman, built: dict[str, str])
     # The node agent's PodResources client loads too (gRPC on h2, protobuf's C++ core on the libstdc++ the base once
     # lacked); grpcio is not in the image at all.
     podman("exec", cid, "/opt/outrider/bin/python", "-c",
-           "import importlib.util as u, outrider.grpc_client, outrider.k8s.podresources.api_pb2; "
+           "import importlib.util as u, outrider.adapters.grpc_client, outrider.k8s.podresources.api_pb2; "
            "assert u.find_spec('grpc') is None")
 
 

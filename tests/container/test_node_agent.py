@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from outrider.config import Config
+from outrider.ground.config import Config
 from outrider.kernel import procfs
 from tests.conftest import need_binary
 from tests.container.chart import configmaps, pod_spec, render

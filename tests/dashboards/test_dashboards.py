@@ -19,8 +19,8 @@ import promql_parser
 import pytest
 import yaml
 
-from outrider import links
 from outrider.dashboards import render_all
+from outrider.ground import links
 from outrider.kernel import cgroupfs
 from outrider.metrics.catalog import CATALOG
 from tests.fakes.kubelet import FakeKubelet, short_socket_dir

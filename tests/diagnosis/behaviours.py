@@ -42,7 +42,7 @@ def wsgi_wait(seconds: float, port_file: str, downstream: str) -> None:
     from socketserver import ThreadingMixIn
     from wsgiref.simple_server import WSGIServer, make_server
 
-    from outrider.demo.workload import QuietHandler
+    from outrider.commands.demo.workload import QuietHandler
     from outrider.hook.wsgi import OutriderWSGIMiddleware
 
     class Threaded(ThreadingMixIn, WSGIServer):

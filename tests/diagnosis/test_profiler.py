@@ -183,7 +183,7 @@ def test_files_and_labels() -> None:
     assert file_kind(f"{site}/nn/modules/linear.py") == "torch"
     assert file_kind("/usr/lib/python3/site-packages/numpy/core/numeric.py") == "lib"
     assert file_kind("/home/me/train.py") == "user"
-    from outrider.demo import workload  # `outrider demo`'s workload stands for a user's training script
+    from outrider.commands.demo import workload  # `outrider demo`'s workload stands for a user's training script
 
     assert file_kind(workload.__file__) == "user" and file_kind(outrider.__file__) == "outrider"
     assert frame_label("/home/me/proj/train.py", 42, "step") == "proj/train.py:42 step"

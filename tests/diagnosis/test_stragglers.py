@@ -14,9 +14,9 @@ import pytest
 
 from outrider.collectors.base import CollectorContext
 from outrider.collectors.hook import HookCollector
-from outrider.config import Config
 from outrider.diagnosis.bottleneck import classify
 from outrider.diagnosis.signals import signals, snapshot
+from outrider.ground.config import Config
 from tests.helpers import free_port
 
 pytestmark = pytest.mark.integration

@@ -256,7 +256,7 @@ def inference(seconds: float) -> None:
     import urllib.request
     from wsgiref.simple_server import make_server
 
-    from outrider.demo.workload import QuietHandler
+    from outrider.commands.demo.workload import QuietHandler
     from outrider.hook.wsgi import OutriderWSGIMiddleware
 
     model = torch.nn.Sequential(torch.nn.Linear(512, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 1024),

@@ -11,10 +11,10 @@ from typing import Any
 from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
 from opentelemetry.sdk.resources import Resource
 
-from outrider.config import Config, load
 from outrider.exporters.otlp import to_metrics_data
+from outrider.ground.config import Config, load
 from outrider.metrics.family import Family, HistogramValue
-from outrider.sketch import Sketch
+from outrider.shared.sketch import Sketch
 
 BOUNDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 LABELS = ("/x", "GET", "http", "200", "2xx", "0", "job")

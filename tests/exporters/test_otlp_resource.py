@@ -7,8 +7,8 @@ import re
 
 import pytest
 
-from outrider.config import K8S_ENV, Config
 from outrider.exporters import otlp
+from outrider.ground.config import K8S_ENV, Config
 from tests.helpers import REPO
 
 

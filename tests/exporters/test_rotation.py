@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from outrider.clock import ManualClock
 from outrider.exporters.prometheus import Endpoints, MetricsServer
 from outrider.exporters.rotation import BasicAuthFiles, SecretFileError, TlsFiles
+from outrider.ground.clock import ManualClock
 from tests.helpers import SecretVolume, http_get, self_signed
 
 

@@ -10,7 +10,7 @@ import os
 import shutil
 from pathlib import Path
 
-from outrider.config import Config
+from outrider.ground.config import Config
 
 VMSTAT = "nr_free_pages 3022136\npgfault 912733245\npgmajfault 11402\noom_kill {n}\npswpin 0\npswpout 0\n"
 V2_EVENTS = "low 0\nhigh 0\nmax {n}\noom {n}\noom_kill {n}\noom_group_kill 0\n"

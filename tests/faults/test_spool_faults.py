@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from outrider import spool
 from outrider.collectors.base import CollectorContext
 from outrider.collectors.hook import HookCollector
-from outrider.config import Config
+from outrider.ground.config import Config
 from outrider.metrics.exposition import render
+from outrider.shared import spool
 from tests.faults.tmpfs import fill, small_tmpfs
 from tests.helpers import (
     REPO,

@@ -21,12 +21,12 @@ from pathlib import Path
 
 import pytest
 
-from outrider import spool
 from outrider.collectors.base import CollectorContext
 from outrider.collectors.hook import HookCollector
-from outrider.config import Config
+from outrider.ground.config import Config
 from outrider.kernel.procfs import start_ticks
 from outrider.metrics.exposition import render
+from outrider.shared import spool
 from tests.helpers import AgentProcess, reap, release, samples, value, wait_until
 
 FLUSH_S = 0.1

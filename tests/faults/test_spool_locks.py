@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from outrider import spool
 from outrider.hook.election import SPAWN_LOCK_NAME
+from outrider.shared import spool
 from tests.helpers import (
     REPO,
     AgentProcess,

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from outrider import spool
+from outrider.shared import spool
 from tests.helpers import REPO, AgentProcess, after_more, http_get, reap, samples, value, wait_until
 
 pytestmark = pytest.mark.integration

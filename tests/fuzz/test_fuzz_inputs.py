@@ -15,13 +15,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
-from outrider import prometheus_names
-from outrider import spool as shard  # the shard format lives in the spool contract
-from outrider.config import FIELDS, ConfigError, load
+from outrider.ground.config import FIELDS, ConfigError, load
 from outrider.metrics.catalog import CATALOG
 from outrider.metrics.exposition import render
 from outrider.metrics.family import Family
-from outrider.spool import ShardWriter
+from outrider.shared import prometheus_names
+from outrider.shared import spool as shard  # the shard format lives in the spool contract
+from outrider.shared.spool import ShardWriter
 from tests.conftest import need_binary
 
 FAST = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -13,9 +13,9 @@ import pytest
 
 from outrider.collectors.base import CollectorContext
 from outrider.collectors.gpu import GpuCollector
-from outrider.config import Config
+from outrider.ground.config import Config
 from outrider.metrics.exposition import render
-from outrider.sampler import SweepStats
+from outrider.wiring.sampler import SweepStats
 from tests.fakes.build import build
 from tests.helpers import samples
 
@@ -64,7 +64,7 @@ def make_collector(lib: str, proc_root: str = "/proc") -> GpuCollector:
 @pytest.fixture(autouse=True)
 def _close_collectors(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Each test's XID watcher threads end with it (close() joins them), so none steals the next test's events."""
-    from outrider.nvml import XidWatcher
+    from outrider.adapters.nvml import XidWatcher
 
     monkeypatch.setattr(XidWatcher, "WAIT_MS", 50)
     yield

@@ -11,9 +11,9 @@ import pytest
 
 from outrider.collectors.base import CollectorContext
 from outrider.collectors.gpu import GpuCollector
-from outrider.config import Config, ConfigError
+from outrider.ground.config import Config, ConfigError
 from outrider.k8s.gpu_owners import GpuOwners
-from outrider.sampler import SweepStats
+from outrider.wiring.sampler import SweepStats
 from tests.fakes.kubelet import FakeKubelet, NotGrpcSocket, pod, short_socket_dir
 from tests.gpu.conftest import Scenario, _open, sweep
 from tests.gpu.test_gpu_collector import FULL, G0, G1

@@ -418,9 +418,9 @@ def test_a_hung_nvml_call_does_not_stop_the_sweep(fake_nvml: dict[str, str], sce
                                                   tmp_path: Path) -> None:
     from outrider.collectors.host import HostCollector
     from outrider.collectors.self import SelfCollector
-    from outrider.config import Config
+    from outrider.ground.config import Config
     from outrider.metrics.exposition import render
-    from outrider.sampler import Sampler
+    from outrider.wiring.sampler import Sampler
     from tests.helpers import samples
 
     scenario.write(FULL + "hang nvmlDeviceGetPowerUsage 4000\n")

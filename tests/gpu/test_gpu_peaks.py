@@ -7,7 +7,7 @@ import pytest
 
 from outrider.collectors.base import CollectorContext
 from outrider.collectors.efficiency import EfficiencyCollector
-from outrider.config import Config
+from outrider.ground.config import Config
 from outrider.metrics.family import Family
 from tests.gpu.conftest import Scenario, make_collector
 

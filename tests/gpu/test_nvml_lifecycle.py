@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from outrider.nvml import Nvml, XidWatcher
+from outrider.adapters.nvml import Nvml, XidWatcher
 from tests.gpu.conftest import Scenario, make_collector, sweep
 from tests.gpu.test_gpu_collector import FULL, G0
 from tests.helpers import value, wait_until
@@ -136,7 +136,7 @@ def test_without_the_drivers_library_nvidia_ml_py_is_not_imported(fake_nvml: dic
     imported; with the fake driver's library found by its soname, it is."""
     script = "\n".join([
         "import sys",
-        "from outrider.nvml import LIBRARY_NOT_FOUND, Nvml",
+        "from outrider.adapters.nvml import LIBRARY_NOT_FOUND, Nvml",
         "n = Nvml()",
         "print(n.init(), n.unavailable_reason == LIBRARY_NOT_FOUND, 'pynvml' in sys.modules)",
     ])

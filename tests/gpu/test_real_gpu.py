@@ -12,9 +12,9 @@ import pytest
 
 from outrider.collectors.base import CollectorContext
 from outrider.collectors.gpu import GpuCollector
-from outrider.config import Config
+from outrider.ground.config import Config
 from outrider.metrics.exposition import render
-from outrider.sampler import SweepStats
+from outrider.wiring.sampler import SweepStats
 from tests.gpu.conftest import nvml_call_bound
 from tests.helpers import samples
 

@@ -1,4 +1,4 @@
-"""MFU of a known model on a real NVIDIA GPU, against the peak table (outrider/peaks.py). Marked `gpu`: skipped
+"""MFU of a known model on a real NVIDIA GPU, against the peak table (outrider/ground/peaks.py). Marked `gpu`: skipped
 where no GPU is present; `bash scripts/gpu-check.sh` runs it and prints the MFU.
 
 A bf16 stack of large Linear layers on one GPU under `outrider run`: its FLOPs per step are known analytically
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from outrider import peaks
+from outrider.ground import peaks
 from tests.helpers import outrider_cmd
 
 pytestmark = pytest.mark.gpu

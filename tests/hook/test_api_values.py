@@ -24,7 +24,7 @@ import pytest
 
 from outrider.collectors.base import CollectorContext
 from outrider.collectors.hook import HookCollector
-from outrider.config import Config
+from outrider.ground.config import Config
 from outrider.hook import api, runtime
 from outrider.hook.series import DURATION_BOUNDS, NoopSeries
 from outrider.hook.state import NOOP, RING, HookState

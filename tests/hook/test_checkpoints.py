@@ -20,7 +20,7 @@ import pytest
 import outrider
 from outrider.collectors.base import CollectorContext
 from outrider.collectors.hook import HookCollector
-from outrider.config import Config
+from outrider.ground.config import Config
 from outrider.hook import api, progress
 from outrider.hook.runtime import Hook
 from outrider.metrics.exposition import render

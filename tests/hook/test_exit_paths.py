@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from outrider import spool
+from outrider.shared import spool
 from tests.conftest import need_binary
 from tests.helpers import wait_until
 

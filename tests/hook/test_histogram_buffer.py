@@ -11,10 +11,10 @@ from collections.abc import Callable
 
 import pytest
 
-from outrider import sketch
 from outrider.hook import series
 from outrider.hook.series import BUFFER, DURATION_BOUNDS, SIZE_BOUNDS, SPARE_CELLS, Dropped, Histogram
-from outrider.sketch import Sketch
+from outrider.shared import sketch
+from outrider.shared.sketch import Sketch
 
 
 def histogram(bounds: tuple[float, ...] = DURATION_BOUNDS, sketched: bool = True) -> tuple[Histogram, Dropped]:

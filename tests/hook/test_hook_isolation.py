@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from outrider import spool
+from outrider.shared import spool
 
 SCRIPT = """
 import json, sys
@@ -29,8 +29,7 @@ outrider.shutdown()
 print(json.dumps(sorted(set(sys.modules) - before)))
 """
 
-HOOK_SIDE = ("outrider.hook", "outrider.spool", "outrider.kernel", "outrider.version", "outrider.sketch",
-             "outrider.prometheus_names")  # + outrider
+HOOK_SIDE = ("outrider.hook", "outrider.shared", "outrider.kernel")  # + outrider
 
 
 def _hook_side(module: str) -> bool:

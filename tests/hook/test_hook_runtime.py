@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from outrider.clock import Clock
 from outrider.collectors.base import CollectorContext
 from outrider.collectors.hook import HookCollector
-from outrider.config import Config
+from outrider.ground.clock import Clock
+from outrider.ground.config import Config
 from outrider.hook.progress import Progress
 from outrider.hook.runtime import Hook, Identity
 from outrider.hook.series import NoopSeries
@@ -195,7 +195,7 @@ def test_corrupt_and_newer_shards_are_skipped_and_counted(tmp_path: Path) -> Non
     import json
     import struct
 
-    from outrider import spool
+    from outrider.shared import spool
 
     (tmp_path / "outrider-1-1.shard").write_bytes(b"garbage" * 1000)
     # A shard a newer hook wrote: whole and well-formed, its format version one past this agent's.
@@ -370,7 +370,7 @@ def test_the_closing_flush_is_the_last_word_even_beside_a_slow_periodic_one(tmp_
     shard would be left unclosed with older values, and the agent would retire it with steps missing."""
     import threading
 
-    from outrider import spool
+    from outrider.shared import spool
 
     h = hook(tmp_path)
     counter = h.series("counter", "work_total")
@@ -410,7 +410,7 @@ def test_a_stopped_process_is_stopped_not_stalled(tmp_path: Path) -> None:
     import sys
     import textwrap
 
-    from outrider.clock import ManualClock
+    from outrider.ground.clock import ManualClock
     from tests.helpers import wait_until
 
     script = tmp_path / "loop.py"

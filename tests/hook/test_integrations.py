@@ -19,7 +19,7 @@ import pytest
 import outrider
 from outrider.collectors.base import CollectorContext
 from outrider.collectors.hook import HookCollector
-from outrider.config import Config
+from outrider.ground.config import Config
 from outrider.hook import api
 from outrider.hook.asgi import OutriderMiddleware
 from outrider.hook.runtime import Hook

@@ -21,8 +21,8 @@ from opentelemetry.sdk.resources import Resource
 
 from outrider.collectors.base import CollectorContext
 from outrider.collectors.hook import HookCollector
-from outrider.config import Config
 from outrider.exporters.otlp import to_metrics_data
+from outrider.ground.config import Config
 from outrider.metrics.catalog import CATALOG
 from tests.helpers import AgentProcess, reap, samples, value, wait_until
 

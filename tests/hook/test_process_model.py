@@ -180,8 +180,7 @@ def test_the_agent_runs_in_a_session_of_its_own_at_the_lowest_priority_and_ends_
         (control / "measure").touch()
         modules = _report(control)["modules"]
         assert isinstance(modules, list) and modules
-        hook_side = ("outrider.hook", "outrider.spool", "outrider.kernel", "outrider.version", "outrider.sketch",
-                     "outrider.prometheus_names")
+        hook_side = ("outrider.hook", "outrider.shared", "outrider.kernel")
         assert all(m == "outrider" or m.startswith(hook_side) for m in modules), modules
         (control / "release").touch()
         assert p.wait(timeout=60) == 0
@@ -371,9 +370,9 @@ def _stat_line(pid: int, state: str, start_ticks: int) -> str:
 
 
 def test_the_agent_outlives_its_starting_process_by_identity_not_by_a_reused_pid(tmp_path: Path) -> None:
-    from outrider.config import Config
+    from outrider.commands.standalone import workload_watch
+    from outrider.ground.config import Config
     from outrider.metrics.family import Family
-    from outrider.standalone import workload_watch
 
     proc = tmp_path / "proc"
     (proc / "4242").mkdir(parents=True)
@@ -420,27 +419,26 @@ print(api.S.hook.election.started)
 
 
 def test_no_hook_module_names_an_agent_module_even_as_a_string() -> None:
-    """import-linter sees imports, not `importlib.import_module("outrider.standalone")`, which is how the hook once
-    reached the agent. No module of the hook side names an agent module at all now; the agent is a command."""
+    """import-linter sees imports, not `importlib.import_module("outrider.commands.standalone")`, which is how the hook
+    once reached the agent. No module of the hook side names an agent module at all now; the agent is a command."""
     import re
 
     import outrider
 
     root = Path(outrider.__file__).parent
     agent_modules = {"outrider." + ".".join(p.relative_to(root).with_suffix("").parts) for p in root.rglob("*.py")
-                     if p.parts[len(root.parts)] not in ("hook", "spool.py", "version.py", "sketch.py",
-                                                         "prometheus_names.py", "__init__.py")}
+                     if p.parts[len(root.parts)] not in ("hook", "shared", "__init__.py")}
     agent_modules |= {m.rsplit(".", 1)[0] for m in agent_modules if m.endswith(".__init__")}
-    assert "outrider.standalone" in agent_modules and "outrider.agent" in agent_modules
-    hook_side = [root / "__init__.py", root / "spool.py", root / "version.py", root / "sketch.py",
-                 root / "prometheus_names.py", *sorted((root / "hook").glob("*.py"))]
+    assert "outrider.commands.standalone" in agent_modules and "outrider.wiring.agent" in agent_modules
+    hook_side = [root / "__init__.py", *sorted((root / "shared").glob("*.py")),
+                 *sorted((root / "hook").glob("*.py"))]
     named = {(p.name, m) for p in hook_side
              for m in re.findall(r"""["'](outrider\.[\w.]+)["']""", p.read_text()) if m in agent_modules}
     assert named == set(), named
 
 
 def test_a_second_agent_for_a_spool_exits_at_once_and_quietly(tmp_path: Path) -> None:
-    from outrider import spool as spool_mod
+    from outrider.shared import spool as spool_mod
 
     sp = tmp_path / "spool"
     spool_mod.prepare_dir(str(sp), private=False)

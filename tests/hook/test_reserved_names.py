@@ -14,7 +14,7 @@ from pathlib import Path
 
 from outrider.collectors.base import CollectorContext
 from outrider.collectors.hook import HookCollector
-from outrider.config import Config
+from outrider.ground.config import Config
 from outrider.metrics.exposition import render
 from tests.helpers import samples, value
 

@@ -18,12 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from outrider import spool
-from outrider.config import Config
+from outrider.commands.standalone import workload_watch
+from outrider.ground.config import Config
 from outrider.hook import election
 from outrider.hook.election import ELECTION_RETRY_S, MAX_RETRY_S, Election
 from outrider.metrics.family import Family
-from outrider.standalone import workload_watch
+from outrider.shared import spool
 
 
 class Clock:

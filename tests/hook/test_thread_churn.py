@@ -15,7 +15,7 @@ import pytest
 
 from outrider.collectors.base import CollectorContext
 from outrider.collectors.hook import HookCollector
-from outrider.config import Config
+from outrider.ground.config import Config
 from outrider.hook.runtime import Hook
 from outrider.hook.series import DURATION_BOUNDS, SPARE_CELLS, Counter, Dropped, Histogram
 from outrider.hook.settings import HookSettings

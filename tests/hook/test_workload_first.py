@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from outrider import spool
 from outrider.hook import election
 from outrider.kernel import cgroupfs, procfs
+from outrider.shared import spool
 from tests.helpers import REPO, wait_until
 
 pytestmark = pytest.mark.integration

@@ -40,23 +40,23 @@ def test_the_code_keeps_every_contract() -> None:
 @pytest.mark.parametrize(("importer", "imported"), [
     ("outrider.hook.api", "yaml"),  # a third-party package in the workload's process
     ("outrider.hook.torch_integration", "torch"),  # torch is found in sys.modules, never imported
-    ("outrider.spool", "re2"),
+    ("outrider.shared.spool", "re2"),
     ("outrider.hook.api", "outrider.metrics.catalog"),  # the agent's code in the workload's process
-    ("outrider.spool", "outrider.config"),
-    ("outrider.dashboards.agents", "outrider.agent"),  # the review's examples of wrong-but-downward imports
+    ("outrider.shared.spool", "outrider.ground.config"),
+    ("outrider.dashboards.agents", "outrider.wiring.agent"),  # the review's examples of wrong-but-downward imports
     ("outrider.rules.engine", "outrider.collectors.gpu"),
-    ("outrider.standalone", "outrider.hook.election"),  # the agent knows the hook through the spool only
-    ("outrider.exporters.otlp", "outrider.rules.engine"),  # collecting, alerting, exporting meet in agent.py
-    ("outrider.notify.base", "outrider.sampler"),
+    ("outrider.commands.standalone", "outrider.hook.election"),  # the agent knows the hook through the spool only
+    ("outrider.exporters.otlp", "outrider.rules.engine"),  # collecting, alerting, exporting meet in wiring/agent.py
+    ("outrider.notify.base", "outrider.wiring.sampler"),
     ("outrider.collectors.host", "outrider.exporters.prometheus"),
-    ("outrider.runner", "outrider.sampler"),  # commands start the agent whole
-    ("outrider.top", "outrider.collectors.host"),  # top reads /metrics, not the agent's code
-    ("outrider.agent", "outrider.nvml"),  # NVML through the gpu collector only
-    ("outrider.cli", "outrider.otel_bridge"),  # the bridges are the public API's
-    ("outrider.rules.engine", "outrider.outbound"),  # only collectors, exporters and notifiers call out
-    ("outrider.diagnosis.signals", "outrider.config"),  # libraries take values
-    ("outrider.metrics.family", "outrider.regex"),  # leaves import nothing of outrider
-    ("outrider.config", "outrider.collectors"),  # one way down
+    ("outrider.commands.runner", "outrider.wiring.sampler"),  # commands start the agent whole
+    ("outrider.commands.top", "outrider.collectors.host"),  # top reads /metrics, not the agent's code
+    ("outrider.wiring.agent", "outrider.adapters.nvml"),  # NVML through the gpu collector only
+    ("outrider.commands.cli", "outrider.adapters.otel_bridge"),  # the bridges are the public API's
+    ("outrider.rules.engine", "outrider.adapters.outbound"),  # only collectors, exporters and notifiers call out
+    ("outrider.diagnosis.signals", "outrider.ground.config"),  # libraries take values
+    ("outrider.metrics.family", "outrider.ground.regex"),  # leaves import nothing of outrider
+    ("outrider.ground.config", "outrider.collectors"),  # one way down
     ("outrider.kernel.procfs", "outrider.hook.threads"),  # the kernel's readers serve the hook and the agent alike
     ("outrider.kernel.cgroupfs", "outrider.collectors.base"),
     ("outrider.kernel.kmsg", "re2"),  # the hook imports them: the standard library only
@@ -68,8 +68,8 @@ def test_an_import_the_design_rules_out_breaks_a_contract(importer: str, importe
 
 @pytest.mark.parametrize(("importer", "imported"), [
     ("outrider.hook.api", "json"),
-    ("outrider.hook.series", "outrider.spool"),
-    ("outrider.spool", "xml.etree"),
+    ("outrider.hook.series", "outrider.shared.spool"),
+    ("outrider.shared.spool", "xml.etree"),
     ("outrider.hook.threads", "outrider.kernel.procfs"),  # one /proc reader for the hook and the agent
     ("outrider.kernel.cgroupfs", "outrider.kernel.procfs"),
 ])
@@ -80,12 +80,12 @@ def test_the_hook_may_import_the_stdlib_the_spool_and_the_kernel_readers(importe
 def test_the_measure_counts_what_the_code_uses_and_what_one_more_import_could_add() -> None:
     graph = _graph()
     used = import_contracts.used_pairs(graph)
-    assert ("outrider.hook", "outrider.spool") in used and ("outrider.spool", "outrider.hook") not in used
+    assert ("outrider.hook", "outrider.shared.spool") in used and ("outrider.shared.spool", "outrider.hook") not in used
     allowed = import_contracts.allowed_pairs(graph)
     assert used <= allowed
-    assert ("outrider.agent", "outrider.logs") in allowed - used  # the ground floor is everyone's
-    assert ("outrider.dashboards", "outrider.agent") not in allowed
-    assert ("outrider.hook", "outrider.version") not in allowed
+    assert ("outrider.wiring.agent", "outrider.ground.logs") in allowed - used  # the ground floor is everyone's
+    assert ("outrider.dashboards", "outrider.wiring.agent") not in allowed
+    assert ("outrider.hook", "outrider.shared.version") not in allowed
 
 
 def test_no_module_imports_another_that_imports_it_back() -> None:

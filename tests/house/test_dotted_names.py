@@ -157,11 +157,11 @@ def test_every_dotted_name_in_the_docstrings_and_docs_resolves() -> None:
 
 
 @pytest.mark.parametrize(("name", "ok"), [
-    ("outrider.spool", True),
-    ("outrider.spool.try_lock", True),
+    ("outrider.shared.spool", True),
+    ("outrider.shared.spool.try_lock", True),
     ("outrider.instrument", True),  # re-exported by outrider/__init__.py from hook/api.py
     ("outrider.hook.shard", False),  # a module that does not exist
-    ("outrider.spool.read_shard", False),  # a function that does not exist
+    ("outrider.shared.spool.read_shard", False),  # a function that does not exist
     ("spool.EXIT_ANOTHER_AGENT", True),
     ("procfs.no_such_parser", False),
     ("outrider.OutriderMiddleware", True),  # in outrider.__all__, loaded lazily

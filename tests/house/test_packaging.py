@@ -22,7 +22,8 @@ def test_the_wheel_carries_the_rules_and_the_parser_dependency(tmp_path: Path) -
         names = set(z.namelist())
         metadata = z.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
         packaged_rules = z.read("outrider/alerts/outrider.rules.yaml")
-    for path in ("outrider/alerts/outrider.rules.yaml", "outrider/alerts/tunables.yaml", "outrider/demo/rules.yaml"):
+    for path in ("outrider/alerts/outrider.rules.yaml", "outrider/alerts/tunables.yaml",
+                 "outrider/commands/demo/rules.yaml"):
         assert path in names, path
     assert packaged_rules == (REPO / "alerts" / "outrider.rules.yaml").read_bytes()  # the one source, copied
     requires = [line.split(":", 1)[1].strip().lower() for line in metadata.splitlines()

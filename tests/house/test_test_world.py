@@ -14,7 +14,7 @@ from tests.helpers import REPO, process_gone, wait_until
 
 
 def test_a_process_started_with_an_environment_of_its_own_still_lives_in_the_sessions_directories() -> None:
-    code = ("import json, os\nfrom outrider import spool\n"
+    code = ("import json, os\nfrom outrider.shared import spool\n"
             "print(json.dumps({'home': os.path.expanduser('~'), 'spool': spool.default_dir(),"
             " 'state': os.environ.get('XDG_STATE_HOME')}))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
@@ -71,8 +71,8 @@ def test_a_process_of_another_test_or_session_is_not_ours_to_kill() -> None:
 
 
 def test_no_test_patches_the_clock_into_the_time_module() -> None:
-    """A clock is passed in (outrider/clock.py): patching time.monotonic or time.time moves it for every module and
-    thread of the test process, the agent's own included."""
+    """A clock is passed in (outrider/ground/clock.py): patching time.monotonic or time.time moves it for every module
+    and thread of the test process, the agent's own included."""
     import re
 
     patched = re.compile(r"setattr\([^\n]*\btime\b[\"']?\s*,\s*[\"'](monotonic|time|time_ns|perf_counter|strftime)"

@@ -24,7 +24,6 @@ import pytest
 from opentelemetry.sdk.resources import Resource
 from prometheus_client.parser import text_string_to_metric_families
 
-from outrider.clock import ManualClock
 from outrider.collectors import annotated_pods
 from outrider.collectors.annotated_pods import (
     MAX_PAGE_BYTES,
@@ -34,8 +33,9 @@ from outrider.collectors.annotated_pods import (
 )
 from outrider.collectors.base import CollectorContext
 from outrider.collectors.workload_metrics import ScrapeError, scrape
-from outrider.config import Config, ConfigError, load
 from outrider.exporters.otlp import to_metrics_data
+from outrider.ground.clock import ManualClock
+from outrider.ground.config import Config, ConfigError, load
 from outrider.k8s.node_pods import KEEP_INTERVALS, DiscoveryError, NodePods, running_pods
 from outrider.metrics.exposition import render
 from outrider.metrics.family import Family

@@ -1,7 +1,7 @@
-"""outrider.grpc_client (unary gRPC on h2) against real grpcio servers on 127.0.0.1 and against hostile raw sockets:
-requests larger than HTTP/2's initial flow-control window arrive whole, gzip both ways, metadata, TLS with ALPN,
-the server's status and message; a peer that answers a byte at a time ends by the deadline, an answer above the cap
-is not read. And the OTLP/gRPC exporter's reading of the SDK's variables (endpoint, TLS, headers, compression)."""
+"""outrider.adapters.grpc_client (unary gRPC on h2) against real grpcio servers on 127.0.0.1 and against hostile raw
+sockets: requests larger than HTTP/2's initial flow-control window arrive whole, gzip both ways, metadata, TLS with
+ALPN, the server's status and message; a peer that answers a byte at a time ends by the deadline, an answer above the
+cap is not read. And the OTLP/gRPC exporter's reading of the SDK's variables (endpoint, TLS, headers, compression)."""
 
 from __future__ import annotations
 
@@ -19,9 +19,9 @@ import grpc
 import pytest
 from opentelemetry.sdk.metrics.export import MetricExportResult, MetricsData
 
-from outrider import grpc_client
-from outrider.config import ConfigError
+from outrider.adapters import grpc_client
 from outrider.exporters.otlp_grpc import EXPORT, GrpcMetricExporter, target_from
+from outrider.ground.config import ConfigError
 from tests.helpers import free_port, self_signed
 
 pytestmark = pytest.mark.integration

@@ -26,8 +26,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from outrider.adapters.http_server import HttpServer, Limits, Request, Response
 from outrider.exporters.prometheus import Endpoints, MetricsServer, alerts_api_json
-from outrider.http_server import HttpServer, Limits, Request, Response
 from outrider.metrics.exposition import PROTOBUF_CONTENT_TYPE, Format
 from tests.helpers import http_get, self_signed, wait_until
 
@@ -335,7 +335,7 @@ def test_connections_beyond_the_table_never_hold_more_sockets_and_a_scrape_still
 # `free` closes them again, `stats` prints its accept errors and what it logged.
 OUT_OF_DESCRIPTORS = """
 import json, logging, os, resource, sys, time
-from outrider.http_server import HttpServer, Response
+from outrider.adapters.http_server import HttpServer, Response
 resource.setrlimit(resource.RLIMIT_NOFILE, (128, 128))
 logged = []
 class Keep(logging.Handler):
@@ -568,7 +568,7 @@ def test_ipv6_and_port_zero() -> None:
 
 def test_the_exporter_imports_neither_the_sampler_nor_the_rule_engine() -> None:
     code = ("import sys, outrider.exporters.prometheus; "
-            "print(sorted(m for m in sys.modules if m in ('outrider.sampler', 'outrider.rules.engine')))")
+            "print(sorted(m for m in sys.modules if m in ('outrider.wiring.sampler', 'outrider.rules.engine')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={**os.environ}).stdout.strip()
     assert out == "[]"

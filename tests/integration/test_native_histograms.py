@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 
 from outrider.collectors.base import Collector, CollectorContext
-from outrider.config import Config
 from outrider.exporters.prometheus import Endpoints, MetricsServer, alerts_api_json
+from outrider.ground.config import Config
 from outrider.metrics.family import Family, HistogramValue
-from outrider.sampler import Sampler
-from outrider.sketch import BASE, Sketch, lower_bound, upper_bound
+from outrider.shared.sketch import BASE, Sketch, lower_bound, upper_bound
+from outrider.wiring.sampler import Sampler
 from tests.helpers import AgentProcess, samples, wait_until
 from tests.servers import PrometheusServer
 

@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from outrider.config import Config
 from outrider.exporters.otlp import OtlpExporter
+from outrider.ground.config import Config
 from outrider.metrics.family import Family, HistogramValue
-from outrider.sketch import Sketch
+from outrider.shared.sketch import Sketch
 from tests.helpers import AgentProcess, free_port, samples, sleeper, value, wait_until
 from tests.servers import OtlpGrpcReceiver, OtlpHttpReceiver, attributes, otlp_points
 

@@ -16,8 +16,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from outrider.config import Config
 from outrider.exporters.otlp import FINAL_EXPORT_BOUND_S, OtlpExporter
+from outrider.ground.config import Config
 from outrider.metrics.family import Family
 from tests.helpers import AgentProcess, free_port, outrider_cmd, samples, value, wait_until
 from tests.servers import OtlpHttpReceiver

@@ -27,11 +27,11 @@ from opentelemetry.sdk.metrics.view import ExponentialBucketHistogramAggregation
 from opentelemetry.sdk.resources import Resource
 
 from outrider.collectors.otlp_receiver import CUMULATIVE, DELTA, MAX_EXPONENTIAL_BUCKETS, label_name
-from outrider.config import Config
 from outrider.exporters.otlp import OtlpExporter
+from outrider.ground.config import Config
 from outrider.metrics.exposition import PROTOBUF_CONTENT_TYPE
 from outrider.metrics.family import Family, HistogramValue
-from outrider.sketch import RELATIVE_ERROR, Sketch, downscale
+from outrider.shared.sketch import RELATIVE_ERROR, Sketch, downscale
 from tests.helpers import AgentProcess, free_port, http_get, wait_until
 from tests.integration.test_prometheus_multiproc import ours as scraped
 from tests.metrics.test_protobuf_format import index_at

@@ -1,6 +1,6 @@
-"""The local OTLP receiver under many and hostile clients: the agent's bounded server (outrider/http_server.py), with
-a fixed pool of workers, a budget for the request bodies of all clients, and the request's limit enforced on the
-whole request.
+"""The local OTLP receiver under many and hostile clients: the agent's bounded server
+(outrider/adapters/http_server.py), with a fixed pool of workers, a budget for the request bodies of all clients, and
+the request's limit enforced on the whole request.
 
 Once it ran a thread per connection: the agent's peak RSS went from 51 MiB with one 4 MiB upload to 233 MiB with 10
 and 599 MiB with 50 at once (the chart's limit is 128 MiB), a client trickling its body was never cut off (the 10 s
@@ -19,11 +19,11 @@ from pathlib import Path
 import pytest
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 
+from outrider.adapters.http_server import Limits
 from outrider.collectors import otlp_receiver
 from outrider.collectors.base import CollectorContext
 from outrider.collectors.otlp_receiver import MAX_BODY_BYTES, OtlpReceiverCollector
-from outrider.config import Config
-from outrider.http_server import Limits
+from outrider.ground.config import Config
 from outrider.metrics.exposition import render
 from tests.helpers import AgentProcess, free_port, rss_bytes, samples, value, wait_until
 

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from outrider.config import Config
+from outrider.adapters.outbound import Deadline, ResponseTooLarge, read_capped, register_socket
 from outrider.exporters.otlp import OtlpExporter
+from outrider.ground.config import Config
 from outrider.metrics.family import Family
 from outrider.notify.webhook import WebhookNotifier
-from outrider.outbound import Deadline, ResponseTooLarge, read_capped, register_socket
 from tests.helpers import wait_until
 from tests.notify.test_delivery import alert, dispatcher
 from tests.servers import TRICKLE_BYTES, HostilePeer

@@ -19,9 +19,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from outrider.collectors import prometheus_multiproc
 from outrider.collectors.base import CollectorContext
 from outrider.collectors.prometheus_multiproc import PrometheusMultiprocCollector, read_entries, read_file
-from outrider.config import Config
+from outrider.ground.config import Config
 from outrider.metrics.exposition import render
-from outrider.sampler import SweepStats
+from outrider.wiring.sampler import SweepStats
 from tests.helpers import AgentProcess, free_port, http_get, reap, wait_until
 
 pytestmark = pytest.mark.integration

@@ -72,7 +72,7 @@ def test_hostile_shards_never_take_the_target_down(tmp_path: Path) -> None:
     import json
     import os
 
-    from outrider import spool
+    from outrider.shared import spool
 
     sp = tmp_path / "spool"
     sp.mkdir(mode=0o700)

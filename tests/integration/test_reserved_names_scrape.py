@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 
-from outrider import spool
+from outrider.shared import spool
 from tests import helpers
 from tests.helpers import free_port, samples, wait_until
 from tests.integration.test_annotated_pods import LOOPBACK_AGENT, NODE, ApiServer, _Pages, pod

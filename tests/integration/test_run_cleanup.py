@@ -22,9 +22,9 @@ pytestmark = pytest.mark.integration
 
 DRIVER = textwrap.dedent("""
     import json, os, socket, sys, threading, time
-    from outrider import spool
-    from outrider.config import Config
-    from outrider.runner import run
+    from outrider.shared import spool
+    from outrider.ground.config import Config
+    from outrider.commands.runner import run
 
     case, tmp, port = sys.argv[1], sys.argv[2], int(sys.argv[3])
     spool_dir = os.path.join(tmp, "spool")
@@ -46,7 +46,7 @@ DRIVER = textwrap.dedent("""
         sys.stderr = os.fdopen(w, "w", buffering=1)
         cmd = [sys.executable, "-c", "import time; time.sleep(1); raise SystemExit(3)"]
     elif case == "runner-fails":
-        import outrider.runner as runner
+        import outrider.commands.runner as runner
 
         def failing_wait(self):
             raise RuntimeError("injected")

@@ -18,8 +18,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from outrider.collectors.base import CollectorContext
 from outrider.collectors.workload_metrics import ScrapeError, WorkloadMetricsCollector
-from outrider.config import Config, ConfigError, load
 from outrider.exporters.otlp import to_metrics_data
+from outrider.ground.config import Config, ConfigError, load
 from outrider.metrics.exposition import render
 from tests.helpers import free_port, http_get, reap, served_by_agent, wait_until
 from tests.servers import TRICKLE_BYTES, HostilePeer

@@ -164,7 +164,7 @@ def test_without_the_k8s_extra_the_ask_is_counted_as_no_grpc_and_says_what_to_in
     # forget the client and what it stands on (monkeypatch puts them back), so that the ask imports them afresh
     for name in list(sys.modules):
         if name.split(".")[0] == "h2" or name.startswith("google.protobuf") or name in (
-                "outrider.grpc_client", "outrider.k8s.podresources.api_pb2"):
+                "outrider.adapters.grpc_client", "outrider.k8s.podresources.api_pb2"):
             monkeypatch.delitem(sys.modules, name)
     monkeypatch.delattr(outrider, "grpc_client", raising=False)
     monkeypatch.delattr(outrider.k8s.podresources, "api_pb2", raising=False)
@@ -291,13 +291,13 @@ GRPC_PROBE = """
 import sys
 from outrider.collectors.base import CollectorContext
 from outrider.collectors.gpu import GpuCollector
-from outrider.config import load
-from outrider.sampler import SweepStats
+from outrider.ground.config import load
+from outrider.wiring.sampler import SweepStats
 import outrider
 outrider.instrument()
 c = GpuCollector(CollectorContext(load().config, SweepStats()))
 c.collect(); c.collect(); c.close()
-print("h2" in sys.modules, "outrider.grpc_client" in sys.modules, "grpc" in sys.modules)
+print("h2" in sys.modules, "outrider.adapters.grpc_client" in sys.modules, "grpc" in sys.modules)
 """
 
 
@@ -305,7 +305,7 @@ print("h2" in sys.modules, "outrider.grpc_client" in sys.modules, "grpc" in sys.
 def test_the_grpc_client_is_imported_only_when_attribution_is_on(sock: str, tmp_path: Path, socket_set: bool,
                                                                  expected: str) -> None:
     """The hook and an agent without the feature never load the gRPC client (h2); with the feature on, the first
-    ask does. grpcio never: the client is outrider.grpc_client."""
+    ask does. grpcio never: the client is outrider.adapters.grpc_client."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OUTRIDER_", "OTEL_"))}
     env.update(PYTHONPATH=str(REPO / "agent") + os.pathsep + str(REPO), OUTRIDER_SPOOL_DIR=str(tmp_path / "spool"),
                OUTRIDER_NVML_LIBRARY=str(tmp_path / "no-nvml.so"), OUTRIDER_STANDALONE="false")

@@ -158,7 +158,7 @@ def test_the_node_agent_runs_as_non_root_by_default_and_as_root_only_when_asked(
 
 
 def test_node_agent_lists_its_nodes_pods_with_a_role_that_may_only_get_and_list_pods() -> None:
-    from outrider.config import load
+    from outrider.ground.config import load
 
     off = render(None)
     assert not [d for d in off if d["kind"] in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding")]
@@ -424,7 +424,7 @@ def test_legacy_sidecar_is_a_container_that_exits_with_the_workload() -> None:
     env = env_of(sidecar)
     assert env["OUTRIDER_EXIT_WHEN_WORKLOAD_EXITS"]["value"] == "true"
     assert env["OUTRIDER_STARTUP_GRACE_S"]["value"] == "30"
-    from outrider.config import load
+    from outrider.ground.config import load
 
     assert load(env={"OUTRIDER_STARTUP_GRACE_S": env["OUTRIDER_STARTUP_GRACE_S"]["value"]}).config.startup_grace_s \
         == 30.0
@@ -678,7 +678,7 @@ def test_rendered_examples_are_current(example: str) -> None:
 
 def test_image_definition() -> None:
     """What can be read without building: tests/container builds the image and runs its ENV and CMD."""
-    from outrider.config import FIELDS
+    from outrider.ground.config import FIELDS
 
     dockerfile = (REPO / "Dockerfile").read_text()
     assert "torch" not in dockerfile.lower().replace("no torch", "")
@@ -689,7 +689,7 @@ def test_image_definition() -> None:
     for key in re.findall(r"\bOUTRIDER_(\w+)=", dockerfile):
         assert key.lower() in FIELDS, f"the image sets OUTRIDER_{key}, which the agent rejects as unknown"
     pyproject = (REPO / "pyproject.toml").read_text()
-    assert 'outrider = "outrider.cli:main"' in pyproject, "the entrypoint command exists"
+    assert 'outrider = "outrider.commands.cli:main"' in pyproject, "the entrypoint command exists"
     for src in re.findall(r"^COPY (?!--)(.+) \S+$", dockerfile, re.M):
         for part in src.split():
             assert "*" in part or (REPO / part).exists(), f"Dockerfile copies {part}, which does not exist"

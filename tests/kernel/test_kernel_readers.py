@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from outrider import spool
 from outrider.collectors.base import CollectorContext
 from outrider.collectors.hook import HookCollector
 from outrider.collectors.process_identity import ProcessIdentities
-from outrider.config import Config
+from outrider.ground.config import Config
 from outrider.kernel import procfs
+from outrider.shared import spool
 from tests.helpers import reap
 
 STRANGER = 54321  # a uid that is neither this user, root, nor trusted

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from outrider.metrics.exposition import render as render_text
 from outrider.metrics.family import Family, HistogramValue
 from outrider.metrics.protobuf_exposition import ProtobufRenderer, native_buckets, render, varint, zigzag
-from outrider.sketch import MIN_VALUE, Sketch
+from outrider.shared.sketch import MIN_VALUE, Sketch
 from tests.metrics.test_renderer import sweep
 from tests.prometheus_model import COUNTER, GAUGE, HISTOGRAM, parse_exposition
 from tests.prometheus_model import native_buckets as decoded_buckets

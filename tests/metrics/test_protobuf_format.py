@@ -21,7 +21,7 @@ from outrider.metrics.family import Family, HistogramValue
 from outrider.metrics.protobuf_exposition import render
 from outrider.metrics.protobuf_format import MAX_PAGE_BYTES, MalformedPage, parse, samples
 from outrider.metrics.wire import varint, zigzag
-from outrider.sketch import MAX_INDEX, MIN_VALUE, Sketch
+from outrider.shared.sketch import MAX_INDEX, MIN_VALUE, Sketch
 from tests.metrics.test_renderer import sweep
 from tests.prometheus_model import HISTOGRAM, MetricFamily
 

@@ -1,5 +1,5 @@
-"""The log-bucketed sketch (outrider/sketch.py), value by value: its buckets are OpenTelemetry's exponential buckets
-at scale 5 (checked against the OpenTelemetry SDK's own exponential aggregation), every value is within 1.08% of
+"""The log-bucketed sketch (outrider/shared/sketch.py), value by value: its buckets are OpenTelemetry's exponential
+buckets at scale 5 (checked against the OpenTelemetry SDK's own exponential aggregation), every value is within 1.08% of
 its bucket's representative, a batch counts as each value alone does, and quantiles are nearest-rank."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from outrider import sketch
-from outrider.sketch import (
+from outrider.shared import sketch
+from outrider.shared.sketch import (
     MAX_INDEX,
     MAX_VALUE,
     MIN_INDEX,

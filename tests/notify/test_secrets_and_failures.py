@@ -207,7 +207,7 @@ def test_every_failure_is_counted_retried_and_leaks_no_secret(
 ])
 def test_a_bad_slack_url_fails_config_check_naming_the_receiver_not_the_url(
         bad: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    from outrider.cli import main
+    from outrider.commands.cli import main
 
     monkeypatch.setenv("TEST_SLACK_URL", bad)
     receivers_file = tmp_path / "receivers.yaml"
@@ -239,9 +239,9 @@ def test_every_receiver_url_is_checked_when_receivers_load(spec: dict[str, Any],
 def test_a_password_in_an_alertmanager_url_is_sent_as_basic_auth_and_shown_nowhere(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
         caplog: pytest.LogCaptureFixture) -> None:
-    from outrider.alerting import receivers as build_receivers
-    from outrider.cli import main
-    from outrider.config import load
+    from outrider.commands.cli import main
+    from outrider.ground.config import load
+    from outrider.wiring.alerting import receivers as build_receivers
 
     with ScriptedReceiver() as am:
         url = am.url.replace("http://", f"http://outrider:{USERINFO_PASSWORD}@")

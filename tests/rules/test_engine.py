@@ -11,14 +11,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from outrider.alerting import rule_groups
-from outrider.clock import Clock as SystemClock
-from outrider.config import Config
+from outrider.ground.clock import Clock as SystemClock
+from outrider.ground.config import Config
 from outrider.metrics.catalog import CATALOG, Label, MetricDef
 from outrider.metrics.family import Family, HistogramValue
 from outrider.notify.base import Notification
 from outrider.rules.engine import EvalClock, RuleEngine
 from outrider.rules.rule import RuleLoadError, parse_groups
+from outrider.wiring.alerting import rule_groups
 
 GAUGE = MetricDef("test_value", "test.value", "1", "gauge", "a test gauge", (Label("gpu", "gpu"),), "self")
 
@@ -224,7 +224,7 @@ def test_the_builtin_rules_take_the_tunables(tmp_path: Path) -> None:
     assert "> 0.9" in rule.expr_text and rule.hold_ms == 120_000
     bad = tmp_path / "bad.rules.yaml"
     bad.write_text(yaml.safe_dump({"groups": [{"name": "x", "rules": [{"alert": "S", "expr": "x[5m:1m]"}]}]}))
-    from outrider.config import ConfigError
+    from outrider.ground.config import ConfigError
 
     with pytest.raises(ConfigError, match=r"rule_files:.*'S'.*subquery"):
         rule_groups(Config(rule_files=("builtin", str(bad))))
@@ -232,7 +232,7 @@ def test_the_builtin_rules_take_the_tunables(tmp_path: Path) -> None:
 
 def test_an_unusable_state_dir_degrades_instead_of_stopping_the_agent(tmp_path: Path,
                                                                       caplog: pytest.LogCaptureFixture) -> None:
-    from outrider.alerting import Alerting
+    from outrider.wiring.alerting import Alerting
 
     blocker = tmp_path / "file"
     blocker.write_text("")  # a file where the directory should be: makedirs fails, as on a read-only root
@@ -272,7 +272,7 @@ def test_an_agent_without_rules_loads_no_rule_machinery() -> None:
     import subprocess
     import sys
 
-    code = ("import sys; from outrider.config import Config; from outrider.agent import Agent; "
+    code = ("import sys; from outrider.ground.config import Config; from outrider.wiring.agent import Agent; "
             "a = Agent(Config(rule_files=(), listen='127.0.0.1:0', collectors=('host',))); "
             "print([m for m in ('promql_parser', 'yaml', 'outrider.rules.engine', 'outrider.notify') "
             "if m in sys.modules], a.alerting)")
@@ -292,8 +292,8 @@ def test_re_sends_carry_the_current_annotations_and_the_resolve_the_last(tmp_pat
 
 
 def test_the_standalone_agent_evaluates_rules_only_when_asked(monkeypatch: pytest.MonkeyPatch) -> None:
-    from outrider import standalone
-    from outrider.config import load
+    from outrider.commands import standalone
+    from outrider.ground.config import load
 
     for name in [k for k in __import__("os").environ if k.startswith("OUTRIDER_")]:
         monkeypatch.delenv(name)

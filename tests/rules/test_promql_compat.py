@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from outrider import cli
-from outrider.config import ConfigError, load
+from outrider.commands import cli
+from outrider.ground.config import ConfigError, load
 from outrider.metrics.catalog import CATALOG
 from outrider.metrics.family import Family, HistogramValue
 from outrider.rules import promql

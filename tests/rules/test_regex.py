@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from outrider import regex
-from outrider.config import Config, ConfigError, load
+from outrider.ground import regex
+from outrider.ground.config import Config, ConfigError, load
 from outrider.notify.base import NotifyConfigError
 from outrider.notify.dispatcher import parse_receivers
 from outrider.rules import promql
@@ -130,7 +130,7 @@ def test_the_agent_on_its_defaults_does_not_load_re2(tmp_path: Path) -> None:
     script.write_text(textwrap.dedent("""
         import sys
         from outrider.collectors.host import NameFilter
-        from outrider.config import Config
+        from outrider.ground.config import Config
         from outrider.rules.files import load_rules
         from outrider.rules.rule import parse_groups
 
@@ -138,7 +138,7 @@ def test_the_agent_on_its_defaults_does_not_load_re2(tmp_path: Path) -> None:
         assert sum(len(g.rules) for g in groups) > 30
         NameFilter(Config().disk_exclude), NameFilter(Config().network_exclude)
         print("re2" in sys.modules)
-        from outrider import regex
+        from outrider.ground import regex
         regex.compile("([a-z_]+)+_slow")
         print("re2" in sys.modules)
     """))
@@ -223,8 +223,8 @@ def test_a_subset_pattern_matches_a_long_value_in_linear_time(tmp_path: Path) ->
     take hours; run in a subprocess under a generous timeout, no wall-clock assertion."""
     script = tmp_path / "long.py"
     script.write_text(textwrap.dedent(r"""
-        from outrider import regex
-        from outrider.config import Config
+        from outrider.ground import regex
+        from outrider.ground.config import Config
         cases = [(".*outrider.*", True, "outride" * 30000), ("[a-z]+[0-9]+x", False, "a" * 100000 + "1" * 100000),
                  (Config().disk_exclude, False, "sd" + "a" * 200000), ("crc_flit|crc_data|crc_.*x", False,
                  "crc_" + "y" * 200000), (Config().network_exclude, False, "veth" + "z" * 200000 + "\n")]

@@ -12,12 +12,12 @@ from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from outrider.clock import ManualClock
+from outrider.ground.clock import ManualClock
 from outrider.hook.series import DURATION_BOUNDS
 from outrider.metrics.family import Family, HistogramValue
 from outrider.runs.recorder import RunRecorder
 from outrider.runs.store import RunRecord, RunStore
-from outrider.sketch import Sketch
+from outrider.shared.sketch import Sketch
 
 FLUSH_S = 1.0
 

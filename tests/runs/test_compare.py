@@ -15,10 +15,10 @@ from statistics import NormalDist
 
 import pytest
 
-from outrider.clock import ManualClock
+from outrider.ground.clock import ManualClock
 from outrider.runs.compare import Comparison, bootstrap_ratio, compare, compare_all, steady
 from outrider.runs.store import RunRecord, RunStore
-from outrider.sketch import RELATIVE_ERROR
+from outrider.shared.sketch import RELATIVE_ERROR
 from tests.runs.jobs import Job, own_quantile, record
 
 STEP_STATS = {"step_time p50": 0.5, "step_time mean": "mean", "step_time p99": 0.99}

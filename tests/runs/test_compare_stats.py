@@ -14,7 +14,7 @@ import pytest
 from outrider.runs import stats
 from outrider.runs.compare import compare_all, compare_distribution
 from outrider.runs.store import RunRecord
-from outrider.sketch import Sketch
+from outrider.shared.sketch import Sketch
 from tests.runs.jobs import histogram
 
 # Reference values: scipy.stats 1.17 (t.ppf, binomtest(...).proportion_ci(method="exact")) and scipy.special.betainc.

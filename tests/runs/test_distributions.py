@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from outrider.clock import ManualClock
+from outrider.ground.clock import ManualClock
 from outrider.metrics.family import Family, HistogramValue
 from outrider.runs.compare import compare
 from outrider.runs.distributions import MAX_ROUTES, RunDistributions

@@ -2,11 +2,11 @@
 
 - MFU: a CPU training loop of known FLOPs per step (a stack of Linear layers, on one thread) steps for 2.5 s of its
   own clock and records when each of its steps ended. Its own MFU is its FLOPs over its own wall time per step,
-  against the peak the run judged it by (the CPU's, measured by `outrider run` before the command: outrider/peaks.py,
-  its share for one thread), over the same last stretch of its steps as the run's MFU covers (`mfu_timed_s`: the run
-  leaves out the steps before the first count is published, which on a loaded machine run slower or faster than the
-  rest); the run's summary must agree within 5%. The peak cancels: the test judges the FLOPs and the timing, never
-  the machine.
+  against the peak the run judged it by (the CPU's, measured by `outrider run` before the command:
+  outrider/ground/peaks.py, its share for one thread), over the same last stretch of its steps as the run's MFU covers
+  (`mfu_timed_s`: the run leaves out the steps before the first count is published, which on a loaded machine run slower
+  or faster than the rest); the run's summary must agree within 5%. The peak cancels: the test judges the FLOPs and the
+  timing, never the machine.
 - Goodput: a launcher (as torchrun's elastic agent does) starts a training process, SIGKILLs it once it has stepped
   a while, waits a known dead time and starts another of the same training job. Both record when each step ended;
   the restart is the time from the first process's last step to the second's first, and must be within a sweep of

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from outrider.clock import ManualClock
+from outrider.ground.clock import ManualClock
 from outrider.metrics.catalog import CATALOG
 from outrider.metrics.family import Family, HistogramValue
 from outrider.metrics.rate import HEARTBEAT, CounterHistory, Sample, intervals

@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from outrider.config import HANDED_TO_HOOK, Config, hook_environment
+from outrider.ground.config import HANDED_TO_HOOK, Config, hook_environment
 from outrider.hook import settings as hook_settings
 from tests.helpers import outrider_cmd
 

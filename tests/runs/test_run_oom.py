@@ -9,8 +9,8 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from outrider.config import Config
-from outrider.runner import OomWatch, RunSummary, _oom_kills_during
+from outrider.commands.runner import OomWatch, RunSummary, _oom_kills_during
+from outrider.ground.config import Config
 from tests.helpers import REPO
 
 FIXTURES = REPO / "tests" / "fixtures"

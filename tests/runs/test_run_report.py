@@ -80,7 +80,7 @@ def demo_run(tmp_path_factory: pytest.TempPathFactory) -> Recorded:
            "OUTRIDER_RULE_FILES": str(DEMO_RULES), "OUTRIDER_RULE_INTERVAL_S": "0.5",
            "OUTRIDER_DIAGNOSIS_WINDOW_S": "3", "OUTRIDER_FLUSH_INTERVAL_S": "0.25", "OUTRIDER_ALERT_INSTANCE": "demo"}
     r = subprocess.run(outrider_cmd("run", "--listen", "127.0.0.1:0", "--interval", "0.5", "--summary-json",
-                                    str(summary), "--", sys.executable, "-m", "outrider.demo.workload",
+                                    str(summary), "--", sys.executable, "-m", "outrider.commands.demo.workload",
                                     "--train-seconds", "8", "--serve-seconds", "4", "--checkpoint-dir", str(tmp)),
                        env=env, capture_output=True, text=True, timeout=180)
     assert r.returncode == 0, r.stderr

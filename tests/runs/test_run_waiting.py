@@ -85,7 +85,7 @@ def test_records_written_before_these_fields_still_load() -> None:
 def test_a_run_that_stepped_or_served_between_sweeps_is_never_called_idle() -> None:
     """Every window idle (its work fell between two sweeps: its counters never moved inside one) while the summary
     counts steps or requests: no verdict, saying why, never "idle: no steps, requests or CPU use" above them."""
-    from outrider.clock import ManualClock
+    from outrider.ground.clock import ManualClock
     from outrider.runs.recorder import WORKED_UNSEEN
 
     def still(name: str, labels: tuple[str, ...]) -> list[Family]:  # a counter already at 12 when watching began

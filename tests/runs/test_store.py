@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from outrider.clock import ManualClock
+from outrider.ground.clock import ManualClock
 from outrider.runs.store import RunStore
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from outrider import top
+from outrider.commands import top
 from outrider.metrics.exposition import PROTOBUF_MEDIA_TYPE
 from tests.helpers import REPO, AgentProcess, http_get, outrider_cmd, wait_until
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 import re
 
-from outrider.top import Reads, frame, parse, render_text
+from outrider.commands.top import Reads, frame, parse, render_text
 
 TRUE = 40.0  # steps per second
 EPOCH = 1_700_000_000.0

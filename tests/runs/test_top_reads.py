@@ -13,14 +13,14 @@ from collections.abc import Iterator
 
 import pytest
 
-from outrider import top
+from outrider.commands import top
 from outrider.metrics.exposition import PROTOBUF_CONTENT_TYPE, TEXT_CONTENT_TYPE
 from outrider.metrics.exposition import render as render_text
 from outrider.metrics.family import Family, HistogramValue
 from outrider.metrics.protobuf_exposition import render
 from outrider.metrics.quantile import histogram_quantile
 from outrider.metrics.wire import varint
-from outrider.sketch import RELATIVE_ERROR, Sketch
+from outrider.shared.sketch import RELATIVE_ERROR, Sketch
 from tests.prometheus_model import MetricFamily
 from tests.servers import HostilePeer
 

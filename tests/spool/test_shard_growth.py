@@ -18,13 +18,13 @@ from pathlib import Path
 
 import pytest
 
-from outrider import spool
 from outrider.collectors.base import CollectorContext
 from outrider.collectors.hook import HookCollector
-from outrider.config import Config
+from outrider.ground.config import Config
 from outrider.hook.publisher import ShardPublisher
 from outrider.hook.series import Dropped
 from outrider.metrics.exposition import render
+from outrider.shared import spool
 from tests.helpers import release, samples, value, wait_until
 
 # Steps, with series registered between them (the shard grows while the agent reads it), then the totals the

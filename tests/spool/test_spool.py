@@ -1,4 +1,4 @@
-"""The spool contract (outrider/spool.py): the shard format round trip, every way a shard can be bad, and the
+"""The spool contract (outrider/shared/spool.py): the shard format round trip, every way a shard can be bad, and the
 safety rules: private directories, no links followed, no file read that an untrusted user owns."""
 
 from __future__ import annotations
@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from outrider import spool
 from outrider.collectors import hook as hook_collector
 from outrider.collectors.base import CollectorContext
 from outrider.collectors.hook import HookCollector
-from outrider.config import Config
+from outrider.ground.config import Config
 from outrider.metrics.exposition import render
+from outrider.shared import spool
 from tests.helpers import reap, samples, value, wait_until
 
 ROOT = os.geteuid() == 0

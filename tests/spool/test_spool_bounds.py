@@ -14,10 +14,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from outrider import spool
 from outrider.hook import settings as hook_settings
 from outrider.hook.registry import Registry
 from outrider.hook.series import NoopSeries
+from outrider.shared import spool
 
 KiB, MiB = 1 << 10, 1 << 20
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from outrider import spool
+from outrider.shared import spool
 from tests.helpers import REPO, AgentProcess, after_more, samples, value, wait_until
 from tests.servers import PrometheusServer
 

@@ -1,4 +1,4 @@
-"""The spool contract value by value (outrider/spool.py): each refusal's exact message and reason (they reach the
+"""The spool contract value by value (outrider/shared/spool.py): each refusal's exact message and reason (they reach the
 agent's log and its counted drops), each branch of the directory checks, the locks and the readers' marks, the
 header's layout checks at their edges, the writer's generations and the reader's bookkeeping (descriptors, the
 rejected files, the parsed directories it keeps), read back from real files in the test's own directory."""
@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from outrider import spool
+from outrider.shared import spool
 
 ROOT = os.geteuid() == 0
 needs_root = pytest.mark.skipif(not ROOT, reason="changing a file's owner needs root (CI runs as root)")
@@ -277,7 +277,7 @@ def test_another_users_lock_this_user_cannot_read_is_probed_in_the_kernels_lock_
     """A 0600 lock file of another uid (an older agent's, or planted): held by a live process, it counts as held;
     held by none, it is replaced. "This user" cannot read it: root without the capabilities that read any file."""
     lock = planted(tmp_path / "emptydir", 0o777)
-    code = "import sys; from outrider import spool; print(spool.try_lock(sys.argv[1], notice=print) is not None)"
+    code = "import sys; from outrider.shared import spool; print(spool.try_lock(sys.argv[1], notice=print) is not None)"
     without = "cap_dac_override,cap_dac_read_search"
     held = os.open(lock, os.O_RDONLY)  # the other uid's agent, alive and holding it
     try:
@@ -295,7 +295,7 @@ def test_a_planted_lock_that_cannot_be_replaced_is_refused_with_the_reason(tmp_p
     """A sticky directory of another user (a shared /tmp-like spool): a process without CAP_FOWNER, as any other
     user is, cannot rename over the stranger's file."""
     lock = planted(tmp_path / "shared", 0o1777, owner=STRANGER)
-    code = ("import sys; from outrider import spool\n"
+    code = ("import sys; from outrider.shared import spool\n"
             "try:\n    spool.try_lock(sys.argv[1])\nexcept spool.LockRefused as e:\n    print('refused:', e)")
     (out,) = without_capabilities("cap_fowner", code, str(lock.parent))
     assert out.startswith("refused: "), out
@@ -1302,7 +1302,7 @@ def test_a_stack_dump_is_utf_8_whatever_the_locale(tmp_path: Path) -> None:
     import subprocess
     import sys
 
-    code = ("import sys; from outrider import spool\n"
+    code = ("import sys; from outrider.shared import spool\n"
             "w = spool.ShardWriter(sys.argv[1], 5, 6)\n"
             "w.write_stacks('# caf\\u00e9\\n', lambda fh: fh.write('\\u00e9t\\u00e9\\n'))\n")
     env = {**os.environ, "LC_ALL": "C", "LANG": "C", "PYTHONCOERCECLOCALE": "0", "PYTHONUTF8": "0"}

@@ -24,7 +24,7 @@ from outrider.collectors.process import ProcessCollector
 from outrider.collectors.prometheus_multiproc import PrometheusMultiprocCollector
 from outrider.collectors.self import SelfCollector
 from outrider.collectors.workload_metrics import WorkloadMetricsCollector
-from outrider.config import ConfigError, LoadedConfig
+from outrider.ground.config import ConfigError, LoadedConfig
 
 REGISTRY: dict[str, type[Collector]] = {
     cls.name: cls

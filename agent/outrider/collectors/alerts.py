@@ -15,4 +15,4 @@ class AlertsCollector(Collector):
     after_listeners = True
 
     def collect(self) -> list[Family]:
-        return self.ctx.reports(self.name)  # wired by agent.py: the rule engine's and the dispatcher's families
+        return self.ctx.reports(self.name)  # wired by wiring/agent.py: the rule engine's and the dispatcher's families

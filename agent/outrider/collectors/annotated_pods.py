@@ -56,7 +56,7 @@ from typing import ClassVar
 
 from outrider.collectors.base import Collector, CollectorContext, owner_label_names
 from outrider.collectors.workload_metrics import BudgetSpent, annotated_endpoint, page_metrics, scrape, url
-from outrider.config import ConfigError
+from outrider.ground.config import ConfigError
 from outrider.k8s.node_pods import NodePods, Pod, api_server_url
 from outrider.metrics.catalog import K8S_OWNER
 from outrider.metrics.family import Family

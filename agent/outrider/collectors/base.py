@@ -7,9 +7,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from outrider.clock import SYSTEM, Clock
-from outrider.config import Config, ConfigError
-from outrider.logs import LogOnce
+from outrider.ground.clock import SYSTEM, Clock
+from outrider.ground.config import Config, ConfigError
+from outrider.ground.logs import LogOnce
 from outrider.metrics.catalog import CATALOG, K8S_OWNER, MetricDef, with_enrichment
 from outrider.metrics.family import Family
 
@@ -38,7 +38,7 @@ class SweepStats:
 @dataclass
 class CollectorContext:
     """What a collector is built with. Everything from above the collectors' layer (the rule engine, the
-    notifiers, the exporters) arrives here as plain callables wired by agent.py, never as objects."""
+    notifiers, the exporters) arrives here as plain callables wired by wiring/agent.py, never as objects."""
 
     config: Config
     stats: SweepStats = field(default_factory=SweepStats)

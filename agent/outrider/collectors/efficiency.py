@@ -6,11 +6,11 @@ loop's wall time (`outrider_train_loop_seconds_total`: hook/loop.py), the tokens
 
 - a rank whose process holds CUDA memory (`outrider_torch_cuda_memory_bytes{kind="reserved"}` on N devices) uses N
   GPUs of the node's model (the GPU collector's NVML name and maximum SM clock): its peak is the table's
-  (outrider/peaks.py) times N. A node whose GPUs are of several models, or whose GPUs the agent cannot see (a
+  (outrider/ground/peaks.py) times N. A node whose GPUs are of several models, or whose GPUs the agent cannot see (a
   sidecar without them), has no GPU peak unless `peak_flops` gives one;
 - any other rank runs on the CPU: its peak is the CPU's measured one (`cpu_peak_gflops`, measured by `outrider run`:
-  outrider/peaks.py), scaled to the threads the rank's torch uses (`outrider_torch_intra_op_threads`) over those the
-  measurement used;
+  outrider/ground/peaks.py), scaled to the threads the rank's torch uses (`outrider_torch_intra_op_threads`) over those
+  the measurement used;
 - `peak_flops` replaces both, per device.
 
 MFU over a window is the time the window's FLOPs would take at the peak, dtype by dtype (peaks.seconds_at_peak),
@@ -25,12 +25,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from outrider import peaks
 from outrider.collectors.base import Collector, CollectorContext
+from outrider.ground import peaks
+from outrider.ground.peaks import gpu_peaks, parse_peaks, seconds_at_peak
 from outrider.kernel import procfs
 from outrider.metrics.family import Family
 from outrider.metrics.rate import family_samples
-from outrider.peaks import gpu_peaks, parse_peaks, seconds_at_peak
 
 FLOPS, LOOP, TOKENS = "outrider_train_flops_total", "outrider_train_loop_seconds_total", "outrider_tokens_total"
 CUDA_MEMORY, THREADS = "outrider_torch_cuda_memory_bytes", "outrider_torch_intra_op_threads"
@@ -172,7 +172,7 @@ class EfficiencyCollector(Collector):
 
 
 def machine_key(proc_root: str) -> str:
-    """This machine's key in the CPU peak's cache (outrider/peaks.py), as `outrider run` writes it."""
+    """This machine's key in the CPU peak's cache (outrider/ground/peaks.py), as `outrider run` writes it."""
     try:
         model = procfs.read_cpu_model(proc_root)
     except OSError:

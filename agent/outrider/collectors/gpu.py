@@ -1,4 +1,4 @@
-"""GPU collector: every NVIDIA GPU through NVML (agent/outrider/nvml.py is the only NVML caller).
+"""GPU collector: every NVIDIA GPU through NVML (agent/outrider/adapters/nvml.py is the only NVML caller).
 
 Per GPU (labels gpu index, uuid, model): utilisation, memory, temperatures, power and energy, clocks, P-state, fan,
 clock event reasons and violation times, PCIe and NVLink traffic, ECC and row remapping, XID errors (from an NVML
@@ -17,12 +17,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from outrider.adapters.nvml import NA, GpuLost, Nvml, percent
 from outrider.collectors.base import Collector, CollectorContext, owner_definitions
 from outrider.k8s.gpu_owners import GpuOwners, Owner
 from outrider.kernel.procfs import read_nspid, read_proc_stat
 from outrider.metrics.catalog import CATALOG, MetricDef
 from outrider.metrics.family import Family
-from outrider.nvml import NA, GpuLost, Nvml, percent
 
 CLOCK_EVENT_REASONS = (  # bit -> reason, as nvml.h names them
     (0x1, "gpu_idle"), (0x2, "applications_clocks_setting"), (0x4, "sw_power_cap"), (0x8, "hw_slowdown"),

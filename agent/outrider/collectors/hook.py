@@ -15,13 +15,13 @@ metric name published with two shapes (kind or label names) by two processes is 
 longest-running live process publishing it; the other shape's series are left out and counted
 (`shape_conflict`) until no live process publishes the first shape.
 
-A duration histogram's values carry its log-bucketed sketch as their last element (outrider/sketch.py: a Sketch, or
-None where a shard has none: an older hook, or a sketch refused alone), merged like every other value: sketches add
+A duration histogram's values carry its log-bucketed sketch as their last element (outrider/shared/sketch.py: a Sketch,
+or None where a shard has none: an older hook, or a sketch refused alone), merged like every other value: sketches add
 bucket by bucket, and None absorbs (a merge with a process that sent no sketch has none). A merged sketch that
 does not hold as many observations as the classic buckets is left out (the histogram is exported with its classic
 buckets only), so a percentile is never taken from part of the values.
 
-Shards are read through outrider.spool, which trusts nothing in them: a shard that is unreadable (truncated,
+Shards are read through outrider.shared.spool, which trusts nothing in them: a shard that is unreadable (truncated,
 corrupt, newer format, owned by a uid this agent does not trust, not a regular file, writable by others, too large)
 is skipped and counted once while it stays the same file; a bad series in a good shard is dropped alone and
 counted. Neither ever fails the collector.
@@ -42,13 +42,13 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from outrider import spool
 from outrider.collectors.base import Collector, CollectorContext, StackDump
 from outrider.collectors.goodput import GoodputAccount, Seen
 from outrider.kernel import procfs
 from outrider.metrics.catalog import CATALOG, CUSTOM_HELP, MetricDef, custom_definition
 from outrider.metrics.family import Family, HistogramValue
-from outrider.sketch import Sketch
+from outrider.shared import spool
+from outrider.shared.sketch import Sketch
 
 # name, kind, labels (+training_job, rank), bounds
 SeriesKey = tuple[str, str, tuple[tuple[str, str], ...], tuple[float, ...]]

@@ -9,8 +9,8 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from outrider import regex
 from outrider.collectors.base import Collector, CollectorContext
+from outrider.ground import regex
 from outrider.kernel import cgroupfs, procfs, timex
 from outrider.metrics.family import Family
 
@@ -84,7 +84,8 @@ class HostCollector(Collector):
                                         self._sys_root)
         self._cpu_cgroup = OwnCgroup("cpu", lambda: cgroupfs.find_cpu_cgroup(self._root, self._sys_root),
                                      self._sys_root)
-        # user patterns, matched in linear time (outrider.regex; config refused them at load if RE2 does not take them)
+        # user patterns, matched in linear time (outrider.ground.regex; config refused them at load if RE2 does not take
+        # them)
         self._disk_exclude = NameFilter(ctx.config.disk_exclude)
         self._net_exclude = NameFilter(ctx.config.network_exclude)
         self._prev_cpu: dict[str, float] | None = None

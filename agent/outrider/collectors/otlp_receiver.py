@@ -21,10 +21,10 @@ values are left out, counted (the sketch holds none, and a classic `le` bucket c
 lower-closed negative range exactly). Delta points merge at the coarser of the two scales; a series past
 MAX_EXPONENTIAL_BUCKETS buckets is downscaled until it fits, as OpenTelemetry's SDK does.
 
-The server is the agent's bounded one (outrider/http_server.py), as for /metrics: a loop thread and RECEIVER_LIMITS's
-fixed pool of workers, whatever the number of clients (a thread per connection took the agent from 40 MiB with one
-upload to 129 MiB with 10 and 296 MiB with 50); at most MAX_CONNECTIONS connections; a request head and body within
-REQUEST_TIMEOUT_S of its first byte (enforced on the whole request, not on each read), a body of at most
+The server is the agent's bounded one (outrider/adapters/http_server.py), as for /metrics: a loop thread and
+RECEIVER_LIMITS's fixed pool of workers, whatever the number of clients (a thread per connection took the agent from 40
+MiB with one upload to 129 MiB with 10 and 296 MiB with 50); at most MAX_CONNECTIONS connections; a request head and
+body within REQUEST_TIMEOUT_S of its first byte (enforced on the whole request, not on each read), a body of at most
 MAX_BODY_BYTES (413), and the bodies of all connections held at once within MAX_BODIES_BYTES: an upload that finds
 no room is answered 503 with Retry-After, which OTLP exporters retry. A client that leaves mid-request is counted
 (each one printed a 19-line traceback), as is every other result, in outrider_otlp_receiver_requests_total{result}.
@@ -45,12 +45,12 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from outrider.adapters.http_server import HttpServer, Limits, Request, Response
 from outrider.collectors.base import Collector, CollectorContext
-from outrider.http_server import HttpServer, Limits, Request, Response
 from outrider.metrics.catalog import CATALOG
 from outrider.metrics.family import Family, HistogramValue
 from outrider.metrics.foreign import ForeignDefinitions
-from outrider.sketch import MIN_VALUE, SCALE, Sketch, downscale
+from outrider.shared.sketch import MIN_VALUE, SCALE, Sketch, downscale
 
 MAX_BODY_BYTES = 4 << 20
 MAX_BODIES_BYTES = 4 * MAX_BODY_BYTES  # request bodies held at once, all clients together

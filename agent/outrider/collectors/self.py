@@ -7,10 +7,10 @@ import os
 import time
 
 from outrider.collectors.base import Collector, CollectorContext
-from outrider.config import k8s_identity
+from outrider.ground.config import k8s_identity
 from outrider.kernel import procfs
 from outrider.metrics.family import Family
-from outrider.version import __version__
+from outrider.shared.version import __version__
 
 
 class SelfCollector(Collector):
@@ -43,7 +43,7 @@ class SelfCollector(Collector):
             Family("outrider_agent_cpu_seconds_total").add(me.user_s, "user").add(me.system_s, "system"),
             Family("outrider_agent_memory_rss_bytes").add(me.rss_bytes),
             Family("outrider_agent_sweeps_total").add(stats.sweeps),
-            *self.ctx.reports(self.name),  # wired by agent.py: the exporters' scrapes and OTLP export results
+            *self.ctx.reports(self.name),  # wired by wiring/agent.py: the exporters' scrapes and OTLP export results
             *self._k8s,
         ]
         if stats.sweeps:

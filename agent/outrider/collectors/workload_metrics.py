@@ -8,7 +8,7 @@ for another path than /metrics), read every sweep from the Downward API file the
 (`pod_annotations_file`), so a changed annotation takes effect without a restart. An Outrider annotation rather
 than `prometheus.io/scrape`: a cluster's Prometheus that scrapes annotated pods itself would get every series twice.
 
-Bounded like every outbound call (outrider/outbound.py): the whole scrape (connect, request, every byte of the
+Bounded like every outbound call (outrider/adapters/outbound.py): the whole scrape (connect, request, every byte of the
 answer) within collector_timeout_s, so a workload that answers a byte at a time is cut off; an answer of at most
 MAX_BODY_BYTES, read no further; loopback only (127.0.0.1: the pod's own network namespace for a sidecar), plain
 HTTP, no redirect followed, no compression asked for. An answer that ends short of its Content-Length (the workload
@@ -35,14 +35,14 @@ import functools
 import math
 from collections.abc import Callable, Mapping
 
-from outrider import outbound
+from outrider.adapters import outbound
 from outrider.collectors.base import Collector, CollectorContext
-from outrider.config import CONVERTERS
+from outrider.ground.config import CONVERTERS
 from outrider.k8s.downward import read_annotations
 from outrider.metrics import text_format
 from outrider.metrics.family import Family
 from outrider.metrics.foreign import Drop, ForeignDefinitions, ForeignMetric
-from outrider.version import __version__
+from outrider.shared.version import __version__
 
 MAX_BODY_BYTES = 8 << 20
 HOST = "127.0.0.1"

@@ -2,7 +2,7 @@
 
 The committed dashboards/*.json (and the chart's copies) are written from here by `python scripts/generate.py`;
 `outrider dashboards export` writes them for a Grafana to provision. Their links start with the documentation URL
-(outrider.links: the repository, or OUTRIDER_DOCS_URL / --docs-url).
+(outrider.ground.links: the repository, or OUTRIDER_DOCS_URL / --docs-url).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ BUILDERS: dict[str, Callable[[], Any]] = {
 
 def render_all(docs_url: str | None = None) -> dict[str, str]:
     """{file name: JSON text} of every dashboard, deterministic (panel ids restart per dashboard). `docs_url`: the
-    documentation base URL of their links (default: outrider.links.docs_url())."""
+    documentation base URL of their links (default: outrider.ground.links.docs_url())."""
     from grafana_foundation_sdk.cog.encoder import JSONEncoder
 
     out = {}

@@ -2,7 +2,7 @@
 
 Built with grafana-foundation-sdk (the Grafana 11.6 build). Every panel has a unit, a description and thresholds;
 queries use the template variables, so one dashboard serves every job, pod, rank and GPU. Links to runbooks and to
-the metrics reference start with the one documentation URL (outrider.links), chosen when the dashboards are
+the metrics reference start with the one documentation URL (outrider.ground.links), chosen when the dashboards are
 rendered.
 """
 
@@ -48,7 +48,7 @@ from grafana_foundation_sdk.models.dashboard import (
     VariableSort,
 )
 
-from outrider import links
+from outrider.ground import links
 
 DATASOURCE = DataSourceRef(type_val="prometheus", uid="${datasource}")
 SEL = 'namespace=~"$namespace", job=~"$job", instance=~"$instance"'

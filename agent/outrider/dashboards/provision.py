@@ -22,7 +22,7 @@ class PushError(RuntimeError):
 
 def export(directory: Path, provider_path: str | None = None, docs_url: str | None = None) -> list[Path]:
     """Write every dashboard and a provider file pointing Grafana's file provisioning at them. `docs_url`: the
-    documentation base URL of their runbook links (default: outrider.links.docs_url())."""
+    documentation base URL of their runbook links (default: outrider.ground.links.docs_url())."""
     directory.mkdir(parents=True, exist_ok=True)
     written = []
     for name, text in render_all(docs_url).items():

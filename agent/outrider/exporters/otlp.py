@@ -2,8 +2,8 @@
 
 Each sweep's families are converted at export time into the SDK's MetricsData, under the catalog's
 OpenTelemetry names, units and attribute names: counters as cumulative monotonic sums, gauges as gauges, the
-distributions recorded as sketches (durations: outrider/sketch.py) as cumulative exponential histograms at scale 5,
-their recorded resolution, and other histograms as cumulative explicit-bucket ones (the SDK's instruments offer no
+distributions recorded as sketches (durations: outrider/shared/sketch.py) as cumulative exponential histograms at scale
+5, their recorded resolution, and other histograms as cumulative explicit-bucket ones (the SDK's instruments offer no
 asynchronous histogram, so the agent builds the data points itself and hands them to the SDK's OTLP/HTTP exporter,
 or over gRPC to outrider.exporters.otlp_grpc, which encodes them as the SDK does and sends them without grpcio).
 A metric is one or the other, never both (one name, one type: a second stream of the same name would conflict);
@@ -51,11 +51,11 @@ from opentelemetry.sdk.metrics.export import (
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
-from outrider.config import Config, ConfigError, k8s_identity, redact_url_password
+from outrider.ground.config import Config, ConfigError, k8s_identity, redact_url_password
 from outrider.metrics.catalog import MetricDef, otlp_attributes
 from outrider.metrics.family import Family, HistogramValue
-from outrider.sketch import SCALE, Sketch
-from outrider.version import __version__
+from outrider.shared.sketch import SCALE, Sketch
+from outrider.shared.version import __version__
 
 LOG = logging.getLogger("outrider.exporters.otlp")
 MAX_BACKOFF_S = 300.0
@@ -184,7 +184,7 @@ def shown_endpoint(config: Config, env: Mapping[str, str] | None = None) -> str:
 
 class OtlpExporter:
     def __init__(self, config: Config, latest: Callable[[], list[Family]]) -> None:
-        """latest: the latest sweep's families (the sampler's, wired by agent.py)."""
+        """latest: the latest sweep's families (the sampler's, wired by wiring/agent.py)."""
         self.config = config
         self.latest = latest
         self.results: dict[str, int] = {}
@@ -214,7 +214,7 @@ class OtlpExporter:
             return GrpcMetricExporter(self.config.otlp_endpoint, timeout, on_failure=self._cut_short)
         from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
 
-        from outrider.outbound import bounded_session
+        from outrider.adapters.outbound import bounded_session
 
         endpoint = _http_endpoint(self.config.otlp_endpoint) if self.config.otlp_endpoint else None
         # timeout bounds the whole export (a peer answering a byte at a time) and the answer's size (a peer

@@ -1,5 +1,5 @@
 """OTLP over gRPC without grpcio: the SDK's protobuf encoding of MetricsData (opentelemetry-exporter-otlp-proto-common,
-which the HTTP exporter uses too), sent as one unary MetricsService/Export call by outrider.grpc_client (h2).
+which the HTTP exporter uses too), sent as one unary MetricsService/Export call by outrider.adapters.grpc_client (h2).
 
 It reads the variables the SDK's gRPC exporter reads, the metrics-specific one first, with its meaning:
 OTEL_EXPORTER_OTLP[_METRICS]_ENDPOINT (http://localhost:4317 by default; http:// is plaintext, https:// is TLS, a bare
@@ -22,8 +22,8 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportM
 from opentelemetry.sdk.metrics.export import MetricExportResult, MetricsData
 from opentelemetry.util.re import parse_env_headers
 
-from outrider import grpc_client
-from outrider.config import ConfigError, redact_url_password
+from outrider.adapters import grpc_client
+from outrider.ground.config import ConfigError, redact_url_password
 
 LOG = logging.getLogger("outrider.exporters.otlp")
 EXPORT = "/opentelemetry.proto.collector.metrics.v1.MetricsService/Export"

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Protocol
 
+from outrider.adapters.http_server import HttpServer, Limits, Request, Response
 from outrider.exporters.rotation import TlsFiles
-from outrider.http_server import HttpServer, Limits, Request, Response
 from outrider.metrics.exposition import CONTENT_TYPES, Format, format_value, negotiate
 from outrider.metrics.family import Family
 
@@ -112,7 +112,7 @@ class MetricsServer:
 
     def families(self) -> list[Family]:
         """The scrapes so far, the failed accepts and the connections the server closed, for the self collector
-        (agent.py wires it as a reporter)."""
+        (wiring/agent.py wires it as a reporter)."""
         errors = Family("outrider_agent_accept_errors_total")
         for reason, n in sorted(dict(self._http.accept_errors).items()):  # a copy: the loop thread adds to it
             errors.add(n, reason)

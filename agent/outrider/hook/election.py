@@ -7,7 +7,7 @@ library's subprocess: a new session, no descriptor of the workload but stderr (s
 reaches the user), stdin and stdout on /dev/null. That process lowers its own priority to the lowest the platform
 allows (nice 19, SCHED_IDLE), takes agent.lock itself (a loser of a race exits at once with
 spool.EXIT_ANOTHER_AGENT), detaches (so it is never the workload's child: no zombie, nothing for the workload's own
-wait() to reap), and exits after the last publishing process is gone (outrider/standalone.py).
+wait() to reap), and exits after the last publishing process is gone (outrider/commands/standalone.py).
 
 A failed start (exit status other than 0 or spool.EXIT_ANOTHER_AGENT) is logged once and retried with a doubling
 back-off up to MAX_RETRY_S. Nothing here raises into the workload, and this module imports nothing of the agent.
@@ -32,9 +32,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from outrider import spool
 from outrider.hook import native
 from outrider.kernel import cgroupfs, procfs
+from outrider.shared import spool
 
 LOG = logging.getLogger("outrider.hook")
 ELECTION_RETRY_S = 5.0
@@ -43,7 +43,7 @@ MAX_RETRY_S = 600.0
 # neither settled (taken the lock and detached, or found another agent) nor exited.
 SPAWN_TIMEOUT_S = 60.0
 SPAWN_LOCK_NAME = "spawn.lock"
-AGENT_COMMAND = "standalone"  # `outrider standalone` (outrider/cli.py)
+AGENT_COMMAND = "standalone"  # `outrider standalone` (outrider/commands/cli.py)
 AGENT_TASKS = 8  # the standalone agent's threads: main, sweep, HTTP server and its 4 workers (7 measured), + 1
 MIN_FREE_TASKS = 64
 

@@ -101,7 +101,7 @@ def file_kind(path: str) -> str:
     outrider, or user."""
     p = path.replace("\\", "/")
     if p.startswith(_OUTRIDER_DIR):
-        if p.startswith(_OUTRIDER_DIR + "demo/"):
+        if p.startswith(_OUTRIDER_DIR + "commands/demo/"):
             return "user"  # the demo's workload is a user's training script
         return "data" if p.endswith("hook/torch_data.py") else "outrider"
     if "/torch/" in p:

@@ -1,4 +1,4 @@
-"""Publishing one process's state into its shard in the spool, through outrider.spool's writer.
+"""Publishing one process's state into its shard in the spool, through outrider.shared.spool's writer.
 
 The shard is created at the first flush that has data. When the spool cannot be used (unwritable, full, unsafe),
 the process keeps measuring (values are cumulative: nothing is lost), says so once, counts the reason and tries
@@ -27,8 +27,8 @@ import time
 from collections.abc import Callable
 from typing import Any, TextIO
 
-from outrider import spool
 from outrider.hook.series import Dropped, log_aside
+from outrider.shared import spool
 
 LOG = logging.getLogger("outrider.hook")
 WRITER_RETRY_S = 30.0

@@ -24,9 +24,9 @@ import logging
 import threading
 from typing import Any, Literal, overload
 
-from outrider import spool
 from outrider.hook.series import DURATION_BOUNDS, Counter, Dropped, Gauge, Histogram, NoopSeries, Series, log_aside
 from outrider.hook.settings import KEYS
+from outrider.shared import spool
 
 LOG = logging.getLogger("outrider.hook")
 RESERVED_PREFIX = "outrider_"
@@ -192,7 +192,7 @@ class Registry:
     def layout(self) -> tuple[list[list[Any]], list[float], list[list[int]]]:
         """Every series that has data, as shard directory entries and their values (summed over threads), and the
         sketches of duration histograms: [entry index, offset, buckets] each, their values after every series'
-        (the zero bucket's count, then index and count per bucket, ascending: spool.py's format).
+        (the zero bucket's count, then index and count per bucket, ascending: shared/spool.py's format).
 
         The publisher's (one flush at a time). Registers what was parked when it can take the lock, else at the
         next flush: a parked series loses nothing meanwhile, its values are cumulative."""

@@ -43,7 +43,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from outrider import spool
 from outrider.hook import exit_signal, native
 from outrider.hook.election import Election
 from outrider.hook.progress import Progress
@@ -52,6 +51,7 @@ from outrider.hook.registry import MAX_SERIES, Registry
 from outrider.hook.series import DURATION_BOUNDS, SIZE_BOUNDS, Counter, Gauge, drain_logs, log_aside
 from outrider.hook.settings import HookSettings
 from outrider.kernel import procfs
+from outrider.shared import spool
 
 LOG = logging.getLogger("outrider.hook")
 FLUSH_WAIT_S = 2.0  # how long a flush waits for another thread's flush to end

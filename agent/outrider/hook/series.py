@@ -20,7 +20,7 @@ Invariants (who writes which cell, and why no lock is needed):
 - Gauges, and counters set from a cumulative count elsewhere, use one shared cell: last value wins.
 - A histogram's observe() only appends the value to its thread's buffer (a list only that thread appends to); the
   hook's thread counts what is new in every buffer at each flush, into the classic buckets, the sum and, for
-  durations, the log-bucketed sketch (outrider/sketch.py: quantiles within 1.08%), without touching the buffer. A
+  durations, the log-bucketed sketch (outrider/shared/sketch.py: quantiles within 1.08%), without touching the buffer. A
   thread that fills its buffer (BUFFER values between two flushes) counts it into its own cells and empties it,
   with its fold generation odd meanwhile: the hook's thread reads a thread's cells and buffer only between two
   equal, even generations, so no value is counted twice or lost, and what it counted of a buffer so far is kept
@@ -41,7 +41,7 @@ from bisect import bisect_right
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from outrider import sketch as log_buckets
+from outrider.shared import sketch as log_buckets
 
 # Upper bounds in seconds: 0.25 ms .. 10 min, about three per decade; fine enough for p50/p90/p99 of steps and
 # requests, small enough to keep a histogram at 29 floats.

@@ -3,7 +3,7 @@
 The hook never loads the agent's configuration: a pod that shares one environment between the workload and the
 sidecar may set any agent key (OUTRIDER_COLLECTORS, ...), which the agent validates and the hook ignores. Each
 value is parsed on its own: a bad one keeps its default and is reported, never dropping the others. The agent's
-configuration (outrider.config) takes these keys' defaults and bounds from KEYS, so both sides agree.
+configuration (outrider.ground.config) takes these keys' defaults and bounds from KEYS, so both sides agree.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ BOUNDS: dict[str, Bounds] = {
 
 @dataclass(frozen=True)
 class HookSettings:
-    spool_dir: str = ""  # empty: the private per-user default (outrider.spool.default_dir)
+    spool_dir: str = ""  # empty: the private per-user default (outrider.shared.spool.default_dir)
     flush_interval_s: float = 1.0
     hook_max_series_per_metric: int = 100
     stall_factor: float = 10.0

@@ -58,7 +58,7 @@ SHAPE_MIN_S = 60.0  # the least time between two counts
 COUNT_BOUND_S = 60.0
 STEPS_BOUND = 10
 BURIED_TRIES = 8  # step ends at which a mode of the workload's sits over ours before we wait for flushes instead
-# dtype names as the FLOPs' label has them (and the peak table: outrider/peaks.py)
+# dtype names as the FLOPs' label has them (and the peak table: outrider/ground/peaks.py)
 DTYPES = {"float64": "fp64", "float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "float8_e4m3fn": "fp8",
           "float8_e5m2": "fp8", "float8_e4m3fnuz": "fp8", "float8_e5m2fnuz": "fp8", "float8_e8m0fnu": "fp8"}
 CONVOLUTIONS = ("convolution", "_convolution", "cudnn_convolution", "convolution_overrideable",

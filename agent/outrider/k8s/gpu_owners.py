@@ -9,7 +9,7 @@ The answer is cached for ttl_s. A failed ask (no socket, kubelet unreachable, pa
 does not decode) is counted by reason and answers {} (no owners) until the next ask, ttl_s later: a missing or
 slow kubelet costs at most one deadline per ttl_s, and the GPU series go on without owner labels meanwhile.
 
-The call is gRPC over HTTP/2 on the unix socket (outrider.grpc_client, on h2: no grpcio), its messages the ones
+The call is gRPC over HTTP/2 on the unix socket (outrider.adapters.grpc_client, on h2: no grpcio), its messages the ones
 protoc generates from the published proto (outrider.k8s.podresources.api_pb2, on protobuf). Both are imported on
 the first ask: an agent without the feature never loads them.
 """
@@ -93,7 +93,7 @@ class GpuOwners:
             return self._fail("missing", f"{self.socket_path} does not exist (is the kubelet's pod-resources "
                                          "directory mounted into the agent?)")
         try:
-            from outrider import grpc_client
+            from outrider.adapters import grpc_client
             from outrider.k8s.podresources import api_pb2
         except Exception as e:  # not installed, or older than the generated messages need
             return self._fail("no_grpc", f"the PodResources client cannot load: {e} (pip install 'outrider[k8s]')")

@@ -8,8 +8,8 @@ asked (nodeAgent.annotatedPods.enabled). `resourceVersion=0` lets the API server
 watch cache rather than etcd: a DaemonSet's agents on a thousand nodes, each asking every 30 s, cost it little.
 
 Asked at most once per interval_s (never on every sweep), each ask bounded like every outbound call
-(outrider/outbound.py): the whole of it (connect, TLS, request, every byte of the answer) within timeout_s, at most
-MAX_RESPONSE_BYTES read, no redirect followed; an answer cut short (the deadline passed, or fewer bytes than its
+(outrider/adapters/outbound.py): the whole of it (connect, TLS, request, every byte of the answer) within timeout_s, at
+most MAX_RESPONSE_BYTES read, no redirect followed; an answer cut short (the deadline passed, or fewer bytes than its
 Content-Length said) is a failed ask, never a list. The token is read again at each ask (the kubelet rotates a projected
 token) and sent over HTTPS, verified against the service account's ca.crt, or over plain HTTP to loopback only (a
 `kubectl proxy`, a test). A failed ask (no token, refused, past the deadline, not 200, not a PodList) is counted by
@@ -38,7 +38,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from outrider import outbound
+from outrider.adapters import outbound
 from outrider.k8s.downward import read_small_file
 
 SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"

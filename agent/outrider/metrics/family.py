@@ -7,14 +7,14 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from outrider.metrics.catalog import CATALOG, MetricDef
-from outrider.sketch import Sketch
+from outrider.shared.sketch import Sketch
 
 
 @dataclass(frozen=True)
 class HistogramValue:
     """A histogram's state: per-bucket counts (not cumulative; the last bucket is +Inf) and the sum; for durations
-    the hook records, also the log-bucketed sketch of the same values (outrider/sketch.py: quantiles within 1.08%,
-    exported as OTLP exponential and Prometheus native histograms), None where the source has only the classic
+    the hook records, also the log-bucketed sketch of the same values (outrider/shared/sketch.py: quantiles within
+    1.08%, exported as OTLP exponential and Prometheus native histograms), None where the source has only the classic
     buckets (another library's histogram, an older hook)."""
 
     bounds: tuple[float, ...]

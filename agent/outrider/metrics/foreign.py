@@ -5,12 +5,12 @@ ForeignDefinitions: one definition per (name, type, label names), cached so each
 MAX_DEFINITIONS the cache is cleared and rebuilt from what is still sent, so label churn cannot grow it for ever.
 `families()` turns a sweep's ForeignMetrics into families: names the agent owns (`outrider_*`, the catalog's)
 refused, and the hook's caps applied (at most `per_metric` series per metric, MAX_SERIES in all). Names and labels
-Prometheus keeps for itself (`up`, `scrape_*`, `ALERTS`, `__name__` and every `__*` label: outrider/prometheus_names.py)
-are renamed `exported_<name>`, as Prometheus renames a target's colliding labels, said once and counted: a page that
-says `up 0` or `weird{__name__="x"} 1` would otherwise mark the agent's whole target down in Prometheus. With
-`enrichment` (default owner label name -> configured name), every definition also carries the Kubernetes owner
-labels (catalog.K8S_OWNER: namespace, pod, container, on OTLP k8s.*), after its own: a node agent's series of many
-pods.
+Prometheus keeps for itself (`up`, `scrape_*`, `ALERTS`, `__name__` and every `__*` label:
+outrider/shared/prometheus_names.py) are renamed `exported_<name>`, as Prometheus renames a target's colliding labels,
+said once and counted: a page that says `up 0` or `weird{__name__="x"} 1` would otherwise mark the agent's whole target
+down in Prometheus. With `enrichment` (default owner label name -> configured name), every definition also carries the
+Kubernetes owner labels (catalog.K8S_OWNER: namespace, pod, container, on OTLP k8s.*), after its own: a node agent's
+series of many pods.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
-from outrider import prometheus_names
 from outrider.metrics.catalog import CATALOG, K8S_OWNER, MetricDef, custom_definition, with_enrichment
 from outrider.metrics.family import Family, HistogramValue
+from outrider.shared import prometheus_names
 
 MAX_DEFINITIONS = 10_000
 MAX_SERIES = 2_000  # all metrics of one source together, as the hook's per-process cap

@@ -3,7 +3,7 @@ after its length (a varint), as Prometheus asks for it when native histograms ar
 metrics/exposition.negotiate).
 
 The one format that carries native histograms. A histogram family whose every sample has its log-bucketed sketch
-(outrider/sketch.py, scale 5 = native histogram schema 5) gets, in each Histogram message, the native fields
+(outrider/shared/sketch.py, scale 5 = native histogram schema 5) gets, in each Histogram message, the native fields
 (schema 5, the zero bucket's threshold and count, the positive buckets as spans and count deltas) and the classic
 buckets, so a Prometheus that keeps classic buckets too (scrape_classic_histograms, 2.45 and later) still has the
 `_bucket` series the rule file queries. A family where some sample has no sketch (another library's histogram, an
@@ -25,7 +25,7 @@ from outrider.metrics.catalog import MetricDef
 from outrider.metrics.exposition import KeepingRenderer, remember, unique_samples, utf8_safe
 from outrider.metrics.family import Family, HistogramValue
 from outrider.metrics.wire import ONE_BYTE, varint, zigzag
-from outrider.sketch import MIN_VALUE, SCALE, Sketch
+from outrider.shared.sketch import MIN_VALUE, SCALE, Sketch
 
 _TYPE = {"counter": 0, "gauge": 1, "histogram": 4}  # MetricType
 _VALUE_FIELD = {"counter": b"\x1a\x09\x09", "gauge": b"\x12\x09\x09"}  # Metric.counter/.gauge: {value: double}

@@ -40,7 +40,7 @@ from outrider.metrics.wire import (
     read_varint,
     unzigzag,
 )
-from outrider.sketch import MIN_VALUE, Sketch
+from outrider.shared.sketch import MIN_VALUE, Sketch
 
 MAX_PAGE_BYTES = 64 << 20  # an agent's page with 10,000 series is a few MiB
 TYPES = ("counter", "gauge", "summary", "untyped", "histogram", "gaugehistogram")  # MetricType, by number

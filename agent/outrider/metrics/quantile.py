@@ -1,5 +1,5 @@
 """Quantiles of histograms: from the log-bucketed sketch where the histogram has one (within 1.08% of the
-value of that rank, outrider/sketch.py), else as Prometheus's histogram_quantile() computes them from classic
+value of that rank, outrider/shared/sketch.py), else as Prometheus's histogram_quantile() computes them from classic
 buckets (`bucket_value`, which the rules' PromQL evaluator uses too): linear interpolation inside the bucket that
 holds the rank; the highest finite bound when the rank falls in the +Inf bucket. Every percentile Outrider prints
 comes from `quantile`. And the median of a few values, as `statistics.median` computes it (that module, with the

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from outrider.outbound import Deadline
+from outrider.adapters.outbound import Deadline
 from outrider.rules.notification import Notification as Notification  # the notifiers' input, defined by rules
 
 if TYPE_CHECKING:
@@ -137,7 +137,7 @@ def _opener(context: ssl.SSLContext | None) -> urllib.request.OpenerDirector:
     back as an HTTPError."""
     import urllib.request
 
-    from outrider.outbound import connection_classes
+    from outrider.adapters.outbound import connection_classes
 
     plain, tls = connection_classes()  # sockets registered with the call's Deadline
 

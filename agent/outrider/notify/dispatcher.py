@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from outrider import regex
+from outrider.ground import regex
 from outrider.metrics.family import Family
 from outrider.notify.alertmanager import AlertmanagerNotifier
 from outrider.notify.base import Notification, Notifier, NotifyConfigError, Outcome
@@ -108,7 +108,7 @@ def _flag(raw: Any, name: str, source: str) -> bool:
 
 
 def load_receivers(path: str) -> list[tuple[Notifier, Route]]:
-    from outrider.config import ConfigError, read_yaml_file
+    from outrider.ground.config import ConfigError, read_yaml_file
 
     try:
         data = read_yaml_file(path)

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 
-from outrider.clock import SYSTEM, Clock
+from outrider.ground.clock import SYSTEM, Clock
 from outrider.metrics.catalog import CATALOG, Label
 from outrider.metrics.exposition import format_le
 from outrider.metrics.family import Family, HistogramValue

@@ -29,7 +29,7 @@ def default_rules_path() -> Path:
 def load_rules(path: Path | None = None) -> dict[str, Any]:
     """A rule file read as Prometheus reads it (see `rule_file`); every way it can be wrong is a RulesError naming
     the file (and the group, rule and field), never a traceback, and never a hang on a FIFO."""
-    from outrider.config import ConfigError, read_yaml_file
+    from outrider.ground.config import ConfigError, read_yaml_file
 
     path = path or default_rules_path()
     try:

@@ -23,10 +23,11 @@ from datetime import timedelta
 
 import promql_parser as pp
 
-from outrider import prometheus_names, regex
+from outrider.ground import regex
 from outrider.metrics.quantile import bucket_value
 from outrider.rules.store import Labels, Series, SeriesStore
 from outrider.rules.templates import go_v
+from outrider.shared import prometheus_names
 
 LOOKBACK_MS = 300_000
 NAME = "__name__"
@@ -237,8 +238,8 @@ class PromQLRegexError(PromQLError):
 
 
 def _check_regex(pattern: str) -> None:
-    """The evaluator matches in linear time, as Prometheus's RE2 does (outrider.regex): what RE2 cannot compile is
-    refused when the rule loads rather than failing every evaluation."""
+    """The evaluator matches in linear time, as Prometheus's RE2 does (outrider.ground.regex): what RE2 cannot compile
+    is refused when the rule loads rather than failing every evaluation."""
     try:
         regex.compile(pattern, dotall=True)
     except regex.RegexError as e:
@@ -410,7 +411,7 @@ def _fullmatcher(pattern: str, dot_matches_newline: bool) -> Callable[[str], reg
     """The pattern's full match, linear in the text whatever the pattern. Prometheus 3 compiles "^(?s:pattern)$":
     "." matches a newline. Prometheus 2 compiles "^(?:pattern)$", without the s flag; for it the pattern is compiled
     so only for a text that has a newline, the one place where the two differ: `.*`, with dotall, stays in
-    outrider.regex's linear subset (RE2 is not loaded for the built-in rules)."""
+    outrider.ground.regex's linear subset (RE2 is not loaded for the built-in rules)."""
     dotall = regex.compile(pattern, dotall=True)
     if dot_matches_newline:
         return dotall.fullmatch

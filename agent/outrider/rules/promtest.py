@@ -89,7 +89,7 @@ def _key(alerts: Firing) -> list[tuple[tuple[tuple[str, str], ...], tuple[tuple[
 def read_test_file(path: Path) -> dict[str, Any]:
     """A promtool test file's top level: read as a config file is (never a hang on a FIFO, never a traceback for
     bytes that are not UTF-8 or YAML nested too deeply), with its rule files and test cases where they belong."""
-    from outrider.config import ConfigError, read_yaml_file
+    from outrider.ground.config import ConfigError, read_yaml_file
 
     try:
         spec = read_yaml_file(str(path), max_bytes=None)  # promtool takes a test file of any size

@@ -40,7 +40,7 @@ from outrider.runs.distributions import RUN, STEADY, WARMUP
 from outrider.runs.kpis import ACTIVITY, DISTRIBUTIONS, KPIS, Distribution, Kpi
 from outrider.runs.stats import MEAN, Interval, Statistic
 from outrider.runs.store import RunRecord
-from outrider.sketch import BASE
+from outrider.shared.sketch import BASE
 
 NOISE = 0.02
 MIN_ITEMS = 30  # steps (requests, waits) each run needs for its distribution to be compared

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from outrider.metrics.family import Family, HistogramValue
 from outrider.runs.kpis import DISTRIBUTIONS
-from outrider.sketch import Sketch
+from outrider.shared.sketch import Sketch
 
 WARMUP = 0.1
 MARK_GROWTH = 0.05

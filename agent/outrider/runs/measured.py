@@ -11,10 +11,10 @@ from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from typing import Any
 
 from outrider.diagnosis.profile import LoopProfile, loop_profile
+from outrider.ground.peaks import usual_dtype
 from outrider.metrics import units
 from outrider.metrics.family import Family, HistogramValue, merged_histogram
 from outrider.metrics.quantile import quantile
-from outrider.peaks import usual_dtype
 
 GOODPUT = "outrider_train_goodput_seconds_total"
 BADPUT_NAMES = {"data_wait": "data wait", "checkpoint": "checkpoints", "other": "the rest of the loop",

@@ -21,10 +21,10 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from outrider.clock import SYSTEM, Clock
 from outrider.diagnosis.bottleneck import Verdict, nothing_ran
 from outrider.diagnosis.signals import Signals, signals, snapshot
 from outrider.diagnosis.window import VerdictWindow
+from outrider.ground.clock import SYSTEM, Clock
 from outrider.metrics.family import Family, HistogramValue, merged_histogram
 from outrider.metrics.quantile import quantile
 from outrider.metrics.rate import CounterHistory, family_samples

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from itertools import accumulate
 from operator import mul
 
-from outrider.sketch import quantile_rank
+from outrider.shared.sketch import quantile_rank
 
 LEVEL = 0.95
 RESAMPLES = 2000

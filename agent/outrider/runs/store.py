@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from outrider.clock import SYSTEM, Clock
+from outrider.ground.clock import SYSTEM, Clock
 from outrider.metrics import units
 from outrider.metrics.family import HistogramValue
 from outrider.runs.distributions import RUN, STEADY, from_json, to_json

@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from outrider import collectors as registry
 from outrider.collectors.base import Collector, CollectorContext, CollectorStatus, SweepStats
-from outrider.config import Config
+from outrider.ground.config import Config
 from outrider.metrics.exposition import Format, KeepingRenderer, Renderer
 from outrider.metrics.family import Family
 from outrider.metrics.protobuf_exposition import ProtobufRenderer

@@ -9,9 +9,9 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from outrider.config import ConfigError, LoadedConfig, load, to_yaml
-from outrider.logs import setup_logging
-from outrider.version import __version__
+from outrider.ground.config import ConfigError, LoadedConfig, load, to_yaml
+from outrider.ground.logs import setup_logging
+from outrider.shared.version import __version__
 
 LOG = logging.getLogger("outrider.cli")
 
@@ -76,7 +76,7 @@ def _load(args: argparse.Namespace) -> LoadedConfig:
 # --- the agent -------------------------------------------------------------------------------------------------
 
 def cmd_agent(args: argparse.Namespace) -> int:
-    from outrider.agent import Agent
+    from outrider.wiring.agent import Agent
 
     cfg = _load(args).config
     setup_logging(cfg.log_level)
@@ -89,13 +89,13 @@ def cmd_agent(args: argparse.Namespace) -> int:
 
 
 def cmd_standalone(args: argparse.Namespace) -> int:
-    from outrider.standalone import run
+    from outrider.commands.standalone import run
 
     return run(args.workload_pid, args.spool_dir, args.listen, args.detach)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from outrider.runner import run
+    from outrider.commands.runner import run
 
     cmd = list(args.cmd)
     if cmd and cmd[0] == "--":
@@ -115,7 +115,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_metrics(args: argparse.Namespace) -> int:
-    from outrider.sampler import Sampler
+    from outrider.wiring.sampler import Sampler
 
     cfg = _load(args).config
     setup_logging(cfg.log_level)
@@ -132,7 +132,7 @@ def cmd_metrics(args: argparse.Namespace) -> int:
 
 def cmd_config_check(args: argparse.Namespace) -> int:
     from outrider import collectors
-    from outrider.alerting import receivers, rule_groups
+    from outrider.wiring.alerting import receivers, rule_groups
 
     loaded = collectors.resolve(load(file=args.file, env={}))
     groups = rule_groups(loaded.config)  # the rule files and receivers it names load too
@@ -169,7 +169,7 @@ def _promql_compat(args: argparse.Namespace, command: str) -> int | None:
     value is wrong."""
     import os
 
-    from outrider.config import CONVERTERS, Config
+    from outrider.ground.config import CONVERTERS, Config
 
     raw, source = args.promql_compat, "--promql-compat"
     if raw is None:
@@ -299,7 +299,7 @@ def cmd_dashboards_push(args: argparse.Namespace) -> int:
 
 def cmd_top(args: argparse.Namespace) -> int:
     try:
-        from outrider.top import run_top
+        from outrider.commands.top import run_top
     except ModuleNotFoundError as e:
         if e.name != "rich" and not (e.name or "").startswith("rich."):
             raise
@@ -393,7 +393,7 @@ def cmd_compare(store: Any, args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from outrider.demo import run_demo
+    from outrider.commands.demo import run_demo
 
     setup_logging("warning")
     return run_demo(args.duration)

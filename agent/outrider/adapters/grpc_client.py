@@ -30,7 +30,7 @@ import h2.events
 import h2.exceptions
 import h2.settings
 
-from outrider.version import __version__
+from outrider.shared.version import __version__
 
 WINDOW = (1 << 31) - 1  # what the server may send before we acknowledge: responses are capped below it anyway
 DEFAULT_MAX_RESPONSE_BYTES = 4 << 20  # grpcio's default receive limit

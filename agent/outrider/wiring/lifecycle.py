@@ -33,9 +33,9 @@ from typing import TYPE_CHECKING
 from outrider.kernel import procfs
 
 if TYPE_CHECKING:
-    from outrider.config import Config
+    from outrider.ground.config import Config
     from outrider.metrics.family import Family
-    from outrider.sampler import Sampler
+    from outrider.wiring.sampler import Sampler
 
 LOG = logging.getLogger("outrider.lifecycle")
 

@@ -31,9 +31,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from outrider import peaks
-from outrider.agent import Agent
-from outrider.config import Config, hook_environment
+from outrider.ground import peaks
+from outrider.ground.config import Config, hook_environment
 from outrider.kernel import cgroupfs, procfs
 from outrider.kernel.cgroupfs import within
 from outrider.kernel.kmsg import KernelLog
@@ -44,6 +43,7 @@ from outrider.runs.measured import Measured, measure
 from outrider.runs.recorder import RunRecorder
 from outrider.runs.store import AlertRecord, RunStore
 from outrider.runs.verdict import RunVerdict, Segment, timeline_text
+from outrider.wiring.agent import Agent
 
 LOG = logging.getLogger("outrider.run")
 
@@ -308,7 +308,7 @@ def run(cmd: Sequence[str], config: Config, on_exit: Callable[[list[Family]], No
 def _measure_cpu_peak(config: Config) -> None:
     """The CPU's peak FLOP rate, for the MFU of ranks on the CPU: measured in a child process before the command
     starts (so nothing of the command's competes with it), where torch is installed and no figure is configured or
-    cached for this machine (outrider/peaks.py); the efficiency collector reads the cache."""
+    cached for this machine (outrider/ground/peaks.py); the efficiency collector reads the cache."""
     if not config.cpu_peak_measure or config.cpu_peak_gflops > 0 or config.peak_flops or not peaks.torch_version():
         return
     try:

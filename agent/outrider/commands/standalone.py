@@ -32,12 +32,13 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
-from outrider import lifecycle, spool
-from outrider.agent import Agent
-from outrider.config import Config, LoadedConfig, load
+from outrider.ground.config import Config, LoadedConfig, load
+from outrider.ground.logs import setup_logging
 from outrider.kernel import procfs
-from outrider.logs import setup_logging
 from outrider.metrics.family import Family
+from outrider.shared import spool
+from outrider.wiring import lifecycle
+from outrider.wiring.agent import Agent
 
 LOG = logging.getLogger("outrider.standalone")
 COLLECTORS = ("host", "process", "hook", "alerts", "self")

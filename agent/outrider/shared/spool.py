@@ -81,8 +81,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from outrider import prometheus_names, sketch
-from outrider.sketch import Sketch
+from outrider.shared import prometheus_names, sketch
+from outrider.shared.sketch import Sketch
 
 MAGIC = b"OUTRSHD1"
 VERSION = 2
@@ -105,7 +105,7 @@ FLAG_STALLED = 2
 
 LOCK_NAME = "agent.lock"
 READER_NAME_RE = re.compile(r"reader-[0-9a-f]{16}\.lock")  # an agent reading a spool another agent owns
-# The exit status of an agent started for the spool (outrider/standalone.py, by hook/election.py) that found
+# The exit status of an agent started for the spool (outrider/commands/standalone.py, by hook/election.py) that found
 # LOCK_NAME held: another agent serves the spool, not a failure.
 EXIT_ANOTHER_AGENT = 3
 SHARD_SUFFIX = ".shard"
@@ -120,8 +120,8 @@ _SEQ = struct.Struct("<Q")
 SEQ_OFFSET = 16
 
 # What a series in a shard may be named and labelled (name_refusal, label_refusal): Prometheus's grammar, neither a
-# name nor a label Prometheus keeps for itself (up, ALERTS, __*: outrider/prometheus_names.py), and the labels the
-# agent adds itself (rank, training_job) or that a histogram owns (le, quantile) kept out of the workload's hands.
+# name nor a label Prometheus keeps for itself (up, ALERTS, __*: outrider/shared/prometheus_names.py), and the labels
+# the agent adds itself (rank, training_job) or that a histogram owns (le, quantile) kept out of the workload's hands.
 RESERVED_LABELS = frozenset({"rank", "training_job", "le", "quantile"})
 KINDS = ("counter", "gauge", "histogram")
 MAX_LABEL_VALUE = 128

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from outrider import links, peaks, regex
+from outrider.ground import links, peaks, regex
 from outrider.hook import settings as hook_settings
 
 ENV_PREFIX = "OUTRIDER_"
@@ -333,7 +333,7 @@ def _pid_list(raw: Any) -> tuple[int, ...]:
 
 
 def _regex(raw: Any) -> str:
-    """A pattern the collectors compile through outrider.regex (linear time, RE2's syntax: Prometheus's)."""
+    """A pattern the collectors compile through outrider.ground.regex (linear time, RE2's syntax: Prometheus's)."""
     text = _str(raw)
     try:
         regex.compile(text)
@@ -412,7 +412,8 @@ def k8s_identity(config: Config, env: Mapping[str, str] | None = None) -> dict[s
 
 def _collectors(raw: Any) -> tuple[str, ...]:
     """Collector names; whether each exists is checked against the registry where a command loads its
-    configuration (outrider.collectors.resolve, called by cli.py), so this ground floor never imports a collector."""
+    configuration (outrider.collectors.resolve, called by commands/cli.py), so this ground floor never imports a
+    collector."""
     names = _str_list(raw)
     for name in names:
         if not re.fullmatch(r"[a-z][a-z0-9_]*", name):

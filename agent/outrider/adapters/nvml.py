@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from outrider.logs import LogOnce
+from outrider.ground.logs import LogOnce
 
 SONAME = "libnvidia-ml.so.1"  # what pynvml loads on Linux; found through LD_LIBRARY_PATH and the loader's cache
 LIBRARY_NOT_FOUND = f"{SONAME} was not found (no NVIDIA driver, or it is not mounted into this container)"

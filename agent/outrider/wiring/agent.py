@@ -9,11 +9,11 @@ import threading
 import time
 from typing import Any
 
-from outrider import alerting, lifecycle
-from outrider.config import Config, ConfigError, otlp_enabled
 from outrider.exporters.prometheus import Endpoints, MetricsServer, alerts_api_json
 from outrider.exporters.rotation import BasicAuthFiles, SecretFileError
-from outrider.sampler import Sampler
+from outrider.ground.config import Config, ConfigError, otlp_enabled
+from outrider.wiring import alerting, lifecycle
+from outrider.wiring.sampler import Sampler
 
 LOG = logging.getLogger("outrider.agent")
 

@@ -13,7 +13,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from outrider.config import Config, load
+from outrider.ground.config import Config, load
 from outrider.metrics import units
 from outrider.metrics.family import Family
 from outrider.metrics.rate import CounterHistory, family_samples
@@ -76,7 +76,7 @@ class LiveLine:
 
 
 def run_demo(duration_s: float = 12.0) -> int:
-    from outrider.runner import run
+    from outrider.commands.runner import run
 
     train_s = max(1.0, duration_s * 2 / 3)
     serve_s = max(1.0, duration_s - train_s)
@@ -89,7 +89,7 @@ def run_demo(duration_s: float = 12.0) -> int:
                         state_dir=state, alert_instance="demo", runs_dir=load().config.runs_dir,
                         diagnosis_window_s=2.0)
         logging.getLogger("outrider.alerts").setLevel(logging.INFO)  # show the alert's transitions as they happen
-        cmd = [sys.executable, "-m", "outrider.demo.workload", "--train-seconds", str(train_s),
+        cmd = [sys.executable, "-m", "outrider.commands.demo.workload", "--train-seconds", str(train_s),
                "--serve-seconds", str(serve_s), "--checkpoint-dir", ckpt]
         print(f"outrider demo: a synthetic training job ({train_s:g} s, 2 data-loader workers, checkpoints to "
               f"{ckpt}), then an inference service under load ({serve_s:g} s), instrumented with the hook, "

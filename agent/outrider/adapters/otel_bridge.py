@@ -40,11 +40,11 @@ from typing import Any
 
 from opentelemetry.metrics import CallbackOptions, Observation
 
-from outrider import spool
 from outrider.hook import api
 from outrider.hook.election import agent_serving
 from outrider.metrics.catalog import CATALOG, CUSTOM_HELP, MetricDef, custom_definition, definitions, otlp_attributes
-from outrider.version import __version__
+from outrider.shared import spool
+from outrider.shared.version import __version__
 
 LOG = logging.getLogger("outrider.hook")
 SCOPE = "outrider"  # the agent's OTLP export's instrumentation scope

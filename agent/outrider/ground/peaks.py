@@ -8,7 +8,7 @@ shows the table (generated from this one).
 
 CPUs: no table could say what torch reaches on a given CPU (its vector units, its cores, its memory, torch's own
 kernels), so the peak is measured: one calibrated float32 matrix product in torch, in a child process of its own
-(`python -m outrider.peaks`), never in the agent (which does not import torch) nor on the workload's threads;
+(`python -m outrider.ground.peaks`), never in the agent (which does not import torch) nor on the workload's threads;
 `outrider run` runs it before it starts the command, once per machine and torch (then it reads the cache); the
 agent's efficiency collector reads that cache, or `cpu_peak_gflops` set by hand. The measured figure is the best
 of a few products of a size that fills the caches and cores (CPU_MATMUL_N), with torch's default threads: an
@@ -195,8 +195,8 @@ def measure_cpu_in_child(timeout_s: float = CPU_TIMEOUT_S, python: str = sys.exe
         agent = os.path.dirname(agent)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (agent, os.environ.get("PYTHONPATH", "")) if p)
     try:
-        done = subprocess.run([python, "-m", "outrider.peaks"], capture_output=True, text=True, timeout=timeout_s,
-                              env=env, check=False, stdin=subprocess.DEVNULL)
+        done = subprocess.run([python, "-m", "outrider.ground.peaks"], capture_output=True, text=True,
+                              timeout=timeout_s, env=env, check=False, stdin=subprocess.DEVNULL)
         data = json.loads(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 and done.stdout else None
         return CpuPeak(float(data["flops"]), int(data["threads"]), float(data["cost_s"])) if data else None
     except (OSError, subprocess.SubprocessError, ValueError, KeyError, TypeError, IndexError):

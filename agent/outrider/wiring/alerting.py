@@ -12,7 +12,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from outrider.config import Config, ConfigError, default_state_dir
+from outrider.ground.config import Config, ConfigError, default_state_dir
 
 if TYPE_CHECKING:
     from outrider.rules.engine import StackDumps

@@ -45,7 +45,7 @@ from outrider.metrics.exposition import PROTOBUF_MEDIA_TYPE
 from outrider.metrics.family import HistogramValue
 from outrider.metrics.quantile import quantile
 from outrider.metrics.rate import CounterHistory
-from outrider.sketch import Sketch
+from outrider.shared.sketch import Sketch
 
 Sample = tuple[str, tuple[tuple[str, str], ...]]
 
