@@ -15,7 +15,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-import outrider
+import outrider.adapters
 import outrider.k8s.podresources
 from outrider.k8s.gpu_owners import MAX_RESPONSE_BYTES, GpuOwners, Owner, owners_from_response
 from outrider.k8s.podresources import api_pb2
@@ -166,7 +166,7 @@ def test_without_the_k8s_extra_the_ask_is_counted_as_no_grpc_and_says_what_to_in
         if name.split(".")[0] == "h2" or name.startswith("google.protobuf") or name in (
                 "outrider.adapters.grpc_client", "outrider.k8s.podresources.api_pb2"):
             monkeypatch.delitem(sys.modules, name)
-    monkeypatch.delattr(outrider, "grpc_client", raising=False)
+    monkeypatch.delattr(outrider.adapters, "grpc_client", raising=False)
     monkeypatch.delattr(outrider.k8s.podresources, "api_pb2", raising=False)
     monkeypatch.setattr(sys, "meta_path", [NoK8sExtra(), *sys.meta_path])
     with FakeKubelet(sock, PODS) as kubelet:

@@ -29,7 +29,7 @@ from tests.helpers import REPO, outrider_cmd
 from tests.runs.jobs import assert_printed_in_human_units
 
 pytestmark = pytest.mark.integration
-DEMO_RULES = REPO / "agent" / "outrider" / "demo" / "rules.yaml"
+DEMO_RULES = REPO / "agent" / "outrider" / "commands" / "demo" / "rules.yaml"
 WINDOW = (1240, 3600)
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync",
