@@ -8,7 +8,15 @@ from __future__ import annotations
 
 import pytest
 
-from outrider.diagnosis.bottleneck import classify
+from outrider.diagnosis.bottleneck import (
+    CPUS_SHORT,
+    INPUT_ADVICE,
+    advice,
+    classify,
+    input_cause,
+    nothing_ran,
+    workers_wait_for_cpus,
+)
 from outrider.diagnosis.signals import RankSignals
 from tests.diagnosis.test_verdict_rules import NEAR, THRESHOLDS, cpu, gpu, ranks, resting, service
 
@@ -61,6 +69,23 @@ CASES = {
     "a service, requests worked on": service(requests_per_s=0.0, requests_in_flight=4.0, request_latency_s=None,
                                              request_waiting_fraction=0.2, demand_per_process=0.9),
     "a service on a busy GPU": service(request_waiting_fraction=0.2, gpus=1, gpu_util=0.9),
+    # measured zeros are numbers, not missing ones: each is said as 0, never as a fallback
+    "a GPU never busy": gpu(gpu_busy_ratio=0.0),
+    "no steps, a GPU never busy": gpu(gpu_busy_ratio=0.0, steps_per_s=0.0),
+    "a service answering at once": service(request_latency_s=0.0),
+    "a service, requests held, none off CPU": service(requests_per_s=0.0, requests_in_flight=4.0,
+                                                      request_latency_s=None, request_waiting_fraction=0.0),
+    "a service, requests held, its threads idle": service(requests_per_s=0.0, requests_in_flight=4.0,
+                                                          request_latency_s=None, demand_per_process=0.0),
+    "a service on its CPU, none of it off CPU": service(request_cpu_s=0.05, request_waiting_fraction=0.0),
+    "CPU, the main thread idle beside an idle pool": cpu(main_thread_busy=0.0, intra_op_busy=0.0),
+    "CPU, the pool never busy": cpu(intra_op_busy=0.0),
+    # its GPU paces no steps: busy "of the time"
+    "a service on an idling GPU": service(request_waiting_fraction=0.2, gpus=1, gpu_util=0.05),
+    # host memory exactly at its line is not short: only the GPU's memory is said
+    "GPU memory full, host memory at its line": cpu(gpu_mem_ratio=0.99, host_mem_available_ratio=0.05),
+    "a service, one long request in flight": service(requests_per_s=0.0, requests_in_flight=1.0,
+                                                     request_latency_s=None, process_cpu_cores=0.0),
     "a service, requests held beside a GPU": service(requests_per_s=0.0, requests_in_flight=4.0,
                                                      request_latency_s=None, request_waiting_fraction=0.2, gpus=1,
                                                      gpu_util=0.9),
@@ -146,6 +171,33 @@ CASES = {
 }
 
 EXPECTED = {
+    'a GPU never busy': ('host_bound',
+        'the GPU waits for the host (CUDA events: the GPU paced only 0% of the steps): Python, kernel launches or '
+        'small operations pace the job'),
+    'no steps, a GPU never busy': ('not_judged', 'no steps or requests; CUDA events: the GPU paced 0% of the time'),
+    'a service answering at once': ('waiting',
+        "handlers wait: 0 s per request (mean latency), 1 ms of CPU and 0 s waiting for a CPU per request; 98% of the "
+        "requests' time off CPU, outside the process (a downstream call, the network, a lock, a sleep)"),
+    'a service, requests held, none off CPU': ('not_judged',
+        '4 requests in flight and none finished in the window: no latency to split'),
+    'a service, requests held, its threads idle': ('waiting',
+        "4 requests in flight and none finished in the window, the process's threads busy 0 cores: its handlers "
+        "wait outside the process (a downstream call, the network, a lock, a sleep)"),
+    'a service on its CPU, none of it off CPU': ('compute_bound',
+        "the requests' time is CPU: 50 ms per request (mean latency), 50 ms of CPU and 0 s waiting for a CPU per "
+        "request, the process's threads busy 0.04 cores (0% of the requests' time outside the process)"),
+    'CPU, the main thread idle beside an idle pool': ('balanced',
+        'main thread 0% demand, intra-op pool 0.00: no single bottleneck'),
+    'CPU, the pool never busy': ('host_bound',
+        'the main thread is saturated (90% demand) while the intra-op pool idles (0.00): Python and dispatch pace '
+        'the job'),
+    'a service on an idling GPU': ('host_bound',
+        'the GPU waits for the host (NVML: the GPU was busy only 5% of the time): Python, kernel launches or small '
+        'operations pace the job'),
+    'GPU memory full, host memory at its line': ('memory_pressure', 'GPU memory at 99% of its capacity (above 95%)'),
+    'a service, one long request in flight': ('waiting',
+        "1 request in flight and none finished in the window, the process's threads busy 0.04 cores: its handlers "
+        "wait outside the process (a downstream call, the network, a lock, a sleep)"),
     'idle': ('idle',
         'no steps or requests, no CPU or GPU use'),
     'idle beside a utilisation of no GPU': ('idle',
@@ -486,3 +538,19 @@ def test_the_gpu_pacing_sixty_percent_of_the_steps_is_compute_bound_before_any_o
 def test_one_step_or_request_a_few_seconds_is_active() -> None:
     assert classify(cpu(steps_per_s=0.5, main_cpu_us_per_op=50.0)).cls == "host_bound"
     assert classify(cpu(steps_per_s=0.0, requests_per_s=0.5, main_cpu_us_per_op=50.0)).cls == "host_bound"
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_a_runs_record_counts_as_idle_exactly_the_windows_called_idle(name: str) -> None:
+    """nothing_ran (what a run's record leaves out of its active time) is the idle rule itself."""
+    assert nothing_ran(CASES[name]) == (classify(CASES[name]).cls == "idle")
+
+
+def test_the_advice_for_a_loop_waiting_on_its_input_is_its_causes_alone_when_cpus_are_not_short() -> None:
+    s = cpu(data_wait_fraction=0.6, data_worker_busy=0.1, storage_read_bytes_per_s=12.3e6)
+    assert input_cause(s) == "storage" and not workers_wait_for_cpus(s)
+    assert advice("input_bound", s) == INPUT_ADVICE["storage"]
+    starved = cpu(data_wait_fraction=0.6, data_worker_busy=0.1, storage_read_bytes_per_s=12.3e6,
+                  data_workers_cpu_cores=0.5, data_workers_delay_cores=0.6, data_worker_delay_fraction=0.1)
+    assert input_cause(starved) == "storage" and workers_wait_for_cpus(starved)
+    assert advice("input_bound", starved) == INPUT_ADVICE["storage"] + CPUS_SHORT

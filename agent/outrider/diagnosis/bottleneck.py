@@ -3,16 +3,17 @@
 A verdict names what the process does. A process that steps or serves (a step or a request finished in the window,
 or a request in flight) is never idle: idle is a process that does neither and uses no CPU or GPU.
 
-Classes, checked in this order (the rules are one table, `RULES`, walked in order: the first rule whose condition
-holds gives the verdict and its reason): idle, throttled, memory_pressure, then a service (requests, no steps) by its
-requests: waiting (its handlers' time is mostly off CPU, outside the process: a downstream call, the network, a
-lock, a sleep) or, on the CPU, compute_bound (the requests' time is CPU: theirs, their wait for a CPU, and their wait
-for the process's other requests' CPU); then a training loop: checkpoint_bound (recognised checkpoints on the
-loop's thread a large part of its time, at least as large as its data wait), input_bound (the reason and the advice
-say which of the data pipeline's CPU, CPU starvation, storage or something outside it the loop waits for, from their
-own evidence), communication_bound (a straggler rank, or collectives blocking the loop on every rank),
-memory_bandwidth_bound, waiting (the loop thread off CPU most of the time beside its data, collectives, checkpoints
-and GPU: a sleep, a lock, a network call in the loop), python_bound, then compute_bound / host_bound / balanced:
+Classes, checked in this order (the rules are one table, `verdict_rules()`, walked in order: the first rule whose
+condition holds gives the verdict and its reason): idle, throttled, memory_pressure, then a service (requests, no
+steps) by its requests: waiting (its handlers' time is mostly off CPU, outside the process: a downstream call, the
+network, a lock, a sleep) or, on the CPU, compute_bound (the requests' time is CPU: theirs, their wait for a CPU,
+and their wait for the process's other requests' CPU); then a training loop: checkpoint_bound (recognised
+checkpoints on the loop's thread a large part of its time, at least as large as its data wait), input_bound (the
+reason and the advice say which of the data pipeline's CPU, CPU starvation, storage or something outside it the loop
+waits for, from their own evidence), communication_bound (a straggler rank, or collectives blocking the loop on
+every rank), memory_bandwidth_bound, waiting (the loop thread off CPU most of the time beside its data, collectives,
+checkpoints and GPU: a sleep, a lock, a network call in the loop), python_bound, then compute_bound / host_bound /
+balanced:
 
 - python_bound, from the loop thread's stack samples (hook/profiler.py): most of them in the user's own Python
   code (a tokeniser in the loop, tensors built from lists) while the accelerator or torch's work does not pace the
@@ -235,10 +236,11 @@ STORAGE_READ = 1e6
 def nothing_ran(s: Signals) -> bool:
     """No steps or requests, and neither the job's CPU nor its GPUs in use: the first idle rule, and what a run's
     record does not count as active time, whatever its window's verdict (runs/recorder.py)."""
-    # a torch job that never initialised CUDA runs on the CPU, whatever GPUs the node has
-    gpu_util = s.gpu_util if s.gpus > 0 and not s.torch_cpu_only else None
-    active = s.steps_per_s > 0 or s.requests_per_s > 0 or (s.requests_in_flight or 0.0) > 0
-    return not active and s.process_cpu_cores < IDLE_CORES and (gpu_util is None or gpu_util < IDLE_GPU)
+    return _nothing_ran(facts(s))
+
+
+def _nothing_ran(f: Facts) -> bool:
+    return not f.active and f.s.process_cpu_cores < IDLE_CORES and (f.gpu_util is None or f.gpu_util < IDLE_GPU)
 
 
 def classify(s: Signals) -> Verdict:
@@ -403,25 +405,28 @@ class Rule:
     reason: Callable[[Facts], str]
 
 
-def _memory_short(s: Signals) -> bool:
+def _host_memory_short(s: Signals) -> bool:
     # no memory available at all is the most pressure there is, not a missing measurement: tested for None
-    host_short = s.host_mem_available_ratio is not None and s.host_mem_available_ratio < HOST_MEMORY
-    return (s.gpu_mem_ratio or 0) > GPU_MEMORY or s.alloc_retries > 0 or host_short
+    return s.host_mem_available_ratio is not None and s.host_mem_available_ratio < HOST_MEMORY
+
+
+def _memory_short(s: Signals) -> bool:
+    return (s.gpu_mem_ratio or 0) > GPU_MEMORY or s.alloc_retries > 0 or _host_memory_short(s)
 
 
 def _memory_said(s: Signals) -> str:
-    host_short = s.host_mem_available_ratio is not None and s.host_mem_available_ratio < HOST_MEMORY
     said = [f"GPU memory at {s.gpu_mem_ratio:.0%} of its capacity (above 95%)"
             if (s.gpu_mem_ratio or 0) > GPU_MEMORY else "",
             units.count(s.alloc_retries, "allocator retry" if s.alloc_retries == 1 else "allocator retries")
             if s.alloc_retries > 0 else "",
-            f"host memory available {s.host_mem_available_ratio:.0%} (below 5%)" if host_short else ""]
+            f"host memory available {s.host_mem_available_ratio:.0%} (below 5%)" if _host_memory_short(s) else ""]
     return ", ".join(x for x in said if x)
 
 
 def _requests_held(s: Signals) -> str:
     """A service's requests in flight, none finished in the window."""
-    return f"{s.requests_in_flight or 0.0:.0f} requests in flight and none finished in the window"
+    held = s.requests_in_flight or 0.0
+    return f"{held:.0f} request{'' if round(held) == 1 else 's'} in flight and none finished in the window"
 
 
 def _requests_split(s: Signals) -> str:
@@ -494,9 +499,9 @@ def _python_said(f: Facts) -> str:
     return f"{f.s.share('python') or 0.0:.0%} of the loop thread's samples in the user's Python code{at}"
 
 
-def _gpu_said(f: Facts) -> str:
+def _gpu_said(f: Facts, only: str = "") -> str:
     """The GPU's busy share, of the steps (of the time for a service: its GPU paces no steps)."""
-    return f"{f.gpu_source} {f.gpu_busy or 0.0:.0%} {'of the steps' if f.s.steps_per_s > 0 else 'of the time'}"
+    return f"{f.gpu_source} {only}{f.gpu_busy or 0.0:.0%} {'of the steps' if f.s.steps_per_s > 0 else 'of the time'}"
 
 
 def _ops(s: Signals) -> str:
@@ -511,109 +516,111 @@ def _pool_spins(f: Facts) -> bool:
     return f.ops_decide and f.per_op >= COMPUTE_OP_US and pooled and f.pool < POOL_IDLE * f.main
 
 
-# The verdict rules, in the order they are checked: the first whose condition holds gives the window's verdict
-# (docs/diagnosis.md describes them class by class). The GPU's rules (from compute_bound by the GPU on) end with
-# one that takes every window with a GPU busy share; the CPU's follow, each for a window without one.
-RULES: tuple[Rule, ...] = (
-    Rule("idle", lambda f: nothing_ran(f.s), lambda f: "no steps or requests, no CPU or GPU use"),
-    Rule("throttled",
-         lambda f: f.gpu_util is not None and (f.s.throttle_thermal or f.s.throttle_power)
-         and f.gpu_util > THROTTLED_BUSY,
-         lambda f: f"{'thermal' if f.s.throttle_thermal else 'power'} clock event reasons active on a busy GPU"),
-    Rule("memory_pressure", lambda f: _memory_short(f.s), lambda f: _memory_said(f.s)),
-    Rule("memory_pressure", lambda f: (f.s.container_mem_ratio or 0) > CONTAINER_MEMORY,
-         lambda f: f"the container's working set at {f.s.container_mem_ratio:.0%} of its memory limit: the kernel "
-                   "reclaims and will OOM-kill before the host runs out"),
-    # a service (requests, no steps), by how its requests' time splits; where a GPU decides, the GPU's rules below
-    Rule("waiting",
-         lambda f: f.serving and f.s.request_latency_s is None
-         and (f.s.request_waiting_fraction or 0.0) > WAITING_SHARE,
-         lambda f: f"{_requests_held(f.s)}, the process's threads busy {units.cores(f.s.demand_per_process or 0.0)}"
-                   ": its handlers wait outside the process (a downstream call, the network, a lock, a sleep)"),
-    Rule(NOT_JUDGED, lambda f: f.serving and f.s.request_latency_s is None and f.gpu_busy is None,
-         lambda f: f"{_requests_held(f.s)}: no latency to split"),
-    Rule("waiting",
-         lambda f: f.serving and f.s.request_latency_s is not None
-         and (f.s.request_waiting_fraction or 0.0) > WAITING_SHARE,
-         lambda f: f"handlers wait: {_requests_split(f.s)}; {f.s.request_waiting_fraction or 0.0:.0%} of the "
-                   "requests' time off CPU, outside the process (a downstream call, the network, a lock, a sleep)"),
-    Rule("compute_bound", lambda f: f.serving and f.s.request_latency_s is not None and f.gpu_busy is None,
-         lambda f: f"the requests' time is CPU: {_requests_split(f.s)}, the process's threads busy "
-                   f"{units.cores(f.s.demand_per_process or 0.0)} ({f.s.request_waiting_fraction or 0.0:.0%} of the "
-                   "requests' time outside the process)"),
-    # a training loop
-    Rule("checkpoint_bound",
-         lambda f: f.active and (f.s.checkpoint_fraction or 0.0) >= CHECKPOINT_SHARE
-         and (f.s.checkpoint_fraction or 0.0) >= f.wait,
-         lambda f: f"{f.s.checkpoint_fraction or 0.0:.0%} of the loop's time in checkpoints (torch.save and the like "
-                   f"on the loop's thread), the step's work {f.s.step_fraction or 0.0:.0%}"),
-    Rule("input_bound", lambda f: f.active and f.s.starved is not None and f.gpu_not_pacing, _starved_said),
-    Rule("input_bound", lambda f: f.active and f.wait > INPUT_WAIT and f.gpu_not_pacing, _data_wait_said),
-    Rule("communication_bound", lambda f: f.s.straggler is not None, _straggler_said),
-    Rule("communication_bound", lambda f: (f.s.collective_wait_fraction or 0.0) >= COMM_WAIT,
-         lambda f: f"{f.s.collective_wait_fraction or 0.0:.0%} of the loop blocked in collectives, evenly across "
-                   "ranks (no straggler)"),
-    Rule("memory_bandwidth_bound",
-         lambda f: f.gpu_util is not None and (f.s.dram_activity or 0) >= DRAM_BUSY
-         and (f.s.sm_activity is None or f.s.sm_activity < SM_BUSY),
-         lambda f: "DRAM bandwidth high while SMs are not"),
-    Rule("waiting", _loop_waits_outside, _loop_waiting_said),
-    Rule("python_bound", _python_paces, _python_said),
-    # the GPU's busy share decides
-    Rule("compute_bound", lambda f: f.gpu_busy is not None and f.gpu_busy >= GPU_BUSY, _gpu_said),
-    Rule("host_bound",
-         lambda f: f.gpu_busy is not None and f.active and f.gpu_busy < GPU_IDLE and f.wait < FED,
-         lambda f: f"the GPU waits for the host ({f.gpu_source} only {f.gpu_busy or 0.0:.0%} "
-                   f"{'of the steps' if f.s.steps_per_s > 0 else 'of the time'}): Python, kernel launches or small "
-                   "operations pace the job"),
-    Rule(NOT_JUDGED, lambda f: f.gpu_busy is not None and not f.active,
-         lambda f: f"no steps or requests; {f.gpu_source} {f.gpu_busy or 0.0:.0%} of the time"),
-    Rule("balanced", lambda f: f.gpu_busy is not None,
-         lambda f: f"{_gpu_said(f)}: neither GPU nor host dominates"),
-    # CPU-only: where the job's threads want CPU. The main thread runs Python and takes part in torch's parallel
-    # regions; the intra-op pool only ever does torch's (or BLAS's) work.
-    Rule(NOT_JUDGED, lambda f: not f.active, lambda f: "no steps or requests in this window: no loop to judge"),
-    # a hook too old to say where its CPU goes, or not yet: the process as a whole
-    Rule("compute_bound",
-         lambda f: not f.per_thread and f.wait < FED and f.s.process_cpu_cores >= PROCESS_COMPUTE_CORES,
-         lambda f: f"{f.s.process_cpu_cores:.1f} CPU cores busy with the work"),
-    Rule(NOT_JUDGED, lambda f: not f.per_thread,
-         lambda f: "no per-thread CPU measurements in this window to tell host from compute"),
-    # operations counted: their size decides
-    Rule(NOT_JUDGED, _pool_spins,
-         lambda f: f"{_ops(f.s)}{f.per_op / 1000:.1f} ms of main-thread CPU each, but torch's pool idles "
-                   f"({f.pool:.2f} beside {f.main:.2f}): the CPU per operation is not the math's (spinning at the "
-                   "pool's barriers, on a crowded machine)"),
-    Rule("compute_bound", lambda f: f.ops_decide and f.per_op >= COMPUTE_OP_US,
-         lambda f: f"{_ops(f.s)}{f.per_op / 1000:.1f} ms of main-thread CPU each: the operations' math dominates "
-                   f"(intra-op pool demand {f.pool:.1f})"),
-    Rule("host_bound",
-         lambda f: f.ops_decide and f.per_op <= HOST_OP_US and f.main >= MAIN_SATURATED and f.wait < FED,
-         lambda f: f"the main thread is saturated ({f.main:.0%} demand) with {_ops(f.s)}{f.per_op:.0f} us of CPU "
-                   "each: Python and framework overhead pace the job, the intra-op pool has no real work"),
-    Rule("balanced", lambda f: f.ops_decide,
-         lambda f: f"{_ops(f.s)}{f.per_op:.0f} us of main-thread CPU each: neither framework overhead nor the math "
-                   "dominates"),
-    Rule(NOT_JUDGED, lambda f: f.s.ops_counted and f.s.main_cpu_us_per_op is None and f.main >= OPS_MAIN,
-         lambda f: "operations are counted but none at both ends of this window"),
-    # the pool busy beside a main thread that is itself busy: not a loop at rest whose pool spins after each op
-    Rule("compute_bound",
-         lambda f: f.main >= 0.5 * MAIN_SATURATED and f.pool >= POOL_BUSY * max(f.main, MAIN_SATURATED),
-         lambda f: f"torch's intra-op pool is busy: {f.pool:.1f} threads' worth of demand beside the main thread's "
-                   f"{f.main:.1f}"),
-    Rule("host_bound", lambda f: f.main >= MAIN_SATURATED and f.pool < POOL_IDLE * f.main and f.wait < FED,
-         lambda f: f"the main thread is saturated ({f.main:.0%} demand) while the intra-op pool idles "
-                   f"({f.pool:.2f}): Python and dispatch pace the job"
-                   + (" (torch uses one intra-op thread: its operations run on the main thread too; "
-                      "torch.set_num_threads)" if f.s.intra_op_threads == 1 else "")),
+def verdict_rules() -> tuple[Rule, ...]:
+    """The verdict rules, in the order they are checked: the first whose condition holds gives the window's verdict
+    (docs/diagnosis.md describes them class by class). The GPU's rules (from compute_bound by the GPU on) end with
+    one that takes every window with a GPU busy share; the CPU's follow, each for a window without one. Built per
+    classification (31 small objects, once a window): a table in a function's body is code that mutation testing
+    mutates, where a module-level one would be left out of it."""
+    return (
+        Rule("idle", _nothing_ran, lambda f: "no steps or requests, no CPU or GPU use"),
+        Rule("throttled",
+             lambda f: f.gpu_util is not None and (f.s.throttle_thermal or f.s.throttle_power)
+             and f.gpu_util > THROTTLED_BUSY,
+             lambda f: f"{'thermal' if f.s.throttle_thermal else 'power'} clock event reasons active on a busy GPU"),
+        Rule("memory_pressure", lambda f: _memory_short(f.s), lambda f: _memory_said(f.s)),
+        Rule("memory_pressure", lambda f: (f.s.container_mem_ratio or 0) > CONTAINER_MEMORY,
+             lambda f: f"the container's working set at {f.s.container_mem_ratio:.0%} of its memory limit: the kernel "
+                       "reclaims and will OOM-kill before the host runs out"),
+        # a service (requests, no steps), by how its requests' time splits; where a GPU decides, the GPU's rules below
+        Rule("waiting",
+             lambda f: f.serving and f.s.request_latency_s is None
+             and (f.s.request_waiting_fraction or 0.0) > WAITING_SHARE,
+             lambda f: f"{_requests_held(f.s)}, the process's threads busy {units.cores(f.s.demand_per_process or 0.0)}"
+                       ": its handlers wait outside the process (a downstream call, the network, a lock, a sleep)"),
+        Rule(NOT_JUDGED, lambda f: f.serving and f.s.request_latency_s is None and f.gpu_busy is None,
+             lambda f: f"{_requests_held(f.s)}: no latency to split"),
+        Rule("waiting",
+             lambda f: f.serving and f.s.request_latency_s is not None
+             and (f.s.request_waiting_fraction or 0.0) > WAITING_SHARE,
+             lambda f: f"handlers wait: {_requests_split(f.s)}; {f.s.request_waiting_fraction or 0.0:.0%} of the "
+                       "requests' time off CPU, outside the process (a downstream call, the network, a lock, a sleep)"),
+        Rule("compute_bound", lambda f: f.serving and f.s.request_latency_s is not None and f.gpu_busy is None,
+             lambda f: f"the requests' time is CPU: {_requests_split(f.s)}, the process's threads busy "
+                       f"{units.cores(f.s.demand_per_process or 0.0)} "
+                       f"({f.s.request_waiting_fraction or 0.0:.0%} of the requests' time outside the process)"),
+        # a training loop
+        Rule("checkpoint_bound",
+             lambda f: f.active and (f.s.checkpoint_fraction or 0.0) >= CHECKPOINT_SHARE
+             and (f.s.checkpoint_fraction or 0.0) >= f.wait,
+             lambda f: f"{f.s.checkpoint_fraction or 0.0:.0%} of the loop's time in checkpoints (torch.save and the "
+                       f"like on the loop's thread), the step's work {f.s.step_fraction or 0.0:.0%}"),
+        Rule("input_bound", lambda f: f.active and f.s.starved is not None and f.gpu_not_pacing, _starved_said),
+        Rule("input_bound", lambda f: f.active and f.wait > INPUT_WAIT and f.gpu_not_pacing, _data_wait_said),
+        Rule("communication_bound", lambda f: f.s.straggler is not None, _straggler_said),
+        Rule("communication_bound", lambda f: (f.s.collective_wait_fraction or 0.0) >= COMM_WAIT,
+             lambda f: f"{f.s.collective_wait_fraction or 0.0:.0%} of the loop blocked in collectives, evenly across "
+                       "ranks (no straggler)"),
+        Rule("memory_bandwidth_bound",
+             lambda f: f.gpu_util is not None and (f.s.dram_activity or 0) >= DRAM_BUSY
+             and (f.s.sm_activity is None or f.s.sm_activity < SM_BUSY),
+             lambda f: "DRAM bandwidth high while SMs are not"),
+        Rule("waiting", _loop_waits_outside, _loop_waiting_said),
+        Rule("python_bound", _python_paces, _python_said),
+        # the GPU's busy share decides
+        Rule("compute_bound", lambda f: f.gpu_busy is not None and f.gpu_busy >= GPU_BUSY, _gpu_said),
+        Rule("host_bound",
+             lambda f: f.gpu_busy is not None and f.active and f.gpu_busy < GPU_IDLE and f.wait < FED,
+             lambda f: f"the GPU waits for the host ({_gpu_said(f, 'only ')}): Python, kernel launches or small "
+                       "operations pace the job"),
+        Rule(NOT_JUDGED, lambda f: f.gpu_busy is not None and not f.active,
+             lambda f: f"no steps or requests; {f.gpu_source} {f.gpu_busy or 0.0:.0%} of the time"),
+        Rule("balanced", lambda f: f.gpu_busy is not None,
+             lambda f: f"{_gpu_said(f)}: neither GPU nor host dominates"),
+        # CPU-only: where the job's threads want CPU. The main thread runs Python and takes part in torch's parallel
+        # regions; the intra-op pool only ever does torch's (or BLAS's) work.
+        Rule(NOT_JUDGED, lambda f: not f.active, lambda f: "no steps or requests in this window: no loop to judge"),
+        # a hook too old to say where its CPU goes, or not yet: the process as a whole
+        Rule("compute_bound",
+             lambda f: not f.per_thread and f.wait < FED and f.s.process_cpu_cores >= PROCESS_COMPUTE_CORES,
+             lambda f: f"{f.s.process_cpu_cores:.1f} CPU cores busy with the work"),
+        Rule(NOT_JUDGED, lambda f: not f.per_thread,
+             lambda f: "no per-thread CPU measurements in this window to tell host from compute"),
+        # operations counted: their size decides
+        Rule(NOT_JUDGED, _pool_spins,
+             lambda f: f"{_ops(f.s)}{f.per_op / 1000:.1f} ms of main-thread CPU each, but torch's pool idles "
+                       f"({f.pool:.2f} beside {f.main:.2f}): the CPU per operation is not the math's (spinning at the "
+                       "pool's barriers, on a crowded machine)"),
+        Rule("compute_bound", lambda f: f.ops_decide and f.per_op >= COMPUTE_OP_US,
+             lambda f: f"{_ops(f.s)}{f.per_op / 1000:.1f} ms of main-thread CPU each: the operations' math dominates "
+                       f"(intra-op pool demand {f.pool:.1f})"),
+        Rule("host_bound",
+             lambda f: f.ops_decide and f.per_op <= HOST_OP_US and f.main >= MAIN_SATURATED and f.wait < FED,
+             lambda f: f"the main thread is saturated ({f.main:.0%} demand) with {_ops(f.s)}{f.per_op:.0f} us of CPU "
+                       "each: Python and framework overhead pace the job, the intra-op pool has no real work"),
+        Rule("balanced", lambda f: f.ops_decide,
+             lambda f: f"{_ops(f.s)}{f.per_op:.0f} us of main-thread CPU each: neither framework overhead nor the math "
+                       "dominates"),
+        Rule(NOT_JUDGED, lambda f: f.s.ops_counted and f.s.main_cpu_us_per_op is None and f.main >= OPS_MAIN,
+             lambda f: "operations are counted but none at both ends of this window"),
+        # the pool busy beside a main thread that is itself busy: not a loop at rest whose pool spins after each op
+        Rule("compute_bound",
+             lambda f: f.main >= 0.5 * MAIN_SATURATED and f.pool >= POOL_BUSY * max(f.main, MAIN_SATURATED),
+             lambda f: f"torch's intra-op pool is busy: {f.pool:.1f} threads' worth of demand beside the main thread's "
+                       f"{f.main:.1f}"),
+        Rule("host_bound", lambda f: f.main >= MAIN_SATURATED and f.pool < POOL_IDLE * f.main and f.wait < FED,
+             lambda f: f"the main thread is saturated ({f.main:.0%} demand) while the intra-op pool idles "
+                       f"({f.pool:.2f}): Python and dispatch pace the job"
+                       + (" (torch uses one intra-op thread: its operations run on the main thread too; "
+                          "torch.set_num_threads)" if f.s.intra_op_threads == 1 else "")),
     Rule("balanced", lambda f: True,
          lambda f: f"main thread {f.main:.0%} demand, intra-op pool {f.pool:.2f}: no single bottleneck"),
-)
+    )
 
 
 def _classify(s: Signals) -> Verdict:
     """The verdict of the first rule whose condition holds (the last one always does)."""
     f = facts(s)
     ev = s.evidence()
-    rule = next(r for r in RULES if r.when(f))
+    rule = next(r for r in verdict_rules() if r.when(f))
     return Verdict(rule.verdict, ev, rule.reason(f))
