@@ -122,7 +122,7 @@ def assert_printed_in_human_units(shown: str) -> None:
     lines = [line.strip() for line in compared.splitlines() if line.startswith("  ")]
     assert lines, shown
     for line in lines:
-        assert re.fullmatch(r"[^:]+: A [^:]+, B [^:]+: (no significant difference|B is .+?) \(([+-][\d.]+%|\+∞) "
+        assert re.fullmatch(r"[^:]+: A [^:]+, B [^:]+: (no significant difference|B is .+?) \(([+-]<?[\d.]+%|\+∞) "
                             r"\[[+-][<\d.]+%, ([+-][<\d.]+%|\+∞)\]; [^)]+\)", line), line
     for line in skipped.splitlines():
         assert re.fullmatch(r"  [^:]+: .+", line), line
