@@ -151,8 +151,11 @@ class PrometheusMultiprocCollector(Collector):
             if typ == "summary":
                 self.drop("summary", f"{filename}: summaries carry no quantiles in multiprocess mode; left out")
                 continue
-            if mode.startswith("live") and not alive.setdefault(pid, self._alive(pid)):
-                continue  # a dead worker's live gauge (prometheus_client's mark_process_dead would remove it)
+            if mode.startswith("live"):
+                if pid not in alive:  # asked once a sweep for all of a pid's files
+                    alive[pid] = self._alive(pid)
+                if not alive[pid]:
+                    continue  # a dead worker's live gauge (prometheus_client's mark_process_dead would remove it)
             try:
                 for key, value, stamp in read_file(os.path.join(self._dir, filename)):
                     self._take(merged, typ, mode, pid, key, value, stamp)
@@ -175,7 +178,7 @@ class PrometheusMultiprocCollector(Collector):
                 label_names = tuple(str(n) for n in names_raw)
                 label_values = tuple(str(v) for v in values_raw)
             family, sample = str(family), str(sample)
-        except (ValueError, TypeError, KeyError, AttributeError):
+        except (ValueError, TypeError, LookupError, AttributeError):  # LookupError: a label list indexed by its names
             self.drop("key", f"an entry whose key is not prometheus_client's: {key[:80]!r}")
             return
         if len(label_names) != len(label_values) or not math.isfinite(value):
