@@ -696,3 +696,40 @@ def test_a_nan_entry_past_the_cap_does_not_take_room(tmp_path: Path) -> None:
         entry(key("c", "c_total", {"id": "0"}), math.nan), entry(key("c", "c_total", {"id": "1"}), 1.0)))
     c = Collector(tmp_path, per_metric=1)
     assert c.samples() == {("c_total", (("id", "1"),)): 1.0}
+
+
+def test_a_histogram_at_a_cap_of_one_series_keeps_its_sum_and_every_bucket(workers: Workers) -> None:
+    r = workers.worker(1)
+    h = Histogram("lat", "Latency.", buckets=(0.5, 1.0), registry=r)
+    h.observe(0.25)
+    h.observe(0.75)
+    workers.done()
+    got = Collector(workers.directory, per_metric=1).samples()
+    assert got == {("lat_bucket", (("le", "0.5"),)): 1.0, ("lat_bucket", (("le", "1.0"),)): 2.0,
+                   ("lat_bucket", (("le", "+Inf"),)): 2.0, ("lat_count", ()): 2.0, ("lat_sum", ()): 1.0}
+    assert got == oracle(workers.directory)
+
+
+def test_a_name_written_with_an_escape_is_parsed_not_told_by_its_text(tmp_path: Path) -> None:
+    """`x\\u0063` in a key's JSON is the name xc; a metric literally named x\\u0063 (a backslash in it) at its cap
+    must not take xc's entries with it."""
+    literal = "x\\u0063"
+    (tmp_path / "counter_1.db").write_bytes(file_of(
+        entry(json.dumps([literal, literal + "_total", {"id": "1"}, "h"]), 1.0),
+        entry(json.dumps([literal, literal + "_total", {"id": "2"}, "h"]), 1.0),
+        entry('["x\\u0063", "x\\u0063_total", {"id": "3"}, "h"]', 5.0)))
+    c = Collector(tmp_path, per_metric=1)
+    assert c.samples() == {("xc_total", (("id", "3"),)): 5.0}
+    assert [k for k, _ in c.drops] == [f"cap:{literal}", f"invalid:{literal}"]
+
+
+def test_a_metric_without_help_gets_the_collectors_and_every_definition_names_the_collector(tmp_path: Path) -> None:
+    place(tmp_path / "counter_1.db", [(key("quiet", "quiet_total", help_text=""), 1.0, 0.0),
+                                      (key("said", "said_total", help_text="Said."), 1.0, 0.0)])
+    ctx = CollectorContext(Config(prometheus_multiproc_dir=str(tmp_path)), SweepStats())
+    c = PrometheusMultiprocCollector(ctx)
+    assert c.ctx is ctx
+    fams = {f.defn.name: f.defn for f in c.collect()}
+    assert fams["quiet_total"].help == "A metric of the service's own prometheus_client instrumentation."
+    assert fams["said_total"].help == "Said."
+    assert {d.collector for d in fams.values()} == {"prometheus_multiproc"}

@@ -289,6 +289,7 @@ def test_a_node_agent_asks_for_its_nodes_pods_with_its_token(api: ApiServer, acc
     assert headers["Authorization"] == f"Bearer {TOKEN}", "the token's file less its newline"
     assert headers["Accept"] == "application/json"
     assert headers["Accept-Encoding"] == "identity"
+    assert sorted(headers) == ["Accept", "Accept-Encoding", "Authorization", "Host"], "these and no others"
     assert (asks.asks, asks.failures, asks.errors, asks.last_error_text) == (1, 0, {}, "")
     assert (asks.bad_items, asks.host_network) == (1, 1)
     assert asks.age_s == 0.0
@@ -298,6 +299,8 @@ def test_the_url_path_of_a_proxied_api_server_is_kept(api: ApiServer, account: P
     api.items = [item("a")]
     assert [p.name for p in asker(api, account, url=api.url + "/k8s/cluster-a/").pods()] == ["a"]
     assert urllib.parse.urlsplit(api.requests[0][0]).path == "/k8s/cluster-a/api/v1/pods"
+    asker(api, account, url=api.url + "/k8s/clusterX//").pods()
+    assert urllib.parse.urlsplit(api.requests[1][0]).path == "/k8s/clusterX/api/v1/pods", "only its slashes go"
 
 
 def test_loopback_pods_are_refused_unless_allowed(api: ApiServer, account: Path) -> None:
@@ -503,6 +506,15 @@ def test_headers_that_trickle_past_the_deadline_are_a_timeout(api: ApiServer, ac
     assert asks.last_error_text == f"{api.url} (pods of node {NODE}): no complete answer within 0.3 s"
 
 
+def test_a_status_line_that_trickles_past_the_deadline_is_a_timeout(api: ApiServer, account: Path) -> None:
+    api.answer = lambda h: _trickle(h, b"HTTP/1.1" + b" " * 200, 0.02)  # cut short, the line is no status line
+    asks = asker(api, account, timeout_s=0.3)
+    with pytest.raises(DiscoveryError):
+        asks.pods()
+    assert asks.errors == {"timeout": 1}
+    assert asks.last_error_text == f"{api.url} (pods of node {NODE}): no complete answer within 0.3 s"
+
+
 def test_a_server_that_closes_without_answering_is_unavailable(api: ApiServer, account: Path) -> None:
     api.answer = lambda h: None  # the handler returns: the connection closes with no response
     asks = asker(api, account)
@@ -586,6 +598,13 @@ def test_a_token_never_goes_over_plain_http_beyond_loopback(account: Path, url: 
     assert asks.last_error_text == f"{url}: a bearer token goes over https, or plain http to loopback only"
 
 
+def test_https_to_any_host_may_carry_the_token(account: Path) -> None:
+    asks = NodePods("https://kubernetes.default.svc", NODE, str(account), 5, 30, clock=Clock())
+    with pytest.raises(DiscoveryError):
+        asks.pods()
+    assert asks.errors == {"ca": 1}, "past the token's checks, to the CA (which this account lacks)"
+
+
 @pytest.mark.parametrize("host", ["localhost", "127.0.0.1", "127.9.9.9", "[::1]"])
 def test_plain_http_to_loopback_carries_the_token(account: Path, host: str) -> None:
     asks = NodePods(f"http://{host}:1", NODE, str(account), 5, 30, clock=Clock())
@@ -666,3 +685,31 @@ def test_the_field_selector_is_url_encoded(api: ApiServer, account: Path) -> Non
     asks.pods()
     query = urllib.parse.parse_qs(urllib.parse.urlsplit(api.requests[0][0]).query)
     assert query == {"fieldSelector": ["spec.nodeName=node a&b=c"], "resourceVersion": ["0"]}
+
+
+def test_every_bad_item_is_counted() -> None:
+    listed = PodList(pod_list("junk", item("a"), None, _shaped(lambda it: it["status"].update(podIP="x"))), NODE)
+    assert ([p.name for p in listed.pods], listed.bad) == (["a"], 3)
+
+
+def test_metadata_that_is_no_object_is_bad_whatever_the_phase() -> None:
+    pending = _shaped(lambda it: it.update(metadata=["shop", "bad"]))
+    pending["status"]["phase"] = "Pending"
+    assert running_pods(pod_list(pending), NODE) == ([], 1)
+
+
+@pytest.mark.parametrize("scheme", ["http", "https"])
+def test_a_connect_that_never_completes_ends_at_the_timeout(tmp_path: Path, account: Path, scheme: str) -> None:
+    """A listener whose backlog is full: the kernel drops the SYNs, and only the socket's own timeout ends the
+    connect (the deadline's shutdown reaches a socket once it is connected)."""
+    cert, _ = self_signed(tmp_path / "tls")
+    (account / "ca.crt").write_bytes(cert.read_bytes())
+    with socket.socket() as listener, socket.socket() as filler:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(0)
+        port = listener.getsockname()[1]
+        filler.connect(("127.0.0.1", port))  # the one connection a backlog of 0 queues: the next one waits
+        asks = NodePods(f"{scheme}://127.0.0.1:{port}", NODE, str(account), 0.3, 30, clock=Clock())
+        with pytest.raises(DiscoveryError):
+            asks.pods()
+    assert set(asks.errors) <= {"timeout", "unavailable"} and asks.failures == 1

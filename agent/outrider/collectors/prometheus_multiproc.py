@@ -165,7 +165,9 @@ class PrometheusMultiprocCollector(Collector):
 
     def _take(self, merged: _Merged, typ: str, mode: str, pid: int, key: str, value: float, stamp: float) -> None:
         """One entry into the merge: a series the caps leave no room for is dropped here, never held."""
-        if merged.past_caps(key, self.drop):
+        # a histogram's series is several entries (its sum and each bucket, each a key of its own): parsed, so that a
+        # series held keeps every one of them
+        if typ != "histogram" and merged.past_caps(key, self.drop):
             return
         try:
             parsed = json.loads(key)
@@ -238,7 +240,9 @@ class _Merged:
     without parsing its key: a file of 300,000 label values of one metric costs a read and a set lookup per entry
     (a sweep of it took 3 s parsing every key). A series kept from one file is found again in the next by the same
     key text, as prometheus_client writes it (sorted labels); one written otherwise (an older client's layout in one
-    file and a newer one's in another) is left out of a metric at its cap."""
+    file and a newer one's in another) is left out of a metric at its cap. Histograms' entries are always parsed: one
+    series is its sum and each of its buckets, keys of their own, and the series that reached the cap (its sum first,
+    as prometheus_client writes it) would lose its buckets."""
 
     def __init__(self, per_metric: int) -> None:
         self.per_metric = per_metric
