@@ -720,3 +720,70 @@ def test_a_target_is_its_pods_ip_port_path_and_identity() -> None:
     assert (t.ip, t.port, t.path, t.identity, t.who, t.url) == (
         "fd00::7", 8080, "/m", ("batch", "train-0", "main"), "batch/train-0", "http://[fd00::7]:8080/m")
     assert Target(pod, 7000, "/metrics").identity == ("batch", "train-0", "")
+
+
+def test_the_first_pods_help_a_default_help_and_the_collectors_name(api: ApiServer, pages: Pages,
+                                                                    make: Callable[..., Made]) -> None:
+    api.items = [annotated("a", "127.0.0.2", pages.serve("127.0.0.2", "# HELP g First.\n# TYPE g gauge\ng 1\n")),
+                 annotated("b", "127.0.0.3", pages.serve("127.0.0.3", "# HELP g Second.\n# TYPE g gauge\ng 2\n")),
+                 annotated("c", "127.0.0.4", pages.serve("127.0.0.4", "# TYPE quiet gauge\nquiet 3\n"))]
+    fams = {f.defn.name: f.defn for f in make().collect()}
+    assert fams["g"].help == "First."
+    assert fams["quiet"].help == "A metric of a pod's own /metrics endpoint."
+    assert {d.collector for d in fams.values()} == {"annotated_pods"}
+
+
+def test_a_malformed_line_is_said_with_its_pods_url(api: ApiServer, pages: Pages, make: Callable[..., Made]) -> None:
+    port = pages.serve("127.0.0.2", "# TYPE g gauge\ng 1\ng{ 2\n")
+    api.items = [annotated("a", "127.0.0.2", port, path="/m")]
+    m = make()
+    assert len(m.collect()) == 1
+    ((key, why),) = m.drops
+    assert key == "line" and why.startswith(f"http://127.0.0.2:{port}/m: 1 malformed lines left out (line 3: ")
+
+
+def test_a_pod_skipped_by_its_back_off_is_logged_at_debug(api: ApiServer, pages: Pages, make: Callable[..., Made],
+                                                          caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    caplog.set_level(logging.DEBUG, logger="outrider.collectors.annotated_pods")
+    api.items = [annotated("bad", "127.0.0.2", pages.serve("127.0.0.2", "", status=500))]
+    m = make()
+    for _ in range(3):
+        m.collect()
+    said = [r.getMessage() for r in caplog.records if r.levelno == logging.DEBUG]
+    assert said == ["annotated_pods: shop/bad failed 2 sweeps in a row; not tried this sweep"]
+
+
+def test_the_scrape_threads_are_named(api: ApiServer, pages: Pages, make: Callable[..., Made]) -> None:
+    api.items = [annotated("a", "127.0.0.2", pages.serve("127.0.0.2", gauge_page("g", 1)))]
+    m = make()
+    m.collect()
+    assert m.c._pool is not None and m.c._pool._thread_name_prefix == "outrider-scrape"
+    assert m.c._pool._max_workers == MAX_PARALLEL
+
+
+def test_close_during_a_sweep_keeps_the_page_that_came_and_asks_no_other(
+        api: ApiServer, pages: Pages, make: Callable[..., Made], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(annotated_pods, "MAX_PARALLEL", 1)
+    made: list[Made] = []
+    body = gauge_page("g", 1).encode()
+
+    def closing(h: http.server.BaseHTTPRequestHandler) -> None:
+        made[0].c.close()  # while this pod's scrape waits for its page, the others still queued
+        h.send_response(200)
+        h.send_header("Content-Length", str(len(body)))
+        h.end_headers()
+        h.wfile.write(body)
+
+    a = pages.serve("127.0.0.2", answer=closing)
+    other = pages.serve("127.0.0.3", gauge_page("g", 2))
+    api.items = [annotated("a", "127.0.0.2", a), annotated("b", "127.0.0.3", other),
+                 annotated("c", "127.0.0.3", other)]
+    made.append(make(collector_timeout_s=0.5))
+    m = made[0]
+    (fam,) = m.collect()
+    assert fam.samples == [(("shop", "a", ""), 1.0)]
+    assert pages.hits == ["127.0.0.2/metrics"], "the pods still queued are never asked"
+    assert sorted(m.keys()) == ["unscraped:shop/b", "unscraped:shop/c"] and m.c._failing == {}
+    assert m.c._pool is None
