@@ -787,3 +787,20 @@ def test_close_during_a_sweep_keeps_the_page_that_came_and_asks_no_other(
     assert pages.hits == ["127.0.0.2/metrics"], "the pods still queued are never asked"
     assert sorted(m.keys()) == ["unscraped:shop/b", "unscraped:shop/c"] and m.c._failing == {}
     assert m.c._pool is None
+
+
+def test_renamed_labels_never_take_one_name_twice(api: ApiServer, make: Callable[..., Made]) -> None:
+    m = make(k8s_owner_pod_label="pod", k8s_owner_namespace_label="exported_pod")
+    assert m.c._renamed(("pod", "exported_pod")) == ("exported_exported_pod", "exported_exported_exported_pod")
+
+
+def test_a_pod_whose_type_clashes_costs_itself_not_the_pods_after_it(api: ApiServer, pages: Pages,
+                                                                     make: Callable[..., Made]) -> None:
+    counter, gauge = "# TYPE x counter\nx_total 1\n", "# TYPE x gauge\nx 2\n"
+    api.items = [annotated("p0", "127.0.0.2", pages.serve("127.0.0.2", counter)),
+                 annotated("p1", "127.0.0.3", pages.serve("127.0.0.3", gauge)),
+                 annotated("p2", "127.0.0.4", pages.serve("127.0.0.4", counter))]
+    m = make()
+    (fam,) = m.collect()
+    assert [labels[-2] for labels, _ in fam.samples] == ["p0", "p2"]
+    assert m.keys() == ["kind:x"]
