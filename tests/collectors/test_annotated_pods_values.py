@@ -340,6 +340,12 @@ def test_a_failed_ask_bad_items_and_host_network_pods_are_said_once_per_ask(
     clock.now += 20
     assert len(m.collect()) == 1, "the kept list"
     assert m.drops == [("discovery", f"{api.url} (pods of node {NODE}): HTTP 503; the list of 30 s ago is kept")]
+    api.status = 200
+    api.items = [annotated("a", "127.0.0.2", port), "junk", annotated("proxy", "127.0.0.5", port, host_network=True)]
+    m.drops.clear()
+    clock.now += 30
+    assert len(m.collect()) == 1
+    assert [why.split(" ", 1)[0] for _, why in m.drops] == ["1", "1"], "this ask's own, not all asks' together"
 
 
 def test_pods_without_the_port_annotation_or_with_port_0_are_not_scraped(
@@ -452,12 +458,12 @@ def test_a_share_spent_at_a_family_boundary_leaves_the_next_family_out_whole(
 
 def test_the_share_is_at_least_one_series(api: ApiServer, pages: Pages, make: Callable[..., Made],
                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(annotated_pods, "MAX_SERIES", 1)
-    api.items = [annotated(f"p{i}", "127.0.0.2", pages.serve("127.0.0.2", wide(2, name)), namespace=f"n{i}")
-                 for i, name in enumerate("ab")]
+    monkeypatch.setattr(annotated_pods, "MAX_SERIES", 2)
+    api.items = [annotated(f"p{i}", "127.0.0.2", pages.serve("127.0.0.2", wide(3, name)), namespace=f"n{i}")
+                 for i, name in enumerate("abc")]
     m = make()
     fams = {f.defn.name: len(f.samples) for f in m.collect()}
-    assert fams == {"a_total": 1, "b_total": 1}, "one each (1 // 2 is 0)"
+    assert fams == {"a_total": 1, "b_total": 1, "c_total": 1}, "one each (2 // 3 is 0)"
 
 
 def test_a_cap_equal_to_the_share_left_is_said_as_the_per_metric_cap(
@@ -759,8 +765,11 @@ def test_the_scrape_threads_are_named(api: ApiServer, pages: Pages, make: Callab
     api.items = [annotated("a", "127.0.0.2", pages.serve("127.0.0.2", gauge_page("g", 1)))]
     m = make()
     m.collect()
-    assert m.c._pool is not None and m.c._pool._thread_name_prefix == "outrider-scrape"
-    assert m.c._pool._max_workers == MAX_PARALLEL
+    pool = m.c._pool
+    assert pool is not None and pool._thread_name_prefix == "outrider-scrape"
+    assert pool._max_workers == MAX_PARALLEL
+    m.collect()
+    assert m.c._pool is pool, "one pool for every sweep"
 
 
 def test_close_during_a_sweep_keeps_the_page_that_came_and_asks_no_other(
@@ -804,3 +813,21 @@ def test_a_pod_whose_type_clashes_costs_itself_not_the_pods_after_it(api: ApiSer
     (fam,) = m.collect()
     assert [labels[-2] for labels, _ in fam.samples] == ["p0", "p2"]
     assert m.keys() == ["kind:x"]
+
+
+def test_a_gauge_named_like_another_pods_gauge_plus_total_is_its_own_family(api: ApiServer, pages: Pages,
+                                                                          make: Callable[..., Made]) -> None:
+    api.items = [annotated("p0", "127.0.0.2", pages.serve("127.0.0.2", gauge_page("y", 1))),
+                 annotated("p1", "127.0.0.3", pages.serve("127.0.0.3", gauge_page("y_total", 2)))]
+    m = make()
+    assert {f.defn.name: [labels[-2] for labels, _ in f.samples] for f in m.collect()} == {"y": ["p0"],
+                                                                                           "y_total": ["p1"]}
+    assert m.drops == []
+
+
+def test_a_name_the_agent_owns_is_refused(api: ApiServer, pages: Pages, make: Callable[..., Made]) -> None:
+    api.items = [annotated("p0", "127.0.0.2", pages.serve("127.0.0.2", gauge_page("outrider_up", 1)
+                                                            + gauge_page("mine", 2)))]
+    m = make()
+    assert [f.defn.name for f in m.collect()] == ["mine"]
+    assert m.keys() == ["reserved:outrider_up"]
