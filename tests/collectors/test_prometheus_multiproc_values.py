@@ -468,7 +468,8 @@ def test_an_empty_file_of_prometheus_clients_has_no_entries(tmp_path: Path) -> N
     ((17).to_bytes(4, "little") + b"\0" * 12, "used size 17 outside the file's 16 bytes"),
     ((-1).to_bytes(4, "little", signed=True) + b"\0" * 12, "used size -1 outside the file's 16 bytes"),
     ((11).to_bytes(4, "little") + b"\0" * 12, "an entry's length runs past the used size"),
-    (file_of(b"\0\0\0\0" + b"\0" * 20), "an entry runs past the used size"),
+    (file_of(b"\0\0\0\0" + b"\0" * 20), "an entry runs past the used size"),  # a key of 0 bytes
+    (file_of(b"\0\0\0\0" + b"\0" * 28), "an entry runs past the used size"),
     (file_of((-8).to_bytes(4, "little", signed=True) + b"\0" * 20), "an entry runs past the used size"),
     (file_of(entry("k", 1.0))[:-1] + b"\0", "an entry runs past the used size"),
 ])
@@ -488,6 +489,28 @@ def test_the_used_size_bounds_the_entries_whatever_follows() -> None:
     assert list(read_entries(exact)) == [("k", 1.0, 0.0)], "the last entry ending at the used size and the file's"
     with pytest.raises(ValueError, match="an entry's length runs past the used size"):
         list(read_entries(file_of(entry("k", 1.0), b"\x05\0\0", tail=b"\0" * 40)))
+    for tail in (b"", b"\0" * 40):  # the used size ends with a whole length: the entry it starts runs past it
+        with pytest.raises(ValueError) as e:
+            list(read_entries(file_of(entry("k", 1.0), b"\x05\0\0\0", tail=tail)))
+        assert str(e.value) == "an entry runs past the used size"
+
+
+def test_a_window_is_read_again_only_when_an_entry_runs_past_it(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(prometheus_multiproc, "READ_CHUNK", 64)
+    first, second = "a" * 40, "b" * 40  # 4 + 40 + 4 bytes of padding + 16: the first entry's value ends at 72
+    path = tmp_path / "counter_1.db"
+    path.write_bytes(file_of(entry(first, 1.0), entry(second, 2.0)))
+    reads: list[tuple[int, int]] = []
+    pread = os.pread
+
+    def counted(fd: int, n: int, at: int) -> bytes:
+        reads.append((at, n))
+        return pread(fd, n, at)
+
+    monkeypatch.setattr(os, "pread", counted)
+    assert list(read_file(str(path))) == [(first, 1.0, 0.0), (second, 2.0, 0.0)]
+    assert reads == [(0, 8), (8, 64), (72, 64)], "the window [8, 72) holds the first entry to its last byte"
 
 
 def test_a_key_at_its_bound_is_read_and_one_past_it_refused() -> None:
@@ -733,3 +756,16 @@ def test_a_metric_without_help_gets_the_collectors_and_every_definition_names_th
     assert fams["quiet_total"].help == "A metric of the service's own prometheus_client instrumentation."
     assert fams["said_total"].help == "Said."
     assert {d.collector for d in fams.values()} == {"prometheus_multiproc"}
+
+
+def test_a_metric_named_nothing_is_told_by_its_own_name(tmp_path: Path) -> None:
+    """The key of a metric named "" starts `[""`: its name is the empty text between those quotes, never the text
+    up to the next quote (a metric `", ` at its cap must not take its entries)."""
+    odd = '", '
+    (tmp_path / "counter_1.db").write_bytes(file_of(
+        entry(json.dumps([odd, odd + "_total", {"id": "1"}, "h"]), 1.0),
+        entry(json.dumps([odd, odd + "_total", {"id": "2"}, "h"]), 1.0),
+        entry(json.dumps(["", "_total", {}, "h"]), 3.0)))
+    c = Collector(tmp_path, per_metric=1)
+    assert {name: samples for name, samples in c.families().items() if samples} == {"_total": [((), 3.0)]}
+    assert [k for k, _ in c.drops] == [f"cap:{odd}", f"invalid:{odd}"]
