@@ -471,11 +471,9 @@ def test_an_empty_file_of_prometheus_clients_has_no_entries(tmp_path: Path) -> N
     (file_of(b"\0\0\0\0" + b"\0" * 20), "an entry runs past the used size"),  # a key of 0 bytes
     (file_of(b"\0\0\0\0" + b"\0" * 28), "an entry runs past the used size"),
     (file_of((-8).to_bytes(4, "little", signed=True) + b"\0" * 20), "an entry runs past the used size"),
-    (file_of(entry("k", 1.0))[:-1] + b"\0", "an entry runs past the used size"),
+    (file_of(entry("k", 1.0), used=31, tail=b"\0"), "an entry runs past the used size"),  # one byte short of its end
 ])
 def test_a_malformed_file_is_refused_at_its_first_bad_entry(data: bytes, why: str) -> None:
-    if data[:4] == file_of(entry("k", 1.0))[:4]:
-        data = (len(data) - 1).to_bytes(4, "little") + data[4:]  # its used size one short of the entry's end
     with pytest.raises(ValueError) as e:
         list(read_entries(data))
     assert str(e.value) == why
@@ -493,6 +491,13 @@ def test_the_used_size_bounds_the_entries_whatever_follows() -> None:
         with pytest.raises(ValueError) as e:
             list(read_entries(file_of(entry("k", 1.0), b"\x05\0\0\0", tail=tail)))
         assert str(e.value) == "an entry runs past the used size"
+
+
+def test_a_key_of_0_bytes_is_refused_even_where_its_value_fits() -> None:
+    data = file_of(b"\0\0\0\0" + b"\0" * 4 + struct.pack("<dd", 1.0, 0.0))  # its length, padding, its value
+    with pytest.raises(ValueError) as e:
+        list(read_entries(data))
+    assert str(e.value) == "an entry runs past the used size"
 
 
 def test_a_window_is_read_again_only_when_an_entry_runs_past_it(tmp_path: Path,
