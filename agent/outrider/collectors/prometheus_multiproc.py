@@ -151,8 +151,11 @@ class PrometheusMultiprocCollector(Collector):
             if typ == "summary":
                 self.drop("summary", f"{filename}: summaries carry no quantiles in multiprocess mode; left out")
                 continue
-            if mode.startswith("live") and not alive.setdefault(pid, self._alive(pid)):
-                continue  # a dead worker's live gauge (prometheus_client's mark_process_dead would remove it)
+            if mode.startswith("live"):
+                if pid not in alive:  # asked once a sweep for all of a pid's files
+                    alive[pid] = self._alive(pid)
+                if not alive[pid]:
+                    continue  # a dead worker's live gauge (prometheus_client's mark_process_dead would remove it)
             try:
                 for key, value, stamp in read_file(os.path.join(self._dir, filename)):
                     self._take(merged, typ, mode, pid, key, value, stamp)
@@ -162,7 +165,9 @@ class PrometheusMultiprocCollector(Collector):
 
     def _take(self, merged: _Merged, typ: str, mode: str, pid: int, key: str, value: float, stamp: float) -> None:
         """One entry into the merge: a series the caps leave no room for is dropped here, never held."""
-        if merged.past_caps(key, self.drop):
+        # a histogram's series is several entries (its sum and each bucket, each a key of its own): parsed, so that a
+        # series held keeps every one of them
+        if typ != "histogram" and merged.past_caps(key, self.drop):
             return
         try:
             parsed = json.loads(key)
@@ -175,7 +180,7 @@ class PrometheusMultiprocCollector(Collector):
                 label_names = tuple(str(n) for n in names_raw)
                 label_values = tuple(str(v) for v in values_raw)
             family, sample = str(family), str(sample)
-        except (ValueError, TypeError, KeyError, AttributeError):
+        except (ValueError, TypeError, LookupError, AttributeError):  # LookupError: a label list indexed by its names
             self.drop("key", f"an entry whose key is not prometheus_client's: {key[:80]!r}")
             return
         if len(label_names) != len(label_values) or not math.isfinite(value):
@@ -235,7 +240,9 @@ class _Merged:
     without parsing its key: a file of 300,000 label values of one metric costs a read and a set lookup per entry
     (a sweep of it took 3 s parsing every key). A series kept from one file is found again in the next by the same
     key text, as prometheus_client writes it (sorted labels); one written otherwise (an older client's layout in one
-    file and a newer one's in another) is left out of a metric at its cap."""
+    file and a newer one's in another) is left out of a metric at its cap. Histograms' entries are always parsed: one
+    series is its sum and each of its buckets, keys of their own, and the series that reached the cap (its sum first,
+    as prometheus_client writes it) would lose its buckets."""
 
     def __init__(self, per_metric: int) -> None:
         self.per_metric = per_metric
