@@ -104,6 +104,12 @@ def test_what_keeps_the_agent_is_the_publishers_and_the_starting_process_itself(
     assert watch._live(HOOKED) == 2 and watch._live([]) == 0, "its pid reused by another process"
 
 
+def test_a_workload_that_is_its_containers_pid_1_is_watched_too(tmp_path: Path) -> None:
+    proc = proc_with(tmp_path, 1)
+    watch = standalone.workload_watch(Config(proc_root=str(proc), interval_s=1.0), 1)
+    assert watch._live([]) == 1
+
+
 def test_a_starting_process_gone_before_the_agent_looked_or_none_counts_for_nothing(tmp_path: Path) -> None:
     proc = proc_with(tmp_path, 0)  # no process has pid 0: never looked at
     config = Config(proc_root=str(proc), interval_s=1.0)

@@ -19,6 +19,7 @@ import stat
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -292,9 +293,13 @@ def test_a_lock_a_stranger_planted_is_replaced_and_said_and_a_trusted_ones_is_us
 
 # --- how the agent is started ---------------------------------------------------------------------------------
 
-def started_beside_an_inheritable_fd_3(sp: str) -> Election:
-    """An election's first look, made while descriptor 3 is open and inheritable (the first a careless start would
-    pass on)."""
+def started_in_a_busy_process(sp: str, tmp_path: Path) -> Election:
+    """An election's first look, made while this process's stdin is a file of its own (a workload's terminal or
+    pipe) and descriptor 3 is open and inheritable (the first a careless start would pass on)."""
+    stdin = os.dup(0)
+    own = os.open(tmp_path / "workload-stdin", os.O_RDWR | os.O_CREAT, 0o600)
+    os.dup2(own, 0)
+    os.close(own)
     opened = False
     try:
         was = os.get_inheritable(3)
@@ -313,6 +318,8 @@ def started_beside_an_inheritable_fd_3(sp: str) -> Election:
             os.close(3)
         else:
             os.set_inheritable(3, was)
+        os.dup2(stdin, 0)
+        os.close(stdin)
     return e
 
 
@@ -331,7 +338,7 @@ def test_the_agent_is_started_in_a_session_of_its_own_with_only_stderr_of_the_wo
     out = tmp_path / "report.json"
     reports_to(monkeypatch, out, argv0="not-an-executable")  # started by its executable, not its argv[0]
     monkeypatch.setenv("OUTRIDER_MARKER", "kept")
-    e = started_beside_an_inheritable_fd_3(sp)
+    e = started_in_a_busy_process(sp, tmp_path)
     report = report_of(out)
     settled(e)
     check_started_like_popen(report, os.O_RDWR, os.O_RDWR)  # subprocess.DEVNULL is opened read-write
@@ -345,7 +352,7 @@ def test_where_a_green_library_patched_subprocess_or_os_the_agent_is_posix_spawn
     reports_to(monkeypatch, out)
     monkeypatch.setenv("OUTRIDER_MARKER", "kept")
     monkeypatch.setattr(native, "patched", lambda module: module == green)
-    e = started_beside_an_inheritable_fd_3(sp)
+    e = started_in_a_busy_process(sp, tmp_path)
     assert isinstance(e._child, election.SpawnedAgent)
     report = report_of(out)
     settled(e)
@@ -375,7 +382,89 @@ def test_a_spawned_agent_killed_reads_as_its_signal_and_one_reaped_by_another_as
     assert reaped.poll() == 0 and reaped.returncode == 0
 
 
+@pytest.mark.parametrize("green", [None, "os"])
+def test_the_agent_is_started_with_the_real_command_for_this_spool_address_and_workload(
+        sp: str, tmp_path: Path, clock: Clock, monkeypatch: pytest.MonkeyPatch, green: str | None) -> None:
+    """The command as the election makes it, run by a stand-in interpreter (a script named python3) that writes
+    down its arguments."""
+    out = tmp_path / "argv"
+    exe = tmp_path / "python3"
+    exe.write_text(f'#!/bin/sh\nprintf "%s\\n" "$0" "$@" > {out}.tmp && mv {out}.tmp {out}\n')
+    exe.chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(exe))
+    monkeypatch.setattr(native, "patched", lambda module: module == green)
+    e = Election(sp, "127.0.0.1:0", True, frozenset())
+    e.maybe_start_agent()
+    argv = report_lines(out)
+    settled(e)
+    assert argv == [str(exe), "-m", "outrider", "standalone", "--workload-pid", str(os.getpid()), "--detach",
+                    "--spool-dir", sp, "--listen", "127.0.0.1:0"]
+    assert e.started == 1 and e._retry_s == ELECTION_RETRY_S
+    clock.now = e._next_try
+    e = Election(sp, "", False, frozenset())  # the default spool (its path is the agent's default too)
+    Path(sp).chmod(0o700)
+    out.unlink()
+    e.maybe_start_agent()
+    argv = report_lines(out)
+    settled(e)
+    assert argv == [str(exe), "-m", "outrider", "standalone", "--workload-pid", str(os.getpid()), "--detach"]
+
+
+def report_lines(out: Path) -> list[str]:
+    deadline = time.monotonic() + 60
+    while not out.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return out.read_text().splitlines()
+
+
 # --- the election, turn by turn -------------------------------------------------------------------------------
+
+def test_the_first_look_is_at_once_whatever_the_clock_reads(
+        sp: str, clock: Clock, monkeypatch: pytest.MonkeyPatch) -> None:
+    exits_with(monkeypatch, 0)
+    clock.now = 0.0  # CLOCK_MONOTONIC counts from boot
+    e = Election(sp, "", True, frozenset())
+    e.maybe_start_agent()
+    assert e.started == 1
+    settled(e)
+
+
+@needs_root
+@pytest.mark.parametrize("name", [spool.LOCK_NAME, election.SPAWN_LOCK_NAME])
+def test_a_planted_lock_replaced_during_a_look_is_said_once(
+        sp: str, clock: Clock, monkeypatch: pytest.MonkeyPatch, warnings: list[str], name: str) -> None:
+    exits_with(monkeypatch, 0)
+    plant(sp, name)
+    e = Election(sp, "", True, frozenset())
+    e.maybe_start_agent()
+    settled(e)
+    assert e.started == 1
+    assert warnings == [f"outrider: {os.path.join(sp, name)} was owned by uid {STRANGER}, which is not trusted, and "
+                        "no process held it (planted by another user?): replaced with one of this user's"]
+    clock.now = e._next_try
+    plant(sp, name)
+    e.maybe_start_agent()
+    settled(e)
+    assert e.started == 2 and len(warnings) == 1, "said once per lock"
+
+
+@needs_root
+def test_an_agent_lock_planted_while_the_spawn_lock_was_taken_is_said_too(
+        sp: str, clock: Clock, monkeypatch: pytest.MonkeyPatch, warnings: list[str]) -> None:
+    exits_with(monkeypatch, 0)
+    take = election.try_spawn_lock
+
+    def and_plant(*args: Any) -> int | None:
+        fd = take(*args)
+        plant(sp, spool.LOCK_NAME)  # between the two looks at agent.lock
+        return fd
+
+    monkeypatch.setattr(election, "try_spawn_lock", and_plant)
+    e = Election(sp, "", True, frozenset())
+    e.maybe_start_agent()
+    settled(e)
+    assert e.started == 1 and len(warnings) == 1 and f"{spool.LOCK_NAME} was owned by uid {STRANGER}" in warnings[0]
+
 
 def test_nothing_is_looked_at_before_the_next_try_and_each_look_is_spread_over_a_fifth_more(
         sp: str, clock: Clock, monkeypatch: pytest.MonkeyPatch) -> None:
