@@ -150,13 +150,47 @@ def test_the_trees_of_pids_count_their_live_processes(tmp_path: Path) -> None:
     _proc(tmp_path, 31, 30)
     _proc(tmp_path, 32, 30, state="Z")
     _proc(tmp_path, 33, 31, state="X")
+    _proc(tmp_path, 34, 31)
     _proc(tmp_path, 40, 1)  # not in the trees
     live = live_processes(str(tmp_path), (30,))
-    assert live([]) == 2
-    assert live([Family("outrider_hook_processes").add(1.0, "running")]) == 3
+    assert live([]) == 3
+    assert live([Family("outrider_hook_processes").add(1.0, "running")]) == 4
     (tmp_path / "31" / "stat").write_text("garbage")  # exited between the listing and the reading
-    assert live([]) == 1
+    assert live([]) == 2, "the others are still counted"
     assert live_processes(str(tmp_path), ())([]) == 0, "no pids: only the hook's count"
+
+
+def test_attach_watches_the_trees_of_the_configured_pids(tmp_path: Path) -> None:
+    proc = tmp_path / "proc"
+    _proc(proc, 1, 0)
+    _proc(proc, 30, 1)
+    _proc(proc, 31, 30)
+    config = Config(spool_dir=str(tmp_path), collectors=("hook",), rule_files=(), exit_when_workload_exits=True,
+                    pids=(30,), proc_root=str(proc))
+    sampler = Sampler(config)
+    try:
+        w = attach(sampler, config)
+        assert w is not None and w._live([]) == 2
+    finally:
+        sampler.stop()
+
+
+def test_the_evidence_of_a_run_is_read_from_the_sweeps_families() -> None:
+    w = WorkloadWatch(lambda families: 0, grace_s=5.0, clock=Clock(), ran=ran_and_exited)
+    w.on_sweep([Family("outrider_hook_retired_series").add(0.0)])
+    assert not w.seen
+    w.on_sweep([Family("outrider_hook_retired_series").add(2.0)])
+    assert w.seen
+
+
+def test_pod_peers_in_any_dead_state_are_not_counted(tmp_path: Path) -> None:
+    _proc(tmp_path, 1, 0)
+    _proc(tmp_path, 7, 0)
+    _proc(tmp_path, 8, 7, state="X")
+    _proc(tmp_path, 9, 7, state="Z")
+    _proc(tmp_path, 20, 0)
+    peers = PodPeers.around(str(tmp_path), pid=20)
+    assert peers is not None and peers.alive() == 1
 
 
 def test_pod_peers_follow_a_parent_chain_of_64_and_no_longer(tmp_path: Path) -> None:
