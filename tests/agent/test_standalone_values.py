@@ -155,6 +155,20 @@ def test_the_priority_is_lowered_to_nice_19_then_sched_idle_and_each_refusal_lea
     assert calls[2] == ("nice", (os.PRIO_PROCESS, 0, 19)) and len(calls) == 3
 
 
+def test_a_platform_without_setpriority_or_refusing_sched_idle_leaves_the_rest(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[str] = []
+
+    def sched_setscheduler(*args: Any) -> None:
+        calls.append("sched")
+        raise PermissionError("SCHED_IDLE refused")
+
+    monkeypatch.delattr(os, "setpriority")
+    monkeypatch.setattr(os, "sched_setscheduler", sched_setscheduler)
+    standalone.lower_priority()
+    assert calls == ["sched"]
+
+
 @pytest.mark.parametrize(("limits", "cap", "set_to"), [
     ((1024, 4096), None, (4096, 4096)),
     ((1024, resource.RLIM_INFINITY), None, (1 << 20, resource.RLIM_INFINITY)),
@@ -185,9 +199,11 @@ def test_the_soft_descriptor_limit_is_raised_to_the_hard_one_capped(
     assert made == ([] if set_to is None else [(resource.RLIMIT_NOFILE, set_to)])
 
 
-def test_a_descriptor_limit_that_cannot_be_read_or_raised_is_left(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("error", [ValueError("not permitted"), PermissionError("refused")])
+def test_a_descriptor_limit_that_cannot_be_read_or_raised_is_left(monkeypatch: pytest.MonkeyPatch,
+                                                                  error: Exception) -> None:
     def refused(*args: Any) -> Any:
-        raise ValueError("not permitted")
+        raise error
 
     monkeypatch.setattr(resource, "getrlimit", lambda which: (1024, 4096))
     monkeypatch.setattr(resource, "setrlimit", refused)
@@ -444,6 +460,14 @@ def test_detached_first_when_asked_and_the_log_level_set_is_kept(run: Run, tmp_p
     assert code == 0
     assert run.calls == ["lower_priority", "raise_descriptors", "logging error", "detach", "release_stderr"]
     assert run.agents[0][1]["roots"] == ()
+
+
+def test_a_workload_that_is_pid_1_is_the_agents_root(run: Run, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A container's first process; here a fixture /proc where it is already gone, so the agent ends at once."""
+    (tmp_path / "proc").mkdir()
+    monkeypatch.setenv("OUTRIDER_PROC_ROOT", str(tmp_path / "proc"))
+    assert run(1, str(tmp_path / "spool"), "127.0.0.1:0")[0] == 0
+    assert run.agents[0][1]["roots"] == (1,)
 
 
 def test_only_the_default_address_falls_back_to_a_free_port(run: Run, tmp_path: Path,
