@@ -9,8 +9,10 @@ outcome happen on demand), a real spool and its real locks. The exit: standalone
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -53,6 +55,22 @@ def exits_with(monkeypatch: pytest.MonkeyPatch, status: int) -> None:
     """The command the election starts: a process that exits with `status`, as the agent would."""
     monkeypatch.setattr(election, "agent_command", lambda *a, **k: [sys.executable, "-c",
                                                                     f"import sys; sys.exit({status})"])
+
+
+@contextlib.contextmanager
+def never_settling(sp: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Election, subprocess.Popen[bytes]]]:
+    """An election that started a process which neither settles nor exits (killed at the end)."""
+    monkeypatch.setattr(election, "agent_command", lambda *a, **k: [sys.executable, "-c",
+                                                                    "import time; time.sleep(600)"])
+    e = Election(sp, "", True, frozenset())
+    e.maybe_start_agent()
+    child = e._child
+    assert isinstance(child, subprocess.Popen)
+    try:
+        yield e, child
+    finally:
+        child.kill()
+        child.wait()
 
 
 def settled(e: Election) -> None:
@@ -163,13 +181,7 @@ def test_an_embedding_executable_starts_nothing_and_says_so_once(
 
 def test_a_start_that_never_settles_is_let_go_after_a_minute_and_backs_off(
         sp: str, clock: Clock, monkeypatch: pytest.MonkeyPatch, warnings: list[str]) -> None:
-    monkeypatch.setattr(election, "agent_command", lambda *a, **k: [sys.executable, "-c",
-                                                                    "import time; time.sleep(600)"])
-    e = Election(sp, "", True, frozenset())
-    e.maybe_start_agent()
-    child = e._child
-    assert child is not None
-    try:
+    with never_settling(sp, monkeypatch) as (e, child):
         clock.now += election.SPAWN_TIMEOUT_S - 1
         e.maybe_start_agent()
         assert e._child is child and e._spawn_fd is not None, "still starting: spawn.lock still held"
@@ -177,9 +189,6 @@ def test_a_start_that_never_settles_is_let_go_after_a_minute_and_backs_off(
         e.maybe_start_agent()
         assert e._child is None and e._spawn_fd is None and e._retry_s == 2 * ELECTION_RETRY_S
         assert len(warnings) == 1 and "has not settled" in warnings[0]
-    finally:
-        child.kill()
-        child.wait()
 
 
 def test_no_room_for_its_threads_starts_nothing_and_says_why_once(
