@@ -359,6 +359,9 @@ def test_labels_from_attributes_and_the_service(receiver: OtlpReceiverCollector)
 
 
 def test_a_non_finite_value_leaves_the_last_one(receiver: OtlpReceiverCollector) -> None:
+    push(receiver, gauge("nan", number(math.nan)), gauge("inf", number(2.0, i="a"), number(-math.inf, i="b")))
+    assert "nan" not in families(receiver), "no value was sent: none is served (it was served as 0)"
+    assert values(receiver, "inf") == {("a", "shop"): 2.0}
     push(receiver, gauge("g", number(2.0)))
     push(receiver, gauge("g", number(math.nan)), summed("c", number(math.inf), temporality=DELTA))
     push(receiver, summed("c", number(4), temporality=DELTA))

@@ -345,6 +345,11 @@ class OtlpReceiverCollector(Collector):
             self.drop(f"reserved:{name}", f"{name}: a name the agent owns; left out")
             return
         for point in points:
+            v = 0.0
+            if kind != "histogram":
+                v = point.as_double if point.WhichOneof("value") == "as_double" else float(point.as_int)
+                if not math.isfinite(v):  # before its series is made: one first sent as NaN was served as 0
+                    continue
             attrs = {label_name(kv.key): _value(kv.value) for kv in point.attributes}
             if service:
                 attrs.setdefault("service_name", service)
@@ -369,9 +374,6 @@ class OtlpReceiverCollector(Collector):
             elif kind == "histogram":
                 self._histogram(s, point, temporality, name)
             else:
-                v = point.as_double if point.WhichOneof("value") == "as_double" else float(point.as_int)
-                if not math.isfinite(v):
-                    continue
                 s.value = s.value + v if (kind == "counter" and temporality == DELTA) else v
 
     def _histogram(self, s: _Series, point: Any, temporality: int, name: str) -> None:
