@@ -10,6 +10,7 @@ import gzip
 import logging
 import math
 import time
+import tracemalloc
 import types
 from collections.abc import Iterator
 from typing import Any
@@ -275,12 +276,22 @@ def test_the_receiver_listens_where_told_loopback_by_default(caplog: pytest.LogC
     r = OtlpReceiverCollector(CollectorContext(Config(otlp_receiver_listen=":0")))
     try:
         assert r.address is not None and r.address[0] == "127.0.0.1" and r.address[1] > 0
-        assert f"OTLP/HTTP receiver for the application's metrics on http://127.0.0.1:{r.address[1]}/v1/metrics" \
-            in logged(caplog)
+        assert [m.getMessage() for m in caplog.records] == [
+            f"OTLP/HTTP receiver for the application's metrics on http://127.0.0.1:{r.address[1]}/v1/metrics"]
     finally:
         r.close()
     assert address_of(r) is None and r.collect() == []
     r.close()
+
+
+def test_an_ipv6_address_in_brackets() -> None:
+    r = OtlpReceiverCollector(CollectorContext(Config(otlp_receiver_listen="[::1]:0")))
+    try:
+        assert r.address is not None and r.address[0] == "::1"
+        push(r, gauge("g", number(1.0)))
+        assert values(r, "g") == {("shop",): 1.0}
+    finally:
+        r.close()
 
 
 def test_answers_and_results(receiver: OtlpReceiverCollector, caplog: pytest.LogCaptureFixture) -> None:
@@ -343,7 +354,8 @@ def test_each_kind_and_temporality(receiver: OtlpReceiverCollector) -> None:
     got = families(receiver)
     assert dict(got["queue_depth"].samples) == {("/a", "shop"): 3.0, ("/b", "shop"): 4.5}
     assert got["queue_depth"].defn.type == "gauge" and got["queue_depth"].defn.label_names == ("route", "service_name")
-    assert got["queue_depth"].defn.help == "the queue"
+    assert got["queue_depth"].defn.help == "the queue" and got["queue_depth"].defn.collector == "otlp_receiver"
+    assert got["orders_total"].defn.help == "A metric of the application's own OpenTelemetry instrumentation."
     assert dict(got["orders_total"].samples) == {("card", "shop"): 3.0}, "cumulative: the last total"
     assert got["orders_total"].defn.type == "counter"
     assert dict(got["pool_usage"].samples) == {("shop",): 1.5} and got["pool_usage"].defn.type == "gauge"
@@ -359,7 +371,7 @@ def test_labels_from_attributes_and_the_service(receiver: OtlpReceiverCollector)
 
 
 def test_a_non_finite_value_leaves_the_last_one(receiver: OtlpReceiverCollector) -> None:
-    push(receiver, gauge("nan", number(math.nan)), gauge("inf", number(2.0, i="a"), number(-math.inf, i="b")))
+    push(receiver, gauge("nan", number(math.nan)), gauge("inf", number(-math.inf, i="b"), number(2.0, i="a")))
     assert "nan" not in families(receiver), "no value was sent: none is served (it was served as 0)"
     assert values(receiver, "inf") == {("a", "shop"): 2.0}
     push(receiver, gauge("g", number(2.0)))
@@ -403,8 +415,8 @@ def test_the_series_caps_at_their_edges(caplog: pytest.LogCaptureFixture) -> Non
         assert values(r, "g") == {(str(i), "shop"): float(i) for i in range(3)}
         assert r.errors == 1 and "dropped reading cap:g: g: past the series cap (3 per metric, 2000 in all)" \
             in logged(caplog)
-        push(r, gauge("g", number(9.0, i="0")))
-        assert values(r, "g")[("0", "shop")] == 9.0 and r.errors == 1, "a series kept is updated"
+        push(r, gauge("g", number(8.0, i="5"), number(9.0, i="0")))
+        assert values(r, "g")[("0", "shop")] == 9.0 and r.errors == 2, "a series kept is updated after one refused"
     finally:
         r.close()
     r = capped(MAX_SERIES + 10)
@@ -454,6 +466,25 @@ def test_exponential_histograms_as_the_sketch_or_classic(receiver: OtlpReceiverC
     assert "dropped reading exponential:bad_seconds: bad_seconds: an exponential histogram point with scale 30, " \
         "outside -10 to 20; left out" in logged(caplog)
     assert not families(receiver)["bad_seconds"].samples
+
+
+def test_a_series_whose_point_was_refused_leaves_its_siblings_the_sketch(receiver: OtlpReceiverCollector) -> None:
+    push(receiver, exponential("kept", point(5, 0, [1, 2], total=2.0, route="/a"),
+                               point(5, 0, [1], count=5, route="/b")))
+    assert values(receiver, "kept_seconds") == {("/a", "shop"): HistogramValue((), (3,), 2.0,
+                                                                               Sketch.of(0, {0: 1, 1: 2}))}
+
+
+def test_a_gzip_bomb_is_inflated_only_to_the_cap(receiver: OtlpReceiverCollector) -> None:
+    """64 MiB of zeros in 64 KiB: read to MAX_BODY_BYTES + 1 and refused, never inflated whole."""
+    bomb = gzip.compress(bytes(64 << 20), compresslevel=1)
+    tracemalloc.start()
+    try:
+        assert post(receiver, bomb, **{"content-encoding": "gzip"}).status == 413
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 3 * MAX_BODY_BYTES, f"{peak} bytes held at once"
 
 
 def test_exponential_deltas_merge_and_cumulatives_replace(receiver: OtlpReceiverCollector) -> None:

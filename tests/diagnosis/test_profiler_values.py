@@ -612,3 +612,94 @@ def test_counts_and_the_frame_table_at_its_bound() -> None:
 def test_this_file_is_the_users() -> None:
     """The stacks above are told apart by their files: this test's own must read as the user's."""
     assert file_kind(__file__) == "user" and Path(__file__).name == "test_profiler_values.py"
+
+
+# --- descriptors and clocks at their edges --------------------------------------------------------------------------
+
+def test_descriptor_0_is_a_file_like_any_other(blocked: threading.Thread) -> None:
+    """A process whose stdin is closed (a daemon's): the schedstat files it opens take descriptor 0, and are read
+    and closed as any other."""
+    saved = os.dup(0)
+    try:
+        os.close(0)
+        native = blocked.native_id or 0
+        p = profiler_of(Workload(), tid=native)
+        p._loop_ident()
+        assert p._sched_fd == 0 and p._clock is None
+        run, wait = schedstat(native)[:2]
+        assert p._loop_demand() == (run + wait) / 1e9
+        p._close_sched()
+        assert p._sched_fd == -1
+        with pytest.raises(OSError):
+            os.fstat(0)
+        tid = threading.get_native_id()
+        before = schedstat(tid)[1]
+        got = p._own_delay_ns()
+        assert p._delay_fd == 0 and before <= got <= schedstat(tid)[1]
+        p._close_delay()
+        assert p._delay_fd == -1
+        with pytest.raises(OSError):
+            os.fstat(0)
+    finally:
+        os.dup2(saved, 0)
+        os.close(saved)
+
+
+def test_descriptors_closed_under_it_are_let_go_quietly(blocked: threading.Thread) -> None:
+    """A library that closes every descriptor (daemonising, or before an exec): the profiler's own close of them
+    fails, and must not raise."""
+    p = profiler_of(Workload(), tid=blocked.native_id or 0)
+    p._loop_ident()
+    p._own_delay_ns()
+    os.close(p._sched_fd)
+    os.close(p._delay_fd)
+    p._close_sched()
+    p._close_delay()
+    assert p._sched_fd == -1 and p._delay_fd == -1
+
+
+def test_a_process_out_of_descriptors_samples_without_them(blocked: threading.Thread) -> None:
+    """No descriptor left (RLIMIT_NOFILE reached): no schedstat; the loop thread's CPU clock instead, no wait for a
+    CPU (0), and nothing raised."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    lowest = os.open(os.devnull, os.O_RDONLY)
+    os.close(lowest)
+    p = profiler_of(Workload(), tid=blocked.native_id or 0)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (lowest, hard))
+    try:
+        assert p._own_delay_ns() == 0 and p._delay_fd == -1
+        assert p._loop_ident() == blocked.ident and p._sched_fd == -1 and p._clock is not None
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert p._loop_demand() == time.clock_gettime(p._clock)
+
+
+def test_where_the_cpu_clock_cannot_be_had_the_demand_is_unknown(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A platform without pthread_getcpuclockid, and no schedstat for the loop thread: its demand is unknown (-1),
+    and the GIL alone decides."""
+    clock = types.SimpleNamespace(**{n: getattr(time, n) for n in dir(time)
+                                     if not n.startswith("_") and n != "pthread_getcpuclockid"})
+    monkeypatch.setattr(profiler, "time", clock)
+    p = profiler_of(Workload(), tid=2**22 + 12_345)  # no such thread: no schedstat
+    assert p._loop_ident() == threading.main_thread().ident
+    assert p._sched_fd == -1 and p._clock is None and p._demand == -1.0 and p._loop_demand() == -1.0
+
+
+def test_the_wait_for_a_cpu_is_in_nanoseconds(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(profiler, "_RUSAGE_THREAD", None)
+    p = profiler_of(Workload())
+    now = p._own_delay_ns()
+    # two seconds of it since the mark: a wake-up 2 s + GIL_WAIT_S late, less a nanosecond, is not the GIL's
+    assert p.after_wait((None, now - 2 * 10**9), GIL_WAIT_S + 2.0 - 1e-9) is False
+
+
+def test_a_frame_without_line_numbers_is_shown_at_line_0() -> None:
+    """Code compiled without a line table (generated code): its frames have no line number."""
+    def where() -> types.FrameType:
+        return sys._getframe()
+
+    bare = types.FunctionType(where.__code__.replace(co_linetable=b""), globals())
+    frame = bare()
+    assert frame.f_lineno is None
+    p = profiler_of(Workload())
+    assert p.classify(frame, held=True, on_cpu=None)[1] == "diagnosis/test_profiler_values.py:0 where"

@@ -251,7 +251,8 @@ class OtlpReceiverCollector(Collector):
 
     def _start(self, listen: str) -> None:
         host, _, port = listen.rpartition(":")
-        self._server = HttpServer(host.strip("[]") or "127.0.0.1", int(port), self._serve, limits=RECEIVER_LIMITS)
+        host = host[1:-1] if host.startswith("[") else host  # an IPv6 address, [::1] (config.parse_listen's forms)
+        self._server = HttpServer(host or "127.0.0.1", int(port), self._serve, limits=RECEIVER_LIMITS)
         self._server.start()
         self.log.info("OTLP/HTTP receiver for the application's metrics on http://%s:%d/v1/metrics",
                       *self._server.address)
