@@ -155,6 +155,15 @@ def test_a_unit_with_a_brace_on_either_side_is_an_annotation() -> None:
     assert prometheus_name("x", "req/{s", "gauge") == "x_req"
 
 
+def test_a_unit_of_several_words_is_joined_as_the_name_is() -> None:
+    assert prometheus_name("x", "foo bar", "gauge") == "x_foo_bar"
+    assert prometheus_name("x", "By/foo bar", "gauge") == "x_bytes_per_foo_bar"
+
+
+def test_a_sum_is_a_counter_only_when_said_monotonic() -> None:
+    assert prometheus_name("queue.depth", "", "sum") == "queue_depth"
+
+
 def test_label_names() -> None:
     assert label_name("http.route") == "http_route" and label_name("a-b c") == "a_b_c"
     assert label_name("") == "_" and label_name("1") == "_1" and label_name("9lives") == "_9lives"
