@@ -7,6 +7,8 @@ change to any rule fails the rows it touches."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from outrider.collectors.otlp_receiver import PER_UNITS, UNITS, prometheus_name
@@ -98,8 +100,15 @@ COLLECTOR_UNITS = {
 COLLECTOR_PER_UNITS = {"s": "second", "m": "minute", "h": "hour", "d": "day", "w": "week", "mo": "month", "y": "year"}
 
 
+def _id_word(text: str) -> str:
+    """A test id's part: letters, digits and dots only. A node id with brackets, `::` or spaces in its parameters
+    cannot be named back to pytest (mutmut runs each mutant's tests by node id)."""
+    return re.sub(r"[^A-Za-z0-9.]+", "_", text.strip()).strip("_")
+
+
 @pytest.mark.parametrize(("name", "unit", "kind", "expected"), COLLECTOR_EXAMPLES,
-                         ids=[f"{n.strip()}[{u.strip()}]{k[0]}" for n, u, k, _ in COLLECTOR_EXAMPLES])
+                         ids=[f"{i:02d}-{_id_word(n)}-{_id_word(u)}-{k[0]}"
+                              for i, (n, u, k, _) in enumerate(COLLECTOR_EXAMPLES)])
 def test_each_documented_example_is_named_as_the_collector_names_it(
         name: str, unit: str, kind: tuple[str, bool], expected: str) -> None:
     assert prometheus_name(name, unit, *kind) == expected

@@ -251,7 +251,8 @@ class OtlpReceiverCollector(Collector):
 
     def _start(self, listen: str) -> None:
         host, _, port = listen.rpartition(":")
-        self._server = HttpServer(host.strip("[]") or "127.0.0.1", int(port), self._serve, limits=RECEIVER_LIMITS)
+        host = host[1:-1] if host.startswith("[") else host  # an IPv6 address, [::1] (config.parse_listen's forms)
+        self._server = HttpServer(host or "127.0.0.1", int(port), self._serve, limits=RECEIVER_LIMITS)
         self._server.start()
         self.log.info("OTLP/HTTP receiver for the application's metrics on http://%s:%d/v1/metrics",
                       *self._server.address)
@@ -345,6 +346,11 @@ class OtlpReceiverCollector(Collector):
             self.drop(f"reserved:{name}", f"{name}: a name the agent owns; left out")
             return
         for point in points:
+            v = 0.0
+            if kind != "histogram":
+                v = point.as_double if point.WhichOneof("value") == "as_double" else float(point.as_int)
+                if not math.isfinite(v):  # before its series is made: one first sent as NaN was served as 0
+                    continue
             attrs = {label_name(kv.key): _value(kv.value) for kv in point.attributes}
             if service:
                 attrs.setdefault("service_name", service)
@@ -369,9 +375,6 @@ class OtlpReceiverCollector(Collector):
             elif kind == "histogram":
                 self._histogram(s, point, temporality, name)
             else:
-                v = point.as_double if point.WhichOneof("value") == "as_double" else float(point.as_int)
-                if not math.isfinite(v):
-                    continue
                 s.value = s.value + v if (kind == "counter" and temporality == DELTA) else v
 
     def _histogram(self, s: _Series, point: Any, temporality: int, name: str) -> None:
