@@ -711,3 +711,33 @@ def test_a_forked_child_holds_nothing_of_the_parents_start_and_spreads_its_first
         os.close(fd)
         e.after_fork_in_child()  # its copy already gone
         assert e._spawn_fd is None
+
+
+def test_a_relative_spool_is_the_workloads_working_directory_at_start_for_the_shards_and_the_agent(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the standalone agent is started in / (its own session, no hold on the workload's directory): a relative
+    # --spool-dir would be read from /, an empty directory the workload never writes, and the shards themselves
+    # would follow the workload's later chdir
+    from outrider.hook.runtime import Hook
+    from outrider.hook.settings import HookSettings
+    monkeypatch.chdir(tmp_path)
+    hook = Hook(HookSettings(spool_dir="spool", standalone=False))
+    try:
+        assert hook.spool_dir == str(tmp_path / "spool")
+        assert hook.election.spool_dir == str(tmp_path / "spool")
+        assert election.agent_command(hook.election.spool_dir, True, "", 42)[-2:] == ["--spool-dir",
+                                                                                    str(tmp_path / "spool")]
+    finally:
+        hook.close(wait_s=0.0)
+
+
+def test_a_relative_spool_with_no_working_directory_left_is_kept_as_given(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from outrider.hook.runtime import absolute_dir
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    monkeypatch.chdir(gone)
+    gone.rmdir()
+    assert absolute_dir("spool") == "spool"  # os.getcwd() raises FileNotFoundError: the hook must not
+    assert absolute_dir("/abs/spool") == "/abs/spool"
+    assert absolute_dir("") == ""

@@ -179,6 +179,19 @@ def in_dataloader_worker() -> bool:
     return worker is not None and getattr(worker, "_worker_info", None) is not None
 
 
+def absolute_dir(path: str) -> str:
+    """A relative spool directory taken against the workload's working directory at the hook's start. The shards
+    must stay where they began whatever the workload's later chdir, and the standalone agent, started in /, must be
+    told the same place (a relative --spool-dir would be read from /). Kept as given where there is no working
+    directory left to resolve it against (a removed one): the hook never raises."""
+    if not path or os.path.isabs(path):
+        return path
+    try:
+        return os.path.abspath(path)
+    except OSError:
+        return path
+
+
 class Hook:
     """One per process (renewed in a forked child). Thread-safe registration; lock-free recording."""
 
@@ -188,7 +201,7 @@ class Hook:
         self.settings = s = settings or HookSettings()
         self.identity = identity or Identity(training_job=s.training_job)
         explicit = bool(s.spool_dir)
-        self.spool_dir = s.spool_dir or spool.default_dir()
+        self.spool_dir = absolute_dir(s.spool_dir) or spool.default_dir()
         trusted = frozenset(s.spool_trusted_uids)
         self.registry = Registry(s.hook_max_series_per_metric, max_series)
         # Recording: the series for a kind, name and labels (created on first use), typed by kind as the registry's
