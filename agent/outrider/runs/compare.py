@@ -98,6 +98,12 @@ class Comparison:
         return self.significant and self.low < 1.0 + NOISE and self.high > 1.0 / (1.0 + NOISE)
 
     @property
+    def up(self) -> bool:
+        """Significant, and B's the higher: the interval lies above no change (the way it says, whatever the point
+        estimate: a bootstrap's ratio of exactly 1 may have an interval all above it)."""
+        return self.low > 1.0
+
+    @property
     def verdict(self) -> str:
         """same (no significant difference), noise (significant, perhaps within NOISE), better, worse, or higher /
         lower (a number that does not judge)."""
@@ -106,8 +112,8 @@ class Comparison:
         if self.within_noise:
             return "noise"
         if self.kind.better:
-            return "better" if (self.ratio > 1.0) == (self.kind.better == "higher") else "worse"
-        return "higher" if self.ratio > 1.0 else "lower"
+            return "better" if self.up == (self.kind.better == "higher") else "worse"
+        return "higher" if self.up else "lower"
 
     def sentence(self) -> str:
         k = self.kind
@@ -120,10 +126,10 @@ class Comparison:
         if math.isinf(self.ratio):  # none in A
             return f"{head}: B is higher{judged}, at least {units.number(self.low)}x{noise} {tail}"
         if k.kind == "seconds" and k.better == "lower":
-            word, by = ("faster", 1.0 - self.ratio) if self.ratio < 1.0 else ("slower", self.ratio - 1.0)
+            word = "slower" if self.up else "faster"
         else:
-            word, by = ("higher" if self.ratio > 1.0 else "lower") + judged, abs(self.ratio - 1.0)
-        return f"{head}: B is {units.percent(by)} {word}{noise} {tail}"
+            word = ("higher" if self.up else "lower") + judged
+        return f"{head}: B is {units.percent(abs(self.ratio - 1.0))} {word}{noise} {tail}"
 
 
 @dataclass(frozen=True)
