@@ -128,7 +128,9 @@ class SpawnedAgent:
     """The agent's process started with posix_spawn, where a green-thread library patched subprocess or os: gevent's
     Popen waits in its hub (its child watchers work on the main thread's loop only) and breaks the standard
     library's Popen it leaves behind. The same start as Popen's: a new session, stdin and stdout on /dev/null,
-    stderr the workload's, no other descriptor, the root directory as its working directory."""
+    stderr the workload's, no other descriptor. One difference: Python's posix_spawn has no change of directory,
+    so this agent keeps the workload's working directory (Popen's starts in /); the spool path it is given is
+    absolute either way (hook.runtime.absolute_dir)."""
 
     def __init__(self, exe: str, command: list[str]) -> None:
         actions: list[tuple[Any, ...]] = [(os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
@@ -139,7 +141,7 @@ class SpawnedAgent:
                 if fd > 2 and os.get_inheritable(fd):
                     actions.append((os.POSIX_SPAWN_CLOSE, fd))
         env = agent_environment()
-        # cwd "/": the interpreter path is absolute, and -m outrider finds the package on PYTHONPATH
+        # the interpreter path is absolute, and -m outrider finds the package on PYTHONPATH
         spawn = native.original("os", "posix_spawn")  # gevent wraps it in a child watcher of its loop
         self.pid = spawn(exe, command, env, file_actions=actions, setsid=True)
         self.returncode: int | None = None
