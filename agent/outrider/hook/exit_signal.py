@@ -34,7 +34,6 @@ from typing import Any
 FLUSH_TIMEOUT_S = 2.0
 WATCH_GRACE_S = FLUSH_TIMEOUT_S + 1.0
 
-_handler: Callable[[int, Any], None] | None = None
 _hook_getter: Callable[[], Any] = lambda: None  # noqa: E731 - replaced by install()
 _wakeup_fd = -1  # the write end of the hook's pipe while it is the process's signal wakeup descriptor
 _sigterm_at: float | None = None  # when the hook's thread read SIGTERM from the pipe (monotonic), until handled
@@ -42,12 +41,11 @@ _sigterm_at: float | None = None  # when the hook's thread read SIGTERM from the
 
 def install(hook_getter: Callable[[], Any]) -> bool:
     """The handler; False where the hook must not take SIGTERM (see the module docstring)."""
-    global _handler, _hook_getter
+    global _hook_getter
     try:  # signal.signal refuses (ValueError) on any thread but the main one, green threads' libraries or not
         if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL or os.getpid() == 1:
             return False
         _hook_getter = hook_getter
-        _handler = _on_sigterm
         signal.signal(signal.SIGTERM, _on_sigterm)
     except (ValueError, OSError, AttributeError):
         return False
