@@ -267,6 +267,16 @@ def test_the_watch_waits_out_its_grace_then_closes_the_hook_and_dies_of_sigterm_
     assert in_child(body) == (-signal.SIGTERM, [f"due {10.0 + GRACE}", "close"])
 
 
+def test_the_watch_kills_though_the_hooks_close_fails() -> None:
+    def body(report: int) -> None:
+        exit_signal.install(lambda: Hook(report, fail=True))
+        exit_signal.on_wakeup(bytes([signal.SIGTERM]), 10.0)
+        on_another_thread(lambda: exit_signal.check(10.0 + GRACE))
+        os.write(report, b"alive\n")
+
+    assert in_child(body) == (-signal.SIGTERM, ["close"])
+
+
 def test_the_watch_kills_without_a_hook_too() -> None:
     def body(report: int) -> None:
         exit_signal.install(lambda: None)
@@ -355,6 +365,17 @@ def test_the_handler_without_a_hook_dies_of_sigterm() -> None:
     assert in_child(body) == (-signal.SIGTERM, [])
 
 
+def test_the_handler_called_on_another_thread_reaches_the_hook_without_raising() -> None:
+    """A framework that forwards the signal from a thread of its own calls the handler it found there, where
+    signal.signal refuses to restore the default."""
+    def body(report: int) -> None:
+        exit_signal.install(lambda: Hook(report, defer=True))
+        on_another_thread(lambda: exit_signal._on_sigterm(signal.SIGTERM, None))
+        os.write(report, b"returned\n")
+
+    assert in_child(body) == (0, [f"defer_exit_signal {signal.SIGTERM}", "returned"])
+
+
 def test_a_sigterm_inside_the_hooks_flush_is_deferred_with_the_default_restored_and_the_watch_stood_down() -> None:
     def body(report: int) -> None:
         exit_signal.install(lambda: Hook(report, defer=True))
@@ -422,3 +443,77 @@ def test_a_child_forked_from_another_thread_keeps_dev_null_in_place(pipe: tuple[
     assert on_another_thread(lambda: exit_signal.after_fork_in_child(w)) is False
     assert exit_signal._wakeup_fd == -1
     assert os.write(w, b"x") == 1 and os.read(r, 10) == b""
+
+
+def test_a_pipe_on_descriptor_0_is_the_hooks_too() -> None:
+    """A workload started with stdin closed gets descriptor 0 for a pipe end."""
+    def body(report: int) -> None:
+        _, w = os.pipe()
+        os.dup2(w, 0)
+        os.set_blocking(0, False)
+        exit_signal.install(lambda: None)
+        assert exit_signal.take_wakeup_fd(0)
+        os.write(report, f"{exit_signal.after_fork_in_child(0)} {wakeup_fd()}\n".encode())
+
+    assert in_child(body) == (0, ["True -1"])
+
+
+def test_a_child_out_of_descriptors_still_frees_the_wakeup_descriptor() -> None:
+    def body(report: int) -> None:
+        import resource
+
+        _, w = os.pipe()
+        os.set_blocking(w, False)
+        exit_signal.install(lambda: None)
+        assert exit_signal.take_wakeup_fd(w)
+        highest = max(int(fd) for fd in os.listdir("/proc/self/fd"))
+        resource.setrlimit(resource.RLIMIT_NOFILE, (highest + 1, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+        while True:  # every descriptor below the limit taken: /dev/null cannot be opened
+            try:
+                os.dup(w)
+            except OSError:
+                break
+        os.write(report, f"{exit_signal.after_fork_in_child(w)} {wakeup_fd()}\n".encode())
+
+    assert in_child(body) == (0, ["True -1"])
+
+
+def spoil(fd: int, how: str) -> None:
+    """Someone else's wakeup descriptor, closed or made blocking since they set it: set_wakeup_fd refuses it back
+    (OSError, ValueError)."""
+    if how == "closed":
+        os.close(fd)
+    else:
+        os.set_blocking(fd, True)
+
+
+def nonblocking_pipe() -> int:
+    _, w = os.pipe()
+    os.set_blocking(w, False)
+    return w
+
+
+@pytest.mark.parametrize("how", ["closed", "blocking"])
+def test_a_forked_child_lets_go_of_a_wakeup_descriptor_it_cannot_put_back(how: str) -> None:
+    def body(report: int) -> None:
+        w, theirs = nonblocking_pipe(), nonblocking_pipe()
+        exit_signal.install(lambda: None)
+        assert exit_signal.take_wakeup_fd(w)
+        signal.set_wakeup_fd(theirs)
+        spoil(theirs, how)
+        os.write(report, f"{exit_signal.after_fork_in_child(w)} {wakeup_fd()}\n".encode())
+
+    assert in_child(body) == (0, ["False -1"])
+
+
+@pytest.mark.parametrize("how", ["closed", "blocking"])
+def test_a_wakeup_descriptor_that_cannot_be_given_back_is_the_hooks(how: str) -> None:
+    def body(report: int) -> None:
+        w, theirs = nonblocking_pipe(), nonblocking_pipe()
+        exit_signal.install(lambda: None)
+        signal.set_wakeup_fd(theirs)
+        spoil(theirs, how)
+        taken = exit_signal.take_wakeup_fd(w)
+        os.write(report, f"{taken} {wakeup_fd() == w} {exit_signal._wakeup_fd == w}\n".encode())
+
+    assert in_child(body) == (0, ["True True True"])

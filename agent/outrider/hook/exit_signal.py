@@ -70,9 +70,11 @@ def take_wakeup_fd(write_fd: int) -> bool:
     except (ValueError, OSError):
         return False
     if previous not in (-1, write_fd):  # someone else's (asyncio's): theirs stays
-        with contextlib.suppress(ValueError, OSError):
+        try:
             signal.set_wakeup_fd(previous)
-        return False
+            return False
+        except (ValueError, OSError):
+            pass  # theirs closed or made blocking since: ours stays, known as ours (a fork then lets go of it)
     _wakeup_fd = write_fd
     return True
 
@@ -98,16 +100,13 @@ def check(now: float) -> None:
     _sigterm_at = None
     if not installed():
         return  # our handler ran, or the user's replaced it
-    with contextlib.suppress(Exception):
+    default = _default_sigterm()
+    with contextlib.suppress(Exception):  # a close that fails must not keep alive a process told to end
         h = _hook_getter()
-        if _default_sigterm():
-            if h is not None:
-                h.close()
-            os.kill(os.getpid(), signal.SIGTERM)
-        else:
-            if h is not None:
-                h.close()
-            os.kill(os.getpid(), signal.SIGKILL)  # cannot restore SIGTERM's default: die all the same
+        if h is not None:
+            h.close()
+    # SIGKILL where SIGTERM's default could not be restored: die all the same
+    os.kill(os.getpid(), signal.SIGTERM if default else signal.SIGKILL)
 
 
 def _on_sigterm(signum: int, frame: Any) -> None:
