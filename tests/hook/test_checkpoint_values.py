@@ -520,6 +520,18 @@ def test_a_failure_to_classify_a_save_is_counted_and_the_save_goes_on(w: Watched
     assert w.drops == ["checkpoint_error"] and w.log == [] and w.watch.depth == 0
 
 
+def test_a_failure_to_begin_a_checkpoint_is_counted_and_leaves_none_open(w: Watched,
+                                                                          plant: Callable[..., Any]) -> None:
+    module = safetensors(plant, w.log)
+    w.watch.poll()
+    w.progress.fail_on = "begin"
+    assert module.serialize_file({}, "/ckpt/m") == "saved"
+    assert w.drops == ["checkpoint_error"] and w.watch.depth == 0
+    w.progress.fail_on = None
+    module.serialize_file({}, "/ckpt/m")
+    assert w.log[-3:] == [("begin", True, "safetensors"), ("serialize_file", ({}, "/ckpt/m"), {}), ("end",)]
+
+
 def test_a_failure_to_end_a_checkpoint_is_counted_and_the_saves_result_returned(w: Watched,
                                                                                plant: Callable[..., Any]) -> None:
     module = safetensors(plant, w.log)
