@@ -82,6 +82,7 @@ def test_url_userinfo(arg: str, expected: str) -> None:
     (["-u", "train.py", "x"], (["train.py"], ["x"])),
     (["-", "x.py"], ([], ["x.py"])),  # the script from stdin: nothing to show
     (["-m", "pkg", "a"], (["-m", "pkg"], ["a"])),
+    (["-m", "pkg"], (["-m", "pkg"], [])),
     (["-mpkg", "a", "b"], (["-m", "pkg"], ["a", "b"])),
     (["-m"], (["-m", ""], [])),  # -m without its module (Python refuses it)
     (["-u", "-X"], ([], [])),
