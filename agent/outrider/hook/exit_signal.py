@@ -53,10 +53,7 @@ def install(hook_getter: Callable[[], Any]) -> bool:
 
 
 def installed() -> bool:
-    try:
-        return signal.getsignal(signal.SIGTERM) is _on_sigterm
-    except Exception:
-        return False
+    return signal.getsignal(signal.SIGTERM) is _on_sigterm  # any thread may ask (only setting is the main one's)
 
 
 def take_wakeup_fd(write_fd: int) -> bool:
@@ -111,10 +108,7 @@ def check(now: float) -> None:
 
 def _on_sigterm(signum: int, frame: Any) -> None:
     global _sigterm_at
-    try:
-        chained = signal.getsignal(signal.SIGTERM) is not _on_sigterm
-    except Exception:
-        chained = False
+    chained = signal.getsignal(signal.SIGTERM) is not _on_sigterm
     h = _hook_getter()
     if chained:
         # A handler installed over ours called us as the one it found (PyTorch Lightning's SignalConnector does):
@@ -140,7 +134,7 @@ def _default_sigterm() -> bool:
     try:
         import ctypes
 
-        libc = ctypes.CDLL(None, use_errno=True)
+        libc = ctypes.CDLL(None)
         libc.signal.argtypes = [ctypes.c_int, ctypes.c_void_p]
         libc.signal.restype = ctypes.c_void_p
         return bool(libc.signal(int(signal.SIGTERM), 0) != ctypes.c_void_p(-1).value)
