@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import logging
 import os
+import stat
 import sys
 import threading
 import types
@@ -165,6 +166,24 @@ def test_a_file_object_is_local_when_it_is_open_on_a_regular_file(tmp_path: Path
             os.close(fd)
 
 
+def test_a_file_object_open_on_a_block_device_is_local() -> None:
+    """A checkpoint written straight to a raw disk (its writes are the device's, which /proc/self/io counts)."""
+    devices = [f"/dev/{d}" for d in sorted(os.listdir("/dev")) if d.startswith(("loop", "sd", "nvme", "vd"))]
+    for path in devices:
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            if stat.S_ISBLK(os.fstat(fd).st_mode):
+                with open(fd, "rb", closefd=False) as f:
+                    assert local_destination(f) is True
+                return
+        finally:
+            os.close(fd)
+    pytest.skip("no block device this process may open")
+
+
 def test_each_argument_rule_reads_its_own_argument() -> None:
     assert tc._first_argument(("s3://b/k",), {}) is False
     assert tc._first_argument(("/ckpt/m.pt", "s3://b/k"), {}) is True
@@ -209,6 +228,7 @@ def fsspec_file(mode: Any = "wb", closed: bool = False, protocol: Any = "s3") ->
     ((fsspec_file(mode="wb"),), False),
     ((fsspec_file(mode="ab"),), False),
     ((fsspec_file(mode="xb"),), False),
+    ((fsspec_file(mode="Xr"),), None),  # an upper-case X is no exclusive creation (x)
     ((fsspec_file(mode="wb", protocol="file"),), True),
     ((fsspec_file(mode="wb", protocol=("file", "local")),), True),
     ((fsspec_file(mode="wb", protocol=["local"]),), True),
@@ -232,6 +252,7 @@ def test_an_fsspec_put_is_local_by_its_filesystems_protocol() -> None:
 def test_an_asynchronous_filesystems_upload_is_a_checkpoint_to_the_network_and_nothing_else_is(name: str) -> None:
     upload = types.SimpleNamespace(__name__=name)
     assert tc._fsspec_sync(("loop", upload, "a"), {}) is False
+    assert tc._fsspec_sync(("loop", upload), {}) is False
     assert tc._fsspec_sync(("loop",), {"func": upload}) is False
     assert tc._fsspec_sync(("loop", types.SimpleNamespace(__name__="_ls")), {}) is None
     assert tc._fsspec_sync(("loop",), {}) is None
@@ -348,6 +369,7 @@ def test_a_module_still_being_imported_is_patched_at_the_next_poll(plant: Callab
     assert marked(module.serialize_file)
     watched.watch.detach()
     assert tc._initializing(types.ModuleType("m")) is False
+    assert tc._initializing(object()) is False, "an object some library put in sys.modules: no __spec__"
 
 
 def test_a_second_watch_leaves_a_marked_function_to_the_first(plant: Callable[..., Any]) -> None:
@@ -390,7 +412,8 @@ def test_a_watch_that_fails_to_start_is_none_and_said(plant: Callable[..., Any],
     sys.modules["safetensors.torch"] = Broken("safetensors.torch")  # the plant fixture puts sys.modules back
     with caplog.at_level(logging.WARNING, logger="outrider.hook"):
         assert tc.attach(StepState(), LoopAccounting(), Progress([]), [].append) is None
-    assert "checkpoints are not recognised automatically in this process (half made)" in caplog.text
+    assert [r.getMessage() for r in caplog.records] == [
+        "outrider: checkpoints are not recognised automatically in this process (half made)"]
     del sys.modules["safetensors.torch"]
     plant("safetensors.torch", serialize_file=recorder([], "serialize_file"))
     watch = tc.attach(StepState(), LoopAccounting(), Progress([]), [].append)
@@ -657,3 +680,51 @@ def test_the_publisher_polls_and_hands_each_duration_to_the_histogram_once(w: Wa
     assert hook.observed == [1.0, 1.0] and not w.watch.durations
     w.watch.sample(hook)
     assert len(hook.asked) == 1
+
+
+def test_attach_wires_the_watch_to_the_hooks_parts(plant: Callable[..., Any]) -> None:
+    log: list[Any] = []
+    steps, loop, drops = StepState(), LoopAccounting(), []
+    module = safetensors(plant, log)
+    watch = tc.attach(steps, loop, Progress(log), drops.append)
+    assert watch is not None
+    try:
+        module.serialize_file({}, "/ckpt/m")
+        assert [e[0] for e in log] == ["begin", "serialize_file", "end"] and len(loop.checkpoints) == 1
+        steps.loop_tid = on_another_thread(threading.get_native_id)
+        module.serialize_file({}, "/ckpt/m")
+        assert len(loop.checkpoints) == 1, "the steps' loop thread is another one now"
+        steps.loop_tid = 0
+
+        class Unreadable:
+            @property
+            def closed(self) -> bool:
+                raise RuntimeError("no state")
+
+            def close(self) -> None:
+                pass
+
+        plant("fsspec.spec", AbstractBufferedFile=Unreadable)
+        watch.poll()
+        Unreadable().close()
+        assert drops == ["checkpoint_error"]
+    finally:
+        watch.detach()
+
+
+def test_a_distributed_checkpoint_is_classified_by_its_keyword_writer(w: Watched, plant: Callable[..., Any]) -> None:
+    module = plant("torch.distributed.checkpoint.state_dict_saver", _save_state_dict=recorder(w.log, "save"))
+    w.watch.poll()
+    remote = types.SimpleNamespace(fs=object())
+    module._save_state_dict({}, storage_writer=remote)
+    assert w.log[0] == ("begin", False, "torch.distributed.checkpoint") and w.drops == []
+
+
+def test_a_module_is_patched_once_and_a_function_replaced_since_is_left_alone(w: Watched,
+                                                                              plant: Callable[..., Any]) -> None:
+    module = safetensors(plant, w.log)
+    w.watch.poll()
+    mine = recorder(w.log, "mine")
+    module.serialize_file = mine
+    w.watch.poll()
+    assert module.serialize_file is mine
