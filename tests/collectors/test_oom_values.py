@@ -14,7 +14,7 @@ import pytest
 
 from outrider.collectors import oom as oom_module
 from tests.collectors.test_oom_collector import CID, UID, collector, value, victims
-from tests.fakes.cgroup_node import VMSTAT, Node
+from tests.fakes.cgroup_node import V2_EVENTS, VMSTAT, Node
 
 POD = f"/kubepods/burstable/pod{UID}"
 
@@ -93,7 +93,8 @@ def test_a_malformed_counter_is_said_with_its_error(tmp_path: Path, caplog: pyte
     with caplog.at_level(logging.WARNING):
         c.collect()
     [said] = messages(caplog)
-    assert said.startswith("oom: dropped reading cgroup counter unreadable or malformed: ")
+    assert said == ("oom: dropped reading cgroup counter unreadable or malformed: invalid literal for int() with "
+                    "base 10: 'lots' (logged once; counted in outrider_collector_errors_total)")
 
 
 def test_close_closes_the_kernel_log_and_a_collector_without_one(tmp_path: Path) -> None:
@@ -184,7 +185,7 @@ def test_a_cgroup_removed_after_its_kills_were_kept_is_forgotten_with_those_belo
     c.collect()
     node.kill(job + "/step", task="step")
     c.collect()
-    node.remove("/batch.slice/job.scope")
+    node.remove("/batch.slice")
     node.kill("/a.service", task="worker")
     seen = victims(c.collect())
     assert seen["/a.service"]["kills"] == 1 and seen[job + "/step"]["kills"] == 1
@@ -343,3 +344,77 @@ def test_the_kubelets_logs_are_read_under_the_host_root_or_else_slash(tmp_path: 
     node = Node(tmp_path, 2)
     assert collector(node)._pods.pods_dir == f"{node.host}/var/log/pods"
     assert collector(node, host_root="")._pods.pods_dir == "/var/log/pods"
+
+
+def test_unreadable_pod_logs_are_said_with_their_error(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    node = Node(tmp_path, 2)
+    (node.host / "var" / "log").mkdir(parents=True)
+    (node.host / "var" / "log" / "pods").write_text("not a directory")
+    c = collector(node, kmsg_path="")
+    c.collect()
+    node.kill(f"{POD}/{CID}")
+    with caplog.at_level(logging.WARNING):
+        c.collect()
+    assert messages(caplog) == [f"oom: dropped reading pod logs unreadable: [Errno 20] Not a directory: "
+                                f"'{node.host}/var/log/pods' (logged once; counted in outrider_collector_errors_total)"]
+
+
+def test_a_kernel_log_that_fails_mid_run_is_counted_once_and_said(tmp_path: Path,
+                                                                 caplog: pytest.LogCaptureFixture) -> None:
+    node = Node(tmp_path, 2)
+    c = collector(node)
+    c.collect()
+    assert c._kmsg is not None and c._kmsg._fd is not None
+    directory = os.open(tmp_path, os.O_RDONLY)
+    os.dup2(directory, c._kmsg._fd)  # its next read fails as a device's read can (EISDIR here)
+    os.close(directory)
+    node.kill("/a.service")
+    with caplog.at_level(logging.WARNING):
+        fams = c.collect()
+    assert c.errors == 1 and value(fams, "outrider_oom_kernel_log_readable") == 0
+    assert messages(caplog) == ["oom: dropped reading kmsg: [Errno 21] Is a directory (logged once; counted in "
+                                "outrider_collector_errors_total)"]
+    node.kill("/a.service")
+    c.collect()
+    assert c.errors == 1, "counted when it starts failing, not at each look"
+
+
+def test_a_counter_gone_or_reset_and_back_counts_from_zero(tmp_path: Path) -> None:
+    """A cgroup whose memory controller was turned off and on again: its counter is gone for a while (a) or just
+    starts again from 0 (c)."""
+    node = Node(tmp_path, 2)
+    a, c_path = node.cgroup("/a.service"), node.cgroup("/c.service")
+    c = collector(node, kmsg_path="")
+    c.collect()
+    node.kill("/a.service")
+    node.kill("/c.service")
+    c.collect()
+    (a / "memory.events").unlink()
+    (c_path / "memory.events").write_text(V2_EVENTS.format(n=0))
+    node.kill("/b.service")
+    c.collect()
+    for path in (a, c_path):
+        (path / "memory.events").write_text(V2_EVENTS.format(n=2))
+    node.host_kills += 4
+    (node.proc / "vmstat").write_text(VMSTAT.format(n=node.host_kills))
+    seen = victims(c.collect())
+    assert (seen["/a.service"]["kills"], seen["/c.service"]["kills"]) == (3, 3)
+
+
+def test_the_agents_own_kills_are_never_taken_for_unnamed_ones_whatever_its_siblings(tmp_path: Path) -> None:
+    own = f"{POD}/agent"
+    node = Node(tmp_path, 2, own=own)
+    siblings = [f"{POD}/sibling-{i}" for i in range(12)]  # made before and after the agent's: listed around it
+    for s in siblings[:6]:
+        node.cgroup(s)
+    node.cgroup(own)
+    for s in siblings[6:]:
+        node.cgroup(s)
+    c = collector(node, kmsg_path="")
+    c.collect()
+    node.kill(own)
+    for s in siblings:
+        node.kill(s)
+    fams = c.collect()
+    assert value(fams, "outrider_oom_unattributed_kills_total", "unnamed") == 0
+    assert sorted(victims(fams)) == sorted(siblings)
