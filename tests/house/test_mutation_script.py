@@ -62,6 +62,20 @@ def test_clamp_in_a_workload():
     code = "from outrider.bounds import clamp; print([clamp(x, 1, 3) for x in (0, 1, 2, 3, 4)])"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=dict(os.environ))
     assert out.stdout.strip() == "[1, 1, 2, 3, 3]"
+
+
+def test_halve_in_a_fork():
+    from outrider.bounds import halve
+
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.write(w, str(halve(8)).encode())
+        os._exit(0)
+    os.close(w)
+    out = os.read(r, 100)
+    os.waitpid(pid, 0)
+    assert out == b"4"
 '''
 
 SLOW_TEST = '''
@@ -92,7 +106,7 @@ def make_repo(root: Path, floor: float = 1.0) -> Path:
     (repo / "agent" / "outrider" / "__init__.py").write_text("")
     (repo / "agent" / "outrider" / "calc.py").write_text(CALC)
     (repo / "agent" / "outrider" / "slow.py").write_text("def twice(x):\n    return 2 * x\n")
-    (repo / "agent" / "outrider" / "bounds.py").write_text(CALC)
+    (repo / "agent" / "outrider" / "bounds.py").write_text(CALC + "\n\ndef halve(x):\n    return x // 2\n")
     (repo / "tests").mkdir()
     (repo / "tests" / "test_calc.py").write_text(CALC_TEST)
     (repo / "tests" / "test_slow.py").write_text(SLOW_TEST)
@@ -163,12 +177,13 @@ def test_a_module_completed_below_its_floor_fails_the_run(tmp_path: Path) -> Non
 
 def test_a_function_a_test_reaches_only_in_a_subprocess_has_its_mutants_run(tmp_path: Path) -> None:
     """mutmut sees the functions a test calls in its own process only; the module's mutants are live in the
-    processes the test starts too, and their hits there count (scripts/mutation_hits)."""
+    processes the test starts and the forks it makes too, and their hits there count (scripts/mutation_hits)."""
     pytest.importorskip("mutmut")
     repo = make_repo(tmp_path)
     out = mutation(repo, "bounds", "--budget", "300", "--jobs", "1")
     assert out.returncode == 0, out.stdout + out.stderr
-    assert out.stdout.startswith("bounds: 8 killed + 0 timed out of 9"), "clamp's 8, in the subprocess"
+    assert out.stdout.startswith("bounds: 10 killed + 0 timed out of 11"), \
+        "clamp's 8 in a subprocess, halve's 2 in a fork"
     assert "survived x_add" in out.stdout, "add is called by no test, in process or not"
 
 

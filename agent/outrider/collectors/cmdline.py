@@ -91,8 +91,8 @@ def _redact_embedded(arg: str) -> str:
         if m.start() < pos:
             continue  # inside a value already redacted
         j = m.end()
-        if j < len(arg) and arg[j] in "\"'" and m.start() > 0 and arg[m.start() - 1] == arg[j]:
-            j += 1  # "KEY" or 'KEY'
+        if j < len(arg) and arg[j] in "\"'":
+            j += 1  # "KEY" or 'KEY' (or KEY" cut from its opening quote: a secret name either way)
         while j < len(arg) and arg[j] in " \t":
             j += 1
         if j >= len(arg) or arg[j] not in "=:" or not secret_name(m.group()):

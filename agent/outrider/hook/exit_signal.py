@@ -34,7 +34,6 @@ from typing import Any
 FLUSH_TIMEOUT_S = 2.0
 WATCH_GRACE_S = FLUSH_TIMEOUT_S + 1.0
 
-_handler: Callable[[int, Any], None] | None = None
 _hook_getter: Callable[[], Any] = lambda: None  # noqa: E731 - replaced by install()
 _wakeup_fd = -1  # the write end of the hook's pipe while it is the process's signal wakeup descriptor
 _sigterm_at: float | None = None  # when the hook's thread read SIGTERM from the pipe (monotonic), until handled
@@ -42,12 +41,11 @@ _sigterm_at: float | None = None  # when the hook's thread read SIGTERM from the
 
 def install(hook_getter: Callable[[], Any]) -> bool:
     """The handler; False where the hook must not take SIGTERM (see the module docstring)."""
-    global _handler, _hook_getter
+    global _hook_getter
     try:  # signal.signal refuses (ValueError) on any thread but the main one, green threads' libraries or not
         if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL or os.getpid() == 1:
             return False
         _hook_getter = hook_getter
-        _handler = _on_sigterm
         signal.signal(signal.SIGTERM, _on_sigterm)
     except (ValueError, OSError, AttributeError):
         return False
@@ -55,10 +53,7 @@ def install(hook_getter: Callable[[], Any]) -> bool:
 
 
 def installed() -> bool:
-    try:
-        return signal.getsignal(signal.SIGTERM) is _on_sigterm
-    except Exception:
-        return False
+    return signal.getsignal(signal.SIGTERM) is _on_sigterm  # any thread may ask (only setting is the main one's)
 
 
 def take_wakeup_fd(write_fd: int) -> bool:
@@ -72,9 +67,11 @@ def take_wakeup_fd(write_fd: int) -> bool:
     except (ValueError, OSError):
         return False
     if previous not in (-1, write_fd):  # someone else's (asyncio's): theirs stays
-        with contextlib.suppress(ValueError, OSError):
+        try:
             signal.set_wakeup_fd(previous)
-        return False
+            return False
+        except (ValueError, OSError):
+            pass  # theirs closed or made blocking since: ours stays, known as ours (a fork then lets go of it)
     _wakeup_fd = write_fd
     return True
 
@@ -100,24 +97,18 @@ def check(now: float) -> None:
     _sigterm_at = None
     if not installed():
         return  # our handler ran, or the user's replaced it
-    with contextlib.suppress(Exception):
+    default = _default_sigterm()
+    with contextlib.suppress(Exception):  # a close that fails must not keep alive a process told to end
         h = _hook_getter()
-        if _default_sigterm():
-            if h is not None:
-                h.close()
-            os.kill(os.getpid(), signal.SIGTERM)
-        else:
-            if h is not None:
-                h.close()
-            os.kill(os.getpid(), signal.SIGKILL)  # cannot restore SIGTERM's default: die all the same
+        if h is not None:
+            h.close()
+    # SIGKILL where SIGTERM's default could not be restored: die all the same
+    os.kill(os.getpid(), signal.SIGTERM if default else signal.SIGKILL)
 
 
 def _on_sigterm(signum: int, frame: Any) -> None:
     global _sigterm_at
-    try:
-        chained = signal.getsignal(signal.SIGTERM) is not _on_sigterm
-    except Exception:
-        chained = False
+    chained = signal.getsignal(signal.SIGTERM) is not _on_sigterm
     h = _hook_getter()
     if chained:
         # A handler installed over ours called us as the one it found (PyTorch Lightning's SignalConnector does):
@@ -143,7 +134,7 @@ def _default_sigterm() -> bool:
     try:
         import ctypes
 
-        libc = ctypes.CDLL(None, use_errno=True)
+        libc = ctypes.CDLL(None)
         libc.signal.argtypes = [ctypes.c_int, ctypes.c_void_p]
         libc.signal.restype = ctypes.c_void_p
         return bool(libc.signal(int(signal.SIGTERM), 0) != ctypes.c_void_p(-1).value)

@@ -264,12 +264,11 @@ class CheckpointWatch:
                 local = where(args, kwargs)
                 if local is None:
                     return False  # no checkpoint (a file closed after reading, an fsspec call that uploads nothing)
-            self.depth += 1
-            if self.depth == 1:
                 self.begin = self.clock()
                 self.owned = CHECKPOINT not in self.progress.open_phases
                 if self.owned:
                     self.progress.checkpoint_begin(local_storage=local, kind=kind)
+            self.depth += 1  # after the begin: one that failed leaves no checkpoint open for good
             return True
         except Exception:
             self.drop("checkpoint_error")
