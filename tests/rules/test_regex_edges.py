@@ -323,3 +323,10 @@ def test_the_expanded_size_counts_each_repeat_at_its_upper_count_or_its_lower_on
     # top-level branches add up too
     assert regex.linear_subset("a{100}|" * 9 + "b{100}") is not None
     assert regex.linear_subset("a{100}|" * 10 + "b") is None
+
+
+def test_the_subset_reads_dot_without_dotall_unless_told() -> None:
+    """compile's default: `.` stops at a newline, as RE2's does without (?s)."""
+    within = "[\\U00000000-\\U00000009\\U0000000b-\\U0010ffff]"
+    assert regex.linear_subset(".") == regex.linear_subset(".", False) == within
+    assert not regex.compile(".").fullmatch("\n")
