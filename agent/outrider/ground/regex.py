@@ -104,7 +104,7 @@ class LinearPattern:
         self.pattern = pattern
         self.python = python
         self._dotall = dotall
-        self._compiled = re.compile(python, re.DOTALL if dotall else 0)
+        self._compiled = re.compile(python)  # no flag: the translation spells `.` out as a class, dotall or not
         self._search: Pattern | None = None
 
     def fullmatch(self, text: str) -> Match | None:
@@ -231,9 +231,7 @@ class _Parser:
             if self.peek() in ("*", "+", "?", "{"):
                 if not isinstance(item, Atom):
                     raise _NotLinear  # a quantified group or anchor
-                item = self.quantifier(item)
-                if self.peek() in ("*", "+", "?", "{"):
-                    raise _NotLinear  # lazy or possessive forms, or a repeat of a repeat
+                item = self.quantifier(item)  # a quantifier right after it (lazy, possessive) is refused by item()
             items.append(item)
         return tuple(items)
 
@@ -281,7 +279,7 @@ class _Parser:
         if c == "$":
             return Anchor(r"\Z")
         if c in "*+?{}]":
-            raise _NotLinear  # RE2 refuses or reads it otherwise: let it say
+            raise _NotLinear  # RE2 refuses or reads it otherwise (a*?, a**, a{2}{3}, a]): let it say
         return Atom(((ord(c), ord(c)),), re.escape(c))
 
     def char_class(self) -> Atom:
@@ -300,7 +298,7 @@ class _Parser:
             lo = self.class_char(c, ranges)
             if lo is None:
                 continue
-            if self.peek() == "-" and self.text[self.at + 1:self.at + 2] not in ("]", ""):
+            if self.peek() == "-" and self.text[self.at + 1:self.at + 2] != "]":  # at the end: take() refuses
                 self.at += 1
                 hi = self.class_char(self.take(), None)
                 if hi is None or hi < lo:
@@ -323,7 +321,7 @@ class _Parser:
         if e in PERL and ranges is not None:
             ranges.extend(PERL[e])
             return None
-        if e in LITERAL_ESCAPES or e == "\\":
+        if e in LITERAL_ESCAPES:  # the backslash among them
             return ord(e)
         raise _NotLinear
 
@@ -377,7 +375,7 @@ def _check(items: tuple[Item, ...], after: Ranges, free: bool) -> None:
             follow = _normal([*follow, *after])
         if isinstance(item, Atom):
             if item.quantified and _meet(item.chars, follow):
-                if not free or after or not _plain(rest, final_repeat=True):
+                if not free or not _plain(rest, final_repeat=True):  # free: a top-level branch, nothing after
                     raise _NotLinear
                 free = False
             continue
