@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -322,3 +323,25 @@ def stop_standalone_agent(pid: int, timeout_s: float = 60.0) -> bool:
         if b"standalone" in Path(f"/proc/{pid}/cmdline").read_bytes():
             os.kill(pid, signal.SIGKILL)
     return False
+
+
+def on_another_thread(fn: Callable[[], T]) -> T:
+    """fn's result, computed on a thread of its own (a thread that is not the test's main one)."""
+    out: list[T] = []
+    t = threading.Thread(target=lambda: out.append(fn()))
+    t.start()
+    t.join()
+    return out[0]
+
+
+def record_drops(collector: Any) -> list[tuple[str, str]]:
+    """The drops a collector counts from now on, as (key, reason) in order; each is still counted as before."""
+    drops: list[tuple[str, str]] = []
+    original = collector.drop
+
+    def drop(key: str, why: BaseException | str) -> None:
+        drops.append((key, str(why)))
+        original(key, why)
+
+    collector.drop = drop
+    return drops

@@ -6,7 +6,6 @@ caps shared among pods, the type clashes, the back-off of a failing pod, the swe
 from __future__ import annotations
 
 import http.server
-import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -35,6 +34,8 @@ from outrider.metrics.exposition import render
 from outrider.metrics.family import Family
 from outrider.metrics.foreign import MAX_SERIES
 from tests.fakes.kube_api import NODE, ApiServer, item
+from tests.fakes.pod_pages import Pages
+from tests.helpers import record_drops
 
 Key = tuple[str, tuple[tuple[str, str], ...]]
 
@@ -45,58 +46,10 @@ def loopback_pods(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(AnnotatedPodsCollector, "allow_loopback_pods", True)
 
 
-class Pages:
-    """HTTP servers on loopback addresses in this process, each a pod's endpoint: `serve(ip, page)` serves a page
-    (or `answer(handler)` writes the response); `hits` counts each server's requests in the order they came."""
-
-    def __init__(self) -> None:
-        self.servers: list[http.server.ThreadingHTTPServer] = []
-        self.hits: list[str] = []
-        self.release = threading.Event()
-
-    def serve(self, ip: str, page: str | None = None,
-              answer: Callable[[http.server.BaseHTTPRequestHandler], None] | None = None, status: int = 200) -> int:
-        body = (page or "").encode()
-        pages = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                pages.hits.append(f"{ip}{self.path}")
-                if answer is not None:
-                    answer(self)
-                    return
-                self.send_response(status)
-                self.send_header("Content-Type", "text/plain; version=0.0.4")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        server = http.server.ThreadingHTTPServer((ip, 0), Handler)
-        server.block_on_close = False
-        threading.Thread(target=server.serve_forever, args=(0.01,), daemon=True).start()
-        self.servers.append(server)
-        return int(server.server_address[1])
-
-    def hang(self, h: http.server.BaseHTTPRequestHandler) -> None:
-        self.release.wait(30)
-
-    def close(self) -> None:
-        self.release.set()
-        for s in self.servers:
-            s.shutdown()
-            s.server_close()
-
-
 @pytest.fixture
 def pages() -> Iterator[Pages]:
-    p = Pages()
-    try:
+    with Pages() as p:
         yield p
-    finally:
-        p.close()
 
 
 @pytest.fixture
@@ -121,14 +74,7 @@ class Made:
         if clock is not None:
             ctx.clock = clock.clock()
         self.c = AnnotatedPodsCollector(ctx)
-        self.drops: list[tuple[str, str]] = []
-        original = self.c.drop
-
-        def drop(key: str, why: BaseException | str) -> None:
-            self.drops.append((key, str(why)))
-            original(key, why)
-
-        self.c.drop = drop  # type: ignore[method-assign]
+        self.drops = record_drops(self.c)
 
     def collect(self) -> list[Family]:
         return self.c.collect()

@@ -37,6 +37,7 @@ from outrider.ground.config import Config
 from outrider.metrics.exposition import render
 from outrider.metrics.foreign import MAX_SERIES
 from outrider.wiring.sampler import SweepStats
+from tests.helpers import record_drops
 
 Key = tuple[str, tuple[tuple[str, str], ...]]
 
@@ -77,14 +78,7 @@ class Collector:
         self.c = PrometheusMultiprocCollector(CollectorContext(
             Config(prometheus_multiproc_dir=str(directory), hook_max_series_per_metric=per_metric,
                    proc_root=proc_root), SweepStats()))
-        self.drops: list[tuple[str, str]] = []
-        original = self.c.drop
-
-        def drop(key: str, why: BaseException | str) -> None:
-            self.drops.append((key, str(why)))
-            original(key, why)
-
-        self.c.drop = drop  # type: ignore[method-assign]
+        self.drops = record_drops(self.c)
 
     def samples(self) -> dict[Key, float]:
         return parsed(render(self.c.collect()).decode())

@@ -24,6 +24,7 @@ import pytest
 from outrider.hook import torch_checkpoint as tc
 from outrider.hook.state import LoopAccounting, StepState
 from outrider.hook.torch_checkpoint import CheckpointWatch, local_destination
+from tests.helpers import on_another_thread
 
 
 class Progress:
@@ -94,13 +95,6 @@ def w(plant: Callable[..., types.ModuleType]) -> Iterator[Watched]:
 def marked(fn: Any) -> bool:
     return bool(getattr(fn, "__outrider_checkpoint__", False))
 
-
-def on_another_thread(fn: Callable[[], Any]) -> Any:
-    out: list[Any] = []
-    t = threading.Thread(target=lambda: out.append(fn()))
-    t.start()
-    t.join()
-    return out[0]
 
 
 def recorder(log: list[Any], name: str, result: Any = "saved") -> Callable[..., Any]:

@@ -15,7 +15,6 @@ import ctypes
 import os
 import signal
 import sys
-import threading
 import traceback
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -23,6 +22,7 @@ from typing import Any
 import pytest
 
 from outrider.hook import exit_signal
+from tests.helpers import on_another_thread
 
 GRACE = exit_signal.WATCH_GRACE_S
 
@@ -114,13 +114,6 @@ def pipe() -> Iterator[tuple[int, int]]:
         with contextlib.suppress(OSError):
             os.close(fd)
 
-
-def on_another_thread(fn: Callable[[], Any]) -> Any:
-    out: list[Any] = []
-    t = threading.Thread(target=lambda: out.append(fn()))
-    t.start()
-    t.join()
-    return out[0]
 
 
 def user_handler(signum: int, frame: Any) -> None:

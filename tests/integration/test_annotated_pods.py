@@ -40,6 +40,7 @@ from outrider.k8s.node_pods import KEEP_INTERVALS, DiscoveryError, NodePods, run
 from outrider.metrics.exposition import render
 from outrider.metrics.family import Family
 from tests import helpers
+from tests.fakes.pod_pages import Pages
 from tests.helpers import http_get, reap, samples, self_signed, served_by_agent, wait_until
 
 pytestmark = pytest.mark.integration
@@ -324,7 +325,7 @@ def test_only_running_annotated_pods_of_this_node_at_their_listed_ips_are_scrape
 
 
 def test_the_pods_are_asked_for_once_an_interval_and_a_failed_ask_keeps_the_last_list(
-        api: ApiServer, pages: _Pages, caplog: pytest.LogCaptureFixture, make: Make) -> None:
+        api: ApiServer, pages: Pages, caplog: pytest.LogCaptureFixture, make: Make) -> None:
     page = "# TYPE ready gauge\nready 1\n"
     api.pods = [pod("p0", "127.0.0.14", pages.serve("127.0.0.14", page)),
                 pod("p1", "127.0.0.15", pages.serve("127.0.0.15", page))]
@@ -443,48 +444,14 @@ def test_a_hanging_pod_does_not_hold_up_the_others_beyond_the_deadline(api: ApiS
         peers.close()
 
 
-class _Pages:
-    """Plain HTTP servers on given loopback addresses, each serving its page."""
-
-    def __init__(self) -> None:
-        self.servers: list[http.server.ThreadingHTTPServer] = []
-
-    def serve(self, ip: str, page: str) -> int:
-        body = page.encode()
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                self.send_response(200)
-                self.send_header("Content-Type", "text/plain; version=0.0.4")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        server = http.server.ThreadingHTTPServer((ip, 0), Handler)
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-        self.servers.append(server)
-        return int(server.server_address[1])
-
-    def close(self) -> None:
-        for s in self.servers:
-            s.shutdown()
-            s.server_close()
-
-
 @pytest.fixture
-def pages() -> Iterator[_Pages]:
-    p = _Pages()
-    try:
+def pages() -> Iterator[Pages]:
+    with Pages() as p:
         yield p
-    finally:
-        p.close()
 
 
 def test_a_workload_label_named_like_an_identity_label_becomes_exported(
-        api: ApiServer, pages: _Pages, make: Make) -> None:
+        api: ApiServer, pages: Pages, make: Make) -> None:
     page = ('# TYPE jobs gauge\njobs{pod="worker-1",exported_pod="x",namespace="batch",route="/"} 3\n'
             '# TYPE plain gauge\nplain{route="/"} 1\n')
     api.pods = [pod("train-0", "127.0.0.11", pages.serve("127.0.0.11", page), namespace="ml")]
@@ -505,7 +472,7 @@ def test_a_workload_label_named_like_an_identity_label_becomes_exported(
 
 
 def test_each_pod_has_its_own_series_caps_and_a_type_clash_costs_the_second_pod(
-        api: ApiServer, pages: _Pages, make: Make, monkeypatch: pytest.MonkeyPatch) -> None:
+        api: ApiServer, pages: Pages, make: Make, monkeypatch: pytest.MonkeyPatch) -> None:
     def wide(n: int, name: str = "wide") -> str:
         return f"# TYPE {name} counter\n" + "".join(f'{name}_total{{n="{i:03d}"}} 1\n' for i in range(n))
 
@@ -542,7 +509,7 @@ def test_each_pod_has_its_own_series_caps_and_a_type_clash_costs_the_second_pod(
      "counter"),
 ])
 def test_a_gauge_under_the_name_another_pods_counter_is_exported_as_is_left_out_not_merged_into_it(
-        api: ApiServer, pages: _Pages, make: Make, first_page: str, second_page: str, first: str, kept: str,
+        api: ApiServer, pages: Pages, make: Make, first_page: str, second_page: str, first: str, kept: str,
         left_out: str) -> None:
     """A counter `clash` is exported as clash_total, the name a gauge `clash_total` has: one name on /metrics is one
     family, the first pod's (by namespace and name), and the other pod's is left out, counted, as a clash of one
@@ -562,7 +529,7 @@ def test_a_gauge_under_the_name_another_pods_counter_is_exported_as_is_left_out_
 
 
 def test_a_pods_page_is_read_to_one_mib_and_one_larger_costs_only_that_pods_series(
-        api: ApiServer, pages: _Pages, make: Make) -> None:
+        api: ApiServer, pages: Pages, make: Make) -> None:
     """MAX_PAGE_BYTES and MAX_SWEEP_BYTES bound the node agent's memory, where the sidecar's one page may be 8 MiB."""
     assert MAX_PAGE_BYTES == 1 << 20
 
@@ -582,7 +549,7 @@ def big_page(size: int) -> str:
 
 
 def test_all_pods_together_read_at_most_the_sweeps_budget_and_the_pods_past_it_are_named(
-        api: ApiServer, pages: _Pages, make: Make) -> None:
+        api: ApiServer, pages: Pages, make: Make) -> None:
     assert MAX_SWEEP_BYTES == 8 << 20
     n = MAX_SWEEP_BYTES // MAX_PAGE_BYTES + 3  # 11 pages of 1 MiB: 3 MiB past the budget
     names = [f"big-{i:02d}" for i in range(n)]
@@ -614,7 +581,7 @@ def test_the_settings_and_what_they_need() -> None:
 
 
 def test_pods_that_hang_go_to_the_end_of_the_queue_and_a_pod_that_got_no_thread_is_not_blamed(
-        api: ApiServer, pages: _Pages, make: Make) -> None:
+        api: ApiServer, pages: Pages, make: Make) -> None:
     """As many pods that hang as there are threads, sorted first: the first sweep's threads all wait on them, and
     the pods after them never get one (named as such, not as failed); from the next sweep on they go first."""
     peers = Rendezvous(parties=1)
@@ -696,7 +663,7 @@ def test_an_api_server_answer_cut_short_of_its_content_length_is_a_failed_ask(tm
 
 
 def test_pod_ips_no_pod_has_and_hostnetwork_pods_are_never_scraped(
-        api: ApiServer, pages: _Pages, make: Make, monkeypatch: pytest.MonkeyPatch) -> None:
+        api: ApiServer, pages: Pages, make: Make, monkeypatch: pytest.MonkeyPatch) -> None:
     def at(ip: str, **spec: Any) -> dict[str, Any]:
         p = pod("p", ip, 8080)
         p["spec"].update(spec)
@@ -752,7 +719,7 @@ def test_one_bad_item_costs_that_item_and_fields_are_typed_strictly() -> None:
     assert dict(running_pods({"items": [odd]}, NODE)[0][0].annotations) == {}, "an annotation value is a string"
 
 
-def test_two_pods_of_one_name_the_second_is_left_out(api: ApiServer, pages: _Pages, make: Make) -> None:
+def test_two_pods_of_one_name_the_second_is_left_out(api: ApiServer, pages: Pages, make: Make) -> None:
     api.pods = [pod("same", "127.0.0.21", pages.serve("127.0.0.21", "# TYPE ready gauge\nready 1\n")),
                 pod("same", "127.0.0.22", pages.serve("127.0.0.22", "# TYPE ready gauge\nready 2\n"))]
     c = make()
