@@ -127,6 +127,19 @@ def key(family: str, sample: str, labels: dict[str, str] | None = None, help_tex
 
 # --- merged as prometheus_client merges ---------------------------------------------------------------------------
 
+def counted_reads(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
+    """Each os.pread from now on, as (offset, length), in order; each still reads."""
+    reads: list[tuple[int, int]] = []
+    pread = os.pread
+
+    def counted(fd: int, n: int, at: int) -> bytes:
+        reads.append((at, n))
+        return pread(fd, n, at)
+
+    monkeypatch.setattr(os, "pread", counted)
+    return reads
+
+
 def test_three_workers_merged_as_prometheus_client_merges_them(workers: Workers) -> None:
     for pid, n in ((101, 3), (102, 5), (103, 0)):
         r = workers.worker(pid)
@@ -500,14 +513,7 @@ def test_a_window_is_read_again_only_when_an_entry_runs_past_it(tmp_path: Path,
     first, second = "a" * 40, "b" * 40  # 4 + 40 + 4 bytes of padding + 16: the first entry's value ends at 72
     path = tmp_path / "counter_1.db"
     path.write_bytes(file_of(entry(first, 1.0), entry(second, 2.0)))
-    reads: list[tuple[int, int]] = []
-    pread = os.pread
-
-    def counted(fd: int, n: int, at: int) -> bytes:
-        reads.append((at, n))
-        return pread(fd, n, at)
-
-    monkeypatch.setattr(os, "pread", counted)
+    reads = counted_reads(monkeypatch)
     assert list(read_file(str(path))) == [(first, 1.0, 0.0), (second, 2.0, 0.0)]
     assert reads == [(0, 8), (8, 64), (72, 64)], "the window [8, 72) holds the first entry to its last byte"
 
@@ -526,14 +532,7 @@ def test_a_file_is_read_a_window_at_a_time(tmp_path: Path, monkeypatch: pytest.M
     entries = [(f'["c", "c_total", {{"id": "{i}"}}, "h"]', float(i), 0.0) for i in range(40)]
     path = tmp_path / "counter_1.db"
     path.write_bytes(file_of(*(entry(k, v) for k, v, _ in entries), tail=b"\0" * 100))
-    reads: list[tuple[int, int]] = []
-    pread = os.pread
-
-    def counted(fd: int, n: int, at: int) -> bytes:
-        reads.append((at, n))
-        return pread(fd, n, at)
-
-    monkeypatch.setattr(os, "pread", counted)
+    reads = counted_reads(monkeypatch)
     assert list(read_file(str(path))) == entries
     assert reads == [(0, 8), (8, READ_CHUNK)], "the header, then one window for the whole file"
     reads.clear()
