@@ -21,8 +21,9 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportM
 
 from outrider.shared import spool
 from tests import helpers
+from tests.fakes.pod_pages import Pages
 from tests.helpers import free_port, samples, wait_until
-from tests.integration.test_annotated_pods import LOOPBACK_AGENT, NODE, ApiServer, _Pages, pod
+from tests.integration.test_annotated_pods import LOOPBACK_AGENT, NODE, ApiServer, pod
 from tests.servers import PrometheusServer
 
 pytestmark = pytest.mark.integration
@@ -91,10 +92,9 @@ def push_otlp(url: str) -> int:
 
 
 @pytest.fixture
-def pages() -> Iterator[_Pages]:
-    servers = _Pages()  # plain HTTP servers, one page each
-    yield servers
-    servers.close()
+def pages() -> Iterator[Pages]:
+    with Pages() as servers:  # plain HTTP servers, one page each
+        yield servers
 
 
 @pytest.fixture
@@ -109,7 +109,7 @@ def api(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ApiServer]:
         server.stop()
 
 
-def test_reserved_names_from_every_way_in_never_take_the_agents_target_down(tmp_path: Path, pages: _Pages,
+def test_reserved_names_from_every_way_in_never_take_the_agents_target_down(tmp_path: Path, pages: Pages,
                                                                              api: ApiServer) -> None:
     receiver = free_port()
     api.pods = [pod("shop-0", "127.0.0.2", pages.serve("127.0.0.2", POD_PAGE.decode()))]
