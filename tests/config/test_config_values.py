@@ -362,3 +362,86 @@ def test_what_is_wrong_with_a_config_file_is_said_exactly(tmp_path: Path) -> Non
 def test_a_flag_is_named_as_the_command_line_spells_it() -> None:
     loaded = load(env={}, flags={"interval_s": 2}, flag_names={"interval_s": "--interval"})
     assert loaded.sources["interval_s"] == "flag --interval"
+
+
+def test_a_file_whose_size_stat_does_not_tell_is_refused_past_the_cap_not_parsed_cut_short() -> None:
+    # /proc/self/status says 0 bytes to stat and holds far more than 16: read as far as the cap allows, it would be
+    # parsed cut short (here a tab YAML refuses, elsewhere a mapping missing its last keys)
+    if not os.path.isfile("/proc/self/status"):
+        pytest.skip("no /proc")
+    with pytest.raises(ConfigError) as e:
+        read_yaml_file("/proc/self/status", max_bytes=16)
+    assert str(e.value) == "file /proc/self/status: more than 16 bytes, more than a configuration needs"
+
+
+def test_a_file_read_without_a_cap_is_read_whole(tmp_path: Path) -> None:
+    p = tmp_path / "promtool-test.yaml"
+    p.write_bytes(b"#" * 64 + b"\nrule_files: [a.yaml]\n")
+    assert read_yaml_file(str(p), max_bytes=None) == {"rule_files": ["a.yaml"]}
+    with pytest.raises(ConfigError, match="86 bytes, more than a configuration needs \\(85 at most\\)"):
+        read_yaml_file(str(p), max_bytes=85)
+
+
+def test_the_node_name_comes_from_the_downward_apis_node_name_and_outriders_own_wins() -> None:
+    loaded = load(env={"NODE_NAME": " gpu-node-7 "})
+    assert loaded.config.k8s_node_name == "gpu-node-7"
+    assert loaded.sources["k8s_node_name"] == "environment NODE_NAME"
+    loaded = load(env={"NODE_NAME": "gpu-node-7", "OUTRIDER_K8S_NODE_NAME": "gpu-node-8"})
+    assert loaded.config.k8s_node_name == "gpu-node-8"
+    assert loaded.sources["k8s_node_name"] == "environment OUTRIDER_K8S_NODE_NAME"
+    assert load(env={"NODE_NAME": ""}).sources["k8s_node_name"] == "default"
+
+
+def test_the_histogram_aggregation_comes_from_opentelemetrys_variable_and_outriders_own_wins() -> None:
+    # OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION: explicit_bucket_histogram or
+    # base2_exponential_bucket_histogram, as the OpenTelemetry exporter specification names them
+    variable = "OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION"
+    loaded = load(env={variable: "Explicit_Bucket_Histogram"})
+    assert loaded.config.otlp_histogram_aggregation == "explicit_bucket_histogram"
+    assert loaded.sources["otlp_histogram_aggregation"] == f"environment {variable}"
+    loaded = load(env={variable: "explicit_bucket_histogram",
+                       "OUTRIDER_OTLP_HISTOGRAM_AGGREGATION": "base2_exponential_bucket_histogram"})
+    assert loaded.config.otlp_histogram_aggregation == "base2_exponential_bucket_histogram"
+    assert loaded.sources["otlp_histogram_aggregation"] == "environment OUTRIDER_OTLP_HISTOGRAM_AGGREGATION"
+    with pytest.raises(ConfigError) as e:
+        load(env={variable: "exponential"})
+    assert str(e.value).startswith(f"environment {variable}: key 'otlp_histogram_aggregation': expected one of "), \
+        str(e.value)
+    assert load(env={variable: ""}).sources["otlp_histogram_aggregation"] == "default"
+
+
+@pytest.mark.parametrize(("raw", "value"), [
+    ("https://10.96.0.1:443", "https://10.96.0.1:443"),
+    (" http://apiserver.local/prefix ", "http://apiserver.local/prefix"),
+    ("HTTPS://[fd00::1]:6443", "HTTPS://[fd00::1]:6443"),
+    ("", ""),
+])
+def test_the_api_server_is_an_http_or_https_url_with_a_host(raw: str, value: str) -> None:
+    assert env_value("k8s_api_server", raw) == value
+
+
+@pytest.mark.parametrize(("raw", "expected"), [
+    ("ftp://10.96.0.1", "an http(s) URL with a host, e.g. https://10.96.0.1:443"),
+    ("10.96.0.1:443", "an http(s) URL with a host, e.g. https://10.96.0.1:443"),
+    ("https://", "an http(s) URL with a host, e.g. https://10.96.0.1:443"),
+    ("https://10.96.0.1/?watch=1", "an http(s) URL with a host, e.g. https://10.96.0.1:443"),
+    ("https://10.96.0.1/#top", "an http(s) URL with a host, e.g. https://10.96.0.1:443"),
+    ("https://10.96.0.1:https", "an http(s) URL with a numeric port"),
+])
+def test_an_api_server_that_is_no_http_url_with_a_host_is_refused(raw: str, expected: str) -> None:
+    refused("k8s_api_server", raw, expected)
+
+
+def test_peak_flops_is_checked_when_loaded_and_kept_as_written() -> None:
+    assert env_value("peak_flops", " bf16=989e12,fp32=67e12 ") == "bf16=989e12,fp32=67e12"
+    assert env_value("peak_flops", "") == ""
+    refused("peak_flops", "bf16=fast", "a peak in FLOP/s (989e12), or dtype=FLOP/s pairs")
+
+
+def test_show_keeps_a_value_with_a_line_break_on_its_one_line_beside_its_source(tmp_path: Path) -> None:
+    long = "a\nb " + "x " * 100  # past yaml's default 80 columns, where it would fold the line
+    p = tmp_path / "c.yaml"
+    p.write_text('filesystems: ["/data\\nset", "/scratch"]\n')
+    lines = to_yaml(load(file=str(p), env={"OUTRIDER_K8S_NODE_NAME": long})).splitlines()
+    assert f'k8s_node_name: "a\\nb {"x " * 99}x"  # environment OUTRIDER_K8S_NODE_NAME' in lines
+    assert f'filesystems: ["/data\\nset", "/scratch"]  # file {p}' in lines

@@ -570,8 +570,11 @@ def read_yaml_file(path: str, max_bytes: int | None = MAX_CONFIG_BYTES) -> dict[
             raise ConfigError(f"{source}: {st.st_size} bytes, more than a configuration needs "
                               f"({max_bytes} at most)")
         with open(path, "rb") as fh:
-            text = (fh.read() if max_bytes is None else fh.read(max_bytes + 1)).decode("utf-8")
-        data = yaml.safe_load(text)
+            raw = fh.read() if max_bytes is None else fh.read(max_bytes + 1)
+        if max_bytes is not None and len(raw) > max_bytes:
+            # a file whose size stat does not tell (/proc, /sys) or that grew since: refused, not parsed cut short
+            raise ConfigError(f"{source}: more than {max_bytes} bytes, more than a configuration needs")
+        data = yaml.safe_load(raw.decode("utf-8"))
     except OSError as e:
         raise ConfigError(f"{source}: cannot read: {e.strerror or e}") from None
     except UnicodeDecodeError as e:
