@@ -155,9 +155,22 @@ def mutmut(mod: Module, args: list[str], deadline: float | None, log: Path | Non
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+            gone(proc.pid)
     finally:
         if log:
             out.close()
+
+
+def gone(pgid: int, wait_s: float = 10.0) -> None:
+    """Waits until no process of the group is left: SIGKILL is delivered asynchronously, and on a loaded machine a
+    worker of the group can outlive its leader's reaping by a moment (found by the house test's check)."""
+    end = time.monotonic() + wait_s
+    while time.monotonic() < end:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)
 
 
 def results(mod: Module) -> dict[str, int | None]:

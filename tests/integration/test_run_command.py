@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import free_port, http_get, outrider_cmd, samples, wait_until
+from tests.helpers import free_port, http_get, outrider_cmd, rss_bytes, samples, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -114,10 +114,18 @@ def test_follows_forked_and_orphaned_descendants_while_serving_metrics(tmp_path:
                    if name == "outrider_process_memory_rss_bytes" and ("pid", grandchild) in labels]
             return rss[0] if rss else None
 
-        rss = wait_until(grandchild_seen, timeout_s=30, what="the orphaned grandchild in /metrics")
-        # its 64 MiB are counted: at least three quarters of them (on a crowded machine the kernel's proactive
-        # reclaim takes some of the pages it touches every 50 ms between two touches: 63 MiB seen at load 80)
-        assert rss > 48 << 20
+        wait_until(grandchild_seen, timeout_s=30, what="the orphaned grandchild in /metrics")
+        # its memory is counted, judged against the grandchild's own /proc read at the same moment: not against its
+        # 64 MiB, which the kernel's proactive reclaim (DAMON) pages out between touches on a crowded machine (7 MiB
+        # resident seen in a clean-clone CI run; 63 MiB at load 80 on another day). The peak it reached says it
+        # really touched them.
+        assert rss_bytes(int(grandchild), "VmHWM") >= 64 << 20
+
+        def agrees_with_proc() -> float | None:
+            seen, own = grandchild_seen(), rss_bytes(int(grandchild))
+            return seen if seen is not None and abs(seen - own) <= max(own, 1 << 20) / 4 else None
+
+        rss = wait_until(agrees_with_proc, timeout_s=30, what="the agent's RSS of the grandchild to agree with /proc's")
         parsed = samples(http_get(f"http://127.0.0.1:{port}/metrics")[2].decode())
         assert parsed[("outrider_watched_processes", ())] == 2, "CMD and the grandchild; not outrider itself"
         go.write_text("x")
@@ -127,7 +135,7 @@ def test_follows_forked_and_orphaned_descendants_while_serving_metrics(tmp_path:
         proc.kill()
     data = json.loads(summary.read_text())
     assert data["max_processes"] == 2
-    assert data["peak_tree_rss_bytes"] > 48 << 20
+    assert data["peak_tree_rss_bytes"] >= rss, "the tree's peak is at least what was served for one of its processes"
     assert "peak RSS" in err and "cores on average" in err
 
 
