@@ -192,6 +192,9 @@ LOCATION = re.compile(r"^(file )?(?P<file>[^:]+): (group (\d+|'[^']*')(, (rule \
 @example(doc={"groups": [{"name": "g", "rules": [{"alert": "A", "expr": "up"},
                                                  {"alert": "A", "expr": "up", "record": []}]}]})
 @example(doc={"groups": [{"name": "g", "rules": [{"alert": "A", "expr": ["up"]}]}]})
+# and once in a clean-clone CI run: `for: null` is Prometheus' zero duration, which the agent refused as ''
+@example(doc={"groups": [{"name": "g", "rules": [{"alert": "A", "expr": "up", "for": None}]}]})
+@example(doc={"groups": [{"name": "g", "rules": [{"record": "r", "expr": "up", "keep_firing_for": None}]}]})
 def test_a_rule_file_loads_exactly_when_prometheus_takes_it(tmp_path_factory: pytest.TempPathFactory,
                                                            doc: object) -> None:
     path = tmp_path_factory.mktemp("rules") / "r.yaml"

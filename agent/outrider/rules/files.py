@@ -188,8 +188,10 @@ def _node_text(rule: dict[Any, Any], key: str, where: str) -> str:
 
 
 def _duration(value: Any, where: str, key: str) -> str:
+    if value is None:
+        return "0"  # `for: null` is Prometheus' zero duration (a YAML null leaves a model.Duration unset)
     text = _text(value, where, key)
-    if value is None or text == "0":
+    if text == "0":
         return text
     if not text or not PROMETHEUS_DURATION.fullmatch(text):
         raise RulesError(f"{where}: {key}: {text!r} is not a Prometheus duration (e.g. 30s, 5m, 1h30m: units from "
